@@ -1,0 +1,34 @@
+# Two set-up commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.memwarden-installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt Makefile
+	$(PYTHON) -m venv $(VENV)
+	# torch first, alone and pinned, so pip takes the CPU build on disk, never a CUDA download
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt torch
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
+	$(PY) -m memwarden.trace.native --build
+	touch $(STAMP)
+
+install: $(STAMP)
+	@command -v chromium >/dev/null 2>&1 || ./scripts/install-chromium.sh
+
+demo: install
+	$(VENV)/bin/memwarden demo
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy
+
+bench: install
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,26 @@
+"""memwarden: find, predict and prevent out-of-memory failures of multimodal models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "Trace", "capture", "load", "save", "summary"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy so that `import memwarden` (and the pure analyses) never import torch.
+    if name == "capture":
+        from memwarden.trace.capture import capture
+
+        return capture
+    if name in ("Trace", "load", "save"):
+        from memwarden.trace import model
+
+        return getattr(model, name)
+    if name == "summary":
+        from memwarden.analyze.timeline import summary
+
+        return summary
+    raise AttributeError(f"module 'memwarden' has no attribute {name!r}")

@@ -1,0 +1,65 @@
+"""Command-line entry point: parses arguments and calls the API, nothing more.
+
+Each subcommand lives in ``memwarden.commands.<name>`` and exposes
+``register(subparsers)``, which adds its parser and sets ``func`` to a
+callable ``(args) -> int`` (the exit status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from memwarden.errors import MemwardenError
+from memwarden.trace.model import TraceFormatError
+
+# Order is the order of `memwarden --help`.
+COMMANDS = ["demo", "trace", "summary", "report", "export", "replay", "plan"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memwarden",
+        description="Find, predict and prevent out-of-memory failures of multimodal models on small devices.",
+    )
+    parser.add_argument("--version", action="version", version=f"memwarden {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"memwarden.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"memwarden.commands.{name}":
+                continue  # command not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def _version() -> str:
+    from memwarden import __version__
+
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (MemwardenError, TraceFormatError) as exc:
+        print(f"memwarden {args.command}: error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 2)
+    except KeyboardInterrupt:
+        print(f"memwarden {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
