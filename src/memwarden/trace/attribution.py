@@ -1,0 +1,360 @@
+"""Turn the native recorder's log plus the Python-side observations into a Trace.
+
+CaptureLog is filled during the run (cheaply: tuples appended to lists);
+Attributor runs once at the end and decides, for every block, its category,
+modality, phase, module and op.
+
+Rules (in priority order):
+  category  weight/buffer (storage of a parameter/buffer) > optimizer_state >
+            gradient > kv_cache (in a root call's past_key_values) > input
+            (passed into a root call, made outside any module) > temporary
+            (freed before the module call that made it returned) > activation
+            (made inside a module, outlived its call) > other.
+  phase     optimizer (inside optimizer.step) > backward (made by the autograd
+            engine) > encode (inside a vision/audio/fusion module) > the phase
+            of the root call (step) it falls in or follows (prefill/decode) >
+            load (before the first root call).
+  modality  from the module path rules; kv_cache is text.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from memwarden.trace.model import Action, Category, Modality, Phase, SpanKind, Trace, TraceBuilder, enum_name
+
+_KIND_PRIORITY = {"weight": 6, "buffer": 6, "optimizer_state": 5, "gradient": 4, "kv_cache": 3, "input": 2}
+_KIND_CATEGORY = {
+    "weight": Category.WEIGHT,
+    "buffer": Category.BUFFER,
+    "optimizer_state": Category.OPTIMIZER_STATE,
+    "gradient": Category.GRADIENT,
+    "kv_cache": Category.KV_CACHE,
+    "input": Category.INPUT,
+}
+
+# c10::toString(ScalarType) -> torch dtype name
+_DTYPE_NAMES = {
+    "Byte": "uint8", "Char": "int8", "Short": "int16", "Int": "int32", "Long": "int64", "Half": "float16",
+    "Float": "float32", "Double": "float64", "ComplexHalf": "complex32", "ComplexFloat": "complex64",
+    "ComplexDouble": "complex128", "Bool": "bool", "QInt8": "qint8", "QUInt8": "quint8", "QInt32": "qint32",
+    "BFloat16": "bfloat16", "QUInt4x2": "quint4x2", "QUInt2x4": "quint2x4", "Float8_e5m2": "float8_e5m2",
+    "Float8_e4m3fn": "float8_e4m3fn", "UInt16": "uint16", "UInt32": "uint32", "UInt64": "uint64",
+}  # fmt: skip
+
+_ENTER, _EXIT = 2, 3
+
+
+@dataclass
+class StorageRecord:
+    ptr: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    file: str | None
+    t_ns: int
+    freed_ns: int | None = None
+
+
+@dataclass
+class CaptureLog:
+    """What the Python side saw during the run, in the recorder's clock (ns)."""
+
+    tags: list[tuple[int, int, str, str]] = field(default_factory=list)  # (t_ns, ptr, kind, module path)
+    fingerprints: list[str | None] = field(default_factory=list)  # one per ENTER marker, in order
+    steps: list[list[Any]] = field(default_factory=list)  # [start_ns, end_ns, ctx, phase, seq_len]
+    optimizer_spans: list[list[int]] = field(default_factory=list)  # [start_ns, end_ns]
+    preexisting_storages: dict[int, StorageRecord] = field(default_factory=dict)
+    mapped_storages: dict[int, StorageRecord] = field(default_factory=dict)
+    clock: Callable[[], int] | None = None
+
+    def tag(self, t_ns: int, tensor: Any, kind: str, path: str) -> None:
+        if tensor.device.type != "cpu" or tensor.is_meta:
+            return
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr:
+            self.tags.append((t_ns, ptr, kind, path))
+
+    def enter(self, ctx: int, fingerprint: str | None) -> None:
+        self.fingerprints.append(fingerprint)
+
+    def step_start(self, t_ns: int, ctx: int, phase: Phase, seq_len: int | None) -> None:
+        self.steps.append([t_ns, None, ctx, phase, seq_len])
+
+    def step_end(self, t_ns: int) -> None:
+        if self.steps and self.steps[-1][1] is None:
+            self.steps[-1][1] = t_ns
+
+    def optimizer_start(self, t_ns: int) -> None:
+        self.optimizer_spans.append([t_ns, -1])
+
+    def optimizer_end(self, t_ns: int) -> None:
+        if self.optimizer_spans and self.optimizer_spans[-1][1] < 0:
+            self.optimizer_spans[-1][1] = t_ns
+
+    def _record(self, tensor: Any, t_ns: int, file: str | None) -> StorageRecord | None:
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if not ptr or storage.nbytes() == 0:
+            return None
+        rec = StorageRecord(ptr, storage.nbytes(), str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape), file, t_ns)
+        if self.clock is not None:
+            clock = self.clock
+
+            def _freed(rec: StorageRecord = rec) -> None:
+                rec.freed_ns = clock()
+
+            weakref.finalize(storage, _freed)
+        return rec
+
+    def preexisting(self, tensor: Any, maps: Any) -> None:
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr in self.preexisting_storages:
+            return
+        rec = self._record(tensor, 0, maps.file_of(ptr))
+        if rec is not None:
+            self.preexisting_storages[ptr] = rec
+
+    def file_backed(self, t_ns: int, tensor: Any, maps: Any) -> None:
+        """A storage alive at the end of the capture that lies in a mapped file."""
+        ptr = tensor.untyped_storage().data_ptr()
+        if not ptr or ptr in self.preexisting_storages or ptr in self.mapped_storages:
+            return
+        path = maps.file_of(ptr)
+        if path is None:
+            return
+        first_seen = min((t for t, p, _, _ in self.tags if p == ptr), default=t_ns)
+        rec = self._record(tensor, first_seen, path)
+        if rec is not None:
+            self.mapped_storages[ptr] = rec
+
+
+@dataclass
+class Attributor:
+    log: CaptureLog
+    modules: list[tuple[str, str, int]]  # ctx -> (path, label, modality)
+    dtype_names: list[str]
+    t0_ns: int
+    end_ns: int
+    metadata: dict[str, Any]
+
+    def _us(self, t_ns: int) -> int:
+        return max(0, (int(t_ns) - self.t0_ns) // 1000)
+
+    def build(self, drained: dict[str, Any]) -> Trace:
+        cols = {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in drained.items()}
+        action = cols["action"]
+        n = len(action)
+        t_ns = cols["time_ns"]
+        ctx_col = cols["ctx"]
+        ops: list[str] = list(cols["op_names"])
+        builder = TraceBuilder(devices=["cpu"], metadata=dict(self.metadata))
+        builder.metadata.update(
+            {
+                "untracked_frees": int(cols["untracked_frees"]),
+                "unwrapped_allocations": int(cols["unwrapped_allocations"]),
+            }
+        )
+
+        # 1. module spans from enter/exit markers; each row gets its innermost open span
+        span_of_row = np.full(n, -1, dtype=np.int64)
+        spans: list[list[int]] = []  # [start_ns, end_ns, ctx, parent, depth, enter_index]
+        stack: list[int] = []
+        enter_count = 0
+        markers = np.flatnonzero((action == _ENTER) | (action == _EXIT))
+        marker_set = set(markers.tolist())
+        rows = np.arange(n)
+        # rows between markers inherit the open span; walk markers only (fast), fill ranges with slices
+        prev = 0
+        for m in markers.tolist():
+            span_of_row[prev:m] = stack[-1] if stack else -1
+            if action[m] == _ENTER:
+                spans.append([int(t_ns[m]), self.end_ns, int(cols["id"][m]), stack[-1] if stack else -1, len(stack), enter_count])
+                enter_count += 1
+                stack.append(len(spans) - 1)
+            else:
+                ctx = int(cols["id"][m])
+                while stack:
+                    top = stack.pop()
+                    spans[top][1] = int(t_ns[m])
+                    if spans[top][2] == ctx:
+                        break
+            prev = m + 1
+        span_of_row[prev:] = stack[-1] if stack else -1
+        del rows, marker_set
+
+        span_end = np.array([s[1] for s in spans] + [self.end_ns], dtype=np.int64)  # index -1 -> capture end
+
+        # 2. steps (root calls) and optimizer spans
+        steps = sorted((s for s in self.log.steps), key=lambda s: s[0])
+        step_starts = np.array([s[0] for s in steps], dtype=np.int64)
+        step_phase = np.array([int(s[3]) for s in steps] or [int(Phase.OTHER)], dtype=np.int64)
+
+        # 3. blocks
+        alloc_rows = np.flatnonzero(action == 0)
+        free_rows = np.flatnonzero(action == 1)
+        ids = cols["id"]
+        free_time_by_id = dict(zip(ids[free_rows].tolist(), t_ns[free_rows].tolist()))
+        module_modality = np.array([m[2] for m in self.modules] + [int(Modality.SHARED)], dtype=np.int64)
+        alloc_ctx = ctx_col[alloc_rows].astype(np.int64)
+        alloc_t = t_ns[alloc_rows]
+        modality = module_modality[alloc_ctx]  # ctx -1 -> last entry (shared)
+
+        # phase
+        si = np.searchsorted(step_starts, alloc_t, side="right") - 1 if len(step_starts) else np.full(len(alloc_t), -1)
+        # before the first module call: load; between it and the first step: preparing the first step (prefill)
+        first_call_ns = spans[0][0] if spans else self.end_ns
+        before = np.where(alloc_t < first_call_ns, int(Phase.LOAD), int(Phase.PREFILL))
+        phase = np.where(si >= 0, step_phase[np.clip(si, 0, None)], before)
+        is_encoder = np.isin(modality, [int(Modality.VISION), int(Modality.AUDIO), int(Modality.FUSION)]) & (alloc_ctx >= 0)
+        phase = np.where(is_encoder, int(Phase.ENCODE), phase)
+        backward_ops = np.array([name.startswith("autograd::engine") or name.endswith("Backward0") for name in ops] + [False])
+        is_backward = backward_ops[cols["op_outer"][alloc_rows].astype(np.int64)]
+        phase = np.where(is_backward, int(Phase.BACKWARD), phase)
+        for start, end in self.log.optimizer_spans:
+            end = end if end >= 0 else self.end_ns
+            phase = np.where((alloc_t >= start) & (alloc_t <= end), int(Phase.OPTIMIZER), phase)
+
+        # category: temporary vs activation by the lifetime of the module call that made it
+        free_t = np.array([free_time_by_id.get(i, np.iinfo(np.int64).max) for i in ids[alloc_rows].tolist()], dtype=np.int64)
+        own_span = span_of_row[alloc_rows]
+        made_in_module = own_span >= 0
+        temporary = made_in_module & (free_t <= span_end[own_span])
+        category = np.where(made_in_module, np.where(temporary, int(Category.TEMPORARY), int(Category.ACTIVATION)), int(Category.OTHER))
+        category = np.where(is_backward & ~made_in_module, int(Category.TEMPORARY), category)
+        module_of = np.where(alloc_ctx >= 0, alloc_ctx, -1)
+        tag_path: dict[int, str] = {}
+
+        # tags: match (t, ptr) to the block at that address alive at t
+        by_addr: dict[int, list[int]] = {}
+        ptrs = cols["ptr"][alloc_rows]
+        for k, p in enumerate(ptrs.tolist()):
+            by_addr.setdefault(p, []).append(k)
+        tag_rank = np.zeros(len(alloc_rows), dtype=np.int64)
+        pre = self.log.preexisting_storages
+        pre_kind: dict[int, tuple[int, str, str]] = {}
+        for t, p, kind, path in self.log.tags:
+            rank = _KIND_PRIORITY[kind]
+            hit = None
+            for k in by_addr.get(p, ()):
+                if alloc_t[k] <= t <= free_t[k]:
+                    hit = k
+            if hit is None:
+                rec = pre.get(p)
+                if rec is not None and (rec.freed_ns is None or t <= rec.freed_ns):
+                    if rank > pre_kind.get(p, (0, "", ""))[0]:
+                        pre_kind[p] = (rank, kind, path)
+                continue
+            if kind == "input" and alloc_ctx[hit] >= 0:
+                continue
+            if rank > tag_rank[hit]:
+                tag_rank[hit] = rank
+                category[hit] = int(_KIND_CATEGORY[kind])
+                if kind in ("weight", "buffer", "gradient", "optimizer_state") and path is not None:
+                    tag_path[hit] = path
+                if kind == "kv_cache":
+                    modality[hit] = int(Modality.TEXT)
+
+        # 4. emit
+        label_of_ctx = [m[1] for m in self.modules]
+        dtype_col, soff, ndim, shapes_pool = cols["dtype"], cols["shape_off"], cols["ndim"], cols["shapes"]
+        from memwarden.trace.modality import ModalityRules
+
+        rules = ModalityRules()
+        attrs: dict[int, tuple[int, int, int, str | None, str | None, str | None, tuple[int, ...] | None]] = {}
+        block_id_to_k = {}
+        for k, row in enumerate(alloc_rows.tolist()):
+            mod_path = tag_path.get(k)
+            if mod_path is not None:
+                module = mod_path or None
+                mod_modality = int(rules.modality_of(mod_path))
+            else:
+                c = int(module_of[k])
+                module = label_of_ctx[c] if c >= 0 else None
+                mod_modality = int(modality[k])
+            op_i = int(cols["op_outer"][row])
+            op = ops[op_i] if op_i >= 0 else None
+            dt = int(dtype_col[row])
+            dtype = _DTYPE_NAMES.get(self.dtype_names[dt], self.dtype_names[dt]) if dt >= 0 else None
+            shape = None
+            if soff[row] >= 0:
+                shape = tuple(int(x) for x in shapes_pool[soff[row] : soff[row] + ndim[row]])
+            attrs[int(ids[row])] = (int(category[k]), mod_modality, int(phase[k]), module, op, dtype, shape)
+            block_id_to_k[int(ids[row])] = k
+
+        order = np.flatnonzero((action == 0) | (action == 1))
+        next_pre_id = -1
+
+        # preexisting storages first, at t = 0; their frees (seen by weakref finalizers) come later
+        pending: list[tuple[int, int, tuple[Action, int, int]]] = []
+        for p, rec in sorted(pre.items()):
+            _, kind, path = pre_kind.get(p, (0, "other", ""))
+            cat = _KIND_CATEGORY.get(kind, Category.OTHER)
+            mod_modality = rules.modality_of(path) if kind in ("weight", "buffer") else Modality.SHARED
+            kw = dict(
+                category=cat, modality=mod_modality, phase=Phase.LOAD, module=(path or None) if kind in ("weight", "buffer") else None,
+                dtype=rec.dtype, shape=rec.shape,
+            )
+            builder.event(0, Action.MAP if rec.file else Action.PREEXISTING, next_pre_id, p, rec.nbytes, op=rec.file, **kw)
+            if rec.freed_ns is not None:
+                attrs[next_pre_id] = (int(cat), int(mod_modality), int(Phase.LOAD), kw["module"], rec.file, rec.dtype, rec.shape)
+                pending.append((int(rec.freed_ns), next_pre_id, (Action.UNMAP if rec.file else Action.FREE, p, rec.nbytes)))
+            next_pre_id -= 1
+
+        for row in order.tolist():
+            bid = int(ids[row])
+            a = attrs.get(bid)
+            if a is None:
+                continue  # a free of a block allocated before this capture
+            cat, mod, ph, module, op, dtype, shape = a
+            builder.event(
+                self._us(t_ns[row]), Action.ALLOC if action[row] == 0 else Action.FREE, bid, int(cols["ptr"][row]),
+                int(cols["nbytes"][row]), category=Category(cat), modality=Modality(mod), phase=Phase(ph),
+                module=module, op=op, dtype=dtype, shape=shape,
+            )
+
+        for p, rec in sorted(self.log.mapped_storages.items()):
+            bid = next_pre_id
+            next_pre_id -= 1
+            builder.event(
+                self._us(rec.t_ns), Action.MAP, bid, p, rec.nbytes, category=Category.WEIGHT, phase=Phase.LOAD,
+                op=rec.file, dtype=rec.dtype, shape=rec.shape,
+            )
+            if rec.freed_ns is not None:
+                builder.event(self._us(rec.freed_ns), Action.UNMAP, bid, p, rec.nbytes, category=Category.WEIGHT, phase=Phase.LOAD, op=rec.file)
+
+        for t, bid, (act, p, nb) in pending:
+            cat, mod, ph, module, op, dtype, shape = attrs[bid]
+            builder.event(
+                self._us(t), act, bid, p, nb, category=Category(cat), modality=Modality(mod), phase=Phase(ph),
+                module=module, op=op, dtype=dtype, shape=shape,
+            )
+
+        # spans: modules, steps, phases
+        for start, end, ctx, parent, depth, enter_index in spans:
+            path, label, mod = self.modules[ctx]
+            fp = self.log.fingerprints[enter_index] if enter_index < len(self.log.fingerprints) else None
+            builder.span(
+                self._us(start), self._us(end), SpanKind.MODULE, label, modality=Modality(mod),
+                phase=Phase.ENCODE if mod in (Modality.VISION, Modality.AUDIO, Modality.FUSION) else Phase.OTHER,
+                fingerprint=fp, parent=parent, depth=depth,
+            )
+        for i, (start, end, ctx, ph, seq) in enumerate(steps):
+            end = end if end is not None else self.end_ns
+            builder.span(self._us(start), self._us(end), SpanKind.STEP, f"{enum_name(Phase(ph))} step {i}", phase=Phase(ph))
+        for start, end in self.log.optimizer_spans:
+            builder.span(self._us(start), self._us(end if end >= 0 else self.end_ns), SpanKind.PHASE, "optimizer", phase=Phase.OPTIMIZER)
+        if steps:
+            builder.span(0, self._us(steps[0][0]), SpanKind.PHASE, "load", phase=Phase.LOAD)
+        builder.metadata["duration_us"] = self._us(self.end_ns)
+        builder.metadata["steps"] = [
+            {"phase": enum_name(Phase(s[3])), "start_us": self._us(s[0]), "seq_len": s[4]} for s in steps
+        ]
+        return builder.build()
+
+
+__all__ = ["Attributor", "CaptureLog", "StorageRecord"]

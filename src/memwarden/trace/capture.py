@@ -1,0 +1,415 @@
+"""Live capture of a PyTorch run into a Trace.
+
+Allocation truth: the native recorder (native.cpp) wraps the CPU allocator and
+logs every allocate/free with the aten op that made it. Attribution: global
+module forward hooks push/pop a context (module path) into the same log; a
+root module call is a step (prefill or decode, by its inputs); the KV cache is
+found in the outputs of root calls; parameters, buffers, gradients and
+optimizer state are found by scanning the modules and optimizers that ran.
+Tensors that were alive before the capture started are recorded as
+PREEXISTING; tensors whose storage lies in a file-backed mapping (mmap'd
+checkpoints) are recorded as MAP, apart from allocator memory.
+
+Usage::
+
+    with memwarden.capture() as cap:
+        model.generate(**inputs)
+    cap.trace.save("run.mwtrace")
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import time
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from memwarden.trace import native
+from memwarden.trace.attribution import Attributor, CaptureLog
+from memwarden.trace.model import Phase, Trace
+from memwarden.trace.modality import ModalityRules
+from memwarden.trace.procmaps import FileMappings
+
+_FINGERPRINT_FULL_BYTES = 64 * 1024 * 1024  # hash every byte up to this; sample beyond
+
+
+@dataclass
+class ModuleInfo:
+    path: str
+    label: str  # path, or the class name for a root
+    modality: int
+    is_boundary: bool  # root, or modality differs from the parent's: its inputs get fingerprinted
+    ref: weakref.ReferenceType[torch.nn.Module]
+
+
+def fingerprint(values: Any) -> str | None:
+    """Content hash of every tensor in ``values`` (shape, dtype and bytes)."""
+    h = hashlib.blake2b(digest_size=12)
+    seen = 0
+    stack = [values]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            if v.device.type == "meta":
+                h.update(f"meta{tuple(v.shape)}{v.dtype}".encode())
+                seen += 1
+                continue
+            t = v.detach()
+            h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+            if t.dtype == torch.bfloat16:
+                t = t.view(torch.int16)
+            flat = t.reshape(-1)
+            if flat.numel() * flat.element_size() > _FINGERPRINT_FULL_BYTES:
+                step = max(1, flat.numel() // (_FINGERPRINT_FULL_BYTES // flat.element_size()))
+                flat = flat[::step]
+            h.update(flat.cpu().contiguous().numpy().tobytes())
+            seen += 1
+        elif isinstance(v, (list, tuple)):
+            stack.extend(reversed(v))
+        elif isinstance(v, dict):
+            stack.extend(v[k] for k in sorted(v, key=str) if k not in _CACHE_KEYS)
+    return h.hexdigest() if seen else None
+
+
+def _sequence_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    for key in ("input_ids", "inputs_embeds", "decoder_input_ids"):
+        v = kwargs.get(key)
+        if isinstance(v, torch.Tensor) and v.dim() >= 2:
+            return int(v.shape[1])
+    if args and isinstance(args[0], torch.Tensor) and args[0].dim() >= 2 and not args[0].is_floating_point():
+        return int(args[0].shape[1])
+    return None
+
+
+_CACHE_KEYS = ("cache", "past_key_values", "cache_params")  # transformers 5 renamed past_key_values to cache
+
+
+def _cache_in(values: Any) -> Any:
+    for key in _CACHE_KEYS:
+        found = values.get(key) if isinstance(values, dict) else getattr(values, key, None)
+        if found is not None:
+            return found
+    return None
+
+
+def _cache_is_empty(kwargs: dict[str, Any]) -> bool:
+    cache = _cache_in(kwargs)
+    if cache is None:
+        return True
+    get_len = getattr(cache, "get_seq_length", None)
+    if callable(get_len):
+        try:
+            return int(get_len()) == 0
+        except Exception:  # a cache type that cannot say
+            return False
+    return False
+
+
+def cache_tensors(output: Any) -> list[torch.Tensor]:
+    """Tensors of a transformers KV cache found in a model output."""
+    try:
+        cache = _cache_in(output)
+    except Exception:  # outputs whose attribute access raises (ModelOutput without the key)
+        cache = None
+    found: list[torch.Tensor] = []
+    if cache is None:
+        return found
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        for layer in layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name, None)
+                if isinstance(t, torch.Tensor):
+                    found.append(t)
+    for name in ("key_cache", "value_cache"):  # transformers 4.x DynamicCache
+        for t in getattr(cache, name, None) or []:
+            if isinstance(t, torch.Tensor):
+                found.append(t)
+    if isinstance(cache, (tuple, list)):  # legacy tuple-of-tuples
+        stack: list[Any] = list(cache)
+        while stack:
+            v = stack.pop()
+            if isinstance(v, torch.Tensor):
+                found.append(v)
+            elif isinstance(v, (tuple, list)):
+                stack.extend(v)
+    return found
+
+
+def _gc_objects() -> list[Any]:
+    # isinstance() on some lazy module proxies warns (torch.distributed.reduce_op); a scan must stay quiet.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [o for o in gc.get_objects() if _is_torch_object(o)]
+
+
+def _is_torch_object(obj: Any) -> bool:
+    try:
+        return isinstance(obj, (torch.Tensor, torch.nn.Module))
+    except Exception:  # objects that misbehave under isinstance
+        return False
+
+
+def _tensors_in(values: Any, limit: int = 64) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    stack = [values]
+    while stack and len(found) < limit:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v[k] for k in v if k not in _CACHE_KEYS)
+    return found
+
+
+class Capture:
+    """Context manager recording every allocation of the enclosed PyTorch code."""
+
+    def __init__(
+        self,
+        *,
+        record_ops: bool = True,
+        fingerprints: bool = True,
+        modality_rules: ModalityRules | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self.record_ops = record_ops
+        self.fingerprints = fingerprints
+        self.rules = modality_rules or ModalityRules()
+        self.metadata = dict(metadata or {})
+        self.trace: Trace | None = None
+        self._native: Any = None
+        self._log = CaptureLog()
+        self._modules: list[ModuleInfo] = []
+        self._module_ids: dict[int, int] = {}
+        self._stack: list[int] = []
+        self._handles: list[Any] = []
+        self._active = False
+        self._maps = FileMappings()
+        self._own_hooks: set[int] = set()
+        self._module_handles: list[Any] = []
+
+    # -- module registry ---------------------------------------------------------
+    def _register_root(self, root: torch.nn.Module) -> None:
+        root_label = type(root).__name__
+        parent_modality: dict[str, int] = {}
+        for path, module in root.named_modules(remove_duplicate=False):
+            if id(module) in self._module_ids and self._modules[self._module_ids[id(module)]].ref() is module:
+                continue
+            modality = int(self.rules.modality_of(path))
+            parent = path.rsplit(".", 1)[0] if "." in path else ""
+            boundary = path == "" or parent_modality.get(parent, modality) != modality
+            parent_modality[path] = modality
+            ctx = len(self._modules)
+            self._modules.append(
+                ModuleInfo(path=path, label=path or root_label, modality=modality, is_boundary=boundary, ref=weakref.ref(module))
+            )
+            self._module_ids[id(module)] = ctx
+            if boundary and self._active:
+                self._install_own_hooks(module)
+        self._note_parameters(root, self._now())
+
+    def _ctx_of(self, module: torch.nn.Module) -> int:
+        ctx = self._module_ids.get(id(module))
+        if ctx is None or self._modules[ctx].ref() is not module:
+            # A module built during the capture: find the tree it belongs to (once per new model).
+            for root in self._roots_alive():
+                known = self._module_ids.get(id(root))
+                if known is None or self._modules[known].ref() is not root:
+                    self._register_root(root)
+            ctx = self._module_ids.get(id(module))
+            if ctx is None or self._modules[ctx].ref() is not module:
+                self._register_root(module)
+                ctx = self._module_ids[id(module)]
+        return ctx
+
+    def _note_parameters(self, root: torch.nn.Module, t_ns: int) -> None:
+        """Record which storages are this module tree's weights, buffers and grads, now."""
+        for path, module in root.named_modules():
+            for name, p in module.named_parameters(recurse=False):
+                self._log.tag(t_ns, p, "weight", path)
+                if p.grad is not None:
+                    self._log.tag(t_ns, p.grad, "gradient", path)
+            for name, b in module.named_buffers(recurse=False):
+                if b is not None:
+                    self._log.tag(t_ns, b, "buffer", path)
+
+    def _now(self) -> int:
+        return int(self._native.now_ns())
+
+    # -- hooks ------------------------------------------------------------------
+    def _pre_hook(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ctx = self._ctx_of(module)
+        info = self._modules[ctx]
+        is_step = not self._stack and info.path == ""
+        fp = None
+        if self.fingerprints and info.is_boundary:
+            fp = fingerprint((args, kwargs))
+        if is_step:
+            seq = _sequence_length(args, kwargs)
+            # A step is a decode step when it feeds one token into a non-empty cache.
+            prefill = not (seq == 1 and not _cache_is_empty(kwargs))
+            phase = Phase.PREFILL if prefill else Phase.DECODE
+            self._log.step_start(self._now(), ctx, phase, seq)
+        if not self._stack:  # whatever the program feeds into a model from outside is its input
+            now = self._now()
+            for t in _tensors_in((args, kwargs)):
+                self._log.tag(now, t, "input", info.path)
+        self._log.enter(ctx, fp)
+        self._stack.append(ctx)
+        self._native.enter(ctx)
+
+    def _post_hook(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        ctx = self._module_ids.get(id(module))
+        if ctx is None:
+            return
+        self._native.exit(ctx)
+        if self._stack and self._stack[-1] == ctx:
+            self._stack.pop()
+        elif ctx in self._stack:
+            del self._stack[self._stack.index(ctx) :]
+        if not self._stack and self._modules[ctx].path == "":
+            now = self._now()
+            for t in cache_tensors(output):
+                self._log.tag(now, t, "kv_cache", "")
+            self._log.step_end(now)
+
+    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._log.optimizer_start(self._now())
+        now = self._now()
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._log.tag(now, p.grad, "gradient", "")
+
+    def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        now = self._now()
+        for state in optimizer.state.values():
+            for v in state.values() if isinstance(state, dict) else ():
+                if isinstance(v, torch.Tensor) and v.numel() > 1:
+                    self._log.tag(now, v, "optimizer_state", "")
+        self._log.optimizer_end(now)
+
+    # -- preexisting and file-backed tensors ---------------------------------------
+    def _scan_live_tensors(self) -> list[torch.Tensor]:
+        tensors = []
+        for obj in _gc_objects():
+            try:
+                if isinstance(obj, torch.Tensor) and not obj.is_meta and obj.device.type == "cpu":
+                    tensors.append(obj)
+            except Exception:  # objects that misbehave under isinstance (lazy proxies)
+                continue
+        return tensors
+
+    def _roots_alive(self) -> list[torch.nn.Module]:
+        modules = []
+        for obj in _gc_objects():
+            try:
+                if isinstance(obj, torch.nn.Module):
+                    modules.append(obj)
+            except Exception:
+                continue
+        children = {id(c) for m in modules for c in m.children()}
+        return [m for m in modules if id(m) not in children]
+
+    # -- context manager ---------------------------------------------------------------
+    def __enter__(self) -> Capture:
+        if self._active:
+            raise RuntimeError("this capture is already running")
+        self._native = native.load()
+        self._t0 = self._now()
+        self._log.clock = self._native.now_ns
+        self._wall0 = time.time()
+        for root in self._roots_alive():
+            self._register_root(root)
+        self._maps.refresh()
+        for t in self._scan_live_tensors():
+            self._log.preexisting(t, self._maps)
+        self._native.start(self.record_ops)
+        self._active = True
+        for info in self._modules:
+            module = info.ref()
+            if module is not None and info.is_boundary:
+                self._install_own_hooks(module)
+        self._handles = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._pre_hook_adapter),
+            torch.nn.modules.module.register_module_forward_hook(self._post_hook_adapter, always_call=True),
+            register_optimizer_step_pre_hook(self._optimizer_pre),
+            register_optimizer_step_post_hook(self._optimizer_post),
+        ]
+        return self
+
+    # Global module hooks see no keyword arguments, yet transformers calls models
+    # with keywords only. Boundary modules (roots, towers, projectors) get their
+    # own with_kwargs hooks instead, and the global hooks skip them.
+    def _pre_hook_adapter(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if id(module) in self._own_hooks:
+            return
+        self._pre_hook(module, args, {})
+
+    def _post_hook_adapter(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if id(module) in self._own_hooks:
+            return
+        self._post_hook(module, args, None, output)
+
+    def _install_own_hooks(self, module: torch.nn.Module) -> None:
+        self._own_hooks.add(id(module))
+        self._module_handles.append(module.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+        self._module_handles.append(module.register_forward_hook(self._post_hook, with_kwargs=True, always_call=True))
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.stop()
+
+    def stop(self) -> Trace:
+        if not self._active:
+            if self.trace is None:
+                raise RuntimeError("capture was never started")
+            return self.trace
+        self._active = False
+        for h in self._handles + self._module_handles:
+            h.remove()
+        self._handles, self._module_handles = [], []
+        self._own_hooks.clear()
+        end = self._now()
+        for ctx in reversed(self._stack):  # calls cut short by an exception
+            self._native.exit(ctx)
+        self._stack.clear()
+        for info in self._modules:
+            module = info.ref()
+            if module is not None and info.path == "":
+                self._note_parameters(module, end)
+        self._maps.refresh()
+        for t in self._scan_live_tensors():
+            self._log.file_backed(end, t, self._maps)
+        self._native.stop()
+        drained = self._native.drain()
+        self.metadata.setdefault("capture", "memwarden-native-cpu")
+        self.metadata.setdefault("torch_version", torch.__version__)
+        self.metadata.setdefault("started_at", self._wall0)
+        self.metadata.setdefault("device", "cpu")
+        attributor = Attributor(
+            log=self._log,
+            modules=[(m.path, m.label, m.modality) for m in self._modules],
+            dtype_names=list(self._native.scalar_type_names()),
+            t0_ns=self._t0,
+            end_ns=end,
+            metadata=self.metadata,
+        )
+        self.trace = attributor.build(drained)
+        return self.trace
+
+
+def capture(**kwargs: Any) -> Capture:
+    """``with memwarden.capture() as cap: ...`` then ``cap.trace``."""
+    return Capture(**kwargs)
+
+
+__all__ = ["Capture", "capture", "fingerprint", "cache_tensors"]
