@@ -1,0 +1,45 @@
+"""Helpers shared by subcommands: loading inputs with clear errors, JSON output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from memwarden.errors import InputError
+from memwarden.trace.model import Trace, TraceFormatError
+
+
+def load_trace(path: str) -> Trace:
+    """A .mwtrace or a PyTorch memory snapshot pickle, or one clear InputError."""
+    try:
+        from memwarden.trace.io import load_any
+    except ImportError:  # snapshot support not installed
+        load_any = None
+    if load_any is not None:
+        return load_any(path)
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        from memwarden.trace.model import load
+
+        return load(p)
+    except TraceFormatError as exc:
+        raise InputError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=_default)
+    sys.stdout.write("\n")
+
+
+def _default(value: Any) -> Any:
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

@@ -1,0 +1,69 @@
+"""memwarden demo: capture, summarise and report the built-in deployment."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from memwarden.errors import InputError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("demo", help="run the built-in deployment (a small VLM chatting about an image) and report it")
+    p.add_argument("-o", "--out-dir", default=".", help="where report.html and demo.mwtrace go (default: .)")
+    p.add_argument("--model", default=None, help="zoo model (default: the built-in deployment, llava)")
+    p.add_argument("--size", default="small", choices=["tiny", "small"], help="zoo size (default: small)")
+    p.add_argument("--turns", type=int, default=3, help="chat turns (default: 3)")
+    p.add_argument("--budget", default=None, help="simulated device budget, e.g. 320MiB")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from memwarden.demo import DemoConfig, run_demo, verdict
+    from memwarden.units import parse_bytes
+
+    out = Path(args.out_dir)
+    if not out.is_dir():
+        raise InputError(f"{args.out_dir}: not a directory")
+    if args.turns < 1:
+        raise InputError("--turns must be at least 1")
+    kwargs: dict[str, Any] = {"size": args.size, "turns": args.turns}
+    if args.model:
+        from memwarden.models import zoo
+
+        zoo.spec(args.model)  # unknown names fail here with the list of valid ones
+        kwargs["model"] = args.model
+    if args.budget:
+        try:
+            kwargs["budget_bytes"] = parse_bytes(args.budget)
+        except ValueError as exc:
+            raise InputError(f"--budget: {exc}") from None
+    config = DemoConfig(**kwargs)
+
+    if args.json:
+        from memwarden.commands._common import print_json
+
+        result = run_demo(config, out)
+        print_json({"summary": result.summary.to_json(), "fits_budget": result.fits, "budget_bytes": config.budget_bytes,
+                    "report": str(result.report_path), "trace": str(result.trace_path)})  # fmt: skip
+        return 0
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from memwarden.report.console import render_summary
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("[bold]memwarden demo[/]"), BarColumn(), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:  # fmt: skip
+        task = bar.add_task("starting", total=1.0)
+        result = run_demo(config, out, progress=lambda text, f: bar.update(task, description=text, completed=f))
+    out_console = Console()
+    out_console.print(render_summary(result.summary, source=f"{config.model} ({config.size}), {config.turns}-turn chat"))
+    style = "green" if result.fits else "bold red"
+    out_console.print(f"[{style}]Peak {verdict(result)}.[/]")
+    out_console.print(f"Wrote {result.report_path} and {result.trace_path}")
+    return 0

@@ -1,0 +1,119 @@
+"""The built-in deployment: a small VLM answering several turns about one image.
+
+Written the way chat loops are commonly written with transformers: every turn
+sends the whole conversation and the same image again to ``generate()``. The
+run is captured, summarised and written as an HTML report. Later capabilities
+(diagnose, GovernedSession) extend it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from memwarden.units import format_bytes
+
+# A phone or Jetson-class share of memory for this small model: weights plus a
+# few image prefills fit, a careless chat loop does not leave much headroom.
+DEFAULT_BUDGET_BYTES = 320 * 1024**2
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig:
+    model: str = "llava"
+    size: str = "small"
+    turns: int = 3
+    first_prompt_tokens: int = 24
+    tokens_per_turn: int = 16
+    new_tokens: int = 8
+    budget_bytes: int = DEFAULT_BUDGET_BYTES
+    seed: int = 0
+
+
+@dataclass
+class DemoResult:
+    trace: Any
+    summary: Any
+    report_path: Path | None
+    trace_path: Path | None
+    config: DemoConfig
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.summary.peak_bytes <= self.config.budget_bytes)
+
+
+def build_deployment(config: DemoConfig) -> tuple[Any, Callable[[int], dict[str, Any]], dict[str, Any]]:
+    """The model, a turn -> inputs function, and generate kwargs."""
+    from memwarden.models import zoo
+
+    model = zoo.build_model(config.model, size=config.size, seed=config.seed)
+
+    def turn_inputs(turn: int) -> dict[str, Any]:
+        # The conversation grows each turn; the image is sent again with it.
+        prompt = config.first_prompt_tokens + turn * (config.tokens_per_turn + config.new_tokens)
+        return zoo.make_inputs(model, prompt_tokens=prompt, seed=config.seed)
+
+    return model, turn_inputs, zoo.generate_kwargs(config.model)
+
+
+def run_chat(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_kwargs: dict[str, Any], config: DemoConfig,
+             on_turn: Callable[[int], None] | None = None) -> list[list[int]]:  # fmt: skip
+    import torch
+
+    outputs = []
+    with torch.inference_mode():
+        for turn in range(config.turns):
+            inputs = turn_inputs(turn)
+            out = model.generate(**inputs, max_new_tokens=config.new_tokens, **gen_kwargs)
+            outputs.append(out[0, inputs["input_ids"].shape[1] :].tolist())
+            if on_turn is not None:
+                on_turn(turn)
+    return outputs
+
+
+def run_demo(
+    config: DemoConfig = DemoConfig(),
+    out_dir: str | Path = ".",
+    progress: Callable[[str, float], None] | None = None,
+) -> DemoResult:
+    """Build, capture, summarise and report the built-in deployment."""
+    from memwarden.analyze.timeline import summary
+    from memwarden.trace.capture import Capture
+    from memwarden.trace.model import save
+
+    def step(text: str, fraction: float) -> None:
+        if progress is not None:
+            progress(text, fraction)
+
+    out = Path(out_dir)
+    step(f"building {config.model} ({config.size}) with random weights", 0.02)
+    model, turn_inputs, gen_kwargs = build_deployment(config)
+    cap = Capture(metadata={"model": f"{config.model} ({config.size})", "workload": "demo chat",
+                            "budget_bytes": config.budget_bytes})  # fmt: skip
+    with cap:
+        outputs = run_chat(
+            model, turn_inputs, gen_kwargs, config,
+            on_turn=lambda t: step(f"turn {t + 1}/{config.turns} answered", 0.1 + 0.7 * (t + 1) / config.turns),
+        )  # fmt: skip
+    trace = cap.trace
+    step("summarising", 0.85)
+    result = summary(trace)
+    trace_path = save(trace, out / "demo.mwtrace")
+    step("writing report.html", 0.9)
+    report_path = out / "report.html"
+    from memwarden.report.html import write_html
+
+    write_html(trace, report_path, title=f"memwarden demo: {config.model} ({config.size}), {config.turns}-turn chat")
+    step("done", 1.0)
+    return DemoResult(trace, result, report_path, trace_path, config, outputs)
+
+
+def verdict(result: DemoResult) -> str:
+    budget = result.config.budget_bytes
+    peak = result.summary.peak_bytes
+    if peak <= budget:
+        return f"fits the {format_bytes(budget)} budget with {format_bytes(budget - peak)} to spare"
+    return f"exceeds the {format_bytes(budget)} budget by {format_bytes(peak - budget)}"

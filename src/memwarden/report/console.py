@@ -1,0 +1,58 @@
+"""Terminal rendering of summaries with rich. Pure: returns renderables."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from memwarden.analyze.timeline import Summary
+from memwarden.units import format_bytes, format_us
+
+
+def _share_table(title: str, values: dict[str, int], total: int) -> Table:
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("", style="bold")
+    table.add_column("bytes", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("", no_wrap=True)
+    for name, value in sorted(values.items(), key=lambda kv: -kv[1]):
+        share = value / total if total else 0.0
+        table.add_row(name, format_bytes(value), f"{share:6.1%}", "█" * max(0, round(share * 24)))
+    return table
+
+
+def render_summary(s: Summary, source: str = "") -> Group:
+    head = Text.assemble(
+        ("peak ", "bold"), (format_bytes(s.peak_bytes), "bold red"),
+        f" at {format_us(s.peak_time_us)} on {s.device}",
+        ("   weights ", "bold"), format_bytes(s.weights_bytes),
+        ("   events ", "bold"), f"{s.events:,}",
+        ("   duration ", "bold"), format_us(s.duration_us),
+    )  # fmt: skip
+    parts: list[object] = []
+    if source:
+        parts.append(Text(source, style="dim"))
+    parts.append(head)
+    if s.file_backed_bytes_at_peak:
+        parts.append(Text(f"  of which file-backed (mmap'd): {format_bytes(s.file_backed_bytes_at_peak)}", style="dim"))
+    parts.append(_share_table("At peak, by category", s.by_category_at_peak, s.peak_bytes))
+    parts.append(_share_table("At peak, by modality", s.by_modality_at_peak, s.peak_bytes))
+    phases = Table(title="Peak per phase", title_justify="left", show_edge=False, pad_edge=False)
+    phases.add_column("phase", style="bold")
+    phases.add_column("peak", justify="right")
+    for name, value in s.by_phase_peak.items():
+        phases.add_row(name, format_bytes(value))
+    parts.append(phases)
+    if s.weights_by_modality:
+        parts.append(_share_table("Weights by modality", s.weights_by_modality, s.weights_bytes))
+    if s.top_sites_at_peak:
+        sites = Table(title="Top allocation sites at peak", title_justify="left", show_edge=False, pad_edge=False)
+        for col in ("module", "op", "category", "modality"):
+            sites.add_column(col)
+        sites.add_column("bytes", justify="right")
+        sites.add_column("blocks", justify="right")
+        for site in s.top_sites_at_peak[:10]:
+            sites.add_row(site.module, site.op, site.category, site.modality, format_bytes(site.nbytes), str(site.count))
+        parts.append(sites)
+    return Group(*parts)  # type: ignore[arg-type]

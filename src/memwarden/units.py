@@ -1,0 +1,46 @@
+"""Byte quantities: formatting and parsing ("6GiB", "512MB", "1.5e9")."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+    "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4,
+}  # fmt: skip
+_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str | int) -> int:
+    """'6GiB' -> 6442450944. Raises ValueError with the accepted forms."""
+    if isinstance(text, int):
+        return text
+    match = _PATTERN.match(str(text))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS:
+        raise ValueError(f"not a byte quantity: {text!r} (examples: 1048576, 512MiB, 6GiB, 2GB)")
+    value = float(match.group(1)) * _UNITS[unit]
+    if value < 0 or value > 2**62:
+        raise ValueError(f"byte quantity out of range: {text!r}")
+    return int(value)
+
+
+def format_bytes(nbytes: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    sign = "-" if nbytes < 0 else ""
+    value = abs(float(nbytes))
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
+        value /= 1024
+    return f"{sign}{value:.1f} TiB"
+
+
+def format_us(us: float) -> str:
+    if us < 1000:
+        return f"{us:.0f} µs"
+    if us < 1_000_000:
+        return f"{us / 1000:.1f} ms"
+    return f"{us / 1_000_000:.2f} s"
