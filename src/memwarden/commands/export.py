@@ -1,0 +1,86 @@
+"""`memwarden export FILE --format torch-snapshot|chrome -o OUT`: hand a trace to other viewers.
+
+torch-snapshot: PyTorch's memory snapshot pickle, for ``python -m
+torch.cuda._memory_viz`` and pytorch.org/memory_viz. With ``--allocator`` the
+segments come from replaying the trace through memwarden's model of the CUDA
+caching allocator, so the viewer shows reserved memory and fragmentation.
+chrome: trace-event JSON for ui.perfetto.dev or chrome://tracing.
+
+Choices are checked here rather than by argparse so that a wrong one is one
+line on stderr, like every other user error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+from memwarden.errors import InputError
+
+FORMATS = ("torch-snapshot", "chrome")
+ALLOCATORS = ("pytorch", "pytorch-expandable")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="write a trace as a PyTorch memory snapshot or Chrome/Perfetto JSON",
+        description="Write a trace as a PyTorch memory snapshot (for torch.cuda._memory_viz) or Chrome/Perfetto JSON.",
+    )
+    parser.add_argument("file", metavar="FILE", help="a .mwtrace file or a PyTorch memory snapshot")
+    parser.add_argument("--format", required=True, metavar="{" + ",".join(FORMATS) + "}", help="output format")
+    parser.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write (replaced atomically)")
+    parser.add_argument(
+        "--allocator",
+        metavar="{" + ",".join(ALLOCATORS) + "}",
+        help="torch-snapshot only: take segments from a replay through this allocator model",
+    )
+    parser.set_defaults(func=run)
+
+
+def _replay_segments(trace: Any, allocator: str) -> tuple[list[dict[str, Any]], Any]:
+    """Segments at the end of an allocator replay, and per-event addresses if the replay gives them."""
+    try:
+        module = importlib.import_module("memwarden.plan.allocator")
+        replay = module.replay
+    except (ImportError, AttributeError):
+        raise InputError("allocator model not available") from None
+    expandable = allocator == "pytorch-expandable"
+    config_cls = getattr(module, "AllocatorConfig", None)
+    config = config_cls(expandable_segments=expandable) if config_cls is not None else allocator
+    result = replay(trace, config)
+    return list(result.segments_at_end_snapshot), getattr(result, "event_addresses", None)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.format not in FORMATS:
+        raise InputError(f"unknown --format {args.format!r} (choose from {', '.join(FORMATS)})")
+    if args.allocator is not None:
+        if args.allocator not in ALLOCATORS:
+            raise InputError(f"unknown --allocator {args.allocator!r} (choose from {', '.join(ALLOCATORS)})")
+        if args.format != "torch-snapshot":
+            raise InputError("--allocator applies only to --format torch-snapshot")
+
+    from memwarden.trace.io import load_any
+
+    trace = load_any(args.file)
+    try:
+        if args.format == "chrome":
+            from memwarden.trace.chrome import save_chrome
+
+            save_chrome(trace, args.output)
+        else:
+            from memwarden.trace.snapshot import save_snapshot
+
+            options: dict[str, Any] = {}
+            segments = None
+            if args.allocator is not None:
+                segments, addresses = _replay_segments(trace, args.allocator)
+                options["addresses"] = addresses
+                options["allocator_settings"] = {"expandable_segments": args.allocator == "pytorch-expandable"}
+            save_snapshot(trace, args.output, segments, **options)
+    except OSError as exc:
+        raise InputError(f"cannot write {args.output}: {exc.strerror or exc.__class__.__name__}") from None
+    print(f"wrote {args.output} ({args.format}, {trace.num_events} events, {trace.num_spans} spans)")
+    return 0

@@ -1,0 +1,775 @@
+"""PyTorch memory snapshots: safe import into a Trace, export for PyTorch's viewer.
+
+A snapshot (``torch.cuda.memory._snapshot()`` / ``_dump_snapshot``) is a pickle
+of plain dicts and lists: ``segments`` (allocator state when it was taken),
+``device_traces`` (one ring buffer of allocator events per CUDA device) and
+``allocator_settings``. Field meanings follow torch/cuda/memory.py and
+torch/csrc/cuda/memory_snapshot.cpp.
+
+Safety. A pickle is a program: GLOBAL/STACK_GLOBAL/INST/EXT opcodes fetch any
+callable by name and REDUCE/NEWOBJ/BUILD call it. Every route to a callable goes
+through ``Unpickler.find_class`` (or ``persistent_load``), so the unpickler
+below refuses both and no code from a file ever runs. What is left (dict, list,
+tuple, str, bytes, int, float, bool, None) is then checked field by field.
+
+Export. ``to_snapshot`` writes a dict that PyTorch's own tools accept:
+``python -m torch.cuda._memory_viz stats|trace|trace_plot|segment_plot``.
+Their JavaScript viewer (torch/utils/viz/MemoryViz.js) reads pickle protocol
+2-4 only, pairs blocks by address, and looks every live block up in a live
+segment, so the export keeps addresses disjoint while live and, unless the
+caller passes allocator segments, gives each block its own segment.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import os
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memwarden.errors import InputError
+from memwarden.trace.io import atomic_write
+from memwarden.trace.model import (
+    Action,
+    Category,
+    Modality,
+    Phase,
+    SpanKind,
+    Trace,
+    TraceBuilder,
+    enum_name,
+    parse_enum,
+)
+
+__all__ = ["DEFAULT_MAX_SNAPSHOT_BYTES", "load_snapshot", "save_snapshot", "to_snapshot"]
+
+DEFAULT_MAX_SNAPSHOT_BYTES = 1 << 30  # 1 GiB: a 100k-entry ring buffer with C++ stacks is ~100s of MiB
+PICKLE_PROTOCOL = 4  # MemoryViz.js refuses protocol 5
+EXPORT_MARKER = "memwarden"  # top-level key of snapshots memwarden wrote; torch's tools ignore it
+
+_MAX_INT64 = 2**63 - 1
+_MAX_ADDR = 2**64 - 1
+_MAX_DEVICE = 4096
+_FRAMES_SCANNED = 64  # attribution reads the innermost frames only
+_BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
+_ACTIVE_STATES = ("active_allocated", "active_pending_free")
+_KNOWN_ACTIONS = frozenset(
+    {
+        "alloc",
+        "free_requested",
+        "free_completed",
+        "segment_alloc",
+        "segment_free",
+        "segment_map",
+        "segment_unmap",
+        "oom",
+        "snapshot",
+    }
+)
+# Frames torch's viewer hides (interpreter and unwinder internals): never an op name.
+_OMIT_FUNCTIONS = (
+    "unwind::unwind",
+    "CapturedTraceback::gather",
+    "gather_with_cpp",
+    "_start",
+    "__libc_start_main",
+    "PyEval_",
+    "PyObject_",
+    "PyFunction_",
+)
+_OMIT_FILENAMES = (
+    "core/boxing",
+    "/Register",
+    "/Redispatch",
+    "pythonrun.c",
+    "Modules/main.c",
+    "Objects/call.c",
+    "Objects/methodobject.c",
+    "pycore_ceval.h",
+    "ceval.c",
+    "cpython/abstract.h",
+)
+# torch's snapshot defaults (AllocatorConfigInfo): max_split_size SIZE_MAX reads back as -1.
+_DEFAULT_ALLOCATOR_SETTINGS: dict[str, Any] = {
+    "PYTORCH_CUDA_ALLOC_CONF": "",
+    "max_split_size": -1,
+    "garbage_collection_threshold": 0.0,
+    "expandable_segments": False,
+    "pinned_num_register_threads": 1,
+    "release_lock_on_cudamalloc": False,
+    "pinned_use_cuda_host_register": False,
+    "roundup_power2_divisions": {},
+}
+_SYNTH_BASE_ADDR = 0x7F0000000000  # where invented addresses start: looks like a device pointer, < 2**53 for JS
+_SYNTH_ALIGN = 512  # the CUDA caching allocator's minimum block size
+
+
+# -- restricted unpickling --------------------------------------------------------------
+
+
+class _Refused(Exception):
+    """Raised inside the unpickler the moment a pickle asks for anything callable."""
+
+
+class _NoGlobalsUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise _Refused(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise _Refused("an external object (persistent id)")
+
+
+def _restricted_loads(data: bytes) -> Any:
+    try:
+        return _NoGlobalsUnpickler(io.BytesIO(data)).load()
+    except _Refused as exc:
+        raise InputError(f"refused: pickle references {exc}; memwarden never runs code from a file") from None
+    except MemoryError:
+        raise InputError("not a readable pickle (it declares sizes larger than memory)") from None
+    except Exception as exc:  # no code ran, so any failure means a truncated or corrupt stream
+        raise InputError(f"not a readable pickle ({exc.__class__.__name__}: truncated or corrupt)") from None
+
+
+# -- structural checks ----------------------------------------------------------------
+
+
+def _bad(where: str, what: str) -> InputError:
+    return InputError(f"malformed snapshot: {where} {what}")
+
+
+def _int(d: dict[Any, Any], key: str, where: str, *, hi: int = _MAX_INT64, default: int | None = None) -> int:
+    value = d.get(key, default)
+    if value is None:
+        raise _bad(where, f"has no {key!r}")
+    if type(value) is not int:
+        raise _bad(where, f"{key!r} must be an integer, got {type(value).__name__}")
+    if not 0 <= value <= hi:
+        raise _bad(where, f"{key!r} is out of range ({value}): huge or negative declared size")
+    return value
+
+
+def _list(d: dict[Any, Any], key: str, where: str) -> list[Any]:
+    if key not in d:
+        raise _bad(where, f"has no {key!r}")
+    value = d[key]
+    if not isinstance(value, list):
+        raise _bad(where, f"{key!r} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _dict(value: Any, where: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise _bad(where, f"must be a dict, got {type(value).__name__}")
+    return value
+
+
+def _plain_settings(value: Any, depth: int = 0) -> Any:
+    """Keep JSON-able scalars and small dicts of them (allocator settings go into Trace.metadata)."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, dict) and depth < 2:
+        return {str(k): _plain_settings(v, depth + 1) for k, v in list(value.items())[:128] if isinstance(k, str | int)}
+    return None
+
+
+# -- attribution from frames --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Attribution:
+    module: str | None = None
+    op: str | None = None
+    category: Category = Category.OTHER
+    modality: Modality = Modality.SHARED
+    phase: Phase = Phase.OTHER
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        return {
+            "module": self.module,
+            "op": self.op,
+            "category": self.category,
+            "modality": self.modality,
+            "phase": self.phase,
+            "dtype": self.dtype,
+            "shape": self.shape,
+        }
+
+
+_NO_ATTRIBUTION = _Attribution()
+
+
+def _frame_kept(name: str, filename: str) -> bool:
+    return not any(f in name for f in _OMIT_FUNCTIONS) and not any(f in filename for f in _OMIT_FILENAMES)
+
+
+def _module_from_filename(filename: str) -> str | None:
+    """'/x/site-packages/transformers/models/clip/modeling_clip.py' -> 'transformers.models.clip.modeling_clip'."""
+    path = filename.replace("\\", "/")
+    if not path.endswith(".py"):
+        return None
+    for root in ("site-packages/", "dist-packages/"):
+        if root in path:
+            path = path.rsplit(root, 1)[1]
+            break
+    else:
+        path = path.rsplit("/", 1)[-1]
+    dotted = path[:-3].replace("/", ".").removesuffix(".__init__")
+    return dotted or None
+
+
+def _guess_attribution(frames: list[Any], where: str) -> _Attribution:
+    """op = innermost kept frame's function; module = innermost Python file outside torch."""
+    op = module = None
+    for frame in frames[:_FRAMES_SCANNED]:
+        frame = _dict(frame, f"{where} frame")
+        name, filename = frame.get("name"), frame.get("filename")
+        if not isinstance(name, str) or not isinstance(filename, str):
+            raise _bad(f"{where} frame", "needs string 'name' and 'filename'")
+        if not _frame_kept(name, filename):
+            continue
+        op = op or name
+        if module is None and "/torch/" not in filename.replace("\\", "/"):
+            module = _module_from_filename(filename)
+        if op and module:
+            break
+    return _Attribution(module=module, op=op) if (op or module) else _NO_ATTRIBUTION
+
+
+def _memwarden_attribution(frames: list[Any]) -> _Attribution:
+    """Read back the two frames ``_export_frames`` writes; anything odd falls back to defaults."""
+    if not frames or not isinstance(frames[0], dict):
+        return _NO_ATTRIBUTION
+    module, op = frames[0].get("filename"), frames[0].get("name")
+    fields: dict[str, str] = {}
+    if len(frames) > 1 and isinstance(frames[1], dict) and isinstance(frames[1].get("name"), str):
+        fields = dict(tok.split("=", 1) for tok in frames[1]["name"].split() if "=" in tok)
+
+    def enum(cls: Any, key: str, default: Any) -> Any:
+        try:
+            return parse_enum(cls, fields[key]) if key in fields else default
+        except ValueError:
+            return default
+
+    shape = None
+    if fields.get("shape"):
+        try:
+            shape = tuple(int(d) for d in fields["shape"].split("x"))
+        except ValueError:
+            shape = None
+    return _Attribution(
+        module=module if isinstance(module, str) and module != "<no module>" else None,
+        op=op if isinstance(op, str) and op != "<no op>" else None,
+        category=enum(Category, "category", Category.OTHER),
+        modality=enum(Modality, "modality", Modality.SHARED),
+        phase=enum(Phase, "phase", Phase.OTHER),
+        dtype=fields.get("dtype") or None,
+        shape=shape,
+    )
+
+
+# -- import -------------------------------------------------------------------------
+
+
+@dataclass
+class _Block:
+    tensor: int
+    nbytes: int
+    attribution: _Attribution
+    free_requested_us: int | None = None
+
+
+@dataclass
+class _Importer:
+    """Walks a snapshot once, checking each field as it converts it."""
+
+    ours: bool  # written by memwarden: frames carry exact attribution
+    synthetic_segments: bool  # memwarden invented one segment per block: not real reserved memory
+    device_names: dict[int, str]
+    builder: TraceBuilder = field(default_factory=lambda: TraceBuilder(devices=()))
+    next_id: int = 0
+    start_us: int = 0
+    skipped: int = 0
+    ooms: list[dict[str, Any]] = field(default_factory=list)
+    frames_cache: dict[int, _Attribution] = field(default_factory=dict)
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def device(self, index: int) -> str:
+        return self.device_names.get(index, f"cuda:{index}")
+
+    def attribution(self, d: dict[Any, Any], where: str) -> _Attribution:
+        frames = d.get("frames")
+        if frames is None:
+            return _NO_ATTRIBUTION
+        if not isinstance(frames, list):
+            raise _bad(where, f"'frames' must be a list, got {type(frames).__name__}")
+        # torch shares one frames list between entries with the same stack: convert each once
+        cached = self.frames_cache.get(id(frames))
+        if cached is None:
+            cached = _memwarden_attribution(frames) if self.ours else _guess_attribution(frames, where)
+            self.frames_cache[id(frames)] = cached
+        return cached
+
+    def event(self, t: int, action: Action, tensor: int, addr: int, nbytes: int, dev: str, a: _Attribution) -> None:
+        self.builder.event(t, action, tensor, addr, nbytes, device=dev, **a.kwargs())
+
+    def device_trace(self, index: int, entries: list[Any]) -> tuple[set[int], dict[int, int]]:
+        """Convert one device's ring buffer.
+
+        Returns the addresses of blocks the trace accounts for at its end (live,
+        or with a free requested but not completed) and the segment bytes it
+        leaves mapped, by address.
+        """
+        dev = self.device(index)
+        live: dict[int, _Block] = {}  # addr -> block
+        segs: dict[int, tuple[int, int]] = {}  # addr -> (id, bytes)
+        t = self.start_us
+        for k, raw in enumerate(entries):
+            where = f"device_traces[{index}][{k}]"
+            e = _dict(raw, where)
+            action = e.get("action")
+            if not isinstance(action, str):
+                raise _bad(where, "has no string 'action'")
+            if action not in _KNOWN_ACTIONS:
+                self.skipped += 1
+                continue
+            t = _int(e, "time_us", where, default=t)
+            size = _int(e, "size", where, default=0)
+            a = self.attribution(e, where)
+            if action == "oom":
+                free = _int(e, "device_free", where, default=0)
+                self.event(t, Action.OOM, self.new_id(), 0, size, dev, a)
+                self.ooms.append({"device": dev, "time_us": t, "requested_bytes": size, "device_free_bytes": free})
+                continue
+            if action == "snapshot":
+                self.builder.span(t, t, SpanKind.MARK, "snapshot")
+                continue
+            addr = _int(e, "addr", where, hi=_MAX_ADDR)
+            if action == "alloc":
+                old = live.pop(addr, None)
+                if old is not None:  # its free fell out of the ring buffer, or only free_requested came
+                    self.close(old, addr, dev, t)
+                block = live[addr] = _Block(self.new_id(), size, a)
+                self.event(t, Action.ALLOC, block.tensor, addr, size, dev, a)
+            elif action == "free_requested":
+                block = live.get(addr) or self.preexisting(live, addr, size, dev, a)
+                block.free_requested_us = t
+            elif action == "free_completed":
+                block = live.pop(addr, None) or self.preexisting({}, addr, size, dev, a)
+                self.event(t, Action.FREE, block.tensor, addr, block.nbytes, dev, block.attribution)
+            elif self.synthetic_segments and action.startswith("segment_"):
+                continue
+            elif action in ("segment_alloc", "segment_map"):
+                segs[addr] = (self.new_id(), size)
+                self.event(t, Action.SEGMENT_ALLOC, segs[addr][0], addr, size, dev, a)
+            else:  # segment_free / segment_unmap
+                seg_id, seg_bytes = segs.pop(addr, (0, size))
+                if not seg_id:  # reserved before the ring buffer starts
+                    seg_id = self.new_id()
+                    self.event(self.start_us, Action.SEGMENT_ALLOC, seg_id, addr, size, dev, _NO_ATTRIBUTION)
+                self.event(t, Action.SEGMENT_FREE, seg_id, addr, seg_bytes, dev, a)
+        for addr, block in live.items():
+            if block.free_requested_us is not None:  # free requested, never completed: take the request
+                self.close(block, addr, dev, block.free_requested_us)
+        return set(live), {addr: nbytes for addr, (_, nbytes) in segs.items()}
+
+    def preexisting(self, live: dict[int, _Block], addr: int, size: int, dev: str, a: _Attribution) -> _Block:
+        block = live[addr] = _Block(self.new_id(), size, a)
+        self.event(self.start_us, Action.PREEXISTING, block.tensor, addr, size, dev, a)
+        return block
+
+    def close(self, block: _Block, addr: int, dev: str, t: int) -> None:
+        when = block.free_requested_us if block.free_requested_us is not None else t
+        self.event(when, Action.FREE, block.tensor, addr, block.nbytes, dev, block.attribution)
+
+    def segments(
+        self, segments: list[Any], live_at_end: dict[int, set[int]], segs_at_end: dict[int, dict[int, int]]
+    ) -> dict[str, int]:
+        """Active blocks with no alloc in the ring buffer become PREEXISTING; so does older reserved memory."""
+        reserved = allocated = 0
+        for si, raw in enumerate(segments):
+            where = f"segments[{si}]"
+            seg = _dict(raw, where)
+            index = _int(seg, "device", where, hi=_MAX_DEVICE)
+            dev = self.device(index)
+            seg_addr = _int(seg, "address", where, hi=_MAX_ADDR)
+            total = _int(seg, "total_size", where)
+            _int(seg, "stream", where, hi=_MAX_ADDR, default=0)
+            reserved += total
+            traced = sum(n for a, n in segs_at_end.get(index, {}).items() if seg_addr <= a < seg_addr + total)
+            if total > traced and not self.synthetic_segments:
+                self.event(
+                    self.start_us, Action.SEGMENT_ALLOC, self.new_id(), seg_addr, total - traced, dev, _NO_ATTRIBUTION
+                )
+            live = live_at_end.get(index, set())
+            cursor = seg_addr
+            for bi, braw in enumerate(_list(seg, "blocks", where)):
+                bwhere = f"{where}.blocks[{bi}]"
+                block = _dict(braw, bwhere)
+                size = _int(block, "size", bwhere)
+                addr = _int(block, "address", bwhere, hi=_MAX_ADDR, default=cursor)
+                requested = _int(block, "requested_size", bwhere, default=size)
+                state = block.get("state")
+                if state not in _BLOCK_STATES:
+                    raise _bad(bwhere, f"has unknown state (expected one of {', '.join(_BLOCK_STATES)})")
+                cursor = addr + size
+                if state == "active_allocated":
+                    allocated += size
+                if state in _ACTIVE_STATES and addr not in live:
+                    a = self.attribution(block, bwhere)
+                    self.event(self.start_us, Action.PREEXISTING, self.new_id(), addr, requested, dev, a)
+        return {"reserved_bytes": reserved, "allocated_bytes": allocated}
+
+
+def _read_source(source: str | os.PathLike[str] | bytes, max_bytes: int) -> tuple[str, bytes]:
+    if isinstance(source, bytes | bytearray | memoryview):
+        data = bytes(source)
+        label = "snapshot"
+    else:
+        label = str(source)
+        try:
+            with open(source, "rb") as fh:
+                data = fh.read(max_bytes + 1)
+        except FileNotFoundError:
+            raise InputError(f"{label}: no such file") from None
+        except IsADirectoryError:
+            raise InputError(f"{label}: is a directory, not a snapshot") from None
+        except OSError as exc:
+            raise InputError(f"{label}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+    if len(data) > max_bytes:
+        raise InputError(f"{label}: snapshot is larger than the {max_bytes}-byte limit (raise max_bytes to read it)")
+    return label, data
+
+
+def load_snapshot(source: str | os.PathLike[str] | bytes, max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES) -> Trace:
+    """Read a PyTorch memory snapshot (path or bytes) into a Trace, running no code from it."""
+    label, data = _read_source(source, max_bytes)
+    try:
+        return _snapshot_to_trace(_restricted_loads(data), len(data))
+    except InputError as exc:
+        raise InputError(f"{label}: {exc}") from None
+
+
+def _snapshot_to_trace(obj: Any, data_bytes: int) -> Trace:
+    if not isinstance(obj, dict):
+        raise InputError(f"not a PyTorch memory snapshot: top level is a {type(obj).__name__}, expected a dict")
+    where = "snapshot"
+    segments = _list(obj, "segments", where)
+    device_traces = _list(obj, "device_traces", where)
+    for i, entries in enumerate(device_traces):
+        if not isinstance(entries, list):
+            raise _bad(f"device_traces[{i}]", f"must be a list, got {type(entries).__name__}")
+    if len(device_traces) > _MAX_DEVICE:
+        raise _bad("device_traces", f"lists {len(device_traces)} devices")
+    # Each element costs at least one opcode byte unless whole lists are shared by
+    # reference; a legitimate snapshot never shares them, a decompression bomb does.
+    items = len(segments) + sum(len(entries) for entries in device_traces)
+    items += sum(len(s["blocks"]) for s in segments if isinstance(s, dict) and isinstance(s.get("blocks"), list))
+    if items > data_bytes:
+        raise _bad("snapshot", f"holds {items} items in {data_bytes} bytes (shared lists): refused")
+
+    marker = obj.get(EXPORT_MARKER)
+    names: dict[int, str] = {}
+    if isinstance(marker, dict) and isinstance(marker.get("devices"), list):
+        names = {i: n for i, n in enumerate(marker["devices"]) if isinstance(n, str) and n}
+    ours = isinstance(marker, dict)
+    imp = _Importer(ours=ours, synthetic_segments=ours and marker.get("segments") == "per-block", device_names=names)
+    times = [
+        e["time_us"]
+        for entries in device_traces
+        for e in entries
+        if isinstance(e, dict) and type(e.get("time_us")) is int
+    ]
+    if ours and type(marker.get("start_us")) is int:
+        times.append(marker["start_us"])  # a PREEXISTING block may predate every entry
+    imp.start_us = min(times, default=0)
+    used = sorted({i for i, entries in enumerate(device_traces) if entries})
+    used += sorted({s["device"] for s in segments if isinstance(s, dict) and type(s.get("device")) is int} - set(used))
+    for i in used:
+        if 0 <= i <= _MAX_DEVICE:
+            imp.builder.device(imp.device(i))
+
+    live_at_end: dict[int, set[int]] = {}
+    segs_at_end: dict[int, dict[int, int]] = {}
+    for i, entries in enumerate(device_traces):
+        live_at_end[i], segs_at_end[i] = imp.device_trace(i, entries)
+    totals = imp.segments(segments, live_at_end, segs_at_end)
+
+    imp.builder.metadata.update(
+        {
+            "source": "torch-snapshot",
+            "snapshot": {
+                "segments": len(segments),
+                "trace_entries": sum(len(entries) for entries in device_traces),
+                "skipped_entries": imp.skipped,
+                **totals,
+            },
+        }
+    )
+    if isinstance(obj.get("allocator_settings"), dict):
+        imp.builder.metadata["allocator_settings"] = _plain_settings(obj["allocator_settings"])
+    if imp.ooms:
+        imp.builder.metadata["ooms"] = imp.ooms
+    if not imp.builder.devices:
+        imp.builder.device("cuda:0")
+    return imp.builder.build()
+
+
+# -- export -------------------------------------------------------------------------
+
+_ALLOC_LIKE = (Action.ALLOC, Action.MAP)
+_FREE_LIKE = (Action.FREE, Action.UNMAP)
+
+
+def _device_indices(devices: list[str]) -> list[int]:
+    """'cuda:N' keeps index N; other devices (cpu, mps, ...) follow the highest CUDA index."""
+    indices: list[int | None] = []
+    for name in devices:
+        kind, _, num = name.partition(":")
+        indices.append(int(num) if kind == "cuda" and num.isdigit() and int(num) < _MAX_DEVICE else None)
+    nxt = max((i for i in indices if i is not None), default=-1) + 1
+    out = []
+    for i in indices:
+        if i is None or i in out:
+            i, nxt = nxt, nxt + 1
+        out.append(i)
+    return out
+
+
+def _plain(value: Any, where: str = "segments") -> Any:
+    """Deep copy into types every pickle reader (and MemoryViz.js) knows: no numpy, no classes."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, np.integer | np.floating | np.bool_):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): _plain(v, where) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        items = [_plain(v, where) for v in value]
+        return tuple(items) if isinstance(value, tuple) else items
+    raise TypeError(f"{where}: cannot export a {type(value).__name__} into a snapshot")
+
+
+def _check_segments(segments: list[dict[str, Any]]) -> None:
+    """The invariant torch's ``segsum`` asserts: blocks tile their segment exactly."""
+    for i, seg in enumerate(segments):
+        covered = sum(int(b["size"]) for b in seg["blocks"])
+        if covered != int(seg["total_size"]):
+            raise ValueError(f"segments[{i}]: blocks cover {covered} bytes of a {seg['total_size']}-byte segment")
+
+
+def _segment(device: int, addr: int, nbytes: int, frames: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "device": device,
+        "address": addr,
+        "total_size": nbytes,
+        "allocated_size": nbytes,
+        "active_size": nbytes,
+        "requested_size": nbytes,
+        "stream": 0,
+        "segment_type": "large" if nbytes > 1 << 20 else "small",  # torch's small pool holds blocks <= 1 MiB
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "frames": [],
+        "blocks": [
+            {"address": addr, "size": nbytes, "requested_size": nbytes, "state": "active_allocated", "frames": frames}
+        ],
+    }
+
+
+class _Addresses:
+    """Addresses for the export: the trace's own if blocks live at once never overlap, else invented ones."""
+
+    def __init__(self, trace: Trace, rows: np.ndarray, override: np.ndarray | None, check: bool):
+        self.addr = trace.events["address"] if override is None else np.asarray(override, dtype=np.uint64)
+        self.invent = check and not self._disjoint(trace, rows)
+        self.bump: dict[int, int] = {}
+        self.given: dict[int, int] = {}  # tensor -> invented address
+
+    def _disjoint(self, trace: Trace, rows: np.ndarray) -> bool:
+        action, tensor, nbytes, device = (trace.events[k] for k in ("action", "tensor", "nbytes", "device"))
+        starts: dict[int, list[int]] = {}  # device -> sorted starts of live blocks
+        ends: dict[tuple[int, int], int] = {}  # (device, start) -> end
+        owner: dict[int, tuple[int, int]] = {}  # tensor -> (device, start)
+        for r in rows.tolist():
+            a, t, d, start = int(action[r]), int(tensor[r]), int(device[r]), int(self.addr[r])
+            order = starts.setdefault(d, [])
+            if a in _FREE_LIKE:
+                if t not in owner:
+                    continue  # freed, never allocated here: it overlaps nothing we know
+                if owner[t] != (d, start):
+                    return False  # the free names another address than the alloc
+                del owner[t], ends[(d, start)]
+                order.pop(bisect.bisect_left(order, start))
+                continue
+            end = start + int(nbytes[r])
+            i = bisect.bisect_left(order, start)
+            # live blocks are disjoint, so only the neighbours can overlap the new one
+            if start == 0 or (i < len(order) and order[i] < end) or (i > 0 and ends[(d, order[i - 1])] > start):
+                return False
+            order.insert(i, start)
+            ends[(d, start)] = end
+            owner[t] = (d, start)
+        return True
+
+    def of(self, row: int, tensor: int, device: int, nbytes: int, first: bool) -> int:
+        if not self.invent:
+            return int(self.addr[row])
+        if first or tensor not in self.given:
+            cursor = self.bump.get(device, _SYNTH_BASE_ADDR)
+            self.given[tensor] = cursor
+            self.bump[device] = cursor + -(-max(nbytes, 1) // _SYNTH_ALIGN) * _SYNTH_ALIGN
+        return self.given[tensor]
+
+
+def _export_frames(trace: Trace, row: int, cache: dict[tuple[int, ...], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Two frames the viewer prints under each block: 'module:0:op' and the attribution.
+
+    One list object per distinct attribution, so pickle memoizes it like torch does.
+    """
+    ev = trace.events
+    key = tuple(int(ev[k][row]) for k in ("module", "op", "category", "modality", "phase", "dtype", "shape"))
+    frames = cache.get(key)
+    if frames is None:
+        module, op, category, modality, phase, dtype, shape = key
+        text = f"category={enum_name(Category(category))} modality={enum_name(Modality(modality))} phase={enum_name(Phase(phase))}"
+        if dtype >= 0:
+            text += f" dtype={trace.strings[dtype]}"
+        if shape >= 0:
+            text += " shape=" + "x".join(str(d) for d in trace.shapes[shape])
+        frames = cache[key] = [
+            {"filename": trace.string(module) or "<no module>", "line": 0, "name": trace.string(op) or "<no op>"},
+            {"filename": "memwarden", "line": 0, "name": text},
+        ]
+    return frames
+
+
+def to_snapshot(
+    trace: Trace,
+    segments: list[dict[str, Any]] | None = None,
+    *,
+    allocator_settings: dict[str, Any] | None = None,
+    addresses: np.ndarray | None = None,
+    include_file_backed: bool = True,
+) -> dict[str, Any]:
+    """A snapshot dict (plain dicts/lists) of ``trace`` that torch's ``_memory_viz`` tools accept.
+
+    ``segments``: allocator state at the end (snapshot-format dicts, e.g. from an
+    allocator replay), used as is; the trace's own SEGMENT_* events then go into
+    the device traces. Without it each block live at the end gets its own
+    segment, and every block gets segment_alloc/segment_free entries around it.
+    ``addresses``: per-event addresses to use instead of the trace's (e.g. the
+    replay's, so device-trace blocks line up with its segments).
+    """
+    if addresses is not None and len(addresses) != trace.num_events:
+        raise ValueError(f"addresses has {len(addresses)} entries for {trace.num_events} events")
+    index_of = _device_indices(trace.devices)
+    ev = trace.events
+    action, tensor, nbytes, device, time_us = (ev[k] for k in ("action", "tensor", "nbytes", "device", "time_us"))
+    wanted = [Action.ALLOC, Action.FREE, Action.PREEXISTING, Action.OOM]
+    if include_file_backed:
+        wanted += [Action.MAP, Action.UNMAP]
+    if segments is not None:
+        wanted += [Action.SEGMENT_ALLOC, Action.SEGMENT_FREE]
+    keep = np.isin(action, np.array(wanted, dtype=action.dtype)) & ((nbytes > 0) | (action == Action.OOM))
+    rows = np.flatnonzero(keep)
+    block_rows = rows[
+        np.isin(action[rows], np.array([*_ALLOC_LIKE, *_FREE_LIKE, Action.PREEXISTING], dtype=action.dtype))
+    ]
+    addrs = _Addresses(trace, block_rows, addresses, check=segments is None)
+    own_segments = segments is None
+
+    traces: list[list[dict[str, Any]]] = [[] for _ in range(max(index_of, default=0) + 1)]
+    live: dict[int, tuple[int, int, int, list[dict[str, Any]]]] = {}  # tensor -> (device, addr, bytes, frames)
+    frame_cache: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    oom_free = _oom_device_free(trace)
+    for r in rows.tolist():
+        a, t, d, n, ts = (
+            Action(int(action[r])),
+            int(tensor[r]),
+            index_of[int(device[r])],
+            int(nbytes[r]),
+            int(time_us[r]),
+        )
+        out = traces[d]
+        frames = _export_frames(trace, r, frame_cache)
+        if a == Action.OOM:
+            free = oom_free.get((trace.devices[int(device[r])], ts), 0)
+            out.append({"action": "oom", "device_free": free, "size": n, "stream": 0, "time_us": ts, "frames": frames})
+        elif a in (Action.SEGMENT_ALLOC, Action.SEGMENT_FREE):
+            kind = "segment_alloc" if a == Action.SEGMENT_ALLOC else "segment_free"
+            out.append(
+                {"action": kind, "addr": int(addrs.addr[r]), "size": n, "stream": 0, "time_us": ts, "frames": frames}
+            )
+        elif a in _ALLOC_LIKE or a == Action.PREEXISTING:
+            addr = addrs.of(r, t, d, n, first=True)
+            live[t] = (d, addr, n, frames)
+            if a == Action.PREEXISTING:
+                continue  # alive before the trace: a block in `segments` with no alloc entry
+            if own_segments:
+                out.append(
+                    {"action": "segment_alloc", "addr": addr, "size": n, "stream": 0, "time_us": ts, "frames": frames}
+                )
+            out.append({"action": "alloc", "addr": addr, "size": n, "stream": 0, "time_us": ts, "frames": frames})
+        else:
+            d, addr, n, frames = live.pop(t, None) or (d, addrs.of(r, t, d, n, first=False), n, frames)
+            out = traces[d]
+            for kind in ("free_requested", "free_completed"):
+                out.append({"action": kind, "addr": addr, "size": n, "stream": 0, "time_us": ts, "frames": frames})
+            if own_segments:
+                out.append(
+                    {"action": "segment_free", "addr": addr, "size": n, "stream": 0, "time_us": ts, "frames": frames}
+                )
+
+    if segments is None:
+        ends = sorted(live.values(), key=lambda block: (block[0], block[1]))
+        final = [_segment(d, addr, n, frames) for d, addr, n, frames in ends]
+    else:
+        final = _plain(list(segments))
+        _check_segments(final)
+    settings = dict(_DEFAULT_ALLOCATOR_SETTINGS)
+    settings.update(_plain(allocator_settings or {}, "allocator_settings"))
+    names = [""] * len(traces)
+    for name, i in zip(trace.devices, index_of, strict=True):
+        names[i] = name
+    return {
+        "segments": final,
+        "device_traces": traces,
+        "allocator_settings": settings,
+        EXPORT_MARKER: {
+            "format": 1,
+            "devices": names,
+            "start_us": int(time_us.min()) if len(time_us) else 0,
+            "segments": "per-block" if own_segments else "given",
+        },
+    }
+
+
+def _oom_device_free(trace: Trace) -> dict[tuple[str, int], int]:
+    found: dict[tuple[str, int], int] = {}
+    for oom in trace.metadata.get("ooms") or []:
+        try:
+            found[(str(oom["device"]), int(oom["time_us"]))] = int(oom["device_free_bytes"])
+        except (KeyError, TypeError, ValueError):
+            continue
+    return found
+
+
+def save_snapshot(
+    trace: Trace,
+    path: str | os.PathLike[str],
+    segments: list[dict[str, Any]] | None = None,
+    **options: Any,
+) -> Path:
+    """Pickle ``to_snapshot(trace, segments, **options)`` atomically (protocol 4, plain types only)."""
+    data = pickle.dumps(to_snapshot(trace, segments, **options), protocol=PICKLE_PROTOCOL)
+    return atomic_write(path, data)
