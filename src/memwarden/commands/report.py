@@ -1,0 +1,36 @@
+"""`memwarden report FILE -o report.html`: a self-contained HTML report of a trace."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from memwarden.errors import InputError
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="write a self-contained HTML report of a trace (works offline)",
+        description="Write one HTML file with the memory timeline, the breakdown at peak, the top "
+        "allocation sites and the module calls of a trace. Every asset is inline; nothing is fetched.",
+    )
+    parser.add_argument("file", metavar="FILE", help="a .mwtrace file (or a PyTorch memory snapshot, where supported)")
+    parser.add_argument(
+        "-o", "--output", metavar="OUT.html", default="report.html", help="where to write (default: report.html)"
+    )
+    parser.add_argument("--title", help="page title (default: derived from the trace's model name)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from memwarden.commands._common import load_trace  # trace.io.load_any when present, else .mwtrace only
+    from memwarden.report.html import write_html
+
+    trace = load_trace(args.file)
+    try:
+        written = write_html(trace, Path(args.output), title=args.title)
+    except OSError as exc:
+        raise InputError(f"{args.output}: cannot write report ({exc.strerror or exc})") from None
+    print(written)
+    return 0

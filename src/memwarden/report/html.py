@@ -1,0 +1,470 @@
+"""A self-contained HTML report of a Trace: one file, every asset inline.
+
+``render_html`` is pure (Trace in, string out); ``write_html`` is the only
+I/O. The page works air-gapped: the stylesheet and the plotting script ship
+in ``report/assets`` and are inlined, images are data: URIs, and a
+Content-Security-Policy forbids every fetch (``default-src 'none'``) and lets
+only our own script run (pinned by its sha256), so a report cannot phone home
+and a string from a trace cannot run as code even if escaping failed.
+
+Trace strings (module paths, metadata) reach the page two ways, each escaped
+for its context: HTML-escaped in tables, and inside the JSON data block with
+``<``, ``>``, ``&`` written as ``\\u003c`` etc., so ``</script>`` in a module
+name cannot end the block. The script only ever puts them in ``textContent``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import html
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memwarden.analyze.timeline import Summary, summary, timeline
+from memwarden.trace.model import Modality, Phase, SpanKind, Trace, enum_name
+from memwarden.units import format_bytes, format_us
+
+__all__ = ["Section", "render_html", "write_html"]
+
+TIMELINE_MAX_POINTS = 2000  # per stacking; the peak survives downsampling (see analyze.timeline)
+MAX_LANE_SPANS = 4000  # longest module calls drawn in the lane view; the rest only count in the table
+MAX_LANE_DEPTH = 12  # deeper module calls are too thin to read next to a whole run
+MAX_PHASE_SPANS = 500
+TOP_MODULES = 25
+TOP_SITES = 15
+
+# Tableau-10 based, one fixed colour per label so a label looks the same in every chart and table.
+PALETTE: dict[str, dict[str, str]] = {
+    "category": {
+        "weight": "#4e79a7",
+        "buffer": "#a0cbe8",
+        "activation": "#f28e2b",
+        "kv_cache": "#59a14f",
+        "gradient": "#b07aa1",
+        "optimizer_state": "#9c755f",
+        "temporary": "#edc948",
+        "input": "#76b7b2",
+        "other": "#bab0ac",
+    },
+    "modality": {
+        "vision": "#f28e2b",
+        "audio": "#76b7b2",
+        "text": "#4e79a7",
+        "fusion": "#b07aa1",
+        "shared": "#bab0ac",
+    },
+    "phase": {
+        "load": "#9c755f",
+        "encode": "#f28e2b",
+        "prefill": "#4e79a7",
+        "decode": "#59a14f",
+        "backward": "#e15759",
+        "optimizer": "#b07aa1",
+        "other": "#bab0ac",
+    },
+}
+
+# Metadata keys that different capture paths use for the same header field, first match wins.
+_HEADER_FIELDS: list[tuple[str, tuple[str, ...]]] = [
+    ("Model", ("model", "model_name", "model_id")),
+    ("Device", ("device_name", "device")),
+    ("Capture", ("capture_method", "capture", "method", "source")),
+    ("Torch", ("torch_version", "torch")),
+    ("When", ("created_at", "captured_at", "when", "timestamp", "started_at", "date", "time")),
+]
+
+
+@dataclass(frozen=True)
+class Section:
+    """An extra report section. ``html`` is trusted markup made by memwarden itself, inserted as is."""
+
+    title: str
+    html: str
+
+
+# -- formatting -------------------------------------------------------------------
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _json_for_script(payload: Any) -> str:
+    """JSON that cannot close or comment out the <script> element it sits in."""
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    # <, > and & only occur inside JSON strings, where \\uXXXX escapes mean the same characters.
+    for raw, escaped in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        text = text.replace(raw, escaped)
+    return text
+
+
+def _slug(title: str, taken: set[str]) -> str:
+    base = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") or "section"
+    slug, k = base, 2
+    while slug in taken:
+        slug, k = f"{base}-{k}", k + 1
+    taken.add(slug)
+    return slug
+
+
+def _meta_text(key: str, value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and key in _HEADER_FIELDS[-1][1] and value > 1e9:
+        return _dt.datetime.fromtimestamp(float(value), tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if isinstance(value, (dict, list)):
+        text = json.dumps(value, default=str)
+    else:
+        text = str(value)
+    return text if len(text) <= 300 else text[:297] + "…"
+
+
+# -- data for the script -------------------------------------------------------
+
+
+def _time_origin_us(trace: Trace) -> int:
+    """The zero of every time axis: the first event, as analyze.timeline uses."""
+    if trace.num_events:
+        return int(trace.events["time_us"][0])
+    if trace.num_spans:
+        return int(trace.spans["start_us"].min())
+    return 0
+
+
+def _timeline_payload(trace: Trace, by: str) -> dict[str, Any]:
+    tl = timeline(trace, by=by, max_points=TIMELINE_MAX_POINTS)
+    return {
+        "time_us": tl.time_us.tolist(),
+        "total": tl.total.tolist(),
+        "series": [{"name": name, "values": values.tolist()} for name, values in tl.series.items()],
+    }
+
+
+def _lane_payload(trace: Trace, t0_us: int) -> dict[str, Any]:
+    """Module calls (longest first when capped) and phase spans as parallel arrays, times from t0."""
+    s = trace.spans
+    kind = s["kind"]
+    module_rows = np.flatnonzero(kind == SpanKind.MODULE)
+    depth = s["depth"]
+    in_depth = module_rows[depth[module_rows] < MAX_LANE_DEPTH]
+    duration = s["end_us"] - s["start_us"]
+    if len(in_depth) > MAX_LANE_SPANS:
+        keep = np.argsort(-duration[in_depth], kind="stable")[:MAX_LANE_SPANS]
+        rows = np.sort(in_depth[keep])
+    else:
+        rows = in_depth
+    names: list[str] = []
+    name_ids: dict[int, int] = {}
+
+    def local(index: int) -> int:
+        if index < 0:
+            return -1
+        if index not in name_ids:
+            name_ids[index] = len(names)
+            names.append(trace.strings[index])
+        return name_ids[index]
+
+    modules = {
+        "start": (s["start_us"][rows] - t0_us).tolist(),
+        "end": (s["end_us"][rows] - t0_us).tolist(),
+        "depth": depth[rows].tolist(),
+        "name": [local(int(i)) for i in s["name"][rows]],
+        "fp": [local(int(i)) for i in s["fingerprint"][rows]],
+        "modality": [enum_name(Modality(int(m))) for m in s["modality"][rows]],
+        "phase": [enum_name(Phase(int(p))) for p in s["phase"][rows]],
+    }
+    phase_rows = np.flatnonzero(kind == SpanKind.PHASE)[:MAX_PHASE_SPANS]
+    phases = [
+        {
+            "name": trace.string(int(s["name"][r])) or enum_name(Phase(int(s["phase"][r]))),
+            "phase": enum_name(Phase(int(s["phase"][r]))),
+            "start": int(s["start_us"][r]) - t0_us,
+            "end": int(s["end_us"][r]) - t0_us,
+        }
+        for r in phase_rows.tolist()
+    ]
+    return {
+        "strings": names,
+        "modules": modules,
+        "shown": int(len(rows)),
+        "total": int(len(module_rows)),
+        "phases": phases,
+    }
+
+
+def _payload(trace: Trace, summ: Summary) -> dict[str, Any]:
+    t0 = _time_origin_us(trace)
+    lanes = _lane_payload(trace, t0)
+    span_end = max(lanes["modules"]["end"] + [p["end"] for p in lanes["phases"]] + [0])
+    return {
+        "peak": {"bytes": summ.peak_bytes, "time_us": summ.peak_time_us},
+        "duration_us": max(summ.duration_us, span_end),
+        "timelines": {by: _timeline_payload(trace, by) for by in ("category", "modality", "phase")},
+        "palette": PALETTE,
+        "lanes": lanes,
+    }
+
+
+# -- HTML pieces ----------------------------------------------------------------
+
+
+def _header(trace: Trace, summ: Summary, title: str) -> str:
+    meta = trace.metadata
+    used: set[str] = set()
+    facts: list[tuple[str, str]] = []
+    for label, keys in _HEADER_FIELDS:
+        for key in keys:
+            if key in meta and meta[key] not in (None, ""):
+                facts.append((label, _meta_text(key, meta[key])))
+                used.add(key)
+                break
+        else:
+            if label == "Device":
+                facts.append((label, summ.device))
+    if not any(label == "Device" and value == summ.device for label, value in facts):
+        facts.append(("Memory device", summ.device))  # the device the numbers below are about
+    cards = [
+        ("Peak", format_bytes(summ.peak_bytes), f"at {format_us(summ.peak_time_us)}"),
+        ("Weights", format_bytes(summ.weights_bytes), "weights + buffers"),
+        ("Events", f"{summ.events:,}", f"{trace.num_spans:,} spans"),
+        ("Duration", format_us(summ.duration_us), "first to last event"),
+    ]
+    if summ.file_backed_bytes_at_peak:
+        cards.append(("File-backed at peak", format_bytes(summ.file_backed_bytes_at_peak), "mmap'd, reclaimable"))
+    fact_html = "".join(f"<div><dt>{_esc(k)}</dt><dd>{_esc(v)}</dd></div>" for k, v in facts)
+    card_html = "".join(
+        f'<div class="mw-card"><div class="mw-card-label">{_esc(k)}</div>'
+        f'<div class="mw-card-value">{_esc(v)}</div><div class="mw-card-note">{_esc(n)}</div></div>'
+        for k, v, n in cards
+    )
+    rest = [(k, _meta_text(k, v)) for k, v in meta.items() if k not in used]
+    details = ""
+    if rest:
+        rows = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rest)
+        details = (
+            f'<details class="mw-meta"><summary>All metadata ({len(rest)})</summary><table>{rows}</table></details>'
+        )
+    return (
+        f'<header class="mw-header"><h1>{_esc(title)}</h1><dl class="mw-facts">{fact_html}</dl>'
+        f'<div class="mw-cards">{card_html}</div>{details}</header>'
+    )
+
+
+def _bar_table(
+    rows: Iterable[tuple[str, int]], scale_bytes: int, colors: dict[str, str], label: str, share: str
+) -> str:
+    rows = [(name, nbytes) for name, nbytes in rows if nbytes]
+    if not rows:
+        return '<p class="mw-empty">nothing recorded</p>'
+    scale = max(scale_bytes, max(abs(b) for _, b in rows), 1)
+    out = [
+        f'<table class="mw-bars"><thead><tr><th>{_esc(label)}</th><th class="num">bytes</th><th class="num">{_esc(share)}</th><th></th></tr></thead><tbody>'
+    ]
+    for name, nbytes in rows:
+        width = max(0.0, 100.0 * nbytes / scale)
+        color = colors.get(name, "#888")
+        out.append(
+            f'<tr><td><span class="mw-swatch" style="background:{color}"></span>{_esc(name)}</td>'
+            f'<td class="num">{_esc(format_bytes(nbytes))}</td><td class="num">{width:.1f}%</td>'
+            f'<td class="mw-bar-cell"><div class="mw-bar" style="width:{width:.2f}%;background:{color}"></div></td></tr>'
+        )
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _ordered(values: dict[str, int], order: Sequence[str]) -> list[tuple[str, int]]:
+    rank = {name: i for i, name in enumerate(order)}
+    return sorted(values.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0]))
+
+
+def _breakdowns(summ: Summary) -> str:
+    phases = [enum_name(p) for p in Phase]
+    by_cat = sorted(summ.by_category_at_peak.items(), key=lambda kv: -kv[1])
+    by_mod = sorted(summ.by_modality_at_peak.items(), key=lambda kv: -kv[1])
+    return (
+        '<div class="mw-grid">'
+        f"<div><h3>At peak, by category</h3>{_bar_table(by_cat, summ.peak_bytes, PALETTE['category'], 'category', 'of peak')}</div>"
+        f"<div><h3>At peak, by modality</h3>{_bar_table(by_mod, summ.peak_bytes, PALETTE['modality'], 'modality', 'of peak')}</div>"
+        f"<div><h3>Peak of each phase</h3>{_bar_table(_ordered(summ.by_phase_peak, phases), summ.peak_bytes, PALETTE['phase'], 'phase', 'of peak')}</div>"
+        f"<div><h3>Weights by modality</h3>{_bar_table(sorted(summ.weights_by_modality.items(), key=lambda kv: -kv[1]), summ.weights_bytes, PALETTE['modality'], 'modality', 'of weights')}</div>"
+        "</div>"
+    )
+
+
+def _sites(summ: Summary) -> str:
+    if not summ.top_sites_at_peak:
+        return '<p class="mw-empty">no live allocations at the peak</p>'
+    peak = max(summ.peak_bytes, 1)
+    rows = "".join(
+        f'<tr><td class="num">{_esc(format_bytes(s.nbytes))}</td><td class="num">{100 * s.nbytes / peak:.1f}%</td>'
+        f'<td class="mw-path">{_esc(s.module)}</td><td>{_esc(s.op)}</td>'
+        f'<td><span class="mw-swatch" style="background:{PALETTE["category"].get(s.category, "#888")}"></span>{_esc(s.category)}</td>'
+        f'<td><span class="mw-swatch" style="background:{PALETTE["modality"].get(s.modality, "#888")}"></span>{_esc(s.modality)}</td>'
+        f'<td class="num">{s.count:,}</td></tr>'
+        for s in summ.top_sites_at_peak
+    )
+    return (
+        '<table class="mw-table"><thead><tr><th class="num">bytes</th><th class="num">of peak</th><th>module</th>'
+        f'<th>op</th><th>category</th><th>modality</th><th class="num">blocks</th></tr></thead><tbody>{rows}</tbody></table>'
+    )
+
+
+def _heaviest_modules(trace: Trace) -> str:
+    """Module calls grouped by path, by total inclusive time, with their input fingerprints."""
+    s = trace.spans
+    rows = np.flatnonzero(s["kind"] == SpanKind.MODULE)
+    if len(rows) == 0:
+        return '<p class="mw-empty">this trace has no module spans</p>'
+    duration = (s["end_us"] - s["start_us"])[rows]
+    names = s["name"][rows]
+    uniq, inverse = np.unique(names, return_inverse=True)
+    total = np.bincount(inverse, weights=duration)
+    calls = np.bincount(inverse)
+    longest = np.zeros(len(uniq), np.int64)
+    np.maximum.at(longest, inverse, duration)
+    order = np.argsort(-total, kind="stable")[:TOP_MODULES]
+    fps = s["fingerprint"][rows]
+    out = []
+    for g in order.tolist():
+        members = inverse == g
+        prints = [trace.strings[int(i)] for i in np.unique(fps[members]) if i >= 0]
+        first = rows[np.argmax(members)]
+        shown = ", ".join(prints[:3]) + (f" (+{len(prints) - 3} more)" if len(prints) > 3 else "")
+        modality = enum_name(Modality(int(s["modality"][first])))
+        out.append(
+            f'<tr><td class="mw-path">{_esc(trace.string(int(uniq[g])) or "(unnamed)")}</td>'
+            f'<td><span class="mw-swatch" style="background:{PALETTE["modality"][modality]}"></span>{_esc(modality)}</td>'
+            f'<td class="num">{int(calls[g]):,}</td><td class="num">{_esc(format_us(total[g]))}</td>'
+            f'<td class="num">{_esc(format_us(longest[g]))}</td>'
+            f'<td class="num">{len(prints):,}</td><td class="mw-fp">{_esc(shown) or "—"}</td></tr>'
+        )
+    return (
+        '<table class="mw-table"><thead><tr><th>module</th><th>modality</th><th class="num">calls</th>'
+        '<th class="num">total time</th><th class="num">longest</th><th class="num">distinct inputs</th>'
+        f"<th>input fingerprints</th></tr></thead><tbody>{''.join(out)}</tbody></table>"
+    )
+
+
+def _asset(name: str) -> str:
+    return resources.files("memwarden.report").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def _heatmap_section(png: bytes) -> Section:
+    if not png.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise ValueError("heatmap_png is not a PNG image")
+    uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    return Section("Allocator heatmap", f'<img class="mw-heatmap" alt="allocator heatmap" src="{uri}">')
+
+
+# -- public API -----------------------------------------------------------------
+
+
+def render_html(
+    trace: Trace,
+    *,
+    title: str | None = None,
+    extra_sections: Sequence[Section] = (),
+    heatmap_png: bytes | None = None,
+) -> str:
+    """The whole report as one HTML string; no file or network access."""
+    summ = summary(trace, top=TOP_SITES)
+    model = trace.metadata.get("model") or trace.metadata.get("model_name")
+    page_title = title or (f"memwarden report: {model}" if model else "memwarden report")
+    script = _asset("report.js")
+    style = _asset("report.css")
+    script_hash = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    csp = f"default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'"
+
+    sections = list(extra_sections)
+    if heatmap_png is not None:
+        sections.append(_heatmap_section(heatmap_png))
+    taken = {"timeline", "breakdown", "sites", "modules"}
+    extra_ids = [_slug(sec.title, taken) for sec in sections]
+    nav = [("timeline", "Timeline"), ("breakdown", "Breakdown"), ("sites", "Top sites"), ("modules", "Modules")]
+    nav += [(sid, sec.title) for sid, sec in zip(extra_ids, sections, strict=True)]
+    nav_html = "".join(f'<a href="#{_esc(sid)}">{_esc(text)}</a>' for sid, text in nav)
+    extra_html = "".join(
+        f'<section id="{_esc(sid)}" class="mw-section"><h2>{_esc(sec.title)}</h2>{sec.html}</section>'
+        for sid, sec in zip(extra_ids, sections, strict=True)
+    )
+    n_modules = int(np.count_nonzero(trace.spans["kind"] == SpanKind.MODULE))
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="memwarden">
+<title>{_esc(page_title)}</title>
+<style>{style}</style>
+</head>
+<body>
+{_header(trace, summ, page_title)}
+<nav class="mw-nav">{nav_html}</nav>
+<section id="timeline" class="mw-section">
+<div class="mw-toolbar"><h2>Live memory</h2>
+<div class="mw-stack" role="group" aria-label="stack by">stack by
+<button type="button" data-by="category" class="on">category</button><button type="button" data-by="modality">modality</button><button type="button" data-by="phase">phase</button></div>
+<button type="button" id="mw-reset" class="mw-reset" hidden>reset zoom</button>
+<span class="mw-hint">drag to zoom · double-click to reset · click a legend entry to hide it</span></div>
+<div id="mw-legend" class="mw-legend"></div>
+<div class="mw-plot"><canvas id="mw-timeline" aria-label="live bytes over time"></canvas></div>
+<h3 class="mw-lanes-title">Module calls <span class="mw-note">{n_modules:,} calls; colour = modality; hover for input fingerprint</span></h3>
+<div class="mw-plot"><canvas id="mw-lanes" aria-label="module calls over time"></canvas></div>
+<div id="mw-lanes-note" class="mw-note"></div>
+</section>
+<section id="breakdown" class="mw-section"><h2>Breakdown</h2>{_breakdowns(summ)}</section>
+<section id="sites" class="mw-section"><h2>Top allocation sites at peak</h2>
+<p class="mw-note">Blocks live at the peak event, grouped by module, op, category and modality.</p>{_sites(summ)}</section>
+<section id="modules" class="mw-section"><h2>Heaviest modules by time</h2>
+<p class="mw-note">Calls grouped by module path. Fewer distinct input fingerprints than calls means the module ran again on content it had already seen.</p>{_heaviest_modules(trace)}</section>
+{extra_html}
+<div id="mw-tooltip" class="mw-tooltip" hidden></div>
+<div id="mw-status" data-series="0" data-points="0" data-spans="0" hidden></div>
+<footer class="mw-footer">memwarden · self-contained report, works offline</footer>
+<script type="application/json" id="mw-data">{_json_for_script(_payload(trace, summ))}</script>
+<script>{script}</script>
+</body>
+</html>
+"""
+
+
+def write_html(trace: Trace, path: str | os.PathLike[str], **kwargs: Any) -> Path:
+    """Render and write atomically: readers never see a half-written report."""
+    path = Path(path)
+    text = render_html(trace, **kwargs)
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is for sharing, like any new file
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
