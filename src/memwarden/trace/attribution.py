@@ -49,6 +49,19 @@ _DTYPE_NAMES = {
 _ENTER, _EXIT = 2, 3
 
 
+def storage_of(tensor: Any) -> tuple[int, int] | None:
+    """(data pointer, bytes) of a CPU tensor's storage; None for tensors without one
+    (meta, functorch batched, sparse, nested, wrapper subclasses)."""
+    try:
+        if tensor.device.type != "cpu" or tensor.is_meta:
+            return None
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        return (ptr, storage.nbytes()) if ptr else None
+    except (NotImplementedError, RuntimeError, TypeError, AttributeError):
+        return None
+
+
 @dataclass
 class StorageRecord:
     ptr: int
@@ -73,11 +86,9 @@ class CaptureLog:
     clock: Callable[[], int] | None = None
 
     def tag(self, t_ns: int, tensor: Any, kind: str, path: str) -> None:
-        if tensor.device.type != "cpu" or tensor.is_meta:
-            return
-        ptr = tensor.untyped_storage().data_ptr()
-        if ptr:
-            self.tags.append((t_ns, ptr, kind, path))
+        found = storage_of(tensor)
+        if found is not None:
+            self.tags.append((t_ns, found[0], kind, path))
 
     def enter(self, ctx: int, fingerprint: str | None) -> None:
         self.fingerprints.append(fingerprint)
@@ -97,11 +108,12 @@ class CaptureLog:
             self.optimizer_spans[-1][1] = t_ns
 
     def _record(self, tensor: Any, t_ns: int, file: str | None) -> StorageRecord | None:
-        storage = tensor.untyped_storage()
-        ptr = storage.data_ptr()
-        if not ptr or storage.nbytes() == 0:
+        found = storage_of(tensor)
+        if found is None or found[1] == 0:
             return None
-        rec = StorageRecord(ptr, storage.nbytes(), str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape), file, t_ns)
+        storage = tensor.untyped_storage()
+        ptr = found[0]
+        rec = StorageRecord(ptr, found[1], str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape), file, t_ns)
         if self.clock is not None:
             clock = self.clock
 
@@ -112,7 +124,10 @@ class CaptureLog:
         return rec
 
     def preexisting(self, tensor: Any, maps: Any) -> None:
-        ptr = tensor.untyped_storage().data_ptr()
+        found = storage_of(tensor)
+        if found is None:
+            return
+        ptr = found[0]
         if ptr in self.preexisting_storages:
             return
         rec = self._record(tensor, 0, maps.file_of(ptr))
@@ -121,8 +136,11 @@ class CaptureLog:
 
     def file_backed(self, t_ns: int, tensor: Any, maps: Any) -> None:
         """A storage alive at the end of the capture that lies in a mapped file."""
-        ptr = tensor.untyped_storage().data_ptr()
-        if not ptr or ptr in self.preexisting_storages or ptr in self.mapped_storages:
+        found = storage_of(tensor)
+        if found is None:
+            return
+        ptr = found[0]
+        if ptr in self.preexisting_storages or ptr in self.mapped_storages:
             return
         path = maps.file_of(ptr)
         if path is None:

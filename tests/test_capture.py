@@ -1,0 +1,157 @@
+"""Live capture on real transformers models: agreement with PyTorch's memory profiler,
+weights, attribution of categories / modalities / phases, file-backed weights, training."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.profiler._memory_profiler import Action as ProfAction
+
+import memwarden
+from memwarden.analyze.timeline import summary
+from memwarden.models import zoo
+from memwarden.trace.model import Action, Category, Modality, Phase, SpanKind
+
+
+def profiler_peak_bytes(prof: profile) -> int:
+    """Peak of PyTorch's own memory timeline: preexisting tensors plus creates minus destroys."""
+    timeline = prof._memory_profile().timeline
+    live = sum(size for _, action, _, size in timeline if action == ProfAction.PREEXISTING)
+    peak = live
+    for _, action, _, size in timeline:
+        if action == ProfAction.CREATE:
+            live += size
+        elif action == ProfAction.DESTROY:
+            live -= size
+        peak = max(peak, live)
+    return peak
+
+
+def model_state_bytes(model: torch.nn.Module) -> int:
+    storages = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("name", zoo.NAMES)
+def test_peak_matches_pytorch_profiler_and_weights_are_exact(name: str) -> None:
+    model = zoo.build_model(name, size="tiny")
+    inputs = zoo.make_inputs(model, prompt_tokens=12)
+    kwargs = zoo.generate_kwargs(name)
+    with torch.inference_mode():
+        model.generate(**inputs, max_new_tokens=2, **kwargs)  # warm caches of lazy kernels
+    with memwarden.capture() as cap:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+            with torch.inference_mode():
+                model.generate(**inputs, max_new_tokens=3, **kwargs)
+    s = summary(cap.trace)
+    reference = profiler_peak_bytes(prof)
+    assert abs(s.peak_bytes - reference) <= 0.01 * reference, (s.peak_bytes, reference)
+    assert s.weights_bytes == model_state_bytes(model)
+    # Attribution: every phase of a generate() run, the KV cache, the encoder's modality.
+    assert {"encode", "prefill", "decode"} <= set(s.by_phase_peak)
+    t = cap.trace
+    cats = set(t.events["category"].tolist())
+    assert Category.KV_CACHE in cats and Category.WEIGHT in cats
+    encoder = Modality.AUDIO if zoo.spec(name).modality == "audio" else Modality.VISION
+    enc_rows = (t.events["modality"] == encoder) & (t.events["action"] == Action.ALLOC)
+    assert enc_rows.any()
+    assert set(t.events["phase"][enc_rows].tolist()) == {Phase.ENCODE}
+    steps = [sp for sp in t.metadata["steps"]]
+    assert [sp["phase"] for sp in steps] == ["prefill", "decode", "decode"]
+
+
+def test_encoder_spans_carry_content_fingerprints() -> None:
+    model = zoo.build_model("llava", size="tiny")
+    a = zoo.make_inputs(model, prompt_tokens=12, seed=0)
+    b = zoo.make_inputs(model, prompt_tokens=12, seed=1)  # another image
+    kwargs = zoo.generate_kwargs("llava")
+    with memwarden.capture() as cap, torch.inference_mode():
+        for inputs in (a, a, b):
+            model.generate(**inputs, max_new_tokens=1, **kwargs)
+    t = cap.trace
+    fps = [
+        t.string(int(t.spans["fingerprint"][i]))
+        for i in range(t.num_spans)
+        if t.spans["kind"][i] == SpanKind.MODULE and t.string(int(t.spans["name"][i])) == "model.vision_tower"
+    ]
+    assert len(fps) == 3 and fps[0] == fps[1] != fps[2]
+
+
+def test_mmap_weights_are_file_backed(tmp_path) -> None:
+    def make() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+
+    torch.save(make().state_dict(), tmp_path / "w.pt")
+    with memwarden.capture() as cap:
+        with torch.device("meta"):
+            model = make()
+        model.load_state_dict(torch.load(tmp_path / "w.pt", mmap=True), assign=True)
+        model(torch.randn(4, 256))
+    t = cap.trace
+    maps = t.events["action"] == Action.MAP
+    weight_bytes = sum(p.nbytes for p in model.parameters())
+    assert int(t.events["nbytes"][maps].sum()) == weight_bytes
+    assert all(str(tmp_path / "w.pt") == t.string(int(op)) for op in t.events["op"][maps])
+    s = summary(t)
+    assert s.file_backed_bytes_at_peak == weight_bytes
+    assert s.anonymous_peak_bytes == s.peak_bytes - weight_bytes
+
+
+def test_training_step_categories_and_phases() -> None:
+    gc.collect()  # models of earlier tests would count as preexisting weights
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.GELU(), torch.nn.Linear(512, 128))
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(64, 128)
+    with memwarden.capture() as cap:
+        for _ in range(2):
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    t = cap.trace
+    s = summary(t)
+    param_bytes = sum(p.nbytes for p in model.parameters())
+    assert s.weights_bytes == param_bytes
+    alloc = t.events["action"] == Action.ALLOC
+    opt_state = alloc & (t.events["category"] == Category.OPTIMIZER_STATE)
+    assert int(t.events["nbytes"][opt_state].sum()) == 2 * param_bytes  # exp_avg + exp_avg_sq, made once
+    grads = alloc & (t.events["category"] == Category.GRADIENT)
+    assert int(t.events["nbytes"][grads].sum()) == 2 * param_bytes  # set_to_none: fresh grads each step
+    assert {"backward", "optimizer"} <= set(s.by_phase_peak)
+    acts = alloc & (t.events["category"] == Category.ACTIVATION)
+    assert acts.any()
+
+
+def test_capture_survives_exceptions_and_keeps_events() -> None:
+    model = torch.nn.Linear(16, 16)
+    cap = memwarden.capture()
+    with pytest.raises(RuntimeError):
+        with cap:
+            model(torch.randn(2, 16))
+            model(torch.randn(2, 17))  # shape error inside the module
+    t = cap.trace
+    assert t is not None and t.num_events > 0
+    assert (t.spans["end_us"] >= t.spans["start_us"]).all()
+    # the next capture starts clean
+    with memwarden.capture() as again:
+        model(torch.randn(2, 16))
+    assert again.trace.metadata["untracked_frees"] >= 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="Linux only")
+def test_preexisting_tensors_count_from_the_start() -> None:
+    big = torch.zeros(1 << 20)  # 4 MiB alive before capture
+    with memwarden.capture() as cap:
+        small = torch.ones(10)
+    t = cap.trace
+    pre = t.events["action"] == Action.PREEXISTING
+    assert big.untyped_storage().data_ptr() in t.events["address"][pre].tolist()
+    assert summary(t).peak_bytes >= big.nbytes + small.nbytes
