@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from memwarden.errors import MemwardenError
 from memwarden.trace.model import TraceFormatError

@@ -8,9 +8,10 @@ run is captured, summarised and written as an HTML report. Later capabilities
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from memwarden.units import format_bytes
 
@@ -23,10 +24,10 @@ DEFAULT_BUDGET_BYTES = 320 * 1024**2
 class DemoConfig:
     model: str = "llava"
     size: str = "small"
-    turns: int = 3
+    turns: int = 4
     first_prompt_tokens: int = 24
     tokens_per_turn: int = 16
-    new_tokens: int = 8
+    new_tokens: int = 12
     budget_bytes: int = DEFAULT_BUDGET_BYTES
     seed: int = 0
 

@@ -51,7 +51,7 @@ def breakdown_at(trace: Trace, index: int, by: str, device: int) -> dict[str, in
     uniq, inverse = np.unique(labels, return_inverse=True)
     sums = np.bincount(inverse, weights=signed)
     out: dict[str, int] = {}
-    for key, value in zip(uniq, sums):
+    for key, value in zip(uniq, sums, strict=False):
         if int(value) != 0:
             out[trace.string(int(key)) or "(unattributed)"] = int(value)
     return out
@@ -243,7 +243,7 @@ def timeline(trace: Trace, by: str = "category", max_points: int = 2000, device:
     else:
         edges = np.linspace(0, n, max_points + 1).astype(np.int64)
         picks = np.array(
-            [lo + int(np.argmax(total[lo:hi])) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo], dtype=np.int64
+            [lo + int(np.argmax(total[lo:hi])) for lo, hi in zip(edges[:-1], edges[1:], strict=False) if hi > lo], dtype=np.int64
         )
     labels = trace.events[by]
     series: dict[str, np.ndarray] = {}

@@ -13,7 +13,7 @@ def register(sub: Any) -> None:
     p.add_argument("-o", "--out-dir", default=".", help="where report.html and demo.mwtrace go (default: .)")
     p.add_argument("--model", default=None, help="zoo model (default: the built-in deployment, llava)")
     p.add_argument("--size", default="small", choices=["tiny", "small"], help="zoo size (default: small)")
-    p.add_argument("--turns", type=int, default=3, help="chat turns (default: 3)")
+    p.add_argument("--turns", type=int, default=4, help="chat turns (default: 4)")
     p.add_argument("--budget", default=None, help="simulated device budget, e.g. 320MiB")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)

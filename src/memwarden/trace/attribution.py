@@ -20,8 +20,9 @@ Rules (in priority order):
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -216,7 +217,6 @@ class Attributor:
         alloc_rows = np.flatnonzero(action == 0)
         free_rows = np.flatnonzero(action == 1)
         ids = cols["id"]
-        free_time_by_id = dict(zip(ids[free_rows].tolist(), t_ns[free_rows].tolist()))
         module_modality = np.array([m[2] for m in self.modules] + [int(Modality.SHARED)], dtype=np.int64)
         alloc_ctx = ctx_col[alloc_rows].astype(np.int64)
         alloc_t = t_ns[alloc_rows]
@@ -238,13 +238,17 @@ class Attributor:
             phase = np.where((alloc_t >= start) & (alloc_t <= end), int(Phase.OPTIMIZER), phase)
 
         # category: temporary vs activation by the lifetime of the module call that made it
-        free_t = np.array([free_time_by_id.get(i, np.iinfo(np.int64).max) for i in ids[alloc_rows].tolist()], dtype=np.int64)
+        free_t = np.full(len(alloc_rows), np.iinfo(np.int64).max, dtype=np.int64)
+        if len(alloc_rows) and len(free_rows):
+            pos = np.clip(np.searchsorted(ids[alloc_rows], ids[free_rows]), 0, len(alloc_rows) - 1)
+            hit = ids[alloc_rows][pos] == ids[free_rows]
+            free_t[pos[hit]] = t_ns[free_rows][hit]
         own_span = span_of_row[alloc_rows]
         made_in_module = own_span >= 0
         temporary = made_in_module & (free_t <= span_end[own_span])
         category = np.where(made_in_module, np.where(temporary, int(Category.TEMPORARY), int(Category.ACTIVATION)), int(Category.OTHER))
         category = np.where(is_backward & ~made_in_module, int(Category.TEMPORARY), category)
-        module_of = np.where(alloc_ctx >= 0, alloc_ctx, -1)
+        np.where(alloc_ctx >= 0, alloc_ctx, -1)
         tag_path: dict[int, str] = {}
 
         # tags: match (t, ptr) to the block at that address alive at t
@@ -277,34 +281,49 @@ class Attributor:
                 if kind == "kv_cache":
                     modality[hit] = int(Modality.TEXT)
 
-        # 4. emit
-        label_of_ctx = [m[1] for m in self.modules]
-        dtype_col, soff, ndim, shapes_pool = cols["dtype"], cols["shape_off"], cols["ndim"], cols["shapes"]
+        # 4. emit: allocator rows as whole columns (a capture can hold millions)
         from memwarden.trace.modality import ModalityRules
 
         rules = ModalityRules()
-        attrs: dict[int, tuple[int, int, int, str | None, str | None, str | None, tuple[int, ...] | None]] = {}
-        block_id_to_k = {}
-        for k, row in enumerate(alloc_rows.tolist()):
-            mod_path = tag_path.get(k)
-            if mod_path is not None:
-                module = mod_path or None
-                mod_modality = int(rules.modality_of(mod_path))
-            else:
-                c = int(module_of[k])
-                module = label_of_ctx[c] if c >= 0 else None
-                mod_modality = int(modality[k])
-            op_i = int(cols["op_outer"][row])
-            op = ops[op_i] if op_i >= 0 else None
-            dt = int(dtype_col[row])
-            dtype = _DTYPE_NAMES.get(self.dtype_names[dt], self.dtype_names[dt]) if dt >= 0 else None
-            shape = None
-            if soff[row] >= 0:
-                shape = tuple(int(x) for x in shapes_pool[soff[row] : soff[row] + ndim[row]])
-            attrs[int(ids[row])] = (int(category[k]), mod_modality, int(phase[k]), module, op, dtype, shape)
-            block_id_to_k[int(ids[row])] = k
+        ctx_label_ids = np.array([builder.intern(m[1]) for m in self.modules] + [-1], dtype=np.int32)
+        module_col = ctx_label_ids[alloc_ctx]
+        modality_col = modality.astype(np.uint8)
+        for k, path in tag_path.items():
+            module_col[k] = builder.intern(path) if path else -1
+            modality_col[k] = int(rules.modality_of(path))
+        op_ids = np.array([builder.intern(o) for o in ops] + [-1], dtype=np.int32)
+        op_col = op_ids[cols["op_outer"][alloc_rows].astype(np.int64)]
+        dtype_ids = np.array([builder.intern(_DTYPE_NAMES.get(d, d)) for d in self.dtype_names] + [-1], dtype=np.int32)
+        dtype_col = dtype_ids[cols["dtype"][alloc_rows].astype(np.int64)]
+        shape_col = np.full(len(alloc_rows), -1, dtype=np.int32)
+        soff, ndim, pool = cols["shape_off"], cols["ndim"], cols["shapes"].tolist()
+        for k in np.flatnonzero(soff[alloc_rows] >= 0).tolist():
+            row = int(alloc_rows[k])
+            start = int(soff[row])
+            shape_col[k] = builder.intern_shape(tuple(pool[start : start + int(ndim[row])]))
 
-        order = np.flatnonzero((action == 0) | (action == 1))
+        alloc_ids = ids[alloc_rows]  # increasing: the recorder numbers blocks in allocation order
+        main = np.flatnonzero((action == 0) | (action == 1))
+        k_of = np.searchsorted(alloc_ids, ids[main])
+        k_of = np.clip(k_of, 0, max(len(alloc_ids) - 1, 0))
+        keep = (alloc_ids[k_of] == ids[main]) if len(alloc_ids) else np.zeros(len(main), bool)
+        main, k_of = main[keep], k_of[keep]  # drops frees of blocks allocated before this capture
+        main_cols = {
+            "time_us": np.maximum(0, (t_ns[main] - self.t0_ns) // 1000),
+            "action": action[main],
+            "tensor": ids[main],
+            "address": cols["ptr"][main].astype(np.uint64),
+            "nbytes": cols["nbytes"][main],
+            "device": np.zeros(len(main), np.int16),
+            "category": category[k_of].astype(np.uint8),
+            "modality": modality_col[k_of],
+            "phase": phase[k_of].astype(np.uint8),
+            "module": module_col[k_of],
+            "op": op_col[k_of],
+            "dtype": dtype_col[k_of],
+            "shape": shape_col[k_of],
+        }
+        attrs: dict[int, tuple[int, int, int, str | None, str | None, str | None, tuple[int, ...] | None]] = {}
         next_pre_id = -1
 
         # preexisting storages first, at t = 0; their frees (seen by weakref finalizers) come later
@@ -322,18 +341,6 @@ class Attributor:
                 attrs[next_pre_id] = (int(cat), int(mod_modality), int(Phase.LOAD), kw["module"], rec.file, rec.dtype, rec.shape)
                 pending.append((int(rec.freed_ns), next_pre_id, (Action.UNMAP if rec.file else Action.FREE, p, rec.nbytes)))
             next_pre_id -= 1
-
-        for row in order.tolist():
-            bid = int(ids[row])
-            a = attrs.get(bid)
-            if a is None:
-                continue  # a free of a block allocated before this capture
-            cat, mod, ph, module, op, dtype, shape = a
-            builder.event(
-                self._us(t_ns[row]), Action.ALLOC if action[row] == 0 else Action.FREE, bid, int(cols["ptr"][row]),
-                int(cols["nbytes"][row]), category=Category(cat), modality=Modality(mod), phase=Phase(ph),
-                module=module, op=op, dtype=dtype, shape=shape,
-            )
 
         for p, rec in sorted(self.log.mapped_storages.items()):
             bid = next_pre_id
@@ -353,17 +360,25 @@ class Attributor:
             )
 
         # spans: modules, steps, phases
+        encoders = (Modality.VISION, Modality.AUDIO, Modality.FUSION)
         for start, end, ctx, parent, depth, enter_index in spans:
-            path, label, mod = self.modules[ctx]
+            _path, label, mod = self.modules[ctx]
             fp = self.log.fingerprints[enter_index] if enter_index < len(self.log.fingerprints) else None
+            k = int(np.searchsorted(step_starts, start, side="right")) - 1
+            span_phase = Phase.ENCODE if mod in encoders else (Phase(int(step_phase[k])) if k >= 0 else Phase.OTHER)
             builder.span(
-                self._us(start), self._us(end), SpanKind.MODULE, label, modality=Modality(mod),
-                phase=Phase.ENCODE if mod in (Modality.VISION, Modality.AUDIO, Modality.FUSION) else Phase.OTHER,
+                self._us(start), self._us(end), SpanKind.MODULE, label, modality=Modality(mod), phase=span_phase,
                 fingerprint=fp, parent=parent, depth=depth,
             )
-        for i, (start, end, ctx, ph, seq) in enumerate(steps):
+            parent_mod = self.modules[spans[parent][2]][2] if parent >= 0 else None
+            if mod in encoders and parent_mod not in encoders:  # an encoder call: an encode phase span
+                builder.span(self._us(start), self._us(end), SpanKind.PHASE, "encode", phase=Phase.ENCODE,
+                             modality=Modality(mod))  # fmt: skip
+        for i, (start, end, _ctx, ph, _seq) in enumerate(steps):
             end = end if end is not None else self.end_ns
-            builder.span(self._us(start), self._us(end), SpanKind.STEP, f"{enum_name(Phase(ph))} step {i}", phase=Phase(ph))
+            name = enum_name(Phase(ph))
+            builder.span(self._us(start), self._us(end), SpanKind.STEP, f"{name} step {i}", phase=Phase(ph))
+            builder.span(self._us(start), self._us(end), SpanKind.PHASE, name, phase=Phase(ph))
         for start, end in self.log.optimizer_spans:
             builder.span(self._us(start), self._us(end if end >= 0 else self.end_ns), SpanKind.PHASE, "optimizer", phase=Phase.OPTIMIZER)
         if steps:
@@ -372,7 +387,16 @@ class Attributor:
         builder.metadata["steps"] = [
             {"phase": enum_name(Phase(s[3])), "start_us": self._us(s[0]), "seq_len": s[4]} for s in steps
         ]
-        return builder.build()
+        return _merge(builder.build(), main_cols)
+
+
+def _merge(side: Trace, main_cols: dict[str, np.ndarray]) -> Trace:
+    """The builder's rows (preexisting, mapped) plus the allocator's columns, in time order."""
+    events = {k: np.concatenate([side.events[k], main_cols[k].astype(side.events[k].dtype)]) for k in side.events}
+    order = np.argsort(events["time_us"], kind="stable")
+    events = {k: v[order] for k, v in events.items()}
+    return Trace(events=events, spans=side.spans, strings=side.strings, shapes=side.shapes, devices=side.devices,
+                 metadata=side.metadata)  # fmt: skip
 
 
 __all__ = ["Attributor", "CaptureLog", "StorageRecord"]

@@ -32,8 +32,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from memwarden.trace import native
 from memwarden.trace.attribution import Attributor, CaptureLog
-from memwarden.trace.model import Phase, Trace
 from memwarden.trace.modality import ModalityRules
+from memwarden.trace.model import Phase, Trace
 from memwarden.trace.procmaps import FileMappings
 
 _FINGERPRINT_FULL_BYTES = 64 * 1024 * 1024  # hash every byte up to this; sample beyond
@@ -142,18 +142,28 @@ def cache_tensors(output: Any) -> list[torch.Tensor]:
     return found
 
 
+_TORCH_TYPES = (torch.Tensor, torch.nn.Module)
+
+
 def _gc_objects() -> list[Any]:
-    # isinstance() on some lazy module proxies warns (torch.distributed.reduce_op); a scan must stay quiet.
+    """Every live tensor and module, from the garbage collector's list (one pass)."""
+    # isinstance(o, torch.Tensor) goes through a Python-level metaclass check; over the
+    # ~10^5 objects of a transformers process that dominates the scan, so decide once per type.
+    verdict: dict[type, bool] = {}
+    found = []
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return [o for o in gc.get_objects() if _is_torch_object(o)]
-
-
-def _is_torch_object(obj: Any) -> bool:
-    try:
-        return isinstance(obj, (torch.Tensor, torch.nn.Module))
-    except Exception:  # objects that misbehave under isinstance
-        return False
+        warnings.simplefilter("ignore")  # some lazy proxies warn when inspected (torch.distributed.reduce_op)
+        for obj in gc.get_objects():
+            cls = type(obj)
+            ok = verdict.get(cls)
+            if ok is None:
+                try:
+                    ok = verdict[cls] = issubclass(cls, (torch._C.TensorBase, torch.nn.Module))
+                except Exception:
+                    ok = verdict[cls] = False
+            if ok:
+                found.append(obj)
+    return found
 
 
 def _tensors_in(values: Any, limit: int = 64) -> list[torch.Tensor]:
@@ -234,11 +244,11 @@ class Capture:
     def _note_parameters(self, root: torch.nn.Module, t_ns: int) -> None:
         """Record which storages are this module tree's weights, buffers and grads, now."""
         for path, module in root.named_modules():
-            for name, p in module.named_parameters(recurse=False):
+            for _name, p in module.named_parameters(recurse=False):
                 self._log.tag(t_ns, p, "weight", path)
                 if p.grad is not None:
                     self._log.tag(t_ns, p.grad, "gradient", path)
-            for name, b in module.named_buffers(recurse=False):
+            for _name, b in module.named_buffers(recurse=False):
                 if b is not None:
                     self._log.tag(t_ns, b, "buffer", path)
 
@@ -299,26 +309,30 @@ class Capture:
         self._log.optimizer_end(now)
 
     # -- preexisting and file-backed tensors ---------------------------------------
-    def _scan_live_tensors(self) -> list[torch.Tensor]:
-        tensors = []
-        for obj in _gc_objects():
-            try:
-                if isinstance(obj, torch.Tensor) and not obj.is_meta and obj.device.type == "cpu":
-                    tensors.append(obj)
-            except Exception:  # objects that misbehave under isinstance (lazy proxies)
-                continue
-        return tensors
+    @staticmethod
+    def _split(objects: list[Any]) -> tuple[list[torch.Tensor], list[torch.nn.Module]]:
+        tensors, modules = [], []
+        for obj in objects:
+            if isinstance(obj, torch.nn.Module):
+                modules.append(obj)
+            else:
+                try:
+                    if not obj.is_meta and obj.device.type == "cpu":
+                        tensors.append(obj)
+                except Exception:  # tensor subclasses without a device
+                    continue
+        return tensors, modules
 
-    def _roots_alive(self) -> list[torch.nn.Module]:
-        modules = []
-        for obj in _gc_objects():
-            try:
-                if isinstance(obj, torch.nn.Module):
-                    modules.append(obj)
-            except Exception:
-                continue
+    def _scan_live_tensors(self) -> list[torch.Tensor]:
+        return self._split(_gc_objects())[0]
+
+    @staticmethod
+    def _roots_of(modules: list[torch.nn.Module]) -> list[torch.nn.Module]:
         children = {id(c) for m in modules for c in m.children()}
         return [m for m in modules if id(m) not in children]
+
+    def _roots_alive(self) -> list[torch.nn.Module]:
+        return self._roots_of(self._split(_gc_objects())[1])
 
     # -- context manager ---------------------------------------------------------------
     def __enter__(self) -> Capture:
@@ -328,10 +342,11 @@ class Capture:
         self._t0 = self._now()
         self._log.clock = self._native.now_ns
         self._wall0 = time.time()
-        for root in self._roots_alive():
+        tensors, modules = self._split(_gc_objects())
+        for root in self._roots_of(modules):
             self._register_root(root)
         self._maps.refresh()
-        for t in self._scan_live_tensors():
+        for t in tensors:
             self._log.preexisting(t, self._maps)
         self._native.start(self.record_ops)
         self._active = True

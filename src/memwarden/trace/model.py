@@ -28,9 +28,10 @@ import os
 import struct
 import tempfile
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -330,7 +331,7 @@ def dumps(trace: Trace) -> bytes:
         descriptors.append({"name": name, "dtype": array.dtype.str, "length": int(len(array)), "offset": offset})
         offset += array.nbytes
     payload = bytearray(offset)
-    for desc, (_, array) in zip(descriptors, columns):
+    for desc, (_, array) in zip(descriptors, columns, strict=False):
         start = desc["offset"]
         payload[start : start + array.nbytes] = array.tobytes()
     header = {
