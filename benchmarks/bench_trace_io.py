@@ -34,6 +34,7 @@ def synthetic_trace(n: int, seed: int = 0) -> Trace:
         "op": rng.integers(-1, 100, n).astype(np.int32),
         "dtype": rng.integers(-1, 3, n).astype(np.int32),
         "shape": rng.integers(-1, 1000, n).astype(np.int32),
+        "written_bytes": rng.integers(-1, 1 << 24, n),
     }
     assert set(events) == set(EVENT_COLUMNS)
     strings = [f"model.language_model.layers.{i}.mlp" for i in range(500)] + ["float32", "bfloat16", "int8"]

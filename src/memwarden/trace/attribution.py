@@ -94,8 +94,8 @@ class CaptureLog:
     def enter(self, ctx: int, fingerprint: str | None) -> None:
         self.fingerprints.append(fingerprint)
 
-    def step_start(self, t_ns: int, ctx: int, phase: Phase, seq_len: int | None) -> None:
-        self.steps.append([t_ns, None, ctx, phase, seq_len])
+    def step_start(self, t_ns: int, ctx: int, phase: Phase, seq_len: int | None, info: dict[str, Any] | None = None) -> None:
+        self.steps.append([t_ns, None, ctx, phase, seq_len, info or {}])
 
     def step_end(self, t_ns: int) -> None:
         if self.steps and self.steps[-1][1] is None:
@@ -322,6 +322,7 @@ class Attributor:
             "op": op_col[k_of],
             "dtype": dtype_col[k_of],
             "shape": shape_col[k_of],
+            "written_bytes": cols["written"][alloc_rows][k_of],
         }
         attrs: dict[int, tuple[int, int, int, str | None, str | None, str | None, tuple[int, ...] | None]] = {}
         next_pre_id = -1
@@ -374,7 +375,7 @@ class Attributor:
             if mod in encoders and parent_mod not in encoders:  # an encoder call: an encode phase span
                 builder.span(self._us(start), self._us(end), SpanKind.PHASE, "encode", phase=Phase.ENCODE,
                              modality=Modality(mod))  # fmt: skip
-        for i, (start, end, _ctx, ph, _seq) in enumerate(steps):
+        for i, (start, end, _ctx, ph, _seq, _info) in enumerate(steps):
             end = end if end is not None else self.end_ns
             name = enum_name(Phase(ph))
             builder.span(self._us(start), self._us(end), SpanKind.STEP, f"{name} step {i}", phase=Phase(ph))
@@ -385,7 +386,10 @@ class Attributor:
             builder.span(0, self._us(steps[0][0]), SpanKind.PHASE, "load", phase=Phase.LOAD)
         builder.metadata["duration_us"] = self._us(self.end_ns)
         builder.metadata["steps"] = [
-            {"phase": enum_name(Phase(s[3])), "start_us": self._us(s[0]), "seq_len": s[4]} for s in steps
+            {"phase": enum_name(Phase(s[3])), "start_us": self._us(s[0]),
+             "end_us": self._us(s[1] if s[1] is not None else self.end_ns), "seq_len": s[4], "module": self.modules[s[2]][1],
+             **s[5]}
+            for s in steps
         ]
         return _merge(builder.build(), main_cols)
 

@@ -98,6 +98,28 @@ def _cache_in(values: Any) -> Any:
     return None
 
 
+_MEDIA_TOKEN_ATTRS = {
+    "vision": ("image_token_id", "image_token_index", "video_token_id", "video_token_index"),
+    "audio": ("audio_token_id", "audio_token_index"),
+}
+_PREFIX_TOKENS_KEPT = 8192  # token ids of a prefill kept in the trace, to find re-prefilled prefixes
+
+
+def step_tokens(module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """Token counts by modality of a root call's input_ids (first row), and the ids themselves."""
+    ids = kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_meta:
+        return None
+    row = ids[0].tolist()
+    config = getattr(module, "config", None)
+    counts = {"vision": 0, "audio": 0}
+    for modality, attrs in _MEDIA_TOKEN_ATTRS.items():
+        media_ids = {getattr(config, a, None) for a in attrs} - {None}
+        counts[modality] = sum(1 for tok in row if tok in media_ids)
+    counts["text"] = len(row) - counts["vision"] - counts["audio"]
+    return {"tokens": counts, "batch": int(ids.shape[0]), "input_ids": row[:_PREFIX_TOKENS_KEPT]}
+
+
 def _cache_is_empty(kwargs: dict[str, Any]) -> bool:
     cache = _cache_in(kwargs)
     if cache is None:
@@ -268,7 +290,7 @@ class Capture:
             # A step is a decode step when it feeds one token into a non-empty cache.
             prefill = not (seq == 1 and not _cache_is_empty(kwargs))
             phase = Phase.PREFILL if prefill else Phase.DECODE
-            self._log.step_start(self._now(), ctx, phase, seq)
+            self._log.step_start(self._now(), ctx, phase, seq, step_tokens(module, kwargs))
         if not self._stack:  # whatever the program feeds into a model from outside is its input
             now = self._now()
             for t in _tensors_in((args, kwargs)):

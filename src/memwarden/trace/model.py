@@ -120,7 +120,11 @@ EVENT_COLUMNS: dict[str, np.dtype[Any]] = {
     "op": np.dtype("<i4"),  # index into Trace.strings, -1 = none
     "dtype": np.dtype("<i4"),  # index into Trace.strings, -1 = unknown
     "shape": np.dtype("<i4"),  # index into Trace.shapes, -1 = unknown
+    "written_bytes": np.dtype("<i8"),  # bytes ops wrote into the block (see docs/trace-format.md), -1 = unknown
 }
+
+# Fill value of a column that a producer did not supply.
+_EVENT_DEFAULTS = {"module": -1, "op": -1, "dtype": -1, "shape": -1, "written_bytes": -1}
 
 SPAN_COLUMNS: dict[str, np.dtype[Any]] = {
     "start_us": np.dtype("<i8"),
@@ -147,8 +151,11 @@ class Trace:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        n = len(next(iter(self.events.values()))) if self.events else 0
         for name, dt in EVENT_COLUMNS.items():
-            self.events[name] = np.ascontiguousarray(self.events.get(name, np.zeros(0, dt)), dtype=dt)
+            if name not in self.events:
+                self.events[name] = np.full(n, _EVENT_DEFAULTS.get(name, 0), dtype=dt)
+            self.events[name] = np.ascontiguousarray(self.events[name], dtype=dt)
         for name, dt in SPAN_COLUMNS.items():
             self.spans[name] = np.ascontiguousarray(self.spans.get(name, np.zeros(0, dt)), dtype=dt)
         lengths = {len(v) for v in self.events.values()}
@@ -253,6 +260,7 @@ class TraceBuilder:
         op: str | None = None,
         dtype: str | None = None,
         shape: tuple[int, ...] | None = None,
+        written_bytes: int = -1,
     ) -> int:
         row = len(self._events["time_us"])
         e = self._events
@@ -269,6 +277,7 @@ class TraceBuilder:
         e["op"].append(self.intern(op))
         e["dtype"].append(self.intern(dtype))
         e["shape"].append(self.intern_shape(shape))
+        e["written_bytes"].append(int(written_bytes))
         return row
 
     def span(
@@ -391,7 +400,7 @@ def loads(data: bytes | memoryview) -> Trace:
             if offset + length * dt.itemsize > payload_bytes:
                 raise TraceFormatError(f"trace column {name!r} runs past end of payload")
             arrays[name] = np.frombuffer(payload, dtype=dt, count=length, offset=offset)
-        events = {k: arrays.get("events." + k, np.zeros(0, dt)) for k, dt in EVENT_COLUMNS.items()}
+        events = {k: arrays["events." + k] for k in EVENT_COLUMNS if "events." + k in arrays}
         spans = {k: arrays.get("spans." + k, np.zeros(0, dt)) for k, dt in SPAN_COLUMNS.items()}
         strings = [str(s) for s in header["strings"]]
         shapes = [tuple(int(d) for d in s) for s in header["shapes"]]

@@ -42,6 +42,8 @@ struct Event {
   int16_t ndim;
   int8_t dtype;      // c10::ScalarType, -1 = unknown
   uint8_t action;
+  int64_t written;   // bytes that ops wrote into the block (inputs of the op that made it, then
+                     // sources of in-place writes such as copy_/index_put_); -1 = unknown
 };
 
 struct Live {
@@ -99,6 +101,7 @@ void push_event(uint8_t action, int64_t ptr, int64_t nbytes, int64_t id) {
   e.ndim = 0;
   e.dtype = -1;
   e.action = action;
+  e.written = -1;
   g_events.push_back(e);
 }
 
@@ -143,35 +146,73 @@ struct RecordingAllocator final : public c10::Allocator {
 
 RecordingAllocator g_recording_allocator;
 
-void note_output(const at::Tensor& t) {
-  if (!t.defined() || !t.has_storage() || t.device().type() != c10::DeviceType::CPU) return;
-  const auto& storage = t.storage();
-  auto key = reinterpret_cast<int64_t>(storage.data());
-  auto it = g_live.find(key);
-  if (it == g_live.end()) return;
-  Event& e = g_events[it->second.event_index];
-  if (e.dtype >= 0) return;
-  e.dtype = static_cast<int8_t>(t.scalar_type());
-  e.shape_off = static_cast<int32_t>(g_shapes.size());
-  e.ndim = static_cast<int16_t>(t.dim());
-  for (auto d : t.sizes()) g_shapes.push_back(d);
+// Bytes of data a tensor carries: an expanded view carries only its storage.
+int64_t data_bytes(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return 0;
+  int64_t view = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+  int64_t storage = static_cast<int64_t>(t.storage().nbytes());
+  return view < storage ? view : storage;
 }
 
+const void* storage_key(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage() || t.device().type() != c10::DeviceType::CPU) return nullptr;
+  return t.storage().data();
+}
+
+// Caller holds g_mu. `inputs` are the op's tensor inputs, flattened.
+void note_output(const at::Tensor& t, const std::vector<at::Tensor>& inputs) {
+  const void* key = storage_key(t);
+  if (key == nullptr) return;
+  auto it = g_live.find(reinterpret_cast<int64_t>(key));
+  if (it == g_live.end()) return;
+  Event& e = g_events[it->second.event_index];
+  int64_t sources = 0;
+  for (const auto& in : inputs) {
+    if (storage_key(in) != key) sources += data_bytes(in);
+  }
+  if (e.dtype < 0) {  // first op to return this block: the one that made it
+    e.dtype = static_cast<int8_t>(t.scalar_type());
+    e.shape_off = static_cast<int32_t>(g_shapes.size());
+    e.ndim = static_cast<int16_t>(t.dim());
+    for (auto d : t.sizes()) g_shapes.push_back(d);
+    e.written = sources;
+  } else if (sources > 0) {  // an in-place or out= op writing into an existing block
+    bool aliases_input = false;
+    for (const auto& in : inputs) aliases_input |= storage_key(in) == key;
+    if (aliases_input) e.written = (e.written < 0 ? 0 : e.written) + sources;
+  }
+}
+
+void flatten_tensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
+  if (v.isTensor()) {
+    out.push_back(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const auto& t : v.toTensorList()) out.push_back(t);
+  } else if (v.isList()) {
+    for (const auto& x : v.toListRef()) if (x.isTensor()) out.push_back(x.toTensor());
+  }
+}
+
+// Tensor inputs of the outermost running op on this thread; RecordFunction only
+// exposes inputs in the start callback.
+thread_local std::vector<at::Tensor> t_inputs;
+
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  if (t_ops.empty()) {
+    t_inputs.clear();
+    for (const auto& in : fn.inputs()) flatten_tensors(in, t_inputs);
+  }
   t_ops.push_back(fn.name());
   return nullptr;
 }
 
 void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (t_ops.size() == 1 && g_recording.load(std::memory_order_relaxed)) {
+    std::vector<at::Tensor> inputs, outputs;
+    inputs.swap(t_inputs);
+    for (const auto& out : fn.outputs()) flatten_tensors(out, outputs);
     std::lock_guard<std::mutex> lock(g_mu);
-    for (const auto& out : fn.outputs()) {
-      if (out.isTensor()) {
-        note_output(out.toTensor());
-      } else if (out.isTensorList()) {
-        for (const auto& t : out.toTensorList()) note_output(t);
-      }
-    }
+    for (const auto& t : outputs) note_output(t, inputs);
   }
   if (!t_ops.empty()) t_ops.pop_back();
 }
@@ -194,6 +235,7 @@ void start(bool record_ops) {
   }
   if (record_ops) {
     g_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
+                                           .needsInputs(true)
                                            .needsOutputs(true)
                                            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
   }
@@ -256,6 +298,8 @@ py::dict drain() {
   torch::Tensor ndim = torch::empty({n}, torch::TensorOptions().dtype(torch::kInt16));
   torch::Tensor dt = torch::empty({n}, torch::TensorOptions().dtype(torch::kInt8));
   torch::Tensor act = torch::empty({n}, torch::TensorOptions().dtype(torch::kUInt8));
+  torch::Tensor wr = torch::empty({n}, i64);
+  auto* pw = wr.data_ptr<int64_t>();
   auto* pt = t.data_ptr<int64_t>();
   auto* pp = ptr.data_ptr<int64_t>();
   auto* pn = nb.data_ptr<int64_t>();
@@ -270,7 +314,7 @@ py::dict drain() {
   for (int64_t k = 0; k < n; ++k) {
     const Event& e = events[k];
     pt[k] = e.t_ns; pp[k] = e.ptr; pn[k] = e.nbytes; pi[k] = e.id; pc[k] = e.ctx;
-    po[k] = e.op_outer; pq[k] = e.op_inner; ps[k] = e.shape_off; pd[k] = e.ndim; pdt[k] = e.dtype; pa[k] = e.action;
+    po[k] = e.op_outer; pq[k] = e.op_inner; ps[k] = e.shape_off; pd[k] = e.ndim; pdt[k] = e.dtype; pa[k] = e.action; pw[k] = e.written;
   }
   torch::Tensor shapes = torch::empty({static_cast<int64_t>(shapes_pool.size())}, i64);
   if (!shapes_pool.empty()) {
@@ -279,7 +323,7 @@ py::dict drain() {
   py::dict out;
   out["time_ns"] = t; out["ptr"] = ptr; out["nbytes"] = nb; out["id"] = id; out["ctx"] = ctx;
   out["op_outer"] = opo; out["op_inner"] = opi; out["shape_off"] = soff; out["ndim"] = ndim;
-  out["dtype"] = dt; out["action"] = act; out["shapes"] = shapes;
+  out["dtype"] = dt; out["action"] = act; out["shapes"] = shapes; out["written"] = wr;
   out["op_names"] = op_names;
   out["untracked_frees"] = untracked;
   out["unwrapped_allocations"] = g_unwrapped.load();
