@@ -1,0 +1,120 @@
+"""Pattern detectors over a Trace: Findings with evidence and a fix.
+
+Each detector lives in ``analyze/patterns/<module>.py`` and is a pure function
+``detect(trace: Trace, ctx: Context) -> list[Finding]``, registered in
+``PATTERNS`` below with the pattern id of DESIGN.md. Thresholds are defaults a
+user can override from a TOML file (``[thresholds.<pattern-id>]``); a finding
+whose waste is negligible against the peak is dropped here, in one place.
+"""
+
+from __future__ import annotations
+
+import importlib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable
+
+from memwarden.analyze.timeline import Summary, summary
+from memwarden.trace.model import Trace
+
+SEVERITIES = ("high", "medium", "low")
+
+# pattern id -> module under memwarden.analyze.patterns exposing detect(trace, ctx)
+PATTERNS: dict[str, str] = {
+    "alignment-padding": "alignment_padding",
+    "kv-reprefill": "kv_reprefill",
+    "kv-concat-growth": "kv_concat_growth",
+    "graph-retention": "graph_retention",
+    "dequant-temporaries": "dequant_temporaries",
+    "fragmentation": "fragmentation",
+    "load-spike": "load_spike",
+    "vision-token-dominance": "vision_token_dominance",
+}
+
+# Findings that waste less than this share of the peak are not reported (any pattern).
+DEFAULT_MIN_WASTE_FRACTION = 0.01
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    pattern: str
+    severity: str  # high | medium | low
+    bytes_at_peak: int  # bytes this pattern holds at the trace's peak
+    wasted_bytes: int  # bytes the fix removes (peak, reserved, or repeated work, as evidence says)
+    where: str  # module path / op
+    evidence: dict[str, Any]  # the numbers that prove it
+    fix: str  # a concrete change, naming the setting or memwarden feature, with the predicted saving
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Context:
+    """What every detector may need, computed once: the summary and the user's thresholds."""
+
+    trace: Trace
+    thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @cached_property
+    def summary(self) -> Summary:
+        return summary(self.trace)
+
+    def threshold(self, pattern: str, name: str, default: Any) -> Any:
+        return self.thresholds.get(pattern, {}).get(name, default)
+
+
+def severity_for(wasted_bytes: int, peak_bytes: int, high: float = 0.2, medium: float = 0.05) -> str:
+    """high when the waste is >= 20% of the peak, medium >= 5%, else low (defaults)."""
+    share = wasted_bytes / peak_bytes if peak_bytes else 0.0
+    return "high" if share >= high else "medium" if share >= medium else "low"
+
+
+def load_thresholds(path: str | Path) -> dict[str, dict[str, Any]]:
+    """``[thresholds.<pattern>] name = value`` tables from a TOML file; clear ValueError otherwise."""
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    table = data.get("thresholds", {})
+    if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+        raise ValueError("expected [thresholds.<pattern-id>] tables")
+    unknown = set(table) - set(PATTERNS) - {"all"}
+    if unknown:
+        raise ValueError(f"unknown pattern ids in thresholds: {sorted(unknown)} (known: {sorted(PATTERNS)})")
+    return table
+
+
+def _detector(pattern: str) -> Callable[[Trace, Context], list[Finding]]:
+    module = importlib.import_module(f"memwarden.analyze.patterns.{PATTERNS[pattern]}")
+    return module.detect  # type: ignore[no-any-return]
+
+
+def diagnose(
+    trace: Trace, thresholds: dict[str, dict[str, Any]] | None = None, patterns: list[str] | None = None
+) -> list[Finding]:
+    """Run the detectors and return their findings, largest waste first."""
+    ctx = Context(trace=trace, thresholds=thresholds or {})
+    peak = ctx.summary.peak_bytes
+    min_fraction = float(ctx.threshold("all", "min_waste_fraction", DEFAULT_MIN_WASTE_FRACTION))
+    findings: list[Finding] = []
+    for pattern in patterns or list(PATTERNS):
+        if pattern not in PATTERNS:
+            raise ValueError(f"unknown pattern {pattern!r} (known: {', '.join(PATTERNS)})")
+        try:
+            detect = _detector(pattern)
+        except ModuleNotFoundError:
+            continue  # detector not built yet
+        for f in detect(trace, ctx):
+            if peak and f.wasted_bytes < min_fraction * peak:
+                continue
+            findings.append(f)
+    findings.sort(key=lambda f: (-f.wasted_bytes, SEVERITIES.index(f.severity), f.pattern))
+    return findings
+
+
+def report_json(trace: Trace, findings: list[Finding]) -> dict[str, Any]:
+    return {"peak_bytes": summary(trace).peak_bytes, "findings": [f.to_json() for f in findings]}
