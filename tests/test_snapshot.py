@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memwarden.errors import InputError
+from memwarden.trace import model
 from memwarden.trace.model import Action, Category, Modality, Phase, SpanKind, Trace, TraceBuilder
 from memwarden.trace.snapshot import load_snapshot, save_snapshot, to_snapshot
 
@@ -561,3 +562,42 @@ def test_size_limit(tmp_path):
     with pytest.raises(InputError, match="larger than the 100-byte limit"):
         load_snapshot(path, max_bytes=100)
     assert load_snapshot(path).num_events > 0
+
+
+def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix]
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for key, value in items:
+        out += _paths(value, (*prefix, key))
+    return out
+
+
+_JUNK = [None, -1, 0, 1 << 70, "x", b"b", 1.5, float("nan"), [], {}, (1, 2), True, [{}], {"a": 1}, 2**64]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    base=st.sampled_from(["fixture", "export"]),
+    edits=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(range(len(_JUNK) + 1))), min_size=1, max_size=3),
+)
+def test_mutated_snapshots_raise_only_input_error(base, edits):
+    """Any field replaced by any plain value, or deleted: a Trace or an InputError, nothing else."""
+    snapshot = small_snapshot_dict() if base == "fixture" else to_snapshot(built_trace())
+    paths = _paths(snapshot)[1:]
+    for where, junk in edits:
+        path = paths[where % len(paths)]
+        parent = snapshot
+        try:
+            for key in path[:-1]:
+                parent = parent[key]
+            if junk == len(_JUNK):
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = copy.deepcopy(_JUNK[junk])
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier edit removed or replaced this path
+    try:
+        trace = load_snapshot(pickle.dumps(snapshot, protocol=4))
+    except InputError:
+        return
+    assert event_rows(model.loads(model.dumps(trace))) == event_rows(trace)  # what loads can be saved

@@ -60,40 +60,15 @@ _FRAMES_SCANNED = 64  # attribution reads the innermost frames only
 _BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
 _ACTIVE_STATES = ("active_allocated", "active_pending_free")
 _KNOWN_ACTIONS = frozenset(
-    {
-        "alloc",
-        "free_requested",
-        "free_completed",
-        "segment_alloc",
-        "segment_free",
-        "segment_map",
-        "segment_unmap",
-        "oom",
-        "snapshot",
-    }
+    "alloc free_requested free_completed segment_alloc segment_free segment_map segment_unmap oom snapshot".split()
 )
-# Frames torch's viewer hides (interpreter and unwinder internals): never an op name.
-_OMIT_FUNCTIONS = (
-    "unwind::unwind",
-    "CapturedTraceback::gather",
-    "gather_with_cpp",
-    "_start",
-    "__libc_start_main",
-    "PyEval_",
-    "PyObject_",
-    "PyFunction_",
+# Frames torch's viewer hides (interpreter and unwinder internals, MemoryViz.js frameFilter): never an op name.
+_OMIT_FUNCTIONS = tuple(
+    "unwind::unwind CapturedTraceback::gather gather_with_cpp _start __libc_start_main PyEval_ PyObject_ PyFunction_".split()
 )
-_OMIT_FILENAMES = (
-    "core/boxing",
-    "/Register",
-    "/Redispatch",
-    "pythonrun.c",
-    "Modules/main.c",
-    "Objects/call.c",
-    "Objects/methodobject.c",
-    "pycore_ceval.h",
-    "ceval.c",
-    "cpython/abstract.h",
+_OMIT_FILENAMES = tuple(
+    "core/boxing /Register /Redispatch pythonrun.c Modules/main.c Objects/call.c Objects/methodobject.c "
+    "pycore_ceval.h ceval.c cpython/abstract.h".split()
 )
 # torch's snapshot defaults (AllocatorConfigInfo): max_split_size SIZE_MAX reads back as -1.
 _DEFAULT_ALLOCATOR_SETTINGS: dict[str, Any] = {
@@ -194,17 +169,6 @@ class _Attribution:
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
     file_backed: bool = False  # memwarden's MAP/UNMAP (mmap'd files), exported as alloc/free
-
-    def kwargs(self) -> dict[str, Any]:
-        return {
-            "module": self.module,
-            "op": self.op,
-            "category": self.category,
-            "modality": self.modality,
-            "phase": self.phase,
-            "dtype": self.dtype,
-            "shape": self.shape,
-        }
 
 
 _NO_ATTRIBUTION = _Attribution()
@@ -349,21 +313,8 @@ class _Importer:
             for t, act, tensor, addr, n, dev, a in self.early + self.rows
         ]
         skeleton = b.build()  # strings, shapes, devices, spans and metadata
-        names = (
-            "time_us",
-            "action",
-            "tensor",
-            "address",
-            "nbytes",
-            "device",
-            "category",
-            "modality",
-            "phase",
-            "module",
-            "op",
-            "dtype",
-            "shape",
-        )
+        names = ("time_us", "action", "tensor", "address", "nbytes", "device")  # each row's layout
+        names += ("category", "modality", "phase", "module", "op", "dtype", "shape")  # Trace fills other columns
         columns = zip(*rows, strict=True) if rows else [()] * len(names)
         events = {k: np.asarray(v, dtype=EVENT_COLUMNS[k]) for k, v in zip(names, columns, strict=True)}
         order = np.argsort(events["time_us"], kind="stable")  # as TraceBuilder.build does
@@ -393,7 +344,7 @@ class _Importer:
             if action not in _KNOWN_ACTIONS:
                 self.skipped += 1
                 continue
-            t = _int(e, "time_us", where, default=t)
+            t = _int(e, "time_us", where, default=t + 1 if k else t)  # snapshots before torch 2.1 have no times
             size = _int(e, "size", where, default=0)
             a = self.attribution(e, where)
             if action == "oom":
@@ -753,34 +704,25 @@ def to_snapshot(
         rows.tolist(), *(c.tolist() for c in columns), _export_frames(trace, rows), strict=True
     ):
         d = index_of[dev]
-        out = traces[d]
         if a == Action.OOM:
             free = oom_free.get((trace.devices[dev], ts), 0)
-            out.append({"action": "oom", "device_free": free, "size": n, "stream": 0, "time_us": ts, "frames": frames})
+            traces[d].append(
+                {"action": "oom", "device_free": free, "size": n, "stream": 0, "time_us": ts, "frames": frames}
+            )
         elif a in (Action.SEGMENT_ALLOC, Action.SEGMENT_FREE):
             kind = "segment_alloc" if a == Action.SEGMENT_ALLOC else "segment_free"
-            out.append(
-                {"action": kind, "addr": int(addrs.addr[r]), "size": n, "stream": 0, "time_us": ts, "frames": frames}
-            )
+            traces[d].append(_entry(kind, int(addrs.addr[r]), n, ts, frames))
         elif a in _ALLOC_LIKE or a == Action.PREEXISTING:
             addr = addrs.of(r, t, d, n, first=True)
             live[t] = (d, addr, n, frames)
             if a == Action.PREEXISTING:
                 continue  # alive before the trace: a block in `segments` with no alloc entry
-            if own_segments:
-                out.append(
-                    {"action": "segment_alloc", "addr": addr, "size": n, "stream": 0, "time_us": ts, "frames": frames}
-                )
-            out.append({"action": "alloc", "addr": addr, "size": n, "stream": 0, "time_us": ts, "frames": frames})
-        else:
+            kinds = ("segment_alloc", "alloc") if own_segments else ("alloc",)
+            traces[d].extend(_entry(kind, addr, n, ts, frames) for kind in kinds)
+        else:  # a free repeats what its alloc said, on the alloc's device
             d, addr, n, frames = live.pop(t, None) or (d, addrs.of(r, t, d, n, first=False), n, frames)
-            out = traces[d]
-            for kind in ("free_requested", "free_completed"):
-                out.append({"action": kind, "addr": addr, "size": n, "stream": 0, "time_us": ts, "frames": frames})
-            if own_segments:
-                out.append(
-                    {"action": "segment_free", "addr": addr, "size": n, "stream": 0, "time_us": ts, "frames": frames}
-                )
+            kinds = ("free_requested", "free_completed") + (("segment_free",) if own_segments else ())
+            traces[d].extend(_entry(kind, addr, n, ts, frames) for kind in kinds)
 
     if segments is None:
         ends = sorted(live.values(), key=lambda block: (block[0], block[1]))
@@ -804,6 +746,10 @@ def to_snapshot(
             "segments": "per-block" if own_segments else "given",
         },
     }
+
+
+def _entry(action: str, addr: int, size: int, time_us: int, frames: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": time_us, "frames": frames}
 
 
 def _oom_device_free(trace: Trace) -> dict[tuple[str, int], int]:
