@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from memwarden.errors import InputError
@@ -84,10 +84,10 @@ def format_size(num: float) -> str:
     return f"{num:.1f}PiB"
 
 
-def memory_viz(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torch.cuda._memory_viz", *args], capture_output=True, text=True, timeout=120
-    )
+def memory_viz(*args: str) -> subprocess.Popen[str]:
+    """Start ``python -m torch.cuda._memory_viz ARGS`` (several run at once: each pays torch's import)."""
+    command = [sys.executable, "-m", "torch.cuda._memory_viz", *args]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def event_rows(trace: Trace, *actions: Action) -> list[tuple[Any, ...]]:
@@ -315,26 +315,27 @@ def test_fixture_semantics():
 
 
 def test_export_accepted_by_torch_memory_viz(tmp_path):
+    from torch.cuda._memory_viz import segment_plot
+    from torch.cuda._memory_viz import trace as viz_trace
+
     trace = built_trace()
     path = save_snapshot(trace, tmp_path / "out.pickle")
     live_at_end = int(trace.live_bytes()[-1])
     assert live_at_end == 2 * MiB + 1000
 
-    stats = memory_viz("stats", str(path))
-    assert stats.returncode == 0, stats.stderr
-    assert f"total_allocated: {format_size(live_at_end)}" in stats.stdout
-    assert f"total_reserved: {format_size(live_at_end)}" in stats.stdout
-    assert "segments: 2" in stats.stdout
+    html = tmp_path / "trace_plot.html"
+    running = [memory_viz("stats", str(path)), memory_viz("trace_plot", str(path), "-o", str(html))]
+    stats, plot = (process.communicate(timeout=120) for process in running)
+    assert running[0].returncode == 0, stats
+    assert f"total_allocated: {format_size(live_at_end)}" in stats[0]
+    assert f"total_reserved: {format_size(live_at_end)}" in stats[0]
+    assert "segments: 2" in stats[0]
+    assert running[1].returncode == 0, plot
+    assert "snapshot.pickle" in html.read_text()
 
-    text = memory_viz("trace", str(path))
-    assert text.returncode == 0, text.stderr
-    assert "raise OutOfMemoryError # 80.0MiB requested" in text.stdout
-
-    for tool in ("trace_plot", "segment_plot"):
-        html = tmp_path / f"{tool}.html"
-        done = memory_viz(tool, str(path), "-o", str(html))
-        assert done.returncode == 0, done.stderr
-        assert "snapshot.pickle" in html.read_text()
+    snapshot = pickle.loads(path.read_bytes())
+    assert "raise OutOfMemoryError # 80.0MiB requested" in viz_trace(snapshot)
+    assert "snapshot.pickle" in segment_plot(snapshot)
 
 
 def test_export_is_plain_data_the_viewer_can_read(tmp_path):
@@ -360,7 +361,7 @@ def test_export_round_trips_through_load_snapshot():
     assert np.array_equal(back.live_bytes(), trace.live_bytes())
 
 
-def test_export_invents_addresses_when_the_trace_has_none(tmp_path):
+def test_export_invents_addresses_when_the_trace_has_none():
     """CPU captures may carry no usable addresses; blocks must still be disjoint for the viewer."""
     b = TraceBuilder(devices=["cpu"])
     for i in range(6):
@@ -372,10 +373,9 @@ def test_export_invents_addresses_when_the_trace_has_none(tmp_path):
     replay_viewer(snapshot)
     addrs = [e["addr"] for e in snapshot["device_traces"][0] if e["action"] == "alloc"]
     assert len(set(addrs)) == 6 and 0 not in addrs
-    path = save_snapshot(trace, tmp_path / "cpu.pickle")
-    stats = memory_viz("stats", str(path))
-    assert stats.returncode == 0, stats.stderr
-    assert f"total_allocated: {format_size(1001 + 1003 + 1005)}" in stats.stdout
+    from torch.cuda._memory_viz import segsum
+
+    assert f"total_allocated: {format_size(1001 + 1003 + 1005)}" in segsum(snapshot)
 
 
 def test_export_uses_given_allocator_segments():
@@ -394,6 +394,9 @@ def test_export_uses_given_allocator_segments():
         }
     ]  # fmt: skip
     snapshot = to_snapshot(trace, segments, allocator_settings={"expandable_segments": True})
+    replay_viewer(snapshot)  # live blocks moved onto the given blocks, freed ones in segments of their own
+    allocs = {e["addr"]: e["size"] for e in snapshot["device_traces"][0] if e["action"] == "alloc"}
+    assert allocs[base] == 2 * MiB and allocs[base + 2 * MiB] == 1000
     given_blocks = [(b["address"], b["size"], b["state"]) for b in segments[0]["blocks"]]
     assert [(b["address"], b["size"], b["state"]) for b in snapshot["segments"][0]["blocks"]] == given_blocks
     assert type(snapshot["segments"][0]["blocks"][1]["requested_size"]) is int  # numpy ints made plain
@@ -408,12 +411,24 @@ def test_export_uses_given_allocator_segments():
         to_snapshot(trace, broken)
 
 
+def test_export_with_the_allocator_model_segments(tmp_path):
+    allocator = pytest.importorskip("memwarden.plan.allocator")
+    trace = built_trace()
+    for config in (allocator.AllocatorConfig(), allocator.AllocatorConfig(expandable_segments=True)):
+        result = allocator.replay(trace, config)
+        snapshot = to_snapshot(trace, result.segments_at_end_snapshot)
+        replay_viewer(snapshot)
+        from torch.cuda._memory_viz import segsum
+
+        assert f"total_reserved: {format_size(result.reserved_bytes[-1])}" in segsum(snapshot)
+
+
 @st.composite
-def random_traces(draw: Any) -> Trace:
-    """Random alloc/free sequences on up to two devices, some blocks alive before the trace."""
+def random_traces(draw: Any, device_names: tuple[str, ...] = ("cuda:0", "cuda:1", "cpu")) -> Trace:
+    """Random alloc/free sequences on a few devices, some blocks alive before the trace."""
     b = TraceBuilder(devices=["cuda:0"])
     live: list[tuple[int, int, dict[str, Any]]] = []  # (tensor, bytes, attribution)
-    devices = st.sampled_from(["cuda:0", "cuda:1", "cpu"])
+    devices = st.sampled_from(device_names)
     for tensor in range(draw(st.integers(0, 3))):
         attribution = {"device": draw(devices), "category": Category.WEIGHT, "module": "w"}
         nbytes = draw(st.integers(1, 50 * MiB))
@@ -601,3 +616,16 @@ def test_mutated_snapshots_raise_only_input_error(base, edits):
     except InputError:
         return
     assert event_rows(model.loads(model.dumps(trace))) == event_rows(trace)  # what loads can be saved
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_traces(("cuda:0",)), st.booleans())
+def test_export_with_allocator_segments_for_random_traces(trace, expandable):
+    allocator = pytest.importorskip("memwarden.plan.allocator")
+    from torch.cuda._memory_viz import segsum
+
+    assume(trace.num_events > 0)  # the allocator model's own business
+    result = allocator.replay(trace, allocator.AllocatorConfig(expandable_segments=expandable))
+    snapshot = to_snapshot(trace, result.segments_at_end_snapshot)
+    replay_viewer(snapshot)
+    segsum(snapshot)

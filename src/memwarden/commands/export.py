@@ -16,7 +16,10 @@ import argparse
 import importlib
 from typing import Any
 
+import numpy as np
+
 from memwarden.errors import InputError
+from memwarden.trace.model import Action
 
 FORMATS = ("torch-snapshot", "chrome")
 ALLOCATORS = ("pytorch", "pytorch-expandable")
@@ -39,18 +42,23 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _replay_segments(trace: Any, allocator: str) -> tuple[list[dict[str, Any]], Any]:
-    """Segments at the end of an allocator replay, and per-event addresses if the replay gives them."""
+def _replay_segments(trace: Any, allocator: str) -> list[dict[str, Any]]:
+    """Segments at the end of a replay of each device through memwarden's caching-allocator model."""
     try:
         module = importlib.import_module("memwarden.plan.allocator")
-        replay = module.replay
+        replay, config_cls = module.replay, module.AllocatorConfig
     except (ImportError, AttributeError):
         raise InputError("allocator model not available") from None
-    expandable = allocator == "pytorch-expandable"
-    config_cls = getattr(module, "AllocatorConfig", None)
-    config = config_cls(expandable_segments=expandable) if config_cls is not None else allocator
-    result = replay(trace, config)
-    return list(result.segments_at_end_snapshot), getattr(result, "event_addresses", None)
+    from memwarden.trace.snapshot import device_indices
+
+    config = config_cls(expandable_segments=allocator == "pytorch-expandable")
+    index_of = device_indices(trace.devices)
+    segments: list[dict[str, Any]] = []
+    allocations = np.isin(trace.events["action"], [Action.ALLOC, Action.PREEXISTING, Action.FREE])
+    for device in sorted(set(trace.events["device"][allocations].tolist())):
+        for segment in replay(trace, config, device=device).segments_at_end_snapshot:
+            segments.append({**segment, "device": index_of[device]})  # the model numbers devices as the trace does
+    return segments
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,13 +81,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             from memwarden.trace.snapshot import save_snapshot
 
-            options: dict[str, Any] = {}
-            segments = None
-            if args.allocator is not None:
-                segments, addresses = _replay_segments(trace, args.allocator)
-                options["addresses"] = addresses
-                options["allocator_settings"] = {"expandable_segments": args.allocator == "pytorch-expandable"}
-            save_snapshot(trace, args.output, segments, **options)
+            if args.allocator is None:
+                save_snapshot(trace, args.output)
+            else:
+                settings = {"expandable_segments": args.allocator == "pytorch-expandable"}
+                segments = _replay_segments(trace, args.allocator)
+                save_snapshot(trace, args.output, segments, allocator_settings=settings)
     except OSError as exc:
         raise InputError(f"cannot write {args.output}: {exc.strerror or exc.__class__.__name__}") from None
     print(f"wrote {args.output} ({args.format}, {trace.num_events} events, {trace.num_spans} spans)")

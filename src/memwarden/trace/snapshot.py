@@ -47,7 +47,7 @@ from memwarden.trace.model import (
     parse_enum,
 )
 
-__all__ = ["DEFAULT_MAX_SNAPSHOT_BYTES", "load_snapshot", "save_snapshot", "to_snapshot"]
+__all__ = ["DEFAULT_MAX_SNAPSHOT_BYTES", "device_indices", "load_snapshot", "save_snapshot", "to_snapshot"]
 
 DEFAULT_MAX_SNAPSHOT_BYTES = 1 << 30  # 1 GiB: a 100k-entry ring buffer with C++ stacks is ~100s of MiB
 PICKLE_PROTOCOL = 4  # MemoryViz.js refuses protocol 5
@@ -83,6 +83,7 @@ _DEFAULT_ALLOCATOR_SETTINGS: dict[str, Any] = {
 }
 _SYNTH_BASE_ADDR = 0x7F0000000000  # where invented addresses start: looks like a device pointer, < 2**53 for JS
 _SYNTH_ALIGN = 512  # the CUDA caching allocator's minimum block size
+_SYNTH_SEGMENT_GAP = 1 << 30  # invented addresses start this far past the given segments
 
 
 # -- restricted unpickling --------------------------------------------------------------
@@ -533,8 +534,11 @@ _ALLOC_LIKE = (Action.ALLOC, Action.MAP)
 _FREE_LIKE = (Action.FREE, Action.UNMAP)
 
 
-def _device_indices(devices: list[str]) -> list[int]:
-    """'cuda:N' keeps index N; other devices (cpu, mps, ...) follow the highest CUDA index."""
+def device_indices(devices: list[str]) -> list[int]:
+    """Snapshot device index of each trace device.
+
+    'cuda:N' keeps index N; other devices (cpu, mps, ...) follow the highest CUDA index.
+    """
     indices: list[int | None] = []
     for name in devices:
         kind, _, num = name.partition(":")
@@ -589,49 +593,96 @@ def _segment(device: int, addr: int, nbytes: int, frames: list[dict[str, Any]]) 
     }
 
 
-class _Addresses:
-    """Addresses for the export: the trace's own if blocks live at once never overlap, else invented ones."""
+@dataclass
+class _Placement:
+    """Where each block sits in the export, and which blocks get a segment of their own.
 
-    def __init__(self, trace: Trace, rows: np.ndarray, override: np.ndarray | None, check: bool):
-        self.addr = trace.events["address"] if override is None else np.asarray(override, dtype=np.uint64)
-        self.invent = check and not self._disjoint(trace, rows)
-        self.bump: dict[int, int] = {}
-        self.given: dict[int, int] = {}  # tensor -> invented address
+    The viewer pairs entries by address and looks every block up in a live
+    segment, so live blocks must never share an address and every block must
+    sit in a segment for its whole life.
+    """
 
-    def _disjoint(self, trace: Trace, rows: np.ndarray) -> bool:
-        action, tensor, nbytes, device = (trace.events[k] for k in ("action", "tensor", "nbytes", "device"))
-        starts: dict[int, list[int]] = {}  # device -> sorted starts of live blocks
-        ends: dict[tuple[int, int], int] = {}  # (device, start) -> end
-        owner: dict[int, tuple[int, int]] = {}  # tensor -> (device, start)
-        for r in rows.tolist():
-            a, t, d, start = int(action[r]), int(tensor[r]), int(device[r]), int(self.addr[r])
-            order = starts.setdefault(d, [])
-            if a in _FREE_LIKE:
-                if t not in owner:
-                    continue  # freed, never allocated here: it overlaps nothing we know
-                if owner[t] != (d, start):
-                    return False  # the free names another address than the alloc
-                del owner[t], ends[(d, start)]
-                order.pop(bisect.bisect_left(order, start))
-                continue
-            end = start + int(nbytes[r])
-            i = bisect.bisect_left(order, start)
-            # live blocks are disjoint, so only the neighbours can overlap the new one
-            if start == 0 or (i < len(order) and order[i] < end) or (i > 0 and ends[(d, order[i - 1])] > start):
+    address: dict[int, int]  # tensor -> address
+    own_segment: set[int] | None  # tensors wrapped in segment_alloc/segment_free; None = every block
+
+
+def _block_rows(trace: Trace, rows: np.ndarray) -> list[tuple[int, int, int, int, int]]:
+    """(row, action, tensor, device, bytes) of each row, as plain ints."""
+    ev = trace.events
+    return list(
+        zip(rows.tolist(), *(ev[k][rows].tolist() for k in ("action", "tensor", "device", "nbytes")), strict=True)
+    )
+
+
+def _disjoint(blocks: list[tuple[int, int, int, int, int]], address: np.ndarray) -> bool:
+    """True if no two blocks live at once overlap, no block is at 0, and each free names its alloc's address."""
+    starts: dict[int, list[int]] = {}  # device -> sorted starts of live blocks
+    ends: dict[tuple[int, int], int] = {}  # (device, start) -> end
+    owner: dict[int, tuple[int, int]] = {}  # tensor -> (device, start)
+    for row, action, tensor, device, nbytes in blocks:
+        start = int(address[row])
+        order = starts.setdefault(device, [])
+        if action in _FREE_LIKE:
+            if tensor not in owner:
+                continue  # freed, never allocated here: it overlaps nothing we know
+            if owner.pop(tensor) != (device, start):
                 return False
-            order.insert(i, start)
-            ends[(d, start)] = end
-            owner[t] = (d, start)
-        return True
+            del ends[(device, start)]
+            order.pop(bisect.bisect_left(order, start))
+            continue
+        end = start + nbytes
+        i = bisect.bisect_left(order, start)
+        # live blocks are disjoint, so only the neighbours can overlap the new one
+        if start == 0 or (i < len(order) and order[i] < end) or (i > 0 and ends[(device, order[i - 1])] > start):
+            return False
+        order.insert(i, start)
+        ends[(device, start)] = end
+        owner[tensor] = (device, start)
+    return True
 
-    def of(self, row: int, tensor: int, device: int, nbytes: int, first: bool) -> int:
-        if not self.invent:
-            return int(self.addr[row])
-        if first or tensor not in self.given:
-            cursor = self.bump.get(device, _SYNTH_BASE_ADDR)
-            self.given[tensor] = cursor
-            self.bump[device] = cursor + -(-max(nbytes, 1) // _SYNTH_ALIGN) * _SYNTH_ALIGN
-        return self.given[tensor]
+
+def _place(
+    trace: Trace,
+    blocks: list[tuple[int, int, int, int, int]],
+    index_of: list[int],
+    segments: list[dict[str, Any]] | None,
+    addresses: np.ndarray | None,
+) -> _Placement:
+    first: dict[int, tuple[int, int, int]] = {}  # tensor -> (row, device index, bytes) of its first row
+    freed: set[int] = set()
+    for row, action, tensor, device, nbytes in blocks:
+        first.setdefault(tensor, (row, index_of[device], nbytes))
+        if action in _FREE_LIKE:
+            freed.add(tensor)
+    if addresses is not None:  # the caller's (an allocator replay's): trusted to match its segments
+        return _Placement({t: int(addresses[row]) for t, (row, _, _) in first.items()}, set())
+    if segments is None and _disjoint(blocks, trace.events["address"]):
+        return _Placement({t: int(trace.events["address"][row]) for t, (row, _, _) in first.items()}, None)
+
+    # Invent addresses: never reused, above every given segment.
+    top = max((int(s["address"]) + int(s["total_size"]) for s in segments or []), default=0)
+    cursor = max(_SYNTH_BASE_ADDR, -(-top // _SYNTH_SEGMENT_GAP) * _SYNTH_SEGMENT_GAP + _SYNTH_SEGMENT_GAP)
+    address: dict[int, int] = {}
+    if segments is not None:
+        # blocks live at the end take the addresses of the given segments' active blocks (same device and size)
+        free_slots: dict[tuple[int, int], list[int]] = {}
+        for seg in segments:
+            for block in seg["blocks"]:
+                if block["state"] == "active_allocated":
+                    key = (int(seg["device"]), int(block.get("requested_size", block["size"])))
+                    free_slots.setdefault(key, []).append(int(block["address"]))
+        for slots in free_slots.values():
+            slots.reverse()  # pop() hands out the lowest address first
+        for tensor, (_, device, nbytes) in first.items():
+            slots = free_slots.get((device, nbytes))
+            if tensor not in freed and slots:
+                address[tensor] = slots.pop()
+    for tensor, (_, _, nbytes) in first.items():
+        if tensor not in address:
+            address[tensor] = cursor
+            cursor += -(-max(nbytes, 1) // _SYNTH_ALIGN) * _SYNTH_ALIGN
+    # given segments: blocks freed in the trace need a segment of their own while they live
+    return _Placement(address, None if segments is None else freed)
 
 
 def _export_frames(trace: Trace, rows: np.ndarray) -> list[list[dict[str, Any]]]:
@@ -671,65 +722,61 @@ def to_snapshot(
 ) -> dict[str, Any]:
     """A snapshot dict (plain dicts/lists) of ``trace`` that torch's ``_memory_viz`` tools accept.
 
-    ``segments``: allocator state at the end (snapshot-format dicts, e.g. from an
-    allocator replay), used as is; the trace's own SEGMENT_* events then go into
-    the device traces. Without it each block live at the end gets its own
-    segment, and every block gets segment_alloc/segment_free entries around it.
-    ``addresses``: per-event addresses to use instead of the trace's (e.g. the
-    replay's, so device-trace blocks line up with its segments).
+    ``segments``: the allocator state at the end (snapshot-format segment dicts,
+    e.g. ``replay(...).segments_at_end_snapshot``), used as is. Blocks live at
+    the end move to the addresses of its active blocks of the same size; the
+    others get a segment of their own while they live, so the viewer's history
+    stays consistent. Without ``segments`` every block gets its own segment.
+    ``addresses``: per-event addresses matching ``segments`` (e.g. from the
+    replay), used instead of all of the above.
+    The trace's own SEGMENT_* rows are not exported: they describe an allocator
+    the exported segments do not come from.
     """
-    if addresses is not None and len(addresses) != trace.num_events:
-        raise ValueError(f"addresses has {len(addresses)} entries for {trace.num_events} events")
-    index_of = _device_indices(trace.devices)
+    if addresses is not None and (segments is None or len(addresses) != trace.num_events):
+        raise ValueError("addresses needs segments and one entry per event")
+    final = None
+    if segments is not None:
+        final = _plain(list(segments))
+        _check_segments(final)
+    index_of = device_indices(trace.devices)
     ev = trace.events
-    action, tensor, nbytes, device, time_us = (ev[k] for k in ("action", "tensor", "nbytes", "device", "time_us"))
+    action, nbytes, time_us = ev["action"], ev["nbytes"], ev["time_us"]
     wanted = [Action.ALLOC, Action.FREE, Action.PREEXISTING, Action.OOM]
     if include_file_backed:
         wanted += [Action.MAP, Action.UNMAP]
-    if segments is not None:
-        wanted += [Action.SEGMENT_ALLOC, Action.SEGMENT_FREE]
-    keep = np.isin(action, np.array(wanted, dtype=action.dtype)) & ((nbytes > 0) | (action == Action.OOM))
-    rows = np.flatnonzero(keep)
-    block_rows = rows[
-        np.isin(action[rows], np.array([*_ALLOC_LIKE, *_FREE_LIKE, Action.PREEXISTING], dtype=action.dtype))
-    ]
-    addrs = _Addresses(trace, block_rows, addresses, check=segments is None)
-    own_segments = segments is None
+    rows = np.flatnonzero(
+        np.isin(action, np.array(wanted, dtype=action.dtype)) & ((nbytes > 0) | (action == Action.OOM))
+    )
+    entries = _block_rows(trace, rows)
+    blocks = [b for b in entries if b[1] != Action.OOM]
+    place = _place(trace, blocks, index_of, final, addresses)
+    owns = (lambda tensor: True) if place.own_segment is None else place.own_segment.__contains__
 
     traces: list[list[dict[str, Any]]] = [[] for _ in range(max(index_of, default=0) + 1)]
     live: dict[int, tuple[int, int, int, list[dict[str, Any]]]] = {}  # tensor -> (device, addr, bytes, frames)
     oom_free = _oom_device_free(trace)
-    columns = (action[rows], tensor[rows], device[rows], nbytes[rows], time_us[rows])
-    for r, a, t, dev, n, ts, frames in zip(
-        rows.tolist(), *(c.tolist() for c in columns), _export_frames(trace, rows), strict=True
-    ):
+    for (_, a, t, dev, n), ts, frames in zip(entries, time_us[rows].tolist(), _export_frames(trace, rows), strict=True):
         d = index_of[dev]
         if a == Action.OOM:
             free = oom_free.get((trace.devices[dev], ts), 0)
             traces[d].append(
                 {"action": "oom", "device_free": free, "size": n, "stream": 0, "time_us": ts, "frames": frames}
             )
-        elif a in (Action.SEGMENT_ALLOC, Action.SEGMENT_FREE):
-            kind = "segment_alloc" if a == Action.SEGMENT_ALLOC else "segment_free"
-            traces[d].append(_entry(kind, int(addrs.addr[r]), n, ts, frames))
         elif a in _ALLOC_LIKE or a == Action.PREEXISTING:
-            addr = addrs.of(r, t, d, n, first=True)
+            addr = place.address[t]
             live[t] = (d, addr, n, frames)
             if a == Action.PREEXISTING:
-                continue  # alive before the trace: a block in `segments` with no alloc entry
-            kinds = ("segment_alloc", "alloc") if own_segments else ("alloc",)
+                continue  # alive before the trace: a block in the segments with no alloc entry
+            kinds = ("segment_alloc", "alloc") if owns(t) else ("alloc",)
             traces[d].extend(_entry(kind, addr, n, ts, frames) for kind in kinds)
         else:  # a free repeats what its alloc said, on the alloc's device
-            d, addr, n, frames = live.pop(t, None) or (d, addrs.of(r, t, d, n, first=False), n, frames)
-            kinds = ("free_requested", "free_completed") + (("segment_free",) if own_segments else ())
+            d, addr, n, frames = live.pop(t, None) or (d, place.address[t], n, frames)
+            kinds = ("free_requested", "free_completed") + (("segment_free",) if owns(t) else ())
             traces[d].extend(_entry(kind, addr, n, ts, frames) for kind in kinds)
 
-    if segments is None:
+    if final is None:
         ends = sorted(live.values(), key=lambda block: (block[0], block[1]))
         final = [_segment(d, addr, n, frames) for d, addr, n, frames in ends]
-    else:
-        final = _plain(list(segments))
-        _check_segments(final)
     settings = dict(_DEFAULT_ALLOCATOR_SETTINGS)
     settings.update(_plain(allocator_settings or {}, "allocator_settings"))
     names = [""] * len(traces)
@@ -743,7 +790,7 @@ def to_snapshot(
             "format": 1,
             "devices": names,
             "start_us": int(time_us.min()) if len(time_us) else 0,
-            "segments": "per-block" if own_segments else "given",
+            "segments": "per-block" if segments is None else "given",
         },
     }
 
