@@ -132,3 +132,9 @@ def test_large_traces_are_thinned_but_keep_peaks_and_final_values():
 def test_empty_trace():
     doc = json.loads(json.dumps(to_chrome(TraceBuilder().build())))
     assert not [e for e in doc["traceEvents"] if e["ph"] in ("C", "X")]
+
+
+def test_metadata_is_strict_json(tmp_path):
+    b = TraceBuilder(metadata={"threshold": float("nan"), "path": tmp_path})
+    doc = json.loads(save_chrome(b.build(), tmp_path / "t.json").read_text())
+    assert doc["otherData"]["metadata"] == {"threshold": "NaN", "path": str(tmp_path)}

@@ -156,10 +156,11 @@ def to_chrome(trace: Trace, max_counter_points: int = MAX_COUNTER_POINTS) -> dic
 
 
 def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
+    """Strict JSON (Perfetto rejects NaN): unknown types become strings, NaN/Infinity become "NaN"/"Infinity"."""
+    return json.loads(json.dumps(value, default=str), parse_constant=str)
 
 
 def save_chrome(trace: Trace, path: str | os.PathLike[str], **options: Any) -> Path:
     """Write ``to_chrome(trace)`` as JSON, atomically."""
-    data = json.dumps(to_chrome(trace, **options), separators=(",", ":")).encode()
+    data = json.dumps(to_chrome(trace, **options), separators=(",", ":"), allow_nan=False).encode()
     return atomic_write(path, data)

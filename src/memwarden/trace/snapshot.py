@@ -667,10 +667,13 @@ def _place(
         # blocks live at the end take the addresses of the given segments' active blocks (same device and size)
         free_slots: dict[tuple[int, int], list[int]] = {}
         for seg in segments:
+            cursor_in_segment = int(seg["address"])
             for block in seg["blocks"]:
+                addr = int(block.get("address", cursor_in_segment))
+                cursor_in_segment = addr + int(block["size"])
                 if block["state"] == "active_allocated":
                     key = (int(seg["device"]), int(block.get("requested_size", block["size"])))
-                    free_slots.setdefault(key, []).append(int(block["address"]))
+                    free_slots.setdefault(key, []).append(addr)
         for slots in free_slots.values():
             slots.reverse()  # pop() hands out the lowest address first
         for tensor, (_, device, nbytes) in first.items():
