@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 _SOURCE = Path(__file__).with_name("native.cpp")
+_CFLAGS = ["-O2", "-std=c++17", "-DNDEBUG"]  # NDEBUG: torch's headers assert debug-only state that release libtorch never sets
 
 
 class NativeUnavailable(RuntimeError):
@@ -27,14 +28,17 @@ class NativeUnavailable(RuntimeError):
 def _build_dir() -> Path:
     import torch
 
-    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
-    tag = f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
+    tag = f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info[0]}{sys.version_info[1]}-{_digest()}"
     root = Path(os.environ.get("MEMWARDEN_CACHE", Path.home() / ".cache" / "memwarden"))
     return root / "native" / tag
 
 
+def _digest() -> str:
+    return hashlib.sha256(_SOURCE.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()[:12]
+
+
 def _module_name() -> str:
-    return "memwarden_native_" + hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    return "memwarden_native_" + _digest()
 
 
 def _load_built(directory: Path, name: str) -> ModuleType | None:
@@ -68,7 +72,7 @@ def load(verbose: bool = False) -> ModuleType:
             name=name,
             sources=[str(_SOURCE)],
             build_directory=str(directory),
-            extra_cflags=["-O2", "-std=c++17"],
+            extra_cflags=_CFLAGS,
             verbose=verbose,
         )
     except Exception as exc:  # compiler missing, headers missing, ...
