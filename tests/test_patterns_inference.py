@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from memwarden.analyze.diagnose import Context, Finding, diagnose
-from memwarden.analyze.patterns import alignment_padding
+from memwarden.analyze.patterns import alignment_padding, kv_concat_growth
 from memwarden.analyze.timeline import summary
 from memwarden.trace.model import Action, Category, Trace, TraceBuilder
 
@@ -55,6 +55,8 @@ def peak(trace: Trace) -> int:
 PEAK_SCENARIOS = [
     ("alignment-padding", "pow2_fusion_padding"),
     ("alignment-padding", "projector_max_tokens"),
+    ("kv-concat-growth", "manual_kv_list_concat"),
+    ("kv-concat-growth", "stacked_kv_tensor"),
 ]
 
 
@@ -104,7 +106,7 @@ class Blocks:
 
 
 def detect(module: object, trace: Trace, **thresholds: object) -> list[Finding]:
-    pattern = {alignment_padding: "alignment-padding"}[module]  # type: ignore[index]
+    pattern = {alignment_padding: "alignment-padding", kv_concat_growth: "kv-concat-growth"}[module]  # type: ignore[index]
     return module.detect(trace, Context(trace=trace, thresholds={pattern: thresholds}))  # type: ignore[attr-defined]
 
 
@@ -186,3 +188,74 @@ def test_alignment_padding_not_live_at_peak_is_low() -> None:
     (f,) = detect(alignment_padding, tb.build())
     assert f.severity == "low" and f.evidence["padded_bytes_at_peak"] == 0
     assert f.wasted_bytes == f.evidence["max_padded_bytes_live"] == (1 << 16) - (1 << 14)
+
+
+def _kv_block(n: int, layers: int = 2, kv_heads: int = 2, head_dim: int = 16) -> int:
+    return kv_heads * n * head_dim * 4  # (1, kv_heads, n, head_dim) float32
+
+
+def _grow_kv(tb: Blocks, steps: int, layers: int, whole_cache: bool, prompt: int = 64) -> None:
+    """A cat-grown cache: per layer K and V of length n+1 made from length n. ``whole_cache``: every
+    layer's new K/V is made before any old one is freed (a new list built while the old is referenced);
+    otherwise each old block is freed right after its replacement (DynamicCache)."""
+    live: dict[tuple[int, int], int] = {}
+    for step in range(steps):
+        n = prompt + step
+        made = []
+        for layer in range(layers):
+            for kv in range(2):
+                kw = {"category": Category.KV_CACHE, "module": f"lm.layers.{layer}.attn", "op": "aten::cat",
+                      "dtype": "float32", "shape": (1, 2, n, 16), "written_bytes": _kv_block(n)}  # fmt: skip
+                new = tb.alloc(_kv_block(n), **kw)
+                old = live.get((layer, kv))
+                live[(layer, kv)] = new
+                if old is None:
+                    continue
+                if whole_cache:
+                    made.append(old)
+                else:
+                    tb.free(old)
+                # a rotate_half temporary of the same module, shape family and dtype
+                tmp = tb.alloc(_kv_block(1), **{**kw, "category": Category.TEMPORARY, "shape": (1, 2, 1, 16)})
+                tb.free(tmp)
+        for old in made:
+            tb.free(old)
+
+
+def test_kv_concat_growth_whole_cache_doubled_is_high() -> None:
+    tb = Blocks()
+    _weights(tb, 64 * 1024)
+    _grow_kv(tb, steps=32, layers=4, whole_cache=True)
+    (f,) = detect(kv_concat_growth, tb.build())
+    assert f.where == "lm.layers.*.attn / aten::cat"
+    assert f.evidence["chains"] == 4 and f.evidence["decode_steps"] == 31  # one chain per layer: K and V
+    # at the peak every layer's K and V exist at length 95 (old) and 96 (new)
+    assert f.wasted_bytes == f.evidence["transient_bytes_at_peak"] == 8 * _kv_block(94)
+    assert f.evidence["whole_cache_doubled"] and f.severity == "high"
+    assert f.evidence["final_kv_bytes"] == 8 * _kv_block(95)
+    assert f.evidence["kv_bytes_allocated"] == 8 * sum(_kv_block(64 + s) for s in range(32))
+    assert "StaticCache" in f.fix and "static" in f.fix
+
+
+def test_kv_concat_growth_layer_at_a_time_is_at_most_medium() -> None:
+    tb = Blocks()
+    _weights(tb, 16 * 1024)  # the cache dominates the peak, as in a long generation
+    _grow_kv(tb, steps=32, layers=1, whole_cache=False)
+    (f,) = detect(kv_concat_growth, tb.build())
+    # one block (K or V of one layer) is doubled at a time
+    assert f.wasted_bytes == _kv_block(94)
+    assert not f.evidence["whole_cache_doubled"]
+    assert f.wasted_bytes / summary(tb.build()).peak_bytes > 0.2 and f.severity == "medium"
+
+
+def test_kv_concat_growth_negatives() -> None:
+    tb = Blocks()
+    _weights(tb)
+    _grow_kv(tb, steps=3, layers=2, whole_cache=True)  # three lengths: below min_steps
+    for n in range(40, 60):  # generated ids grow by cat too, but a (B, n) id tensor is not a cache
+        tb.alloc(8 * n, category=Category.OTHER, op="aten::cat", dtype="int64", shape=(1, n), written_bytes=8 * n)
+    for _ in range(10):  # same-length cats: nothing grows
+        tb.alloc(4096, category=Category.ACTIVATION, module="m", op="aten::cat", dtype="float32", shape=(1, 64, 16),
+                 written_bytes=4096)  # fmt: skip
+    assert detect(kv_concat_growth, tb.build()) == []
+    assert detect(kv_concat_growth, TraceBuilder().build()) == []

@@ -1,0 +1,197 @@
+"""kv-concat-growth: a KV cache that grows by concatenation at every decode step.
+
+``k = torch.cat([k, k_new], dim=-2)`` allocates the whole cache of length n+1 and
+frees length n: for a moment both copies are live (a transient 2x of whatever is
+concatenated at once), and over a generation O(n^2) bytes are allocated and copied
+for O(n) bytes of cache. transformers' default ``DynamicCache`` does this one layer
+at a time, so its transient is one layer's K or V; hand-written loops that build a
+new list of layers while the old one is still referenced, or that keep every layer
+in one stacked tensor, double the whole cache.
+
+A trace shows it as chains of ``cat`` blocks of one module and dtype whose shapes
+agree except on one axis (the sequence axis: -2 for (B, H, T, hd), -3 for
+(B, T, H, hd)), whose length grows over time; a chain restarts when the length
+drops (a new request). The waste is the superseded cache copies live at the
+peak: in each chain, the shorter blocks still live while as many longer ones
+already exist. The churn (bytes allocated for KV vs the final KV) is evidence.
+
+Severity follows the waste's share of the peak, but a transient below half of
+the cache live at the peak (the layer-at-a-time DynamicCache) is at most medium:
+it is the cost of transformers' default, not a doubled cache.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.timeline import free_index, primary_device
+from memwarden.trace.model import Action, Category, Trace
+from memwarden.units import format_bytes
+
+PATTERN = "kv-concat-growth"
+CAT_OPS = frozenset({"aten::cat", "aten::concat", "aten::concatenate"})
+# A cache outlives the module call that grew it, so temporaries (rotate_half's cat, attention
+# scores) are not one. A cache grown outside any module and fed back into the model is tagged
+# input: keep it.
+_NOT_KV = np.array([Category.WEIGHT, Category.BUFFER, Category.GRADIENT, Category.OPTIMIZER_STATE, Category.TEMPORARY],
+                   dtype=np.uint8)  # fmt: skip
+_LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+def _wildcard(modules: list[str]) -> str:
+    """'layers.0.attn', 'layers.1.attn' -> 'layers.*.attn'."""
+    patterns = sorted({_LAYER_INDEX.sub("*", m) for m in modules})
+    return patterns[0] if len(patterns) == 1 else ", ".join(patterns[:3]) + (" ..." if len(patterns) > 3 else "")
+
+
+def _chains(trace: Trace, rows: np.ndarray, min_steps: int) -> list[tuple[int, np.ndarray]]:
+    """(axis, rows of one growth run) for every run of >= min_steps distinct lengths along one axis."""
+    e = trace.events
+    families: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+    shape_ids = e["shape"][rows]
+    for r, sid in zip(rows.tolist(), shape_ids.tolist(), strict=True):
+        shape = trace.shape(int(sid))
+        if shape is None:
+            continue
+        families[(int(e["module"][r]), int(e["dtype"][r]), len(shape))].append(r)
+    runs: list[tuple[int, np.ndarray]] = []
+    for (_module, _dtype, ndim), fam in families.items():
+        fam_rows = np.asarray(fam, dtype=np.int64)
+        shapes = {int(s): trace.shapes[int(s)] for s in np.unique(e["shape"][fam_rows])}
+        taken = np.zeros(len(fam_rows), dtype=bool)
+        for axis in [ndim - 2, ndim - 3, *range(ndim)]:
+            if axis < 0 or axis == ndim - 1:
+                continue  # the last axis is head_dim / features, never the sequence
+            key_of = {s: shape[:axis] + shape[axis + 1 :] for s, shape in shapes.items()}
+            length_of = {s: shape[axis] for s, shape in shapes.items()}
+            lengths_by_key: dict[tuple[int, ...], set[int]] = defaultdict(set)
+            for s in shapes:
+                lengths_by_key[key_of[s]].add(length_of[s])
+            for key, lengths in lengths_by_key.items():
+                if len(lengths) < min_steps:
+                    continue
+                member = np.array([key_of[int(s)] == key for s in e["shape"][fam_rows]]) & ~taken
+                taken |= member
+                chain = fam_rows[member]
+                length = np.array([length_of[int(s)] for s in e["shape"][chain]], dtype=np.int64)
+                # a drop in length starts a new run (a new request, a reset cache)
+                starts = np.flatnonzero(np.diff(length) < 0) + 1
+                for run_rows, run_len in zip(np.split(chain, starts), np.split(length, starts), strict=True):
+                    if len(np.unique(run_len)) >= min_steps:
+                        runs.append((axis, run_rows))
+    return runs
+
+
+def detect(trace: Trace, ctx: Context) -> list[Finding]:
+    n = trace.num_events
+    if n == 0:
+        return []
+    min_steps = int(ctx.threshold(PATTERN, "min_steps", 4))
+    high = float(ctx.threshold(PATTERN, "high", 0.2))
+    medium = float(ctx.threshold(PATTERN, "medium", 0.05))
+    e = trace.events
+    dev = primary_device(trace)
+    is_cat = np.zeros(len(trace.strings) + 1, dtype=bool)
+    for i, name in enumerate(trace.strings):
+        is_cat[i] = name in CAT_OPS
+    cand = (e["action"] == Action.ALLOC) & (e["device"] == dev) & is_cat[e["op"]] & ~np.isin(e["category"], _NOT_KV)
+    cand &= e["shape"] >= 0
+    rows = np.flatnonzero(cand)
+    if len(rows) == 0:
+        return []
+    ndim = np.array([len(s) for s in trace.shapes] + [0], dtype=np.int64)
+    rows = rows[ndim[e["shape"][rows]] >= 3]  # (.., T, hd): token ids and masks are not a KV cache
+    runs = _chains(trace, rows, min_steps)
+    if not runs:
+        return []
+    live = trace.live_bytes(dev)
+    p = int(np.argmax(live))
+    peak_bytes = int(live[p])
+    fi = free_index(trace)
+    nbytes = e["nbytes"]
+
+    by_where: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for axis, run in runs:
+        r0 = int(run[0])
+        module = trace.string(int(e["module"][r0])) or "(no module)"
+        op = trace.string(int(e["op"][r0])) or "aten::cat"
+        length = np.array([trace.shapes[int(s)][axis] for s in e["shape"][run]], dtype=np.int64)
+        last = length == length.max()
+        first = length == length.min()
+        alive = (run <= p) & (fi[run] > p)
+        transient = 0
+        if alive.any():
+            longest = length[alive].max()
+            old = np.flatnonzero(alive & (length < longest))
+            new_count = int(np.count_nonzero(alive & (length == longest)))
+            old = old[np.argsort(-length[old], kind="stable")][:new_count]
+            transient = int(nbytes[run[old]].sum())
+        by_where[(_wildcard([module]), op)].append(
+            {
+                "module": module,
+                "steps": int(len(np.unique(length)) - 1),
+                "allocated": int(nbytes[run].sum()),
+                "final": int(nbytes[run[last]].sum()),
+                "first": int(nbytes[run[first]].sum()),
+                "transient": transient,
+                "live_at_peak": int(nbytes[run[alive]].sum()),
+                "first_shape": list(trace.shapes[int(e["shape"][run[0]])]),
+                "last_shape": list(trace.shapes[int(e["shape"][run[last][-1]])]),
+                "axis": axis,
+            }
+        )
+
+    findings = []
+    for (where_module, op), chains in by_where.items():
+        transient = sum(c["transient"] for c in chains)
+        kv_live = sum(c["live_at_peak"] for c in chains)
+        allocated = sum(c["allocated"] for c in chains)
+        final = sum(c["final"] for c in chains)
+        steps = max(c["steps"] for c in chains)
+        per_step = sum((c["final"] - c["first"]) / c["steps"] for c in chains if c["steps"]) if chains else 0
+        severity = severity_for(transient, peak_bytes, high=high, medium=medium)
+        whole_cache = kv_live > 0 and transient >= 0.5 * (kv_live - transient)
+        if severity == "high" and not whole_cache:
+            severity = "medium"  # one layer at a time (DynamicCache): bounded, not a doubled cache
+        evidence: dict[str, Any] = {
+            "op": op,
+            "chains": len(chains),
+            "modules": sorted({c["module"] for c in chains})[:8],
+            "decode_steps": steps,
+            "kv_bytes_per_step": int(per_step),
+            "final_kv_bytes": final,
+            "kv_bytes_allocated": allocated,
+            "churn_ratio": round(allocated / final, 1) if final else None,
+            "transient_bytes_at_peak": transient,
+            "kv_bytes_live_at_peak": kv_live,
+            "whole_cache_doubled": whole_cache,
+            "first_shape": chains[0]["first_shape"],
+            "last_shape": chains[0]["last_shape"],
+            "sequence_axis": chains[0]["axis"],
+        }
+        place = "in the code that calls the model" if where_module == "(no module)" else f"in {where_module}"
+        fix = (
+            f"Preallocate the KV cache instead of growing it with torch.cat {place} (transformers "
+            f'StaticCache: generate(..., cache_implementation="static"), memwarden\'s paged KV cache, or in a '
+            f"hand-written loop one (B, H, max_len, head_dim) buffer per layer written in place with "
+            f"index_copy_ / slice assignment): saves the transient copy of {format_bytes(transient)} at peak and "
+            f"{format_bytes(max(allocated - final, 0))} of allocation churn ({format_bytes(allocated)} allocated "
+            f"for {format_bytes(final)} of cache over {steps} steps)."
+        )
+        findings.append(
+            Finding(
+                pattern=PATTERN,
+                severity=severity,
+                bytes_at_peak=kv_live,
+                wasted_bytes=transient,
+                where=f"{where_module} / {op}",
+                evidence=evidence,
+                fix=fix,
+            )
+        )
+    return findings
