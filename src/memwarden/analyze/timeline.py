@@ -238,13 +238,26 @@ def timeline(trace: Trace, by: str = "category", max_points: int = 2000, device:
         return Timeline(by, empty, {}, empty)
     signed = trace.signed_bytes(dev)
     total = np.cumsum(signed)
-    if n <= max_points:
-        picks = np.arange(n)
+    # One row per timestamp, the one with the highest total: rows sharing a timestamp
+    # (preexisting tensors all sit at t=0) must not be drawn as if the first one held.
+    t_all = trace.events["time_us"]
+    candidates = np.arange(n)
+    if n > 1 and np.any(t_all[1:] == t_all[:-1]):
+        order = np.lexsort((-total, t_all))
+        first = np.ones(n, dtype=bool)
+        first[1:] = t_all[order][1:] != t_all[order][:-1]
+        candidates = np.sort(order[first])
+    m = len(candidates)
+    if m <= max_points:
+        picks = candidates
     else:
-        edges = np.linspace(0, n, max_points + 1).astype(np.int64)
+        edges = np.linspace(0, m, max_points).astype(np.int64)  # max_points - 1 buckets + the first row
+        cand_total = total[candidates]
         picks = np.array(
-            [lo + int(np.argmax(total[lo:hi])) for lo, hi in zip(edges[:-1], edges[1:], strict=False) if hi > lo], dtype=np.int64
+            [candidates[lo + int(np.argmax(cand_total[lo:hi]))] for lo, hi in zip(edges[:-1], edges[1:], strict=True) if hi > lo],
+            dtype=np.int64,
         )
+        picks = np.unique(np.concatenate([candidates[:1], picks]))  # the plot starts where the trace starts
     labels = trace.events[by]
     series: dict[str, np.ndarray] = {}
     for i, name in enumerate(names):

@@ -207,7 +207,7 @@ def _lane_payload(trace: Trace, t0_us: int) -> dict[str, Any]:
     }
 
 
-def _payload(trace: Trace, summ: Summary) -> dict[str, Any]:
+def _payload(trace: Trace, summ: Summary, markers: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     t0 = _time_origin_us(trace)
     lanes = _lane_payload(trace, t0)
     span_end = max(lanes["modules"]["end"] + [p["end"] for p in lanes["phases"]] + [0])
@@ -217,6 +217,11 @@ def _payload(trace: Trace, summ: Summary) -> dict[str, Any]:
         "timelines": {by: _timeline_payload(trace, by) for by in ("category", "modality", "phase")},
         "palette": PALETTE,
         "lanes": lanes,
+        "markers": [
+            {"time_us": int(m.get("time_us", 0)), "label": str(m.get("label", "")), "severity": str(m.get("severity", "")),
+             "anchor": str(m.get("anchor", ""))}
+            for m in markers
+        ],
     }
 
 
@@ -380,8 +385,13 @@ def render_html(
     title: str | None = None,
     extra_sections: Sequence[Section] = (),
     heatmap_png: bytes | None = None,
+    markers: Sequence[dict[str, Any]] = (),
 ) -> str:
-    """The whole report as one HTML string; no file or network access."""
+    """The whole report as one HTML string; no file or network access.
+
+    ``markers``: points on the timeline (``time_us``, ``label``, ``severity``,
+    ``anchor`` = id of the section element they link to), e.g. diagnose findings.
+    """
     summ = summary(trace, top=TOP_SITES)
     model = trace.metadata.get("model") or trace.metadata.get("model_name")
     page_title = title or (f"memwarden report: {model}" if model else "memwarden report")
@@ -437,7 +447,7 @@ def render_html(
 <div id="mw-tooltip" class="mw-tooltip" hidden></div>
 <div id="mw-status" data-series="0" data-points="0" data-spans="0" hidden></div>
 <footer class="mw-footer">memwarden · self-contained report, works offline</footer>
-<script type="application/json" id="mw-data">{_json_for_script(_payload(trace, summ))}</script>
+<script type="application/json" id="mw-data">{_json_for_script(_payload(trace, summ, markers))}</script>
 <script>{script}</script>
 </body>
 </html>

@@ -213,6 +213,47 @@
       ctx.stroke();
     }
 
+    // Findings (or any caller's markers): a numbered flag at the top of the plot,
+    // a thin line down to the axis; clicking the number jumps to its section.
+    var MARKER_COLORS = { high: "#c62828", medium: "#ef6c00", low: "#757575" };
+    function drawMarkers(ctx, w, yTop, yBase) {
+      var marks = data.markers || [];
+      var v = view();
+      var placed = [];
+      drawn.markers = 0;
+      ctx.save();
+      ctx.font = "bold 11px system-ui, -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans', sans-serif";
+      for (var i = 0; i < marks.length; i++) {
+        var t = marks[i].time_us;
+        if (t < v[0] || t > v[1]) continue;
+        var x = Math.round(xOf(t, w)) + 0.5;
+        var row = 0;
+        while (placed.some(function (p) { return p.row === row && Math.abs(p.x - x) < 18; })) row++;
+        placed.push({ x: x, row: row });
+        var y = yTop + 10 + row * 18;
+        var color = MARKER_COLORS[marks[i].severity] || "#455a64";
+        ctx.strokeStyle = color;
+        ctx.globalAlpha = 0.6;
+        ctx.beginPath();
+        ctx.moveTo(x, y + 8);
+        ctx.lineTo(x, yBase);
+        ctx.stroke();
+        ctx.globalAlpha = 1;
+        ctx.fillStyle = color;
+        ctx.beginPath();
+        ctx.arc(x, y, 8, 0, 2 * Math.PI);
+        ctx.fill();
+        ctx.fillStyle = "#fff";
+        ctx.textAlign = "center";
+        ctx.textBaseline = "middle";
+        ctx.fillText(String(i + 1), x, y + 0.5);
+        drawn.markers++;
+      }
+      ctx.restore();
+      var status = document.getElementById("mw-status");
+      if (status) status.setAttribute("data-markers", String(drawn.markers));
+    }
+
     function drawPeakLine(ctx, w, yTop, yBase) {
       var v = view();
       var t = data.peak.time_us;
@@ -347,6 +388,7 @@
         ctx.textBaseline = "middle";
         ctx.fillText(label, lx, 13);
       }
+      drawMarkers(ctx, w, yTop, yBase);
       drawn.series = series.length;
       drawn.points = m;
       geom = { w: w, yTop: yTop, yBase: yBase, k0: k0, k1: k1 };

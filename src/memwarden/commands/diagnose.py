@@ -1,0 +1,54 @@
+"""memwarden diagnose FILE [--json] [--html OUT.html] [--config thresholds.toml]"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from memwarden.errors import InputError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("diagnose", help="name the overflow patterns in a trace, with evidence and a fix")
+    p.add_argument("file", help=".mwtrace file or PyTorch memory snapshot pickle")
+    p.add_argument("--json", action="store_true", help="print JSON: {peak_bytes, findings: [...]}")
+    p.add_argument("--html", metavar="OUT.html", help="also write the HTML report with a findings section")
+    p.add_argument("--config", metavar="TOML", help="thresholds: [thresholds.<pattern-id>] name = value")
+    p.add_argument("--pattern", action="append", help="run only this detector (repeatable)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from memwarden.analyze.diagnose import PATTERNS, diagnose, load_thresholds, report_json
+    from memwarden.commands._common import load_trace, print_json
+
+    thresholds = {}
+    if args.config:
+        try:
+            thresholds = load_thresholds(args.config)
+        except FileNotFoundError:
+            raise InputError(f"{args.config}: no such file") from None
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{args.config}: {exc}") from None
+    for pattern in args.pattern or []:
+        if pattern not in PATTERNS:
+            raise InputError(f"unknown pattern {pattern!r} (known: {', '.join(PATTERNS)})")
+    trace = load_trace(args.file)
+    findings = diagnose(trace, thresholds, args.pattern)
+    data = report_json(trace, findings)
+    if args.html:
+        from memwarden.report.diagnosis import write_diagnosis_html
+
+        write_diagnosis_html(trace, findings, args.html)
+    if args.json:
+        print_json(data)
+        return 0
+    from rich.console import Console
+
+    from memwarden.report.findings import render_findings
+
+    console = Console()
+    console.print(render_findings(findings, data["peak_bytes"]))
+    if args.html:
+        console.print(f"Wrote {args.html}")
+    return 0

@@ -1,0 +1,79 @@
+"""Findings rendered for the terminal (rich) and as an HTML section. Pure: no I/O."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from memwarden.analyze.diagnose import Finding
+from memwarden.units import format_bytes
+
+_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
+
+
+def _evidence_text(evidence: dict[str, Any], limit: int = 6) -> str:
+    parts = []
+    for key, value in list(evidence.items())[:limit]:
+        if isinstance(value, int) and ("bytes" in key):
+            value = format_bytes(value)
+        elif isinstance(value, float):
+            value = f"{value:.3g}"
+        elif isinstance(value, (list, dict)):
+            text = str(value)
+            value = text if len(text) <= 60 else text[:57] + "..."
+        parts.append(f"{key}={value}")
+    return ", ".join(parts)
+
+
+def render_findings(findings: list[Finding], peak_bytes: int) -> Group:
+    if not findings:
+        return Group(Text(f"No overflow pattern found (peak {format_bytes(peak_bytes)}).", style="green"))
+    table = Table(title=f"Findings (peak {format_bytes(peak_bytes)})", title_justify="left", show_lines=True)
+    table.add_column("severity")
+    table.add_column("pattern", style="bold")
+    table.add_column("wasted", justify="right")
+    table.add_column("where")
+    table.add_column("evidence and fix", ratio=1)
+    for f in findings:
+        body = Text()
+        body.append(_evidence_text(f.evidence), style="dim")
+        body.append("\nfix: ", style="bold")
+        body.append(f.fix)
+        table.add_row(Text(f.severity, style=_STYLE.get(f.severity, "")), f.pattern, format_bytes(f.wasted_bytes), f.where, body)
+    return Group(table)
+
+
+def findings_html(findings: list[Finding], peak_bytes: int) -> str:
+    """Trusted HTML for the report's findings section (all values escaped)."""
+    if not findings:
+        return f"<p class='mw-ok'>No overflow pattern found (peak {html.escape(format_bytes(peak_bytes))}).</p>"
+    rows = []
+    for i, f in enumerate(findings, 1):
+        evidence = "".join(
+            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_evidence_text({k: v}).split('=', 1)[1])}</td></tr>"
+            for k, v in f.evidence.items()
+        )
+        rows.append(
+            f"<div class='mw-finding mw-{html.escape(f.severity)}' id='finding-{i}'>"
+            f"<h3><span class='mw-badge'>{i}</span> {html.escape(f.pattern)} "
+            f"<small>{html.escape(f.severity)} · wastes {html.escape(format_bytes(f.wasted_bytes))} · "
+            f"{html.escape(format_bytes(f.bytes_at_peak))} at peak</small></h3>"
+            f"<p><b>where</b> <code>{html.escape(f.where)}</code></p>"
+            f"<p><b>fix</b> {html.escape(f.fix)}</p>"
+            f"<details><summary>evidence</summary><table class='mw-evidence'>{evidence}</table></details></div>"
+        )
+    return "\n".join(rows)
+
+
+def finding_markers(findings: list[Finding], peak_time_us: int) -> list[dict[str, Any]]:
+    """Where each finding sits on the timeline: evidence['time_us'] if the detector gave one, else the peak."""
+    markers = []
+    for i, f in enumerate(findings, 1):
+        t = f.evidence.get("time_us", peak_time_us)
+        markers.append({"time_us": int(t) if isinstance(t, (int, float)) else peak_time_us, "label": f"{i}: {f.pattern}",
+                        "severity": f.severity, "anchor": f"finding-{i}"})  # fmt: skip
+    return markers
