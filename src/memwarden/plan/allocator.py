@@ -1069,13 +1069,3 @@ def _per_row(num_events: int, rows: np.ndarray, values: np.ndarray, oom_at_event
     has = idx >= 0
     out[has] = values[idx[has]]
     return out
-
-
-def format_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover
