@@ -40,6 +40,7 @@ class DemoResult:
     trace_path: Path | None
     config: DemoConfig
     outputs: list[list[int]] = field(default_factory=list)
+    findings: list[Any] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -100,16 +101,20 @@ def run_demo(
             on_turn=lambda t: step(f"turn {t + 1}/{config.turns} answered", 0.1 + 0.7 * (t + 1) / config.turns),
         )  # fmt: skip
     trace = cap.trace
-    step("summarising", 0.85)
+    step("summarising", 0.82)
     result = summary(trace)
-    trace_path = save(trace, out / "demo.mwtrace")
-    step("writing report.html", 0.9)
-    report_path = out / "report.html"
-    from memwarden.report.html import write_html
+    step("diagnosing", 0.86)
+    from memwarden.analyze.diagnose import diagnose
+    from memwarden.report.diagnosis import write_diagnosis_html
 
-    write_html(trace, report_path, title=f"memwarden demo: {config.model} ({config.size}), {config.turns}-turn chat")
+    findings = diagnose(trace)
+    trace_path = save(trace, out / "demo.mwtrace")
+    step("writing report.html", 0.92)
+    report_path = out / "report.html"
+    title = f"memwarden demo: {config.model} ({config.size}), {config.turns}-turn chat"
+    write_diagnosis_html(trace, findings, report_path, title=title)
     step("done", 1.0)
-    return DemoResult(trace, result, report_path, trace_path, config, outputs)
+    return DemoResult(trace, result, report_path, trace_path, config, outputs, findings)
 
 
 def verdict(result: DemoResult) -> str:

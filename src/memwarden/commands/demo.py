@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
         result = run_demo(config, out)
         print_json({"summary": result.summary.to_json(), "fits_budget": result.fits, "budget_bytes": config.budget_bytes,
+                    "findings": [f.to_json() for f in result.findings],
                     "report": str(result.report_path), "trace": str(result.trace_path)})  # fmt: skip
         return 0
 
@@ -63,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
         result = run_demo(config, out, progress=lambda text, f: bar.update(task, description=text, completed=f))
     out_console = Console()
     out_console.print(render_summary(result.summary, source=f"{config.model} ({config.size}), {config.turns}-turn chat"))
+    from memwarden.report.findings import render_findings
+
+    out_console.print(render_findings(result.findings, result.summary.peak_bytes))
     style = "green" if result.fits else "bold red"
     out_console.print(f"[{style}]Peak {verdict(result)}.[/]")
     out_console.print(f"Wrote {result.report_path} and {result.trace_path}")
