@@ -315,17 +315,22 @@ def test_oom_sets_the_event_and_stops():
 
 
 def test_expandable_segments_oom_unmaps_free_pages_then_retries():
-    # Pages of 20 MiB. 30 MiB then 30 MiB: after freeing the first, pages 0 is entirely free.
-    config = AllocatorConfig(expandable_segments=True, limit_bytes=80 * MiB)
-    model = CachingAllocatorModel(config)
-    a = model.malloc(30 * MiB)  # maps pages 0-1 (40 MiB)
-    b = model.malloc(30 * MiB)  # 10 MiB free at the end + maps pages 2 (60 MiB)
-    assert model.reserved_bytes == 60 * MiB
-    model.free(a)  # [0, 30) free: page 0 is wholly free
-    model.malloc(35 * MiB)  # needs 35 MiB: free 30 is too small; the tail needs more pages
+    # limit 80 MiB; the large pool maps 20 MiB pages
+    model = CachingAllocatorModel(AllocatorConfig(expandable_segments=True, limit_bytes=80 * MiB))
+    a = model.malloc(30 * MiB)  # maps pages 0-1 (40 MiB); [30, 40) stays free
+    base = a
+    b = model.malloc(30 * MiB)  # the free 10 MiB plus page 2 (20 MiB): [30, 60)
+    assert b == base + 30 * MiB and model.reserved_bytes == 60 * MiB
+    model.free(a)  # [0, 30) free: page 0 wholly free, page 1 half free
+    # 35 MiB: nothing cached fits; 60 + 36 (rounded) > 80 fails; the retry first unmaps
+    # page 0 (reserved 40), then maps two new pages after b: [60, 100), reserved 80
+    c = model.malloc(35 * MiB)
+    assert c == base + 60 * MiB
+    assert model.reserved_bytes == 80 * MiB and model.num_alloc_retries == 1
+    assert model.allocated_bytes == 65 * MiB
     model.check_invariants()
-    assert model.reserved_bytes <= 80 * MiB
-    del b
+    ranges = [(s["address"] - base, s["total_size"]) for s in model.segments()]
+    assert ranges == [(20 * MiB, 80 * MiB)]  # one mapped run: pages 1-4
 
 
 def test_garbage_collection_frees_old_cached_segments_under_a_fraction():
@@ -395,6 +400,17 @@ def test_replay_json_keys_and_per_row_arrays():
     other = replay(b.build(), device=1)
     assert other.peak_reserved_bytes == 20 * MiB
     snapshot_balances(result.segments_at_peak_snapshot)
+
+
+@pytest.mark.parametrize("allocator", ["pytorch", "pytorch-expandable", "arena"])
+def test_replay_of_a_trace_without_allocations(allocator):
+    b = TraceBuilder(devices=["cuda:0"])
+    empty = replay(b.build(), allocator=allocator, history_columns=4)
+    assert empty.peak_reserved_bytes == 0 and empty.oom_at_event is None and len(empty.allocated_bytes) == 0
+    b.event(0, Action.MAP, 1, 0, 100 * MiB, device="cuda:0")  # file-backed only
+    mapped = replay(b.build(), allocator=allocator)
+    assert mapped.to_json() == {**empty.to_json()}
+    assert mapped.allocated_bytes.tolist() == [0] and mapped.segments_at_end_snapshot == []
 
 
 def test_history_columns_are_recorded():

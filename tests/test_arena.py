@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memwarden.plan.allocator import AllocatorConfig, replay
-from memwarden.plan.arena import STRATEGIES, _add_span, _best_gap, lifetimes, plan_arena
+from memwarden.plan.arena import STRATEGIES, _add_span, _best_gap, _pack, lifetimes, plan_arena
 from memwarden.trace.model import Action, TraceBuilder
 
 
@@ -85,16 +85,19 @@ def test_greedy_by_size_reuses_dead_space_hand_checked():
 
 def test_gap_rule_takes_the_smallest_fitting_gap_else_the_top():
     # TFLite's rule: among gaps between the spans of overlapping placed records
-    spans = [(0, 64), (320, 384), (512, 576)]  # gaps [64, 320) = 256 and [384, 512) = 128
+    def packed(pairs):
+        return [_pack(a, b) for a, b in pairs]
+
+    spans = packed([(0, 64), (320, 384), (512, 576)])  # gaps [64, 320) = 256 and [384, 512) = 128
     assert _best_gap(spans, 128) == 384  # the tighter gap, though a lower one fits too
     assert _best_gap(spans, 200) == 64
     assert _best_gap(spans, 300) == 576  # nothing fits: on top of the highest
-    assert _best_gap([(64, 128)], 64) == 0  # the gap below the first span counts
-    assert _best_gap([(0, 100), (50, 80), (120, 130)], 20) == 100  # spans may overlap each other
-    union: list[tuple[int, int]] = []
-    for a, b in [(10, 20), (30, 40), (20, 30), (0, 5), (35, 50), (60, 70)]:
+    assert _best_gap(packed([(64, 128)]), 64) == 0  # the gap below the first span counts
+    assert _best_gap(packed([(0, 100), (50, 80), (120, 130)]), 20) == 100  # spans may overlap each other
+    union: list[int] = []
+    for a, b in [(10, 20), (30, 40), (20, 30), (0, 5), (35, 50), (60, 70), (12, 14)]:
         _add_span(union, a, b)
-    assert union == [(0, 5), (10, 50), (60, 70)]
+    assert union == packed([(0, 5), (10, 50), (60, 70)])
 
 
 def test_a_small_tensor_reuses_space_below_long_lived_ones():
@@ -221,7 +224,7 @@ def naive_place(order: list[int], first: np.ndarray, last: np.ndarray, sizes: np
         if not sizes[r]:
             continue
         spans = sorted(
-            (offsets[p], offsets[p] + int(sizes[p])) for p in placed if first[p] <= last[r] and first[r] <= last[p]
+            _pack(offsets[p], offsets[p] + int(sizes[p])) for p in placed if first[p] <= last[r] and first[r] <= last[p]
         )
         offsets[r] = _best_gap(spans, int(sizes[r]))
         placed.append(r)
@@ -253,3 +256,25 @@ def test_indexed_placement_equals_the_reference_on_a_long_trace():
     order = np.lexsort((np.arange(n), first, -sizes)).tolist()
     got = _OverlapIndex(first, last).place(order, sizes).tolist()
     assert got == naive_place(order, first, last, sizes)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=random_traces())
+def test_arena_replay_snapshots_balance(trace):
+    result = replay(trace, allocator="arena")
+    plan = plan_arena(trace)
+    assert result.peak_reserved_bytes == (plan.arena_bytes if len(plan.sizes) else 0)
+    assert result.peak_allocated_bytes <= result.peak_reserved_bytes
+    for segments in (result.segments_at_peak_snapshot, result.segments_at_end_snapshot):
+        for seg in segments:
+            addr = seg["address"]
+            internal = external = allocated = 0
+            for block in seg["blocks"]:
+                assert block["address"] == addr
+                addr += block["size"]
+                if block["state"] == "active_allocated":
+                    allocated += block["requested_size"]
+                    internal += block["size"] - block["requested_size"]
+                else:
+                    external += block["size"]
+            assert addr - seg["address"] == seg["total_size"] == internal + external + allocated

@@ -19,7 +19,14 @@ a pool live in one sorted list of packed ints ``size << _SHIFT | address``, so
 ``lower_bound`` on (size, address): best fit, lowest address among equals.
 Neighbours are found through ``_free_size`` (start -> size) and ``_free_end``
 (end -> start); segments are placed with gaps between them, so blocks that
-touch in address space always belong to the same segment.
+touch in address space always belong to the same segment. (A pool rarely
+caches more than a few hundred free blocks, where ``insort`` into a plain list
+is a short memmove: faster than a SortedList, and no extra dependency.)
+
+``limit_bytes`` plays both parts a real limit can: the
+``set_per_process_memory_fraction`` check before every cudaMalloc/mapping
+(``reserved + segment size > limit`` fails) and the device running out of
+physical pages when an expandable segment grows.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -357,6 +364,11 @@ class CachingAllocatorModel:
     ``free(address)`` returns the block to its segment. ``allocated_bytes`` and
     ``reserved_bytes`` mirror ``torch.cuda.memory_allocated()`` /
     ``memory_reserved()`` (block sizes, not requested sizes).
+
+    Not modelled: other streams and cross-stream frees (record_stream events),
+    CUDA-graph private pools, free-memory callbacks, and memory outside the
+    allocator (CUDA context, cuBLAS workspaces) that shrinks what a real device
+    leaves for ``limit_bytes``. Addresses are the model's own, not the trace's.
     """
 
     def __init__(self, config: AllocatorConfig | None = None, *, device: int = 0):
@@ -886,7 +898,6 @@ class ReplayResult:
         }
 
 
-AllocatorKind = Literal["pytorch", "pytorch-expandable", "arena"]
 ALLOCATORS: tuple[str, ...] = ("pytorch", "pytorch-expandable", "arena")
 
 
@@ -1044,6 +1055,8 @@ def _run(
 
 def _expand(rows: list[int], values: list[int], length: int) -> list[int]:
     """Per-row values from (row, value) change points (the last change at a row wins)."""
+    if length == 0:
+        return []
     out = np.zeros(length, dtype=np.int64)
     marker = np.full(length, -1, dtype=np.int64)
     marker[np.asarray(rows, dtype=np.int64)] = np.arange(len(rows))

@@ -12,7 +12,8 @@ GPU delegate (``tensorflow/lite/delegates/gpu/common/memory_management/``):
   right after the highest of them.
 - ``greedy-by-breadth``: time steps by non-increasing breadth (live bytes); the
   tensors of each step by non-increasing size; the same placement rule.
-- ``best``: runs both and keeps the smaller arena (ExecuTorch's planner suite does the same).
+- ``best``: runs both and keeps the smaller arena, skipping the second when the first
+  already reaches the lower bound (ExecuTorch's planner suite keeps the best of several too).
 
 Lifetimes are inclusive trace-row intervals ``[first, last]``: PREEXISTING
 counts from row 0, a tensor never freed lives to the last row.
@@ -44,6 +45,8 @@ _SMALL_SHIFT = 5
 _GROUP_SHIFT = 5
 _BIG_SHIFT = _SMALL_SHIFT + _GROUP_SHIFT
 _SMALL = 1 << _SMALL_SHIFT
+_SPAN_SHIFT = 48  # packed span = start << 48 | stop; arenas stay below 256 TiB
+_SPAN_MASK = (1 << _SPAN_SHIFT) - 1
 DEFAULT_ALIGNMENT = 64  # bytes; TFLite aligns arena tensors to 64 (kDefaultTensorAlignment)
 
 
@@ -176,8 +179,12 @@ def plan_arena(
     sizes = -(-life.nbytes // alignment) * alignment  # (n,) aligned bytes
     lower = _max_live(life.first, life.last, sizes, life.num_events)
     naive = int(sizes.sum())
+    if naive > _SPAN_MASK:
+        raise ValueError("tensors add up to more than 256 TiB; the planner packs offsets in 48 bits")
     index = _OverlapIndex(life.first, life.last)
-    candidates = ("greedy-by-size", "greedy-by-breadth") if strategy == "best" else (strategy,)
+    # Breadth first: it packs the busiest moment's tensors side by side from offset 0, so it
+    # reaches the lower bound more often, and reaching it makes the second run unnecessary.
+    candidates = ("greedy-by-breadth", "greedy-by-size") if strategy == "best" else (strategy,)
     best_offsets, best_arena, best_name = np.zeros(0, np.int64), -1, candidates[0]
     for name in candidates:
         order = _size_order(life, sizes) if name == "greedy-by-size" else _breadth_order(life, sizes, index)
@@ -329,38 +336,39 @@ class _OverlapIndex:
         start_times, start_ids = self.start_times, self.start_ids
         start_pos = self.start_pos.tolist()
         rec_ptr, rec_nodes, leaves = self.rec_ptr, self.rec_nodes, self.leaves
-        node_union: list[list[tuple[int, int]] | None] = [None] * (2 * leaves)
-        full_union: list[tuple[int, int]] = []  # placed whole-trace records
+        sh = _SPAN_SHIFT
+        # A span [start, stop) is one int, start << _SPAN_SHIFT | stop: sorting and bisecting
+        # ints is several times faster than tuples, and int order is start order.
+        node_union: list[list[int] | None] = [None] * (2 * leaves)
+        full_union: list[int] = []  # placed whole-trace records
         n_part = len(start_ids)
-        small_buckets: list[list[tuple[int, int]] | None] = [None] * ((n_part >> _SMALL_SHIFT) + 1)
-        big_buckets: list[list[tuple[int, int]] | None] = [None] * ((n_part >> _BIG_SHIFT) + 1)
+        small_buckets: list[list[int] | None] = [None] * ((n_part >> _SMALL_SHIFT) + 1)
+        big_buckets: list[list[int] | None] = [None] * ((n_part >> _BIG_SHIFT) + 1)
         for r in order:
             need = size[r]
             if not need:
                 off[r] = 0
                 continue
-            spans: list[tuple[int, int]] = list(full_union)
+            spans = full_union[:]
             if full[r]:  # meets everything: the whole-trace union plus every start bucket
                 _starting_spans(spans, 0, n_part, start_ids, off, size, small_buckets, big_buckets)
-                spans.sort()
-                offset = _best_gap(spans, need)
             else:
                 node = lo_rank[r] + leaves
                 while node:
                     u = node_union[node]
                     if u:
-                        spans.extend(u)
+                        spans += u
                     node >>= 1
                 s0, s1 = bisect_left(start_times, first[r]), bisect_right(start_times, last[r])
                 if s1 - s0 <= _SMALL:
                     for c in start_ids[s0:s1]:
                         o = off[c]
                         if o >= 0:
-                            spans.append((o, o + size[c]))
+                            spans.append(o << sh | (o + size[c]))
                 else:
                     _starting_spans(spans, s0, s1, start_ids, off, size, small_buckets, big_buckets)
-                spans.sort()
-                offset = _best_gap(spans, need)
+            spans.sort()
+            offset = _best_gap(spans, need)
             off[r] = offset
             stop = offset + need
             if full[r]:
@@ -369,30 +377,31 @@ class _OverlapIndex:
             for node in rec_nodes[rec_ptr[r] : rec_ptr[r + 1]]:
                 u = node_union[node]
                 if u is None:
-                    node_union[node] = [(offset, stop)]
+                    node_union[node] = [offset << sh | stop]
                 else:
                     _add_span(u, offset, stop)
             pos = start_pos[r]
             for buckets, key in ((small_buckets, pos >> _SMALL_SHIFT), (big_buckets, pos >> _BIG_SHIFT)):
                 u = buckets[key]
                 if u is None:
-                    buckets[key] = [(offset, stop)]
+                    buckets[key] = [offset << sh | stop]
                 else:
                     _add_span(u, offset, stop)
         return np.asarray(off, dtype=np.int64)
 
 
 def _starting_spans(
-    spans: list[tuple[int, int]],
+    spans: list[int],
     s0: int,
     s1: int,
     start_ids: list[int],
     off: list[int],
     size: list[int],
-    small_buckets: list[list[tuple[int, int]] | None],
-    big_buckets: list[list[tuple[int, int]] | None],
+    small_buckets: list[list[int] | None],
+    big_buckets: list[list[int] | None],
 ) -> None:
     """Spans of placed records at start positions [s0, s1): whole buckets as unions, ragged ends one by one."""
+    sh = _SPAN_SHIFT
     a1, b1 = -(-s0 >> _SMALL_SHIFT), s1 >> _SMALL_SHIFT  # small buckets fully inside
     if a1 >= b1:
         a1 = b1 = s1 >> _SMALL_SHIFT
@@ -403,60 +412,69 @@ def _starting_spans(
         for c in start_ids[lo:hi]:
             o = off[c]
             if o >= 0:
-                spans.append((o, o + size[c]))
+                spans.append(o << sh | (o + size[c]))
     a2, b2 = -(-a1 >> _GROUP_SHIFT), b1 >> _GROUP_SHIFT  # big buckets fully inside
     if a2 < b2:
         small_ranges = [(a1, a2 << _GROUP_SHIFT), (b2 << _GROUP_SHIFT, b1)]
         for u in big_buckets[a2:b2]:
             if u:
-                spans.extend(u)
+                spans += u
     else:
         small_ranges = [(a1, b1)]
     for lo, hi in small_ranges:
         for u in small_buckets[lo:hi]:
             if u:
-                spans.extend(u)
+                spans += u
 
 
-def _best_gap(spans: list[tuple[int, int]], need: int) -> int:
-    """TFLite's offset rule over spans sorted by start: the smallest gap that fits, else the top."""
+def _pack(start: int, stop: int) -> int:
+    return start << _SPAN_SHIFT | stop
+
+
+def _best_gap(spans: list[int], need: int) -> int:
+    """TFLite's offset rule over packed spans sorted by start: the smallest gap that fits, else the top."""
+    sh, mask = _SPAN_SHIFT, _SPAN_MASK
     best_offset, best_gap = -1, 1 << 62
     prev_end = 0
-    for start, stop in spans:
+    for span in spans:
+        start = span >> sh
         if start > prev_end:
             gap = start - prev_end
             if need <= gap < best_gap:
                 if gap == need:
                     return prev_end  # a perfect fit: no later gap can be smaller
                 best_gap, best_offset = gap, prev_end
+        stop = span & mask
         if stop > prev_end:
             prev_end = stop
     return prev_end if best_offset < 0 else best_offset
 
 
-def _add_span(union: list[tuple[int, int]], start: int, stop: int) -> None:
-    """Insert [start, stop) into a sorted list of disjoint spans, merging touching ones."""
-    i = bisect_left(union, (start,))
+def _add_span(union: list[int], start: int, stop: int) -> None:
+    """Insert [start, stop) into a sorted list of disjoint packed spans, merging touching ones."""
+    sh, mask = _SPAN_SHIFT, _SPAN_MASK
+    i = bisect_left(union, start << sh)
     if i:
-        prev_start, prev_stop = union[i - 1]
+        prev = union[i - 1]
+        prev_stop = prev & mask
         if prev_stop >= start:
             if prev_stop >= stop:
                 return
             i -= 1
-            start = prev_start
+            start = prev >> sh
     j = i
     n = len(union)
     while j < n:
-        next_start, next_stop = union[j]
-        if next_start > stop:
+        span = union[j]
+        if span >> sh > stop:
             break
-        if next_stop > stop:
-            stop = next_stop
+        if span & mask > stop:
+            stop = span & mask
         j += 1
     if j == i:
-        union.insert(i, (start, stop))
+        union.insert(i, start << sh | stop)
     else:
-        union[i:j] = [(start, stop)]
+        union[i:j] = [start << sh | stop]
 
 
 # -- replay through an arena ------------------------------------------------------------
