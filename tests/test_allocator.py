@@ -531,3 +531,14 @@ def test_run_returns_per_row_lists():
     allocated, reserved, stop, layouts = _run(CachingAllocatorModel(), acts, tensors, nbytes, len(rows), [])
     assert stop == 6 and layouts == []
     assert np.asarray(reserved).max() == 20 * MiB  # three 5 MiB blocks carved from one 20 MiB segment
+
+
+@pytest.mark.parametrize("allocator", ["pytorch", "pytorch-expandable", "arena"])
+def test_snapshots_pass_torch_memory_viz_stats(allocator):
+    """`python -m torch.cuda._memory_viz stats` runs segsum, which asserts the balance per segment."""
+    memory_viz = pytest.importorskip("torch.cuda._memory_viz")
+    ops = phases((3, 700), (2, 3 * MiB), (8, 16 * MiB)) + [("a", 100, 5000), ("a", 101, 25 * MiB)]
+    result = replay(build(ops), allocator=allocator)
+    for segments in (result.segments_at_peak_snapshot, result.segments_at_end_snapshot):
+        text = memory_viz.segsum({"segments": segments, "device_traces": [[]]})
+        assert "total_reserved" in text
