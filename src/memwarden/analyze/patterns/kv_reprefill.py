@@ -1,0 +1,235 @@
+"""kv-reprefill: the same image/audio encoded again, the same token prefix prefilled again.
+
+A chat loop that resends the whole conversation (image included) each turn, or a
+loop that asks several questions about one image with a fresh ``generate()`` each,
+re-runs the vision/audio encoder on identical pixels and recomputes the KV of a
+prefix the previous request had already computed.
+
+Evidence from the trace:
+
+- encodes: the outermost vision/audio MODULE spans (and outermost projector spans)
+  carry a content fingerprint of their inputs; equal (module, fingerprint) twice or
+  more is a repeated encode. Bytes per encode = ALLOC bytes inside the span.
+- prefixes: ``metadata["steps"]`` holds each root call's input ids. A request's
+  sequence is its prefill ids plus the ids its decode steps fed. A later prefill
+  whose ids share a prefix of at least ``min_prefix_tokens`` with an earlier
+  request's sequence re-prefilled that prefix. Placeholder (image/audio) tokens
+  only count as shared when the two requests encoded media of equal fingerprints
+  (vLLM keys its prefix blocks on the media content hash the same way).
+
+Waste: bytes allocated by the repeated encodes plus the KV bytes recomputed for
+re-prefilled prefixes (tokens x KV bytes per token, measured on the prefill).
+It is repeated work, so severity is judged against the peak with a higher bar
+(``high`` 0.5, ``medium`` 0.05 of the peak by default).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+import numpy as np
+
+from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.timeline import primary_device
+from memwarden.trace.model import Action, Category, Modality, SpanKind, Trace
+from memwarden.units import format_bytes, format_us
+
+PATTERN = "kv-reprefill"
+_MEDIA = (int(Modality.VISION), int(Modality.AUDIO))
+_ENCODERS = (int(Modality.VISION), int(Modality.AUDIO), int(Modality.FUSION))
+
+
+def _alloc_bytes_between(
+    trace: Trace, dev: int, start_us: np.ndarray, end_us: np.ndarray, mask: np.ndarray | None = None
+) -> np.ndarray:
+    """ALLOC bytes (optionally only rows in ``mask``) with start <= time <= end, per interval."""
+    e = trace.events
+    sel = (e["action"] == Action.ALLOC) & (e["device"] == dev)
+    if mask is not None:
+        sel &= mask
+    csum = np.concatenate([[0], np.cumsum(np.where(sel, e["nbytes"], 0))])
+    lo = np.searchsorted(e["time_us"], start_us, side="left")
+    hi = np.searchsorted(e["time_us"], end_us, side="right")
+    return (csum[hi] - csum[lo]).astype(np.int64)
+
+
+def _encoder_spans(trace: Trace) -> np.ndarray:
+    """Rows of the outermost vision/audio spans and outermost projector spans that have a fingerprint."""
+    s = trace.spans
+    if trace.num_spans == 0:
+        return np.zeros(0, dtype=np.int64)
+    modality = s["modality"].astype(np.int64)
+    parent = s["parent"].astype(np.int64)
+    parent_modality = np.where(parent >= 0, modality[np.clip(parent, 0, None)], -1)
+    media = np.isin(modality, _MEDIA) & (parent_modality != modality)
+    projector = (modality == int(Modality.FUSION)) & ~np.isin(parent_modality, _ENCODERS)
+    return np.flatnonzero((s["kind"] == SpanKind.MODULE) & (s["fingerprint"] >= 0) & (media | projector))
+
+
+def _media_ids(ids: list[int], media_tokens: int) -> set[int]:
+    """The placeholder ids of a prefill: the most frequent ids whose counts add up to its media tokens."""
+    if media_tokens <= 0:
+        return set()
+    found: set[int] = set()
+    total = 0
+    for tok, count in Counter(ids).most_common():
+        if total + count > media_tokens:
+            break
+        found.add(tok)
+        total += count
+        if total == media_tokens:
+            return found
+    return set()  # could not tell which ids are media: treat none as shareable
+
+
+def _shared_prefix(a: list[int], b: list[int], media: set[int], fps_a: tuple[int, ...], fps_b: tuple[int, ...]) -> int:
+    """Common prefix of two id lists. A run of media placeholders is shared only when both requests
+    encoded the same media for it: the k-th encode of each has the same fingerprint (or both made
+    the same encodes in all)."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x, y = np.asarray(a[:n]), np.asarray(b[:n])
+    diff = np.flatnonzero(x != y)
+    lcp = int(diff[0]) if len(diff) else n
+    if not media or (fps_a and fps_a == fps_b):
+        return lcp
+    is_media = np.isin(x[:lcp], list(media))
+    run_starts = np.flatnonzero(is_media & ~np.concatenate([[False], is_media[:-1]]))
+    for r, start in enumerate(run_starts.tolist()):
+        if r >= len(fps_a) or r >= len(fps_b) or fps_a[r] != fps_b[r]:
+            return int(start)
+    return lcp
+
+
+def detect(trace: Trace, ctx: Context) -> list[Finding]:
+    if trace.num_events == 0:
+        return []
+    min_prefix = int(ctx.threshold(PATTERN, "min_prefix_tokens", 16))
+    high = float(ctx.threshold(PATTERN, "high", 0.5))
+    medium = float(ctx.threshold(PATTERN, "medium", 0.05))
+    e, s = trace.events, trace.spans
+    dev = primary_device(trace)
+    peak_bytes = ctx.summary.peak_bytes
+
+    # -- repeated encodes ------------------------------------------------------------------------
+    enc = _encoder_spans(trace)
+    enc_bytes = _alloc_bytes_between(trace, dev, s["start_us"][enc], s["end_us"][enc])
+    enc_us = (s["end_us"][enc] - s["start_us"][enc]).astype(np.int64)
+    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for k, row in enumerate(enc.tolist()):
+        groups[(int(s["name"][row]), int(s["fingerprint"][row]))].append(k)
+    repeats: list[dict[str, Any]] = []
+    for (name, fp), ks in groups.items():
+        if len(ks) < 2:
+            continue
+        later = ks[1:]
+        repeats.append(
+            {
+                "module": trace.string(name),
+                "fingerprint": trace.string(fp),
+                "modality": Modality(int(s["modality"][enc[ks[0]]])).name.lower(),
+                "encodes": len(ks),
+                "bytes_per_encode": int(enc_bytes[ks].mean()),
+                "ms_per_encode": round(float(enc_us[ks].mean()) / 1000, 2),
+                "repeated_bytes": int(enc_bytes[later].sum()),
+                "repeated_us": int(enc_us[later].sum()),
+            }
+        )
+
+    # -- re-prefilled prefixes ---------------------------------------------------------------------
+    steps = [st for st in trace.metadata.get("steps") or [] if isinstance(st, dict)]
+    prefills = [i for i, st in enumerate(steps) if st.get("phase") == "prefill" and st.get("input_ids")]
+    enc_start = s["start_us"][enc]
+    enc_fp = s["fingerprint"][enc]
+    enc_media = np.isin(s["modality"][enc], _MEDIA)
+    requests: list[dict[str, Any]] = []  # earlier requests: fed ids, media fingerprints
+    reprefills: list[dict[str, Any]] = []
+    is_kv = e["category"] == Category.KV_CACHE
+    for n_req, i in enumerate(prefills):
+        st = steps[i]
+        prev_end = int(steps[i - 1]["end_us"]) if i > 0 else -1
+        in_window = enc_media & (enc_start > prev_end) & (enc_start <= int(st["end_us"]))
+        fps = tuple(int(f) for f in enc_fp[in_window])
+        ids = list(st["input_ids"])
+        tokens = st.get("tokens") or {}
+        media = _media_ids(ids, int(tokens.get("vision", 0)) + int(tokens.get("audio", 0)))
+        best, best_req = 0, -1
+        for r, req in enumerate(requests):
+            shared = _shared_prefix(ids, req["ids"], media | req["media"], fps, req["fps"])
+            if shared > best:
+                best, best_req = shared, r
+        seq_len = int(st.get("seq_len") or len(ids))
+        kv_step = int(_alloc_bytes_between(trace, dev, np.array([st["start_us"]]), np.array([st["end_us"]]), is_kv)[0])
+        kv_per_token = kv_step // seq_len if seq_len else 0
+        if best >= min_prefix:
+            reprefills.append(
+                {
+                    "step": i,
+                    "shared_prefix_tokens": best,
+                    "seq_len": seq_len,
+                    "with_request": best_req,
+                    "kv_bytes_per_token": kv_per_token,
+                    "prefill_us": int(st["end_us"]) - int(st["start_us"]),
+                }
+            )
+        fed = ids + [tok for st2 in steps[i + 1 : prefills[n_req + 1] if n_req + 1 < len(prefills) else len(steps)]
+                     if st2.get("phase") == "decode" for tok in (st2.get("input_ids") or [])[:1]]  # fmt: skip
+        requests.append({"ids": fed, "fps": fps, "media": media})
+
+    if not repeats and not reprefills:
+        return []
+    repeated_encode_bytes = sum(r["repeated_bytes"] for r in repeats)
+    repeated_encodes = sum(r["encodes"] - 1 for r in repeats if r["modality"] != "fusion")  # projectors: bytes only
+    repeated_us = sum(r["repeated_us"] for r in repeats)
+    reprefilled_tokens = sum(r["shared_prefix_tokens"] for r in reprefills)
+    kv_per_token = max((r["kv_bytes_per_token"] for r in reprefills), default=0)
+    recomputed_kv = sum(r["shared_prefix_tokens"] * r["kv_bytes_per_token"] for r in reprefills)
+    reprefill_us = sum(r["prefill_us"] * r["shared_prefix_tokens"] // max(r["seq_len"], 1) for r in reprefills)
+    wasted = repeated_encode_bytes + recomputed_kv
+
+    encoders = sorted({r["module"] for r in repeats if r["modality"] in ("vision", "audio")})
+    root = next((steps[i].get("module") for i in prefills), None) or "(model)"
+    where = ", ".join(encoders) if encoders else str(root)
+    evidence: dict[str, Any] = {
+        "repeated_encodes": repeated_encodes,
+        "repeated_encode_bytes": repeated_encode_bytes,
+        "repeated_encode_ms": round(repeated_us / 1000, 2),
+        "encodes": repeats[:8],
+        "reprefilled_tokens": reprefilled_tokens,
+        "recomputed_kv_bytes": recomputed_kv,
+        "kv_bytes_per_token": kv_per_token,
+        "reprefill_ms": round(reprefill_us / 1000, 2),
+        "prefills": len(prefills),
+        "reprefills": reprefills[:16],
+        "min_prefix_tokens": min_prefix,
+    }
+    saves = []
+    if repeated_encodes:
+        saves.append(
+            f"{repeated_encodes} encodes ({format_us(repeated_us)}, {format_bytes(repeated_encode_bytes)} allocated)"
+        )
+    if reprefilled_tokens:
+        saves.append(
+            f"{reprefilled_tokens} re-prefilled tokens ({format_us(reprefill_us)}, {format_bytes(recomputed_kv)} of KV recomputed)"
+        )
+    fix = (
+        "Keep the KV cache between turns: pass the previous generate()'s cache back (return_dict_in_generate=True, "
+        "then generate(..., cache=out.cache) -- past_key_values in transformers 4 -- with the full ids and without "
+        "resending pixel_values/input_features for media already in the cache; for several questions on one "
+        "image, prefill the shared prefix once and copy.deepcopy its cache per question), or serve with memwarden "
+        "GovernedSession (paged KV with content-hash prefix reuse and an encoder cache keyed by image "
+        f"fingerprint): saves {' and '.join(saves)}."
+    )
+    return [
+        Finding(
+            pattern=PATTERN,
+            severity=severity_for(wasted, peak_bytes, high=high, medium=medium),
+            bytes_at_peak=0,
+            wasted_bytes=int(wasted),
+            where=where,
+            evidence=evidence,
+            fix=fix,
+        )
+    ]
