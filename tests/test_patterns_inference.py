@@ -9,20 +9,37 @@ detector's rules, negative cases included.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import runpy
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from memwarden.analyze.diagnose import Context, Finding, diagnose
-from memwarden.analyze.patterns import alignment_padding, kv_concat_growth
+from memwarden.analyze.patterns import alignment_padding, kv_concat_growth, kv_reprefill, vision_token_dominance
 from memwarden.analyze.timeline import summary
-from memwarden.trace.model import Action, Category, Trace, TraceBuilder
+from memwarden.trace.model import Action, Category, Modality, SpanKind, Trace, TraceBuilder, load
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "examples" / "scenarios"
 MINE = ["alignment-padding", "kv-reprefill", "kv-concat-growth", "vision-token-dominance"]
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Tiny models run hundreds of small ops; on a busy machine an intra-op thread pool costs more
+    than the compute (10x here). One thread changes no allocation the detectors look at."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 @functools.cache
@@ -34,7 +51,7 @@ def captured(relpath: str) -> Trace:
     saved_argv = sys.argv[:]
     sys.argv = [str(path)]
     try:
-        with memwarden.capture() as cap:
+        with one_thread(), memwarden.capture() as cap:
             runpy.run_path(str(path), run_name="__main__")
     finally:
         sys.argv = saved_argv
@@ -57,6 +74,8 @@ PEAK_SCENARIOS = [
     ("alignment-padding", "projector_max_tokens"),
     ("kv-concat-growth", "manual_kv_list_concat"),
     ("kv-concat-growth", "stacked_kv_tensor"),
+    ("vision-token-dominance", "qwen2vl_large_image"),
+    ("vision-token-dominance", "qwen2vl_video_frames"),
 ]
 
 
@@ -71,6 +90,87 @@ def test_scenario_found_fixed_twin_clean_and_peak_waste_realised(pattern: str, n
     claimed = sum(f.wasted_bytes for f in found)
     realised = peak(bad) - peak(good)
     assert realised >= 0.5 * claimed, (name, claimed, realised)
+
+
+def encoder_bytes(trace: Trace) -> int:
+    """ALLOC bytes inside the outermost vision/audio/projector module spans."""
+    sp, e = trace.spans, trace.events
+    enc = (Modality.VISION, Modality.AUDIO, Modality.FUSION)
+    total = 0
+    for i in range(trace.num_spans):
+        parent = int(sp["parent"][i])
+        if sp["kind"][i] != SpanKind.MODULE or sp["modality"][i] not in enc:
+            continue
+        if parent >= 0 and sp["modality"][parent] in enc:
+            continue
+        lo = np.searchsorted(e["time_us"], sp["start_us"][i], side="left")
+        hi = np.searchsorted(e["time_us"], sp["end_us"][i], side="right")
+        total += int(e["nbytes"][lo:hi][e["action"][lo:hi] == Action.ALLOC].sum())
+    return total
+
+
+def prefilled_tokens(trace: Trace) -> int:
+    """Tokens fed by prefill steps. A step without seq_len (the capture misses the keyword arguments of
+    the very first call of a model built inside it) counts the length of the KV it wrote."""
+    e = trace.events
+    total = 0
+    for st in trace.metadata["steps"]:
+        if st["phase"] != "prefill":
+            continue
+        if st["seq_len"] is not None:
+            total += int(st["seq_len"])
+            continue
+        lo = np.searchsorted(e["time_us"], st["start_us"], side="left")
+        hi = np.searchsorted(e["time_us"], st["end_us"], side="right")
+        kv = [r for r in range(lo, hi) if e["action"][r] == Action.ALLOC and e["category"][r] == Category.KV_CACHE]
+        total += max(trace.shapes[int(e["shape"][r])][-2] for r in kv)
+    return total
+
+
+@pytest.mark.parametrize("name", ["chat_resend_image", "multi_question_prefill"])
+def test_kv_reprefill_scenario_found_fixed_twin_clean_and_repeated_work_realised(name: str) -> None:
+    bad = captured(f"kv-reprefill/{name}.py")
+    good = captured(f"kv-reprefill/{name}_fixed.py")
+    (f,) = findings_of(bad, "kv-reprefill")
+    assert findings_of(good, "kv-reprefill") == []
+    ev = f.evidence
+    assert ev["repeated_encodes"] == 3 and ev["reprefilled_tokens"] > 0 and ev["kv_bytes_per_token"] > 0
+    assert f.where == "model.vision_tower" and "GovernedSession" in f.fix
+    # the twin encodes once and prefills only what its cache lacks: the claimed work disappears
+    saved_encode_bytes = encoder_bytes(bad) - encoder_bytes(good)
+    saved_tokens = prefilled_tokens(bad) - prefilled_tokens(good)
+    assert saved_encode_bytes >= 0.5 * ev["repeated_encode_bytes"]
+    assert saved_tokens >= 0.5 * ev["reprefilled_tokens"]
+    realised = saved_encode_bytes + saved_tokens * ev["kv_bytes_per_token"]
+    assert realised >= 0.5 * f.wasted_bytes, (name, f.wasted_bytes, realised)
+
+
+def test_cli_trace_of_a_scenario_then_diagnose(cli, tmp_path: Path) -> None:
+    out = tmp_path / "run.mwtrace"
+    script = SCENARIOS / "alignment-padding" / "projector_max_tokens.py"
+    proc = cli("trace", "-o", str(out), str(script), cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "next tokens" in proc.stdout  # the script ran as __main__
+    (f,) = findings_of(load(out), "alignment-padding")
+    assert f.where == "projector / aten::cat" and f.evidence["ratio"] == 4.0
+
+
+def test_healthy_zoo_runs_have_no_high_severity_finding() -> None:
+    """Every zoo model, tiny, two independent requests with a plain generate() each (nothing kept)."""
+    import torch
+
+    import memwarden
+    from memwarden.models import zoo
+
+    for name in zoo.NAMES:
+        model = zoo.build_model(name)
+        with one_thread(), memwarden.capture() as cap, torch.no_grad():
+            for turn in range(2):
+                inputs = zoo.make_inputs(model, seed=turn)
+                model.generate(**inputs, max_new_tokens=3, **zoo.generate_kwargs(name))
+        assert cap.trace is not None
+        high = [f for f in diagnose(cap.trace, patterns=MINE) if f.severity == "high"]
+        assert high == [], (name, high)
 
 
 # -- hand-built traces ---------------------------------------------------------------------------------
@@ -106,7 +206,12 @@ class Blocks:
 
 
 def detect(module: object, trace: Trace, **thresholds: object) -> list[Finding]:
-    pattern = {alignment_padding: "alignment-padding", kv_concat_growth: "kv-concat-growth"}[module]  # type: ignore[index]
+    pattern = {
+        alignment_padding: "alignment-padding",
+        kv_concat_growth: "kv-concat-growth",
+        kv_reprefill: "kv-reprefill",
+        vision_token_dominance: "vision-token-dominance",
+    }[module]  # type: ignore[index]
     return module.detect(trace, Context(trace=trace, thresholds={pattern: thresholds}))  # type: ignore[attr-defined]
 
 
@@ -259,3 +364,112 @@ def test_kv_concat_growth_negatives() -> None:
                  written_bytes=4096)  # fmt: skip
     assert detect(kv_concat_growth, tb.build()) == []
     assert detect(kv_concat_growth, TraceBuilder().build()) == []
+
+
+def _reprefill_trace(fp_second: str, ids_second: list[int], ids_first: list[int]) -> Trace:
+    """Two requests: an encode (vision span + allocations) then a prefill with KV, then 3 decodes."""
+    tb = Blocks()
+    _weights(tb)
+    steps = []
+    for fp, ids in (("img-a", ids_first), (fp_second, ids_second)):
+        start = tb.tick()
+        blocks = [tb.alloc(50_000, category=Category.ACTIVATION, modality=Modality.VISION, module="model.vision_tower",
+                           op="aten::linear", written_bytes=-1) for _ in range(2)]  # fmt: skip
+        end = tb.tick()
+        tb.b.span(start, end, SpanKind.MODULE, "model.vision_tower", modality=Modality.VISION, fingerprint=fp)
+        for blk in blocks:
+            tb.free(blk)
+        p_start = tb.tick()
+        kv = [tb.alloc(len(ids) * 256, category=Category.KV_CACHE, modality=Modality.TEXT, op="aten::cat",
+                       module="lm.layers.0.attn") for _ in range(2)]  # fmt: skip  # 512 B of KV per token
+        p_end = tb.tick()
+        steps.append({"phase": "prefill", "start_us": p_start, "end_us": p_end, "seq_len": len(ids), "module": "VLM",
+                      "tokens": {"vision": ids.count(900), "audio": 0, "text": len(ids) - ids.count(900)},
+                      "batch": 1, "input_ids": ids})  # fmt: skip
+        for k in range(3):
+            d0 = tb.tick()
+            steps.append({"phase": "decode", "start_us": d0, "end_us": tb.tick(), "seq_len": 1, "module": "VLM",
+                          "tokens": {"vision": 0, "audio": 0, "text": 1}, "batch": 1, "input_ids": [500 + k]})  # fmt: skip
+        for blk in kv:
+            tb.free(blk)
+    tb.b.metadata["steps"] = steps
+    return tb.build()
+
+
+IMAGE = [900] * 16
+
+
+def test_kv_reprefill_same_image_and_prefix_again() -> None:
+    first = [1, *range(10, 30), *IMAGE, 40, 41]
+    second = [*first, 500, 501, 502, 7, 8, 9]  # the whole first turn (3 fed decode tokens) plus a question
+    trace = _reprefill_trace("img-a", second, first)
+    (f,) = detect(kv_reprefill, trace)
+    ev = f.evidence
+    assert ev["repeated_encodes"] == 1 and ev["repeated_encode_bytes"] == 100_000
+    assert ev["encodes"][0]["fingerprint"] == "img-a" and ev["encodes"][0]["encodes"] == 2
+    assert ev["reprefilled_tokens"] == len(first) + 3
+    assert ev["kv_bytes_per_token"] == 512
+    assert f.wasted_bytes == 100_000 + (len(first) + 3) * 512
+    assert f.where == "model.vision_tower"
+    # a higher minimum prefix leaves only the repeated encode
+    (g,) = detect(kv_reprefill, trace, min_prefix_tokens=1000)
+    assert g.evidence["reprefilled_tokens"] == 0 and g.wasted_bytes == 100_000
+
+
+def test_kv_reprefill_negatives() -> None:
+    # new image, same placeholder ids first (PaliGemma puts the image before BOS): nothing shared
+    media_first = [*IMAGE, 1, *range(10, 40)]
+    assert detect(kv_reprefill, _reprefill_trace("img-b", [*IMAGE, 1, *range(50, 80)], media_first)) == []
+    # new image, a shared 8-token preamble before it: below min_prefix_tokens
+    preamble = [1, 2, 3, 4, 5, 6, 7, 8]
+    trace = _reprefill_trace("img-b", [*preamble, *IMAGE, 60, 61], [*preamble, *IMAGE, 40, 41])
+    assert detect(kv_reprefill, trace) == []
+    # but a long shared preamble before a new image is re-prefilled text
+    preamble = list(range(100, 140))
+    (f,) = detect(kv_reprefill, _reprefill_trace("img-b", [*preamble, *IMAGE, 60], [*preamble, *IMAGE, 40]))
+    assert f.evidence["repeated_encodes"] == 0 and f.evidence["reprefilled_tokens"] == 40
+
+
+def _token_trace(vision: int, text: int, lm_bytes: int, vision_bytes: int, kv_bytes: int) -> Trace:
+    tb = Blocks()
+    _weights(tb)
+    tb.alloc(vision * 1176 * 4, category=Category.INPUT, dtype="float32", shape=(vision * 4, 1176), written_bytes=-1)
+    enc0 = tb.tick()
+    venc = tb.alloc(vision_bytes, category=Category.ACTIVATION, modality=Modality.VISION, module="model.visual")
+    tb.b.span(enc0, tb.tick(), SpanKind.MODULE, "model.visual", modality=Modality.VISION, fingerprint="x")
+    start = tb.tick()
+    tb.alloc(kv_bytes, category=Category.KV_CACHE, modality=Modality.TEXT, op="aten::cat")
+    lm = tb.alloc(lm_bytes, category=Category.TEMPORARY, modality=Modality.TEXT, module="model.language_model.layers.0")
+    tb.free(lm)
+    tb.free(venc)
+    tb.b.metadata["steps"] = [{"phase": "prefill", "start_us": start, "end_us": tb.tick(), "seq_len": vision + text,
+                               "module": "VLM", "tokens": {"vision": vision, "audio": 0, "text": text}, "batch": 1}]  # fmt: skip
+    return tb.build()
+
+
+def test_vision_token_dominance_peak_in_prefill() -> None:
+    mib = 1 << 20
+    trace = _token_trace(vision=900, text=100, lm_bytes=8 * mib, vision_bytes=mib, kv_bytes=mib)
+    (f,) = detect(vision_token_dominance, trace)
+    ev = f.evidence
+    assert ev["media_tokens"] == 900 and ev["media_token_share"] == 0.9
+    assert ev["media_bytes_at_peak"] == mib + int(9 * mib * 0.9)  # encoder activations + 90% of LM act + KV
+    assert ev["media_input_bytes_at_peak"] == 900 * 1176 * 4
+    target = ev["target_media_tokens"]
+    assert target == 256  # the share would reach 0.5 far below the 256-token floor
+    assert f.wasted_bytes == int((ev["media_bytes_at_peak"] + ev["media_input_bytes_at_peak"]) * (1 - 256 / 900))
+    assert f.where == "model.visual" and "max_pixels=200704" in f.fix and f.severity == "high"
+
+
+def test_vision_token_dominance_negatives() -> None:
+    mib = 1 << 20
+    few_tokens = _token_trace(vision=200, text=20, lm_bytes=8 * mib, vision_bytes=mib, kv_bytes=mib)
+    assert detect(vision_token_dominance, few_tokens) == []
+    text_heavy = _token_trace(vision=300, text=3000, lm_bytes=8 * mib, vision_bytes=mib // 4, kv_bytes=mib)
+    assert detect(vision_token_dominance, text_heavy) == []
+    no_steps = _token_trace(vision=900, text=100, lm_bytes=8 * mib, vision_bytes=mib, kv_bytes=mib)
+    no_steps.metadata["steps"] = []
+    assert detect(vision_token_dominance, no_steps) == []
+    # the thresholds move it: a 1000-token floor silences the 900-token request
+    trace = _token_trace(vision=900, text=100, lm_bytes=8 * mib, vision_bytes=mib, kv_bytes=mib)
+    assert detect(vision_token_dominance, trace, min_media_tokens=1000) == []
