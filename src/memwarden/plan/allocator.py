@@ -13,15 +13,16 @@ The rules follow ``c10/cuda/CUDACachingAllocator.cpp`` (DeviceCachingAllocator:
 ``c10/core/AllocatorConfig.cpp`` (``PYTORCH_CUDA_ALLOC_CONF`` parsing). One
 stream, no CUDA graphs, no cross-stream events. Constants cite their source.
 
-Speed: a replay is one dict/bisect pass, no objects per event. Free blocks of
-a pool live in one sorted list of packed ints ``size << _SHIFT | address``, so
-``bisect_left(keys, size << _SHIFT)`` is exactly the allocator's
-``lower_bound`` on (size, address): best fit, lowest address among equals.
-Neighbours are found through ``_free_size`` (start -> size) and ``_free_end``
-(end -> start); segments are placed with gaps between them, so blocks that
-touch in address space always belong to the same segment. (A pool rarely
-caches more than a few hundred free blocks, where ``insort`` into a plain list
-is a short memmove: faster than a SortedList, and no extra dependency.)
+Speed: a replay is one dict/bisect pass, no objects per event. A pool keeps
+its free blocks as a sorted list of the distinct sizes plus, per size, the
+sorted addresses: ``bisect_left(sizes, size)`` then the first address is
+exactly the allocator's ``lower_bound`` on (size, address), best fit with the
+lowest address among equals, and an exact-size hit costs one dict lookup. The
+lists stay short (tens of sizes), so ``insort`` is a short memmove: faster
+than a SortedList, and no extra dependency. Neighbours are found through
+``_free_size`` (start -> size) and ``_free_end`` (end -> start); segments are
+placed with gaps between them, so blocks that touch in address space always
+belong to the same segment.
 
 ``limit_bytes`` plays both parts a real limit can: the
 ``set_per_process_memory_fraction`` check before every cudaMalloc/mapping
@@ -71,8 +72,6 @@ _MB = 1 << 20
 # so two segments never touch and blocks of different segments can never merge.
 _BASE_ADDRESS = 1 << 40
 _SEGMENT_GAP = 2 << 20
-_SHIFT = 52  # free-list key = size << _SHIFT | address; addresses stay below 2**52
-_ADDR_MASK = (1 << _SHIFT) - 1
 _REQ_BITS = 48  # allocated-block value = block size << _REQ_BITS | requested bytes
 _REQ_MASK = (1 << _REQ_BITS) - 1
 # Expandable segments reserve 1 1/8 of device memory as address space
@@ -391,8 +390,10 @@ class CachingAllocatorModel:
         self._gc = config.garbage_collection_threshold > 0.0 and self._limit is not None
         self._gc_calls = [0, 0]  # get_free_blocks_call_count per pool [large, small]
         self._gc_base: dict[int, int] = {}  # free block -> pool call count when it was cached
-        # Free (mapped) blocks: sorted keys per pool, index 0 = large pool, 1 = small pool.
-        self._keys: tuple[list[int], list[int]] = ([], [])
+        # Free (mapped) blocks per pool (index 0 = large, 1 = small): the distinct sizes, sorted,
+        # and for each size the addresses, sorted. (size, address) order is the allocator's.
+        self._sizes: tuple[list[int], list[int]] = ([], [])
+        self._by_size: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
         self._free_size: dict[int, int] = {}
         self._free_end: dict[int, int] = {}
         # Allocated blocks: address -> block size << _REQ_BITS | requested bytes (one dict, not two:
@@ -414,21 +415,27 @@ class CachingAllocatorModel:
             raise ValueError(f"cannot model a malloc of {nbytes} bytes (PyTorch returns no block for 0)")
         size = (nbytes + 511) & -512 if self._plain_rounding else self.config.round_size(nbytes)
         small = size <= K_SMALL_SIZE
-        keys = self._keys[small]
+        sizes = self._sizes[small]
+        by_size = self._by_size[small]
         mss = self._mss
         if self._gc:
             self._gc_calls[small] += 1
         # get_free_block: lower_bound on (size, address)
-        i = bisect_left(keys, size << _SHIFT)
+        i = bisect_left(sizes, size)
         addr = -1
-        if i < len(keys):
+        if i < len(sizes):
+            block_size = sizes[i]
+            addrs = by_size[block_size]
+            j = 0
             if self._expandable:
-                i = self._expandable_best(keys, i, small)
-            key = keys[i]
-            block_size = key >> _SHIFT
+                block_size, addrs, j = self._expandable_best(sizes, i, small)
             if mss is None or ((block_size < mss) if size < mss else (block_size < size + self._non_split_rounding)):
-                addr = key & _ADDR_MASK
-                del keys[i]
+                addr = addrs[j]
+                if len(addrs) == 1:
+                    del by_size[block_size]
+                    del sizes[bisect_left(sizes, block_size)]
+                else:
+                    del addrs[j]
                 del self._free_size[addr]
                 del self._free_end[addr + block_size]
         if addr < 0:
@@ -441,7 +448,12 @@ class CachingAllocatorModel:
             else (remaining > K_SMALL_SIZE and (mss is None or size < mss))
         ):
             rest = addr + size
-            insort(keys, remaining << _SHIFT | rest)
+            same = by_size.get(remaining)
+            if same is None:
+                by_size[remaining] = [rest]
+                insort(sizes, remaining)
+            else:
+                insort(same, rest)
             self._free_size[rest] = remaining
             self._free_end[rest + remaining] = rest
             if self._gc:
@@ -455,26 +467,43 @@ class CachingAllocatorModel:
         """Return the block at ``addr`` to the cache, merging it with free neighbours (free_block)."""
         size = self._alloc.pop(addr) >> _REQ_BITS
         self.allocated_bytes -= size
-        keys = self._keys[size <= K_SMALL_SIZE]  # allocated small-pool blocks are <= 1 MiB, large > 1 MiB
+        small = size <= K_SMALL_SIZE  # allocated small-pool blocks are <= 1 MiB, large > 1 MiB
+        sizes = self._sizes[small]
+        by_size = self._by_size[small]
         free_size = self._free_size
         free_end = self._free_end
         end = addr + size
-        next_size = free_size.pop(end, 0)
-        if next_size:
-            del keys[bisect_left(keys, next_size << _SHIFT | end)]
-            del free_end[end + next_size]
-            size += next_size
+        other = free_size.pop(end, 0)
+        if other:  # merge with the free block after
+            addrs = by_size[other]
+            if len(addrs) == 1:
+                del by_size[other]
+                del sizes[bisect_left(sizes, other)]
+            else:
+                del addrs[bisect_left(addrs, end)]
+            del free_end[end + other]
+            size += other
         prev = free_end.pop(addr, -1)
-        if prev >= 0:
-            prev_size = free_size.pop(prev)
-            del keys[bisect_left(keys, prev_size << _SHIFT | prev)]
+        if prev >= 0:  # merge with the free block before
+            other = free_size.pop(prev)
+            addrs = by_size[other]
+            if len(addrs) == 1:
+                del by_size[other]
+                del sizes[bisect_left(sizes, other)]
+            else:
+                del addrs[bisect_left(addrs, prev)]
             addr = prev
-            size += prev_size
-        insort(keys, size << _SHIFT | addr)
+            size += other
+        same = by_size.get(size)
+        if same is None:
+            by_size[size] = [addr]
+            insort(sizes, size)
+        else:
+            insort(same, addr)
         free_size[addr] = size
         free_end[addr + size] = addr
         if self._gc:
-            self._gc_base[addr] = self._gc_calls[keys is self._keys[1]]
+            self._gc_base[addr] = self._gc_calls[small]
 
     def empty_cache(self) -> None:
         """``torch.cuda.empty_cache()``: release every cached segment that holds no live block."""
@@ -482,7 +511,7 @@ class CachingAllocatorModel:
 
     def largest_free_block(self) -> int:
         """Largest cached (mapped, unallocated) block in either pool."""
-        return max((keys[-1] >> _SHIFT for keys in self._keys if keys), default=0)
+        return max((sizes[-1] for sizes in self._sizes if sizes), default=0)
 
     def segments(self) -> list[dict[str, Any]]:
         """Segments in the format of ``torch.cuda.memory._snapshot()["segments"]``, sorted by address."""
@@ -540,14 +569,16 @@ class CachingAllocatorModel:
                 assert block["address"] == addr, "blocks must tile their segment"
                 addr += block["size"]
             assert addr == seg["address"] + seg["total_size"]
-        for pool, keys in enumerate(self._keys):
-            assert keys == sorted(keys)
-            for key in keys:
-                a, s = key & _ADDR_MASK, key >> _SHIFT
+        for pool in (0, 1):
+            sizes, by_size = self._sizes[pool], self._by_size[pool]
+            assert sizes == sorted(set(sizes)) and set(sizes) == set(by_size)
+            for a, s in self._free_blocks(bool(pool)):
+                assert by_size[s] == sorted(by_size[s])
                 assert self._free_size[a] == s and self._free_end[a + s] == a
                 if not self._expandable:
                     assert (s <= K_SMALL_BUFFER) if pool else (s > K_SMALL_SIZE)
-        assert len(self._free_size) == len(self._free_end) == sum(len(k) for k in self._keys)
+        n_free = sum(len(addrs) for by_size in self._by_size for addrs in by_size.values())
+        assert len(self._free_size) == len(self._free_end) == n_free
 
     # -- slow paths -------------------------------------------------------------------
     def _alloc_new(self, size: int, small: bool) -> tuple[int, int]:
@@ -583,20 +614,34 @@ class CachingAllocatorModel:
     def _take_address(self, nbytes: int) -> int:
         base = self._next_address
         self._next_address = base + -(-nbytes // _SEGMENT_GAP) * _SEGMENT_GAP + _SEGMENT_GAP
-        if self._next_address > _ADDR_MASK:
-            raise RuntimeError("allocator model ran out of simulated address space")
         return base
+
+    def _free_blocks(self, small: bool, *, descending: bool = False) -> list[tuple[int, int]]:
+        """Cached blocks of a pool as (address, size), in the allocator's (size, address) order."""
+        by_size = self._by_size[small]
+        out = [(a, s) for s in self._sizes[small] for a in by_size[s]]
+        return out[::-1] if descending else out
 
     def _remove_free(self, addr: int, small: bool) -> int:
         size = self._free_size.pop(addr)
         del self._free_end[addr + size]
-        keys = self._keys[small]
-        del keys[bisect_left(keys, size << _SHIFT | addr)]
+        addrs = self._by_size[small][size]
+        if len(addrs) == 1:
+            del self._by_size[small][size]
+            sizes = self._sizes[small]
+            del sizes[bisect_left(sizes, size)]
+        else:
+            del addrs[bisect_left(addrs, addr)]
         self._gc_base.pop(addr, None)
         return size
 
     def _insert_free(self, addr: int, size: int, small: bool) -> None:
-        insort(self._keys[small], size << _SHIFT | addr)
+        addrs = self._by_size[small].get(size)
+        if addrs is None:
+            self._by_size[small][size] = [addr]
+            insort(self._sizes[small], size)
+        else:
+            insort(addrs, addr)
         self._free_size[addr] = size
         self._free_end[addr + size] = addr
         if self._gc:
@@ -618,33 +663,30 @@ class CachingAllocatorModel:
         mss = self._mss
         if mss is None:
             return False
-        keys = self._keys[small]
+        sizes = self._sizes[small]
         target = max(size, mss)
-        i = bisect_left(keys, target << _SHIFT)
-        if i < len(keys):
-            addr, block_size = keys[i] & _ADDR_MASK, keys[i] >> _SHIFT
+        i = bisect_left(sizes, target)
+        if i < len(sizes):
+            block_size = sizes[i]
+            addr = self._by_size[small][block_size][0]
             if not self._is_whole_segment(addr, block_size):
                 return False  # expandable or split block: PyTorch never releases those here
             self._release_block(addr, small)
             return True
+        # no single block is big enough: release oversize blocks from the largest down
         released = 0
-        j = i - 1
-        while released < target and j >= 0 and (keys[j] >> _SHIFT) >= mss:
-            addr, block_size = keys[j] & _ADDR_MASK, keys[j] >> _SHIFT
-            if not self._is_whole_segment(addr, block_size):
+        for addr, block_size in self._free_blocks(small, descending=True):
+            if released >= target or block_size < mss or not self._is_whole_segment(addr, block_size):
                 break
             released += block_size
             self._release_block(addr, small)
-            j -= 1
         return released >= target
 
     def _release_cached_blocks(self) -> None:
         """release_cached_blocks: free every non-split cached segment; unmap free expandable pages."""
         for small in (False, True):
-            keys = self._keys[small]
             to_unmap = []
-            for key in list(keys):
-                addr, size = key & _ADDR_MASK, key >> _SHIFT
+            for addr, size in self._free_blocks(small):
                 if self._expandable:
                     to_unmap.append((addr, size))
                 elif self._is_whole_segment(addr, size):
@@ -663,8 +705,7 @@ class CachingAllocatorModel:
 
         def freeable() -> list[tuple[int, int, int]]:
             out = []
-            for key in self._keys[0]:
-                addr, size = key & _ADDR_MASK, key >> _SHIFT
+            for addr, size in self._free_blocks(False):
                 if self._is_whole_segment(addr, size):
                     out.append((addr, size, calls - self._gc_base.get(addr, calls)))
             return out
@@ -688,18 +729,33 @@ class CachingAllocatorModel:
                     self._release_block(addr, False)
 
     # -- expandable segments ------------------------------------------------------------
-    def _expandable_best(self, keys: list[int], i: int, small: bool) -> int:
-        """get_free_block with expandable segments: a block's size counts the unmapped space after it."""
+    def _expandable_best(self, sizes: list[int], i: int, small: bool) -> tuple[int, list[int], int]:
+        """get_free_block with expandable segments: a block's size counts the unmapped space after it.
+
+        Walks blocks in (size, address) order from the best fit while the next one's
+        expandable size is smaller. Returns (size, that size's address list, index).
+        """
         unmapped = self._unmapped[small]
-
-        def expandable_size(key: int) -> int:
-            size = key >> _SHIFT
-            return size + unmapped.get((key & _ADDR_MASK) + size, 0)
-
-        n = len(keys)
-        while i + 1 < n and expandable_size(keys[i + 1]) < expandable_size(keys[i]):
-            i += 1
-        return i
+        by_size = self._by_size[small]
+        size = sizes[i]
+        addrs = by_size[size]
+        j = 0
+        current = size + unmapped.get(addrs[0] + size, 0)
+        while True:
+            if j + 1 < len(addrs):
+                next_size, next_addrs, next_j = size, addrs, j + 1
+            elif i + 1 < len(sizes):
+                next_size = sizes[i + 1]
+                next_addrs, next_j = by_size[next_size], 0
+            else:
+                break
+            candidate = next_size + unmapped.get(next_addrs[next_j] + next_size, 0)
+            if candidate >= current:
+                break
+            if next_addrs is not addrs:
+                i += 1
+            size, addrs, j, current = next_size, next_addrs, next_j, candidate
+        return size, addrs, j
 
     def _segment_of(self, addr: int) -> tuple[int, int, int, bool]:
         bases = sorted(self._es)
