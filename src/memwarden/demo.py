@@ -27,7 +27,7 @@ class DemoConfig:
     turns: int = 4
     first_prompt_tokens: int = 24
     tokens_per_turn: int = 16
-    new_tokens: int = 12
+    new_tokens: int = 24
     budget_bytes: int = DEFAULT_BUDGET_BYTES
     seed: int = 0
 

@@ -20,6 +20,7 @@ Usage::
 from __future__ import annotations
 
 import gc
+import itertools
 import hashlib
 import time
 import warnings
@@ -164,28 +165,25 @@ def cache_tensors(output: Any) -> list[torch.Tensor]:
     return found
 
 
-_TORCH_TYPES = (torch.Tensor, torch.nn.Module)
+def _all_subclasses(root: type) -> set[type]:
+    found = {root}
+    stack = [root]
+    while stack:
+        for sub in type.__subclasses__(stack.pop()):
+            if sub not in found:
+                found.add(sub)
+                stack.append(sub)
+    return found
 
 
 def _gc_objects() -> list[Any]:
     """Every live tensor and module, from the garbage collector's list (one pass)."""
     # isinstance(o, torch.Tensor) goes through a Python-level metaclass check; over the
-    # ~10^5 objects of a transformers process that dominates the scan, so decide once per type.
-    verdict: dict[type, bool] = {}
-    found = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # some lazy proxies warn when inspected (torch.distributed.reduce_op)
-        for obj in gc.get_objects():
-            cls = type(obj)
-            ok = verdict.get(cls)
-            if ok is None:
-                try:
-                    ok = verdict[cls] = issubclass(cls, (torch._C.TensorBase, torch.nn.Module))
-                except Exception:
-                    ok = verdict[cls] = False
-            if ok:
-                found.append(obj)
-    return found
+    # ~10^5 objects of a transformers process that dominates the scan. Membership of the
+    # exact type in the set of all tensor and module classes is a C-speed test instead.
+    classes = _all_subclasses(torch._C.TensorBase) | _all_subclasses(torch.nn.Module)
+    objects = gc.get_objects()
+    return list(itertools.compress(objects, map(classes.__contains__, map(type, objects))))
 
 
 def _tensors_in(values: Any, limit: int = 64) -> list[torch.Tensor]:
@@ -423,9 +421,14 @@ class Capture:
             module = info.ref()
             if module is not None and info.path == "":
                 self._note_parameters(module, end)
+        # File-backed storages: those of the modules that ran (mmap'd checkpoints end up as
+        # their parameters). A full gc scan here would cost as much as the one at start.
         self._maps.refresh()
-        for t in self._scan_live_tensors():
-            self._log.file_backed(end, t, self._maps)
+        for info in self._modules:
+            module = info.ref()
+            if module is not None and info.path == "":
+                for t in itertools.chain(module.parameters(), module.buffers()):
+                    self._log.file_backed(end, t, self._maps)
         self._native.stop()
         drained = self._native.drain()
         self.metadata.setdefault("capture", "memwarden-native-cpu")
