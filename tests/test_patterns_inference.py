@@ -260,6 +260,16 @@ def test_alignment_padding_cat_with_zeros_and_zeros_then_copy() -> None:
     del feats, slot, buf
 
 
+def test_alignment_padding_zeros_like_discounts_its_template() -> None:
+    # the capture counts zeros_like's template (same size) as written: 512 rows made, 300 copied in
+    tb = Blocks()
+    _weights(tb)
+    tb.alloc(512 * 256, op="aten::zeros_like", shape=(512, 64), written_bytes=512 * 256 + 300 * 256,
+             category=Category.ACTIVATION, module="collate", dtype="float32")  # fmt: skip
+    (f,) = detect(alignment_padding, tb.build())
+    assert f.evidence["data_bytes"] == 300 * 256
+
+
 def test_alignment_padding_expand_materialised() -> None:
     tb = Blocks()
     _weights(tb)
@@ -364,6 +374,9 @@ def test_kv_concat_growth_negatives() -> None:
                  written_bytes=4096)  # fmt: skip
     assert detect(kv_concat_growth, tb.build()) == []
     assert detect(kv_concat_growth, TraceBuilder().build()) == []
+    only_ids = Blocks()
+    only_ids.alloc(64, category=Category.OTHER, op="aten::cat", dtype="int64", shape=(1, 8), written_bytes=64)
+    assert detect(kv_concat_growth, only_ids.build()) == []
 
 
 def _reprefill_trace(fp_second: str, ids_second: list[int], ids_first: list[int]) -> Trace:

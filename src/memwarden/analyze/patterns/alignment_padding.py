@@ -42,11 +42,10 @@ FILL_OPS = frozenset({
     "aten::empty", "aten::new_empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty_strided",
 })  # fmt: skip
 # Factory ops that take a template tensor for its shape/dtype only. The capture counts the template
-# as written data (it is a tensor input), so their written_bytes overstates the data.
-TEMPLATE_OPS = frozenset({
-    "aten::new_zeros", "aten::new_empty", "aten::new_full", "aten::new_empty_strided", "aten::zeros_like",
-    "aten::empty_like", "aten::full_like",
-})  # fmt: skip
+# as written data (it is a tensor input), so their written_bytes overstates the data: by the block's
+# own size for *_like (same shape and, almost always, dtype), by an unknown amount for new_*.
+LIKE_OPS = frozenset({"aten::zeros_like", "aten::empty_like", "aten::full_like"})
+TEMPLATE_OPS = LIKE_OPS | {"aten::new_zeros", "aten::new_empty", "aten::new_full", "aten::new_empty_strided"}
 # Ops that materialise a broadcast view. Not aten::reshape: that is how transformers' repeat_kv
 # expands grouped-query KV heads, a different waste with a different fix.
 MATERIALISE_OPS = frozenset({"aten::contiguous", "aten::clone", "aten::repeat", "aten::expand_copy", "aten::tile"})
@@ -58,12 +57,15 @@ _SCANNED = np.array([Category.ACTIVATION, Category.TEMPORARY, Category.INPUT, Ca
 _DOWNSTREAM = np.array([Category.ACTIVATION, Category.TEMPORARY, Category.OTHER], dtype=np.uint8)
 
 
-def _op_kinds(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """(kind, is-template-op) of every string-table entry as an op name; index -1 (no op) maps to the last slot."""
+def _op_kinds(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kind, is-template-op, is-like-op) of every string-table entry as an op name; index -1 (no op)
+    maps to the last slot."""
     kinds = np.zeros(len(trace.strings) + 1, dtype=np.int8)
     template = np.zeros(len(trace.strings) + 1, dtype=bool)
+    like = np.zeros(len(trace.strings) + 1, dtype=bool)
     for i, name in enumerate(trace.strings):
         template[i] = name in TEMPLATE_OPS
+        like[i] = name in LIKE_OPS
         if name in PAD_OPS:
             kinds[i] = _KIND_PAD
         elif name in FILL_OPS:
@@ -72,7 +74,7 @@ def _op_kinds(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
             kinds[i] = _KIND_MATERIALISE
         elif name in CAT_OPS:
             kinds[i] = _KIND_CAT
-    return kinds, template
+    return kinds, template, like
 
 
 def _cat_fillers(rows: np.ndarray, fillers: np.ndarray, e: dict[str, np.ndarray], fi: np.ndarray) -> np.ndarray:
@@ -154,7 +156,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     p = int(np.argmax(live))
     peak_bytes = int(live[p])
 
-    op_kinds, op_template = _op_kinds(trace)
+    op_kinds, op_template, op_like = _op_kinds(trace)
     kinds = op_kinds[e["op"]]  # op -1 -> last slot (none)
     on = (e["action"] == Action.ALLOC) & (e["device"] == dev)
     scanned = on & np.isin(e["category"], _SCANNED)
@@ -164,7 +166,8 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     written = e["written_bytes"]
     nbytes = e["nbytes"]
 
-    data = np.where(written >= 0, np.minimum(written, nbytes), -1)
+    like = op_like[e["op"]] & (written >= nbytes)
+    data = np.where(written >= 0, np.minimum(np.where(like, written - nbytes, written), nbytes), -1)
     cat_rows = np.flatnonzero(scanned & (kinds == _KIND_CAT) & (written > 0))
     fillers = np.flatnonzero(on & (kinds == _KIND_FILL) & ((written == 0) | op_template[e["op"]]))
     filler_of_cat = _cat_fillers(cat_rows, fillers, e, fi)

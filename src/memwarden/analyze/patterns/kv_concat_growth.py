@@ -49,41 +49,54 @@ def _wildcard(modules: list[str]) -> str:
     return patterns[0] if len(patterns) == 1 else ", ".join(patterns[:3]) + (" ..." if len(patterns) > 3 else "")
 
 
-def _chains(trace: Trace, rows: np.ndarray, min_steps: int) -> list[tuple[int, np.ndarray]]:
-    """(axis, rows of one growth run) for every run of >= min_steps distinct lengths along one axis."""
+def _chains(trace: Trace, rows: np.ndarray, min_steps: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """(axis, rows, lengths) of every growth run: >= min_steps distinct lengths along one axis."""
     e = trace.events
-    families: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-    shape_ids = e["shape"][rows]
-    for r, sid in zip(rows.tolist(), shape_ids.tolist(), strict=True):
-        shape = trace.shape(int(sid))
-        if shape is None:
-            continue
-        families[(int(e["module"][r]), int(e["dtype"][r]), len(shape))].append(r)
-    runs: list[tuple[int, np.ndarray]] = []
-    for (_module, _dtype, ndim), fam in families.items():
-        fam_rows = np.asarray(fam, dtype=np.int64)
-        shapes = {int(s): trace.shapes[int(s)] for s in np.unique(e["shape"][fam_rows])}
+    runs: list[tuple[int, np.ndarray, np.ndarray]] = []
+    if len(rows) == 0:
+        return runs
+    sids = np.unique(e["shape"][rows])
+    shapes = [trace.shapes[int(u)] for u in sids]
+    max_nd = max(len(sh) for sh in shapes)
+    # per axis, for each shape id in sids: the id of the shape without that axis, and its length there
+    key_of = np.full((max_nd, len(sids)), -1, dtype=np.int64)
+    length_of = np.full((max_nd, len(sids)), -1, dtype=np.int64)
+    key_ids: dict[tuple[int, ...], int] = {}
+    for j, sh in enumerate(shapes):
+        for axis in range(len(sh) - 1):  # the last axis is head_dim / features, never the sequence
+            key_of[axis, j] = key_ids.setdefault((axis, *sh[:axis], *sh[axis + 1 :]), len(key_ids))
+            length_of[axis, j] = sh[axis]
+    ndim_of = np.array([len(sh) for sh in shapes], dtype=np.int64)
+    row_shape = np.searchsorted(sids, e["shape"][rows])  # index into sids
+    n_dtypes = len(trace.strings) + 2
+    fam_key = ((e["module"][rows].astype(np.int64) + 1) * n_dtypes + e["dtype"][rows] + 1) * 64 + ndim_of[row_shape]
+    order = np.argsort(fam_key, kind="stable")  # by family, in time order within one
+    bounds = np.flatnonzero(np.diff(fam_key[order])) + 1
+    for fam in np.split(order, bounds):
+        fam_rows, fam_shape = rows[fam], row_shape[fam]
+        ndim = int(ndim_of[fam_shape[0]])
         taken = np.zeros(len(fam_rows), dtype=bool)
-        for axis in [ndim - 2, ndim - 3, *range(ndim)]:
-            if axis < 0 or axis == ndim - 1:
-                continue  # the last axis is head_dim / features, never the sequence
-            key_of = {s: shape[:axis] + shape[axis + 1 :] for s, shape in shapes.items()}
-            length_of = {s: shape[axis] for s, shape in shapes.items()}
-            lengths_by_key: dict[tuple[int, ...], set[int]] = defaultdict(set)
-            for s in shapes:
-                lengths_by_key[key_of[s]].add(length_of[s])
-            for key, lengths in lengths_by_key.items():
-                if len(lengths) < min_steps:
-                    continue
-                member = np.array([key_of[int(s)] == key for s in e["shape"][fam_rows]]) & ~taken
-                taken |= member
-                chain = fam_rows[member]
-                length = np.array([length_of[int(s)] for s in e["shape"][chain]], dtype=np.int64)
+        for axis in dict.fromkeys([ndim - 2, ndim - 3, *range(ndim - 1)]):
+            if axis < 0 or taken.all():
+                continue
+            row_key, row_len = key_of[axis, fam_shape], length_of[axis, fam_shape]
+            span = int(row_len.max()) + 1
+            pairs = np.unique(row_key * span + row_len)  # distinct (key, length)
+            keys, distinct = np.unique(pairs // span, return_counts=True)
+            grown = keys[distinct >= min_steps]
+            member = np.isin(row_key, grown) & ~taken
+            if not member.any():
+                continue
+            taken |= member
+            idx = np.flatnonzero(member)
+            idx = idx[np.argsort(row_key[idx], kind="stable")]  # by key, in time order within a key
+            for chain_idx in np.split(idx, np.flatnonzero(np.diff(row_key[idx])) + 1):
+                chain, length = fam_rows[chain_idx], row_len[chain_idx]
                 # a drop in length starts a new run (a new request, a reset cache)
                 starts = np.flatnonzero(np.diff(length) < 0) + 1
                 for run_rows, run_len in zip(np.split(chain, starts), np.split(length, starts), strict=True):
                     if len(np.unique(run_len)) >= min_steps:
-                        runs.append((axis, run_rows))
+                        runs.append((axis, run_rows, run_len))
     return runs
 
 
@@ -116,11 +129,10 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     nbytes = e["nbytes"]
 
     by_where: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for axis, run in runs:
+    for axis, run, length in runs:
         r0 = int(run[0])
         module = trace.string(int(e["module"][r0])) or "(no module)"
         op = trace.string(int(e["op"][r0])) or "aten::cat"
-        length = np.array([trace.shapes[int(s)][axis] for s in e["shape"][run]], dtype=np.int64)
         last = length == length.max()
         first = length == length.min()
         alive = (run <= p) & (fi[run] > p)

@@ -83,15 +83,14 @@ def _media_ids(ids: list[int], media_tokens: int) -> set[int]:
     return set()  # could not tell which ids are media: treat none as shareable
 
 
-def _shared_prefix(a: list[int], b: list[int], media: set[int], fps_a: tuple[int, ...], fps_b: tuple[int, ...]) -> int:
-    """Common prefix of two id lists. A run of media placeholders is shared only when both requests
+def _shared_prefix(
+    x: np.ndarray, y: np.ndarray, media: set[int], fps_a: tuple[int, ...], fps_b: tuple[int, ...]
+) -> int:
+    """Common prefix of two id arrays. A run of media placeholders is shared only when both requests
     encoded the same media for it: the k-th encode of each has the same fingerprint (or both made
     the same encodes in all)."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    x, y = np.asarray(a[:n]), np.asarray(b[:n])
-    diff = np.flatnonzero(x != y)
+    n = min(len(x), len(y))
+    diff = np.flatnonzero(x[:n] != y[:n])
     lcp = int(diff[0]) if len(diff) else n
     if not media or (fps_a and fps_a == fps_b):
         return lcp
@@ -144,25 +143,35 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     enc_start = s["start_us"][enc]
     enc_fp = s["fingerprint"][enc]
     enc_media = np.isin(s["modality"][enc], _MEDIA)
-    requests: list[dict[str, Any]] = []  # earlier requests: fed ids, media fingerprints
+    requests: list[dict[str, Any]] = []  # earlier requests: fed ids, media fingerprints, placeholder ids
+    by_head: dict[tuple[int, ...], list[int]] = defaultdict(list)  # first min_prefix ids -> requests
     reprefills: list[dict[str, Any]] = []
-    is_kv = e["category"] == Category.KV_CACHE
+    kv_alloc = _alloc_bytes_between(
+        trace,
+        dev,
+        np.array([int(steps[i]["start_us"]) for i in prefills], dtype=np.int64),
+        np.array([int(steps[i]["end_us"]) for i in prefills], dtype=np.int64),
+        e["category"] == Category.KV_CACHE,
+    )
+    bounds = [*prefills[1:], len(steps)]
     for n_req, i in enumerate(prefills):
         st = steps[i]
         prev_end = int(steps[i - 1]["end_us"]) if i > 0 else -1
         in_window = enc_media & (enc_start > prev_end) & (enc_start <= int(st["end_us"]))
         fps = tuple(int(f) for f in enc_fp[in_window])
-        ids = list(st["input_ids"])
+        ids = [int(t) for t in st["input_ids"]]
         tokens = st.get("tokens") or {}
         media = _media_ids(ids, int(tokens.get("vision", 0)) + int(tokens.get("audio", 0)))
+        x = np.asarray(ids, dtype=np.int64)
         best, best_req = 0, -1
-        for r, req in enumerate(requests):
-            shared = _shared_prefix(ids, req["ids"], media | req["media"], fps, req["fps"])
+        # a shared prefix of min_prefix tokens or more starts with the same min_prefix ids
+        for r in by_head.get(tuple(ids[:min_prefix]), []) if len(ids) >= min_prefix else []:
+            req = requests[r]
+            shared = _shared_prefix(x, req["ids"], media | req["media"], fps, req["fps"])
             if shared > best:
                 best, best_req = shared, r
         seq_len = int(st.get("seq_len") or len(ids))
-        kv_step = int(_alloc_bytes_between(trace, dev, np.array([st["start_us"]]), np.array([st["end_us"]]), is_kv)[0])
-        kv_per_token = kv_step // seq_len if seq_len else 0
+        kv_per_token = int(kv_alloc[n_req]) // seq_len if seq_len else 0
         if best >= min_prefix:
             reprefills.append(
                 {
@@ -174,9 +183,15 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
                     "prefill_us": int(st["end_us"]) - int(st["start_us"]),
                 }
             )
-        fed = ids + [tok for st2 in steps[i + 1 : prefills[n_req + 1] if n_req + 1 < len(prefills) else len(steps)]
-                     if st2.get("phase") == "decode" for tok in (st2.get("input_ids") or [])[:1]]  # fmt: skip
-        requests.append({"ids": fed, "fps": fps, "media": media})
+        # what this request's KV covers: the prefill ids, then one id per decode step
+        fed = ids + [
+            int((st2.get("input_ids") or [0])[0])
+            for st2 in steps[i + 1 : bounds[n_req]]
+            if st2.get("phase") == "decode"
+        ]
+        if len(fed) >= min_prefix:
+            by_head[tuple(fed[:min_prefix])].append(len(requests))
+        requests.append({"ids": np.asarray(fed, dtype=np.int64), "fps": fps, "media": media})
 
     if not repeats and not reprefills:
         return []
