@@ -155,3 +155,23 @@ def test_preexisting_tensors_count_from_the_start() -> None:
     pre = t.events["action"] == Action.PREEXISTING
     assert big.untyped_storage().data_ptr() in t.events["address"][pre].tolist()
     assert summary(t).peak_bytes >= big.nbytes + small.nbytes
+
+
+def test_module_spans_nest_properly() -> None:
+    model = zoo.build_model("qwen2-vl", size="tiny")
+    inputs = zoo.make_inputs(model, prompt_tokens=12)
+    with memwarden.capture() as cap, torch.inference_mode():
+        model.generate(**inputs, max_new_tokens=2, **zoo.generate_kwargs("qwen2-vl"))
+    s = cap.trace.spans
+    module_rows = (s["kind"] == SpanKind.MODULE).nonzero()[0]
+    assert len(module_rows) > 50
+    for row in module_rows.tolist():
+        parent = int(s["parent"][row])
+        if parent < 0:
+            assert s["depth"][row] == 0
+            continue
+        assert s["kind"][parent] == SpanKind.MODULE
+        assert s["depth"][parent] == s["depth"][row] - 1
+        assert s["start_us"][parent] <= s["start_us"][row] and s["end_us"][row] <= s["end_us"][parent]
+    names = {cap.trace.string(int(n)) for n in s["name"][module_rows]}
+    assert "model.visual" in names and "model.language_model" in names

@@ -297,10 +297,14 @@ class Attributor:
         dtype_col = dtype_ids[cols["dtype"][alloc_rows].astype(np.int64)]
         shape_col = np.full(len(alloc_rows), -1, dtype=np.int32)
         soff, ndim, pool = cols["shape_off"], cols["ndim"], cols["shapes"].tolist()
-        for k in np.flatnonzero(soff[alloc_rows] >= 0).tolist():
-            row = int(alloc_rows[k])
-            start = int(soff[row])
-            shape_col[k] = builder.intern_shape(tuple(pool[start : start + int(ndim[row])]))
+        # The recorder stores each distinct shape once: intern per (offset, ndim), not per row.
+        has_shape = soff[alloc_rows] >= 0
+        keys = soff[alloc_rows].astype(np.int64) * 128 + ndim[alloc_rows].astype(np.int64)
+        uniq, inverse = np.unique(keys[has_shape], return_inverse=True)
+        ids_of_uniq = np.array(
+            [builder.intern_shape(tuple(pool[int(k) // 128 : int(k) // 128 + int(k) % 128])) for k in uniq.tolist()], dtype=np.int32
+        )
+        shape_col[has_shape] = ids_of_uniq[inverse] if len(uniq) else -1
 
         alloc_ids = ids[alloc_rows]  # increasing: the recorder numbers blocks in allocation order
         main = np.flatnonzero((action == 0) | (action == 1))
@@ -361,20 +365,26 @@ class Attributor:
             )
 
         # spans: modules, steps, phases
-        encoders = (Modality.VISION, Modality.AUDIO, Modality.FUSION)
-        for start, end, ctx, parent, depth, enter_index in spans:
-            _path, label, mod = self.modules[ctx]
-            fp = self.log.fingerprints[enter_index] if enter_index < len(self.log.fingerprints) else None
-            k = int(np.searchsorted(step_starts, start, side="right")) - 1
-            span_phase = Phase.ENCODE if mod in encoders else (Phase(int(step_phase[k])) if k >= 0 else Phase.OTHER)
-            builder.span(
-                self._us(start), self._us(end), SpanKind.MODULE, label, modality=Modality(mod), phase=span_phase,
-                fingerprint=fp, parent=parent, depth=depth,
-            )
-            parent_mod = self.modules[spans[parent][2]][2] if parent >= 0 else None
-            if mod in encoders and parent_mod not in encoders:  # an encoder call: an encode phase span
-                builder.span(self._us(start), self._us(end), SpanKind.PHASE, "encode", phase=Phase.ENCODE,
-                             modality=Modality(mod))  # fmt: skip
+        # Module spans as whole columns, rows in `spans` order (so `parent` is a row index).
+        encoders = [int(Modality.VISION), int(Modality.AUDIO), int(Modality.FUSION)]
+        if spans:
+            sp = np.array([s[:6] for s in spans], dtype=np.int64)  # start, end, ctx, parent, depth, enter_index
+            mods = module_modality[sp[:, 2]]
+            k = np.searchsorted(step_starts, sp[:, 0], side="right") - 1
+            from_step = np.where(k >= 0, step_phase[np.clip(k, 0, None)], int(Phase.OTHER))
+            is_enc = np.isin(mods, encoders)
+            fps = self.log.fingerprints
+            fp_ids = [builder.intern(fps[i]) if i < len(fps) and fps[i] is not None else -1 for i in sp[:, 5].tolist()]
+            to_us = lambda a: np.maximum(0, (a - self.t0_ns) // 1000)  # noqa: E731
+            builder.extend_spans({
+                "start_us": to_us(sp[:, 0]), "end_us": to_us(sp[:, 1]), "kind": np.full(len(sp), int(SpanKind.MODULE)),
+                "name": ctx_label_ids[sp[:, 2]], "phase": np.where(is_enc, int(Phase.ENCODE), from_step),
+                "modality": mods, "fingerprint": np.array(fp_ids), "parent": sp[:, 3], "depth": sp[:, 4],
+            })  # fmt: skip
+            parent_enc = np.where(sp[:, 3] >= 0, is_enc[np.clip(sp[:, 3], 0, None)], False)
+            for row in np.flatnonzero(is_enc & ~parent_enc).tolist():  # an encoder call: an encode phase span
+                builder.span(self._us(sp[row, 0]), self._us(sp[row, 1]), SpanKind.PHASE, "encode", phase=Phase.ENCODE,
+                             modality=Modality(int(mods[row])))  # fmt: skip
         for i, (start, end, _ctx, ph, _seq, _info) in enumerate(steps):
             end = end if end is not None else self.end_ns
             name = enum_name(Phase(ph))

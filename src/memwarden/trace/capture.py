@@ -20,10 +20,9 @@ Usage::
 from __future__ import annotations
 
 import gc
-import itertools
 import hashlib
+import itertools
 import time
-import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any

@@ -306,6 +306,11 @@ class TraceBuilder:
         s["depth"].append(int(depth))
         return row
 
+    def extend_spans(self, columns: dict[str, Any]) -> None:
+        """Append many spans at once; ``columns`` holds already-interned indices."""
+        for name in SPAN_COLUMNS:
+            self._spans[name].extend(int(v) for v in columns[name])
+
     def build(self) -> Trace:
         events = {k: np.asarray(v, dtype=EVENT_COLUMNS[k]) for k, v in self._events.items()}
         spans = {k: np.asarray(v, dtype=SPAN_COLUMNS[k]) for k, v in self._spans.items()}

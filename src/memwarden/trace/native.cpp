@@ -20,6 +20,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <atomic>
+#include <map>
 #include <chrono>
 #include <mutex>
 #include <string>
@@ -56,6 +57,7 @@ std::mutex g_mu;
 std::atomic<bool> g_recording{false};
 std::vector<Event> g_events;
 std::vector<int64_t> g_shapes;
+std::map<std::vector<int64_t>, int32_t> g_shape_offsets;  // shapes repeat: store each once in g_shapes
 std::unordered_map<int64_t, Live> g_live;
 std::vector<int32_t> g_ctx_stack;
 std::unordered_map<std::string, int32_t> g_op_ids;
@@ -172,9 +174,14 @@ void note_output(const at::Tensor& t, const std::vector<at::Tensor>& inputs) {
   }
   if (e.dtype < 0) {  // first op to return this block: the one that made it
     e.dtype = static_cast<int8_t>(t.scalar_type());
-    e.shape_off = static_cast<int32_t>(g_shapes.size());
+    std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+    auto found = g_shape_offsets.find(sizes);
+    if (found == g_shape_offsets.end()) {
+      found = g_shape_offsets.emplace(sizes, static_cast<int32_t>(g_shapes.size())).first;
+      g_shapes.insert(g_shapes.end(), sizes.begin(), sizes.end());
+    }
+    e.shape_off = found->second;
     e.ndim = static_cast<int16_t>(t.dim());
-    for (auto d : t.sizes()) g_shapes.push_back(d);
     e.written = sources;
   } else if (sources > 0) {  // an in-place or out= op writing into an existing block
     bool aliases_input = false;
@@ -222,6 +229,7 @@ void start(bool record_ops) {
   TORCH_CHECK(!g_recording.load(), "memwarden: a capture is already running");
   g_events.clear();
   g_shapes.clear();
+  g_shape_offsets.clear();
   g_live.clear();
   g_ctx_stack.clear();
   g_untracked_frees = 0;
