@@ -478,6 +478,8 @@ def test_vision_token_dominance_negatives() -> None:
     mib = 1 << 20
     few_tokens = _token_trace(vision=200, text=20, lm_bytes=8 * mib, vision_bytes=mib, kv_bytes=mib)
     assert detect(vision_token_dominance, few_tokens) == []
+    at_floor = _token_trace(vision=256, text=20, lm_bytes=8 * mib, vision_bytes=mib, kv_bytes=mib)
+    assert detect(vision_token_dominance, at_floor) == []  # dominant, but nothing to cut below 256 tokens
     text_heavy = _token_trace(vision=300, text=3000, lm_bytes=8 * mib, vision_bytes=mib // 4, kv_bytes=mib)
     assert detect(vision_token_dominance, text_heavy) == []
     no_steps = _token_trace(vision=900, text=100, lm_bytes=8 * mib, vision_bytes=mib, kv_bytes=mib)

@@ -127,6 +127,8 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     other_bytes = total - media_bytes
     k = min_share / (1 - min_share) * other_bytes / media_bytes if min_share < 1 else 1.0
     target = min(media_tokens, max(min_tokens, math.ceil(media_tokens * k)))
+    if target >= media_tokens:
+        return []  # already at the token floor: nothing to cut
     saving = int((media_bytes + media_input_bytes) * (1 - target / media_tokens))
     prune_ratio = 1 - target / media_tokens
     towers = _encoder_names(trace)
