@@ -1,0 +1,80 @@
+"""Fixed twin of ``int4_naive_linear.py``: PyTorch's fused int4 matmul.
+
+The weight stays packed (``(out, in/2)`` uint8, the layout that
+``torch.ops.aten._convert_weight_to_int4pack_for_cpu`` produces) with scales
+and zeros in one ``(in/G, out, 2)`` tensor, and every call goes through
+``torch.ops.aten._weight_int4pack_mm_for_cpu`` (``torch._weight_int4pack_mm``
+on CUDA). The kernel dequantises small tiles in registers while it
+multiplies: no float copy of the weight is ever allocated, so the peak is the
+packed weights plus activations.
+
+Run: ``python int4_naive_linear_fixed.py`` or ``memwarden trace int4_naive_linear_fixed.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+DIM, FFN, VOCAB, LAYERS = 1024, 4096, 512, 2
+GROUP = 64  # int4 quantisation group along the input dimension
+NEW_TOKENS = 6
+
+
+class Int4Linear(nn.Module):
+    """Weight-only int4 linear on PyTorch's fused CPU kernel."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        groups = in_features // GROUP
+        # A pre-quantised checkpoint (random here), already in the kernel's packed layout.
+        self.register_buffer("qweight", torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8))
+        scales_and_zeros = torch.empty(groups, out_features, 2)  # (K/G, N, [scale, zero])
+        scales_and_zeros[..., 0] = torch.rand(groups, out_features) * 0.02
+        scales_and_zeros[..., 1] = 0.0
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)  # (B*T, K)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.qweight, GROUP, self.scales_and_zeros)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = Int4Linear(DIM, FFN)
+        self.down = Int4Linear(FFN, DIM)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.down(torch.relu(self.up(h)))
+
+
+class Int4LM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.lm_head = Int4Linear(DIM, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(ids)  # (B, T, DIM)
+        for layer in self.layers:
+            h = layer(h)
+        return self.lm_head(h[:, -1])  # (B, VOCAB)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    model = Int4LM().eval()
+    ids = torch.randint(0, VOCAB, (1, 8))
+    with torch.inference_mode():
+        for _ in range(NEW_TOKENS):  # greedy decoding, no KV cache: the model is all MLP
+            next_id = model(ids).argmax(-1, keepdim=True)
+            ids = torch.cat([ids, next_id], dim=1)
+    print("generated", ids[0, 8:].tolist())
+
+
+if __name__ == "__main__":
+    main()

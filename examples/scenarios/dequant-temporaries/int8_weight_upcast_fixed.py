@@ -1,0 +1,74 @@
+"""Fixed twin of ``int8_weight_upcast.py``: PyTorch's fused int8 weight-only matmul.
+
+``W8Linear.forward`` calls ``torch._weight_int8pack_mm(x, weight, scale)``,
+which multiplies by the int8 weight directly and applies the per-channel
+scale to the output. No float copy of any weight is allocated per call, so
+the peak is the int8 weights plus the (small) activations.
+
+Run: ``python int8_weight_upcast_fixed.py`` or ``memwarden trace int8_weight_upcast_fixed.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PATCH_DIM, VISION, DIM, FFN, VOCAB = 768, 512, 1024, 4096, 1024
+PATCHES, PROMPT, NEW_TOKENS = 64, 16, 4
+DTYPE = torch.bfloat16  # W8A16: int8 weights, bf16 activations
+
+
+class W8Linear(nn.Module):
+    """int8 weight (out, in) with a bf16 scale per output channel, on the fused kernel."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        # A pre-quantised checkpoint (random here).
+        q = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8)
+        self.weight = nn.Parameter(q, requires_grad=False)
+        self.scale = nn.Parameter(torch.rand(out_features, dtype=DTYPE) / 256, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # (B*T, in)
+        out = torch._weight_int8pack_mm(flat, self.weight, self.scale)  # (B*T, out)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.up, self.down = W8Linear(dim, hidden), W8Linear(hidden, dim)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.down(F.gelu(self.up(h)))
+
+
+class W8Vlm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.vision_tower = nn.Sequential(W8Linear(PATCH_DIM, VISION), Mlp(VISION, 4 * VISION))
+        self.multi_modal_projector = W8Linear(VISION, DIM)
+        self.embed_tokens = nn.Embedding(VOCAB, DIM, dtype=DTYPE)
+        self.language_model = nn.Sequential(Mlp(DIM, FFN), Mlp(DIM, FFN))
+        self.lm_head = W8Linear(DIM, VOCAB)
+
+    def forward(self, patches: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        image = self.multi_modal_projector(self.vision_tower(patches))  # (B, P, DIM)
+        h = self.language_model(torch.cat([image, self.embed_tokens(ids)], dim=1))  # (B, P+T, DIM)
+        return self.lm_head(h[:, -1])  # (B, VOCAB)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    model = W8Vlm().eval()
+    patches = torch.randn(1, PATCHES, PATCH_DIM, dtype=DTYPE)  # one image, normalised
+    ids = torch.randint(0, VOCAB, (1, PROMPT))
+    with torch.inference_mode():
+        for _ in range(NEW_TOKENS):  # greedy decoding (recomputes the prefix: no KV cache here)
+            ids = torch.cat([ids, model(patches, ids).argmax(-1, keepdim=True)], dim=1)
+    print("generated", ids[0, PROMPT:].tolist())
+
+
+if __name__ == "__main__":
+    main()

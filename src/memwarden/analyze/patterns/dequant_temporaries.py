@@ -1,0 +1,210 @@
+"""dequant-temporaries: quantised weights dequantised in full, per call.
+
+A weight-only quantised model saves memory only if its weights stay
+quantised while it computes. A hand-written ``forward`` that unpacks and
+converts the whole weight (``w.to(x.dtype) * scale``, nibble unpacking
+followed by ``.float()``) makes one or more full-size float copies of the
+weight on every call: the peak then holds the largest layer two to three
+times in float, often more than the quantised model itself.
+
+What the trace shows: an integer (or float8) weight or buffer -- int8/uint8,
+int4 packed two per byte, int32 packing eight -- and, inside the module that
+owns it, short-lived blocks with as many elements as the weight holds values
+(1x, 2x for int4 in bytes, 8x for int4 in int32), made again and again. The
+float ones are the dequantised copies; integer ones of the same size are the
+unpacked nibbles on the way there. "Short-lived": freed before the root call
+(step) that made them returns, or freed at all when the trace has no steps.
+
+Matching is by (owning module, element count), a dictionary join: no data
+flow is recorded, so a module that legitimately makes weight-sized tensors
+from something else would match too; ``min_blocks`` repeats are required.
+
+Waste: the matched blocks live at the trace's peak (what a fused kernel, which
+dequantises tiles in registers, never allocates).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.timeline import free_index, primary_device
+from memwarden.trace.model import Action, Category, SpanKind, Trace
+from memwarden.units import format_bytes
+
+PATTERN = "dequant-temporaries"
+
+# Quantised storage dtypes -> how many weight values one stored element holds (the
+# multiples a dequantised copy's element count may have). int8/uint8 hold one value,
+# or two int4 nibbles; int32 holds one int8-in-int32 value or eight nibbles (GPTQ).
+_QUANT_FACTORS: dict[str, tuple[int, ...]] = {
+    "int8": (1, 2),
+    "uint8": (1, 2),
+    "qint8": (1,),
+    "quint8": (1,),
+    "quint4x2": (1, 2),
+    "int32": (8,),
+    "float8_e4m3fn": (1,),
+    "float8_e5m2": (1,),
+    "float8_e4m3fnuz": (1,),
+    "float8_e5m2fnuz": (1,),
+}
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+_ITEMSIZE = {
+    "int8": 1, "uint8": 1, "qint8": 1, "quint8": 1, "quint4x2": 1, "bool": 1, "int16": 2, "uint16": 2, "int32": 4,
+    "uint32": 4, "int64": 8, "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+}  # fmt: skip
+_EVIDENCE_WEIGHTS = 8
+
+
+def _numel_of(trace: Trace) -> np.ndarray:
+    """Element count of every row's block: from its shape, else bytes / itemsize, else -1."""
+    ev = trace.events
+    shape_numel = np.array([math.prod(s) for s in trace.shapes] + [-1], dtype=np.int64)
+    itemsize = np.array([_ITEMSIZE.get(s, 0) for s in trace.strings] + [0], dtype=np.int64)
+    size = itemsize[ev["dtype"]]  # dtype -1 -> the appended 0
+    by_bytes = np.where(size > 0, ev["nbytes"] // np.maximum(size, 1), -1)
+    return np.where(ev["shape"] >= 0, shape_numel[ev["shape"]], by_bytes)
+
+
+def detect(trace: Trace, ctx: Context) -> list[Finding]:
+    min_blocks = int(ctx.threshold(PATTERN, "min_blocks", 2))
+    min_weight_bytes = int(ctx.threshold(PATTERN, "min_weight_bytes", 64 * 1024))
+    n = trace.num_events
+    if n == 0:
+        return []
+    ev = trace.events
+    dev = primary_device(trace)
+    on_dev = ev["device"] == dev
+    action, category = ev["action"], ev["category"]
+    strings = trace.strings
+    quant_ids = {i: _QUANT_FACTORS[s] for i, s in enumerate(strings) if s in _QUANT_FACTORS}
+    if not quant_ids:
+        return []
+    is_start = (action == Action.ALLOC) | (action == Action.PREEXISTING) | (action == Action.MAP)
+    is_weight = (category == Category.WEIGHT) | (category == Category.BUFFER)
+    w_rows = np.flatnonzero(
+        is_start & is_weight & on_dev & np.isin(ev["dtype"], list(quant_ids)) & (ev["nbytes"] >= min_weight_bytes)
+    )
+    if len(w_rows) == 0:
+        return []
+    numel = _numel_of(trace)
+    w_numel = numel[w_rows]
+    w_module = ev["module"][w_rows].astype(np.int64)
+
+    # Candidate copies: blocks made during the run (not weights), freed again.
+    fidx = free_index(trace)
+    c_rows = np.flatnonzero((action == Action.ALLOC) & on_dev & ~is_weight & (fidx < n))
+    c_rows = c_rows[np.isin(category[c_rows], (Category.TEMPORARY, Category.ACTIVATION, Category.OTHER))]
+    if len(c_rows) == 0:
+        return []
+    c_numel = numel[c_rows]
+    c_module = ev["module"][c_rows].astype(np.int64)
+
+    # Short-lived: freed before the step that made them returns (when there are steps).
+    steps = np.flatnonzero(trace.spans["kind"] == SpanKind.STEP)
+    if len(steps):
+        s_start = trace.spans["start_us"][steps]
+        order = np.argsort(s_start)
+        s_start, s_end = s_start[order], trace.spans["end_us"][steps][order]
+        t_alloc = ev["time_us"][c_rows]
+        k = np.searchsorted(s_start, t_alloc, side="right") - 1
+        in_step = (k >= 0) & (t_alloc <= s_end[np.maximum(k, 0)])
+        t_free = ev["time_us"][fidx[c_rows]]
+        short = ~in_step | (t_free <= s_end[np.maximum(k, 0)])
+        c_rows, c_numel, c_module = c_rows[short], c_numel[short], c_module[short]
+
+    # Join on (module, element count): key = module << 40 | numel (element counts < 2**40).
+    owner: dict[int, int] = {}  # key -> index into w_rows (largest weight wins a tie)
+    for i in np.argsort(-ev["nbytes"][w_rows], kind="stable").tolist():
+        if w_numel[i] <= 0 or w_module[i] < 0:
+            continue
+        for factor in quant_ids[int(ev["dtype"][w_rows[i]])]:
+            owner.setdefault((int(w_module[i]) << 40) | int(w_numel[i] * factor), i)
+    if not owner:
+        return []
+    keys = np.array(sorted(owner), dtype=np.int64)
+    key_owner = np.array([owner[k] for k in keys.tolist()], dtype=np.int64)
+    c_key = (c_module << 40) | np.maximum(c_numel, 0)
+    pos = np.minimum(np.searchsorted(keys, c_key), len(keys) - 1)
+    hit = (keys[pos] == c_key) & (c_module >= 0) & (c_numel > 0)
+    m_rows, m_owner = c_rows[hit], key_owner[pos[hit]]
+    if len(m_rows) == 0:
+        return []
+    counts = np.bincount(m_owner, minlength=len(w_rows))
+    keep = counts[m_owner] >= min_blocks
+    m_rows, m_owner = m_rows[keep], m_owner[keep]
+    if len(m_rows) == 0:
+        return []
+
+    live = np.cumsum(np.where(on_dev, trace.signed_bytes(), 0))
+    peak_row = int(np.argmax(live))
+    peak_bytes = int(live[peak_row])
+    at_peak = (m_rows <= peak_row) & (fidx[m_rows] > peak_row)
+    m_bytes = ev["nbytes"][m_rows]
+    wasted = int(m_bytes[at_peak].sum())
+
+    float_ids = [i for i, s in enumerate(strings) if s in _FLOAT_DTYPES]
+    is_float = np.isin(ev["dtype"][m_rows], float_ids)
+    per_weight: list[dict[str, Any]] = []
+    for i in np.unique(m_owner).tolist():
+        mine = m_owner == i
+        row = int(w_rows[i])
+        floats = mine & is_float
+        per_weight.append(
+            {
+                "module": trace.string(int(ev["module"][row])),
+                "dtype": trace.string(int(ev["dtype"][row])),
+                "shape": list(trace.shape(int(ev["shape"][row])) or ()),
+                "weight_bytes": int(ev["nbytes"][row]),
+                "copies": int(mine.sum()),
+                "float_copies": int(floats.sum()),
+                "float_dtype": trace.string(int(np.bincount(ev["dtype"][m_rows[floats]]).argmax()))
+                if floats.any()
+                else None,
+                "bytes_each": int(np.median(m_bytes[floats] if floats.any() else m_bytes[mine])),
+                "bytes_allocated": int(m_bytes[mine].sum()),
+                "bytes_at_peak": int(m_bytes[mine & at_peak].sum()),
+                "packed_int4": bool(np.any(numel[m_rows[mine]] > w_numel[i])),
+            }
+        )
+    per_weight.sort(key=lambda w: (-w["bytes_at_peak"], -w["bytes_allocated"]))
+    total_allocated = int(m_bytes.sum())
+    worst = per_weight[0]
+    int4 = any(w["packed_int4"] for w in per_weight)
+    kernel = (
+        "torch._weight_int4pack_mm (CUDA) / torch.ops.aten._weight_int4pack_mm_for_cpu on weights packed by "
+        "_convert_weight_to_int4pack(_for_cpu)"
+        if int4
+        else "torch._weight_int8pack_mm (int8 weight, per-channel scale)"
+    )
+    evidence = {
+        "quantized_weights": len(per_weight),
+        "weights": per_weight[:_EVIDENCE_WEIGHTS],
+        "copies": int(len(m_rows)),
+        "float_copies": int(is_float.sum()),
+        "bytes_allocated": total_allocated,
+        "bytes_at_peak": wasted,
+        "peak_bytes": peak_bytes,
+        "quantized_weight_bytes": int(ev["nbytes"][w_rows].sum()),
+    }
+    fix = (
+        f"keep the weights quantised while computing: use a fused kernel ({kernel}) or dequantise tile by tile "
+        f"(memwarden.quantize's tiled kernel) instead of materialising the whole float weight per call: saves "
+        f"{format_bytes(wasted)} at the peak ({format_bytes(total_allocated)} allocated in {len(m_rows)} copies)"
+    )
+    return [
+        Finding(
+            pattern=PATTERN,
+            severity=severity_for(wasted, peak_bytes),
+            bytes_at_peak=wasted,
+            wasted_bytes=wasted,
+            where=str(worst["module"]),
+            evidence=evidence,
+            fix=fix,
+        )
+    ]

@@ -1,0 +1,176 @@
+"""fragmentation: varying shapes fragment a caching allocator.
+
+PyTorch's CUDA caching allocator keeps freed blocks for reuse instead of
+returning them to the device. When request sizes keep changing (random batch
+sizes and sequence lengths, a varying number of images or frames), a cached
+block rarely fits the next request: larger requests need fresh segments,
+smaller ones split cached blocks into odd remainders. Reserved memory then
+climbs far above the bytes ever allocated at once, and the process hits OOM
+with memory nominally free.
+
+What the trace shows: the allocation sequence replayed through
+``memwarden.plan.allocator`` (default settings) reserves much more than it
+ever allocates: ``1 - peak_allocated / peak_reserved >= min_overhead_fraction``
+(0.3) and ``peak_reserved - peak_allocated >= min_unused_bytes`` (32 MiB).
+Reserved memory never shrinks without ``empty_cache()``, so peak reserved
+against peak allocated is the cost (the allocator's own "fragmentation at the
+reserved peak" is reported too, but it is taken at the moment of the last
+segment, often a quiet one).
+
+The same sequence is replayed with ``expandable_segments:True`` and with a
+``max_split_size_mb`` chosen from the request sizes; the waste is the default
+peak reserved minus the best alternative's. A CPU trace is a prediction of
+what the same run does on a CUDA device.
+
+Cost: the replay is a Python loop (a few microseconds per event, and up to
+three replays). Traces with more than ``max_replay_events`` allocator events
+(default 50,000) are replayed for the large pool only (requests > 1 MiB: the
+pool that holds the big, varying tensors and never shares segments with the
+small pool), and past that for the first ``max_replay_events`` of those; the
+evidence says which.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.timeline import primary_device
+from memwarden.plan.allocator import AllocatorConfig, ReplayResult, replay
+from memwarden.trace.model import Action, Trace
+from memwarden.units import format_bytes
+
+PATTERN = "fragmentation"
+_MB = 1 << 20
+_SMALL_REQUEST_BYTES = 1 << 20  # kSmallSize: requests up to 1 MiB use the small pool
+_MIN_MAX_SPLIT_MB = 32  # PyTorch refuses max_split_size_mb <= 20 (kLargeBuffer)
+
+
+def _replayable(trace: Trace, device: int, max_events: int) -> tuple[Trace, int, str]:
+    """The trace (or the part of it) to replay, the device index in it, and what was kept."""
+    ev = trace.events
+    action = ev["action"]
+    is_row = (ev["device"] == device) & (
+        (action == Action.ALLOC) | (action == Action.PREEXISTING) | (action == Action.FREE)
+    )
+    rows = np.flatnonzero(is_row)
+    if len(rows) <= max_events:
+        return trace, device, f"all {len(rows)} allocator events"
+    large = rows[ev["nbytes"][rows] > _SMALL_REQUEST_BYTES]
+    scope = f"large pool only: {len(large)} of {len(rows)} allocator events (requests > 1 MiB)"
+    if len(large) > max_events:
+        scope = f"large pool only, first {max_events} of {len(large)} large-pool events ({len(rows)} in all)"
+        large = large[:max_events]
+    sub = Trace(
+        events={k: v[large] for k, v in ev.items()},
+        spans={},
+        strings=trace.strings,
+        shapes=trace.shapes,
+        devices=trace.devices,
+        metadata={},
+    )
+    return sub, device, scope
+
+
+def _auto_max_split_mb(trace: Trace, device: int) -> int:
+    """A power of two (MiB) at or above the median large request: big blocks stay whole."""
+    ev = trace.events
+    sizes = ev["nbytes"][
+        (ev["action"] == Action.ALLOC) & (ev["device"] == device) & (ev["nbytes"] > _SMALL_REQUEST_BYTES)
+    ]
+    if len(sizes) == 0:
+        return _MIN_MAX_SPLIT_MB
+    median_mb = float(np.median(sizes)) / _MB
+    return int(min(max(2 ** math.ceil(math.log2(max(median_mb, 1.0))), _MIN_MAX_SPLIT_MB), 4096))
+
+
+def _most_varied(trace: Trace, device: int) -> tuple[str, int]:
+    """The module whose large requests come in the most distinct sizes, and that count."""
+    ev = trace.events
+    rows = np.flatnonzero(
+        (ev["action"] == Action.ALLOC) & (ev["device"] == device) & (ev["nbytes"] > _SMALL_REQUEST_BYTES)
+    )
+    if len(rows) == 0:
+        return "(no large requests)", 0
+    pairs = np.unique(np.stack([ev["module"][rows].astype(np.int64), ev["nbytes"][rows]]), axis=1)
+    modules, counts = np.unique(pairs[0], return_counts=True)
+    top = int(np.argmax(counts))
+    return trace.string(int(modules[top])) or "(outside modules)", int(counts[top])
+
+
+def _summary(result: ReplayResult) -> dict[str, Any]:
+    return {
+        "peak_reserved_bytes": int(result.peak_reserved_bytes),
+        "peak_allocated_bytes": int(result.peak_allocated_bytes),
+        "segments_at_peak": int(result.segments_at_peak),
+        "largest_free_block_at_peak_bytes": int(result.largest_free_block_at_peak_bytes),
+        "fragmentation_at_reserved_peak": round(float(result.fragmentation), 3),
+    }
+
+
+def detect(trace: Trace, ctx: Context) -> list[Finding]:
+    min_overhead = float(ctx.threshold(PATTERN, "min_overhead_fraction", 0.3))
+    min_unused = int(ctx.threshold(PATTERN, "min_unused_bytes", 32 * _MB))
+    max_events = int(ctx.threshold(PATTERN, "max_replay_events", 50_000))
+    if trace.num_events == 0:
+        return []
+    dev = primary_device(trace)
+    sub, sub_dev, scope = _replayable(trace, dev, max_events)
+    base = replay(sub, AllocatorConfig(), device=sub_dev)
+    reserved, allocated = base.peak_reserved_bytes, base.peak_allocated_bytes
+    if reserved <= 0:
+        return []
+    overhead = 1.0 - allocated / reserved
+    if overhead < min_overhead or reserved - allocated < min_unused:
+        return []
+
+    split_mb = int(ctx.threshold(PATTERN, "max_split_size_mb", 0)) or _auto_max_split_mb(sub, sub_dev)
+    alternatives = {
+        "expandable_segments:True": replay(sub, AllocatorConfig(expandable_segments=True), device=sub_dev),
+        f"max_split_size_mb:{split_mb}": replay(
+            sub, AllocatorConfig(max_split_size_bytes=split_mb * _MB), device=sub_dev
+        ),
+    }
+    best_conf, best = min(alternatives.items(), key=lambda kv: kv[1].peak_reserved_bytes)
+    wasted = int(reserved - best.peak_reserved_bytes)
+    if wasted <= 0:
+        return []
+
+    cpu = not trace.devices[dev].startswith("cuda")
+    module, sizes = _most_varied(sub, sub_dev)
+    evidence = {
+        "allocator": "pytorch caching allocator model (memwarden.plan.allocator), default settings",
+        "replayed": scope,
+        "note": (
+            "a prediction: this CPU trace replayed through a model of the CUDA caching allocator"
+            if cpu
+            else "replayed through a model of the CUDA caching allocator"
+        ),
+        "reserved_overhead_fraction": round(overhead, 3),
+        "unused_reserved_bytes": int(reserved - allocated),
+        **_summary(base),
+        "alternatives": {conf: _summary(r) for conf, r in alternatives.items()},
+        "best_alternative": best_conf,
+        "most_varied_module": module,
+        "distinct_large_request_sizes": sizes,
+    }
+    fix = (
+        f"set PYTORCH_CUDA_ALLOC_CONF={best_conf} (simulated peak reserved drops from "
+        f"{format_bytes(reserved)} to {format_bytes(best.peak_reserved_bytes)}), or bucket batch sizes, sequence "
+        f"lengths and image counts to a few fixed shapes so cached blocks are reused: saves {format_bytes(wasted)} "
+        f"of reserved memory"
+    )
+    return [
+        Finding(
+            pattern=PATTERN,
+            severity=severity_for(wasted, reserved),
+            bytes_at_peak=int(reserved - allocated),
+            wasted_bytes=wasted,
+            where=module,
+            evidence=evidence,
+            fix=fix,
+        )
+    ]

@@ -1,0 +1,190 @@
+"""graph-retention: autograd graphs of several root forward calls alive together.
+
+Training code keeps a graph alive when a tensor that requires grad outlives
+the step that made it: losses of micro-batches summed before one backward,
+losses appended to a list (for logging) without ``.item()`` / ``.detach()``,
+an evaluation loop without ``torch.no_grad()``. Each such graph holds every
+activation its forward saved for backward.
+
+What the trace shows: every root model call is a STEP span. For step ``j`` let
+``S_j`` be the bytes of the activation blocks it made that are still live when
+it returns (saved tensors plus outputs). Its graph counts as *alive* at the
+start of a later step of the same root module while at least
+``retained_fraction`` of ``S_j`` is still live. A step's graph that is freed
+by its backward (or, under no_grad, that never existed) is gone by then; an
+output that a loop keeps (``out = model(x)`` reassigned next iteration) is a
+small share of ``S_j`` when autograd saved tensors, and is not counted.
+
+Autograd must be visible: the trace has backward-phase allocations, or the
+retained blocks come from at least ``min_modules_without_backward`` modules
+(an evaluation loop that never calls backward). Kept outputs of a no_grad
+loop come from one or two modules and are not called graphs.
+
+Waste: at the trace's peak, the live activation bytes of every alive graph
+except the newest one (the graph the current step needs anyway).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.timeline import free_index, primary_device
+from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
+from memwarden.units import format_bytes
+
+PATTERN = "graph-retention"
+_EVIDENCE_STEPS = 64  # per-step lists in the evidence are cut to this many entries
+
+
+def _step_table(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(start_us, end_us, group id, group names) of the root calls, in start order.
+
+    Steps of different root modules (a model run as two separately called
+    halves) never count as each other's extra graphs, so they are grouped by
+    the root module named in ``metadata["steps"]`` when it lines up with the spans.
+    """
+    kind = trace.spans["kind"]
+    rows = np.flatnonzero(kind == SpanKind.STEP)
+    starts = trace.spans["start_us"][rows]
+    order = np.argsort(starts, kind="stable")
+    rows = rows[order]
+    starts, ends = trace.spans["start_us"][rows], trace.spans["end_us"][rows]
+    meta = trace.metadata.get("steps")
+    names = ["model"] * len(rows)
+    if isinstance(meta, list) and len(meta) == len(rows):
+        by_start = sorted(meta, key=lambda s: s.get("start_us", 0) if isinstance(s, dict) else 0)
+        names = [str(s.get("module", "model")) if isinstance(s, dict) else "model" for s in by_start]
+    uniq = sorted(set(names))
+    group = np.array([uniq.index(n) for n in names], dtype=np.int64)
+    return starts.astype(np.int64), ends.astype(np.int64), group, uniq
+
+
+def detect(trace: Trace, ctx: Context) -> list[Finding]:
+    fraction = float(ctx.threshold(PATTERN, "retained_fraction", 0.5))
+    min_graphs = int(ctx.threshold(PATTERN, "min_graphs_alive", 2))
+    min_modules = int(ctx.threshold(PATTERN, "min_modules_without_backward", 3))
+    starts, ends, group, group_names = _step_table(trace)
+    n = trace.num_events
+    if len(starts) < 2 or n == 0:
+        return []
+    ev = trace.events
+    dev = primary_device(trace)
+    on_dev = ev["device"] == dev
+    times = ev["time_us"]
+
+    # Activation blocks made inside a step, with the time they are freed.
+    act_rows = np.flatnonzero((ev["action"] == Action.ALLOC) & (ev["category"] == Category.ACTIVATION) & on_dev)
+    if len(act_rows) == 0:
+        return []
+    t_alloc = times[act_rows]
+    step = np.searchsorted(starts, t_alloc, side="right") - 1
+    inside = step >= 0
+    inside[inside] &= t_alloc[inside] <= ends[step[inside]]
+    act_rows, step, t_alloc = act_rows[inside], step[inside], t_alloc[inside]
+    if len(act_rows) == 0:
+        return []
+    fidx = free_index(trace)[act_rows]
+    never = np.iinfo(np.int64).max
+    t_free = np.where(fidx < n, times[np.minimum(fidx, n - 1)], never)
+    nbytes = ev["nbytes"][act_rows]
+
+    # S_j: bytes still live when step j returns.
+    at_end = t_free > ends[step]
+    n_steps = len(starts)
+    saved = np.bincount(step[at_end], weights=nbytes[at_end], minlength=n_steps)
+
+    # alive_until_j: the graph counts as alive while >= fraction * S_j of it is live.
+    # Sort its surviving blocks by free time, latest first; the free time at which the
+    # running total first reaches fraction * S_j is when it stops counting.
+    rows_s, step_s, free_s, bytes_s = act_rows[at_end], step[at_end], t_free[at_end], nbytes[at_end]
+    order = np.lexsort((-free_s, step_s))
+    step_s, free_s, bytes_s, rows_s = step_s[order], free_s[order], bytes_s[order], rows_s[order]
+    cum = np.cumsum(bytes_s)
+    first = np.searchsorted(step_s, np.arange(n_steps), side="left")
+    base = np.where(first > 0, cum[np.maximum(first - 1, 0)], 0)
+    alive_until = np.full(n_steps, -1, dtype=np.int64)
+    has = saved > 0
+    target = base[has] + np.ceil(fraction * saved[has])
+    pos = np.minimum(np.searchsorted(cum, target, side="left"), len(cum) - 1)
+    alive_until[has] = free_s[pos]
+
+    # Graphs alive at the start of each step: earlier steps of the same root module whose
+    # graph outlives that start. Each graph j covers the steps (j, k_end_j): a difference array.
+    alive_at = np.ones(n_steps, dtype=np.int64)  # the current step's own graph
+    for g in range(len(group_names)):
+        idx = np.flatnonzero(group == g)
+        if len(idx) < 2:
+            continue
+        k_end = np.searchsorted(starts[idx], alive_until[idx], side="left")  # first step starting at/after it
+        k_begin = np.arange(len(idx)) + 1
+        cover = k_end > k_begin
+        diff = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.add.at(diff, k_begin[cover], 1)
+        np.add.at(diff, k_end[cover], -1)
+        alive_at[idx] += np.cumsum(diff)[:-1]
+    most = int(alive_at.max())
+    if most < min_graphs:
+        return []
+
+    # Was autograd at work? Backward allocations, or retention spread over many modules.
+    retaining = np.flatnonzero(alive_until > np.concatenate([starts[1:], [never]]))  # steps kept past the next start
+    has_backward = bool(np.any((ev["phase"] == Phase.BACKWARD) & on_dev))
+    if not has_backward:
+        kept = np.isin(step_s, retaining) & (free_s >= alive_until[step_s])
+        if len(np.unique(ev["module"][rows_s[kept]])) < min_modules:
+            return []
+
+    # Waste at the peak: live activations of alive graphs other than the newest one.
+    live = np.cumsum(np.where(on_dev, trace.signed_bytes(), 0))
+    peak_row = int(np.argmax(live))
+    peak_bytes = int(live[peak_row])
+    t_peak = int(times[peak_row])
+    live_at_peak = (act_rows <= peak_row) & (fidx > peak_row)
+    per_step_at_peak = np.bincount(step[live_at_peak], weights=nbytes[live_at_peak], minlength=n_steps)
+    alive_graph = (alive_until > t_peak) & (per_step_at_peak > 0) & (starts <= t_peak)
+    graphs_at_peak = np.flatnonzero(alive_graph)
+    wasted = 0
+    for g in np.unique(group[graphs_at_peak]):
+        members = graphs_at_peak[group[graphs_at_peak] == g]
+        wasted += int(per_step_at_peak[members[:-1]].sum())  # all but the newest of that root module
+    if wasted <= 0:
+        return []
+
+    # Evidence: activation bytes live at each step's start, and their growth per step.
+    act_signed = np.where(on_dev & (ev["category"] == Category.ACTIVATION), trace.signed_bytes(), 0)
+    act_live = np.cumsum(act_signed)
+    before = np.searchsorted(times, starts, side="left") - 1
+    live_at_start = np.where(before >= 0, act_live[np.maximum(before, 0)], 0)
+    growth = float(np.polyfit(np.arange(n_steps), live_at_start.astype(np.float64), 1)[0]) if n_steps >= 2 else 0.0
+    worst = int(np.argmax(alive_at))
+    root = group_names[int(group[worst])]
+    evidence = {
+        "steps": n_steps,
+        "graphs_alive_together": most,
+        "graphs_alive_at_peak": len(graphs_at_peak),
+        "activation_bytes_at_step_start": [int(v) for v in live_at_start[:_EVIDENCE_STEPS]],
+        "graphs_alive_at_step_start": [int(v) for v in alive_at[:_EVIDENCE_STEPS]],
+        "saved_bytes_per_step": [int(v) for v in saved[:_EVIDENCE_STEPS]],
+        "growth_bytes_per_step": int(round(growth)),
+        "extra_graph_bytes_at_peak": wasted,
+        "peak_bytes": peak_bytes,
+        "backward_seen": has_backward,
+        "retained_fraction": fraction,
+    }
+    fix = (
+        f"free each graph before the next forward: with gradient accumulation call (loss / n).backward() per "
+        f"micro-batch instead of summing the losses first; log loss.item() / loss.detach(), and evaluate under "
+        f"torch.no_grad(): saves {format_bytes(wasted)} at the peak ({len(graphs_at_peak) - 1} extra graph(s))"
+    )
+    return [
+        Finding(
+            pattern=PATTERN,
+            severity=severity_for(wasted, peak_bytes),
+            bytes_at_peak=int(per_step_at_peak[graphs_at_peak].sum()),
+            wasted_bytes=wasted,
+            where=root,
+            evidence=evidence,
+            fix=fix,
+        )
+    ]

@@ -1,0 +1,170 @@
+"""load-spike: weights materialised twice (or three times) while loading.
+
+Typical causes: a model built in float32 and then cast (``.half()``,
+``.to(torch.bfloat16)``); ``torch.load`` of a full state dict (no mmap) next
+to an already materialised model, then ``load_state_dict`` copying into it;
+both at once. The load phase then peaks at 2-3x the weights the run keeps,
+often the largest footprint of the whole run on a small device.
+
+What the trace shows: the load window is everything before the first module
+call (the capture's ``load`` phase). The final weights ``F`` are the weight and
+buffer blocks live when it ends. Duplicates are the other blocks made in the
+window whose shape is the shape of a final weight: float32 parameters that a
+cast replaced (their storages died before the capture saw them as weights),
+state-dict tensors from ``torch.load``. The pattern fires when the weight
+bytes live at the load-phase peak (final weights made so far plus duplicates)
+are at least ``min_ratio`` (1.5) times ``F``. Counting weight-shaped blocks
+only keeps inputs and other load-time data out of the ratio.
+
+Waste: the trace's peak minus its peak with the duplicates removed throughout
+(what building in the target dtype on the meta device and loading with
+mmap + assign leaves), so a load spike that is not the run's peak costs
+nothing.
+
+Limits: mmap'd weights are MAP rows only if they are still alive when the
+capture stops, and are stamped with the time the capture first saw them as
+weights (the first forward); duplicates are found by shape alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.timeline import free_index, primary_device
+from memwarden.trace.model import Action, Category, SpanKind, Trace
+from memwarden.units import format_bytes
+
+PATTERN = "load-spike"
+_EVIDENCE_GROUPS = 6
+
+
+def _load_end_row(trace: Trace) -> int:
+    """First event row at or after the first module call (the end of the load window)."""
+    modules = trace.spans["kind"] == SpanKind.MODULE
+    if not modules.any():
+        return trace.num_events
+    first_call = int(trace.spans["start_us"][modules].min())
+    return int(np.searchsorted(trace.events["time_us"], first_call, side="left"))
+
+
+def detect(trace: Trace, ctx: Context) -> list[Finding]:
+    min_ratio = float(ctx.threshold(PATTERN, "min_ratio", 1.5))
+    n = trace.num_events
+    end = _load_end_row(trace)
+    if n == 0 or end == 0:
+        return []
+    ev = trace.events
+    dev = primary_device(trace)
+    on_dev = ev["device"] == dev
+    action, category = ev["action"], ev["category"]
+    fidx = free_index(trace)
+    is_start = ((action == Action.ALLOC) | (action == Action.PREEXISTING) | (action == Action.MAP)) & on_dev
+    in_window = np.zeros(n, dtype=bool)
+    in_window[:end] = True
+    alive_at_end = fidx >= end
+
+    is_weight = (category == Category.WEIGHT) | (category == Category.BUFFER)
+    final_rows = np.flatnonzero(is_start & in_window & is_weight & alive_at_end)
+    final_bytes = int(ev["nbytes"][final_rows].sum())
+    if final_bytes <= 0:
+        return []
+
+    # Duplicates: non-weight blocks made in the window with the shape of a final weight.
+    weight_shapes = np.unique(ev["shape"][final_rows])
+    weight_shapes = weight_shapes[weight_shapes >= 0]
+    anon_start = is_start & (action != Action.MAP)
+    dup_rows = np.flatnonzero(
+        anon_start & in_window & ~is_weight & (category != Category.INPUT) & np.isin(ev["shape"], weight_shapes)
+    )
+    if len(dup_rows) == 0:
+        return []
+
+    signed = np.where(on_dev, trace.signed_bytes(), 0)
+    live = np.cumsum(signed)
+    load_peak_row = int(np.argmax(live[:end]))
+    load_peak = int(live[load_peak_row])
+    dup_at_load_peak = (dup_rows <= load_peak_row) & (fidx[dup_rows] > load_peak_row)
+    dup_bytes = int(ev["nbytes"][dup_rows[dup_at_load_peak]].sum())
+    final_at_load_peak = (final_rows <= load_peak_row) & (fidx[final_rows] > load_peak_row)
+    weights_at_load_peak = int(ev["nbytes"][final_rows[final_at_load_peak]].sum()) + dup_bytes
+    ratio = weights_at_load_peak / final_bytes
+    if ratio < min_ratio:
+        return []
+
+    # The run without the duplicates: subtract their own live-bytes curve.
+    dup_signed = np.zeros(n, dtype=np.int64)
+    dup_signed[dup_rows] = ev["nbytes"][dup_rows]
+    freed = fidx[dup_rows]
+    freed = freed[freed < n]
+    dup_signed[freed] -= ev["nbytes"][freed]
+    peak_row = int(np.argmax(live))
+    peak_bytes = int(live[peak_row])
+    peak_without = int((live - np.cumsum(dup_signed)).max())
+    wasted = peak_bytes - peak_without
+    if wasted <= 0:
+        return []
+
+    # Which ops and dtypes made the duplicates live at the load peak.
+    rows = dup_rows[dup_at_load_peak]
+    groups: dict[tuple[int, int], list[int]] = {}
+    for op, dt, nb in zip(
+        ev["op"][rows].tolist(), ev["dtype"][rows].tolist(), ev["nbytes"][rows].tolist(), strict=True
+    ):
+        acc = groups.setdefault((op, dt), [0, 0])
+        acc[0] += nb
+        acc[1] += 1
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    blocks: list[dict[str, Any]] = [
+        {
+            "op": trace.string(op) or "(no op: torch.load / storage)",
+            "dtype": trace.string(dt),
+            "bytes": nb,
+            "blocks": cnt,
+        }
+        for (op, dt), (nb, cnt) in ranked[:_EVIDENCE_GROUPS]
+    ]
+    final_dtypes = {trace.strings[d] for d in np.unique(ev["dtype"][final_rows]).tolist() if d >= 0}
+    dup_dtypes = {trace.strings[d] for d in np.unique(ev["dtype"][rows]).tolist() if d >= 0}
+    cast = bool(dup_dtypes - final_dtypes)
+    kept = fidx[dup_rows] >= end
+    evidence = {
+        "load_peak_bytes": load_peak,
+        "final_weight_bytes": final_bytes,
+        "ratio": round(ratio, 3),  # weight bytes (final + duplicates) at the load peak / final weights
+        "load_peak_ratio": round(load_peak / final_bytes, 3),
+        "weight_bytes_at_load_peak": weights_at_load_peak,
+        "duplicate_bytes_at_load_peak": dup_bytes,
+        "duplicates_alive_after_load_bytes": int(ev["nbytes"][dup_rows[kept]].sum()),
+        "duplicate_blocks": blocks,
+        "cast_after_materialising": cast,
+        "final_weight_dtypes": sorted(final_dtypes),
+        "peak_bytes": peak_bytes,
+        "peak_without_duplicates_bytes": peak_without,
+    }
+    how = (
+        "build in the target dtype (from_pretrained(..., dtype=...) / Model._from_config(config, dtype=...)) "
+        "instead of casting after materialising; "
+        if cast
+        else ""
+    )
+    fix = (
+        f"{how}build on the meta device and load with torch.load(path, mmap=True) + "
+        f"load_state_dict(state, assign=True) (or from_pretrained / safetensors, which map the file), so each "
+        f"weight exists once, in its final dtype: saves {format_bytes(wasted)} at the peak ({format_bytes(weights_at_load_peak)} "
+        f"of weights at the load peak = {ratio:.1f}x the {format_bytes(final_bytes)} the run keeps)"
+    )
+    top = blocks[0]
+    return [
+        Finding(
+            pattern=PATTERN,
+            severity=severity_for(wasted, peak_bytes),
+            bytes_at_peak=dup_bytes,
+            wasted_bytes=wasted,
+            where=f"load: {top['op']} ({top['dtype']})",
+            evidence=evidence,
+            fix=fix,
+        )
+    ]
