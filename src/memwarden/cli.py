@@ -16,7 +16,7 @@ from memwarden.errors import MemwardenError
 from memwarden.trace.model import TraceFormatError
 
 # Order is the order of `memwarden --help`.
-COMMANDS = ["demo", "trace", "summary", "diagnose", "report", "export", "replay", "plan"]
+COMMANDS = ["demo", "trace", "summary", "diagnose", "report", "export", "replay", "plan", "estimate", "devices"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -53,10 +53,19 @@ def build_deployment(config: DemoConfig) -> tuple[Any, Callable[[int], dict[str,
 
     model = zoo.build_model(config.model, size=config.size, seed=config.seed)
 
+    first: dict[str, Any] = {}
+
     def turn_inputs(turn: int) -> dict[str, Any]:
-        # The conversation grows each turn; the image is sent again with it.
+        # The conversation grows each turn; the same image is sent again with it.
         prompt = config.first_prompt_tokens + turn * (config.tokens_per_turn + config.new_tokens)
-        return zoo.make_inputs(model, prompt_tokens=prompt, seed=config.seed)
+        inputs = zoo.make_inputs(model, prompt_tokens=prompt, seed=config.seed)
+        if not first:
+            first.update(inputs)
+        seq = tuple(inputs["input_ids"].shape)
+        for key, value in inputs.items():  # media tensors (not shaped like the token ids) are turn 0's
+            if key in first and tuple(value.shape[:2]) != seq:
+                inputs[key] = first[key]
+        return inputs
 
     return model, turn_inputs, zoo.generate_kwargs(config.model)
 
@@ -105,14 +114,14 @@ def run_demo(
     result = summary(trace)
     step("diagnosing", 0.86)
     from memwarden.analyze.diagnose import diagnose
-    from memwarden.report.diagnosis import write_diagnosis_html
+    from memwarden.report.full import write_report
 
     findings = diagnose(trace)
     trace_path = save(trace, out / "demo.mwtrace")
     step("writing report.html", 0.92)
     report_path = out / "report.html"
     title = f"memwarden demo: {config.model} ({config.size}), {config.turns}-turn chat"
-    write_diagnosis_html(trace, findings, report_path, title=title)
+    write_report(trace, report_path, title=title, findings=findings)
     step("done", 1.0)
     return DemoResult(trace, result, report_path, trace_path, config, outputs, findings)
 

@@ -20,16 +20,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "-o", "--output", metavar="OUT.html", default="report.html", help="where to write (default: report.html)"
     )
     parser.add_argument("--title", help="page title (default: derived from the trace's model name)")
+    parser.add_argument("--no-diagnose", action="store_true", help="leave out the findings section")
+    parser.add_argument("--no-heatmap", action="store_true", help="leave out the simulated allocator heatmap")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import load_trace  # trace.io.load_any when present, else .mwtrace only
-    from memwarden.report.html import write_html
+    from memwarden.report.full import write_report
 
     trace = load_trace(args.file)
     try:
-        written = write_html(trace, Path(args.output), title=args.title)
+        written = write_report(
+            trace, Path(args.output), title=args.title, diagnose_trace=not args.no_diagnose, heatmap=not args.no_heatmap
+        )
     except OSError as exc:
         raise InputError(f"{args.output}: cannot write report ({exc.strerror or exc})") from None
     print(written)

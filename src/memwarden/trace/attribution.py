@@ -97,6 +97,10 @@ class CaptureLog:
     def step_start(self, t_ns: int, ctx: int, phase: Phase, seq_len: int | None, info: dict[str, Any] | None = None) -> None:
         self.steps.append([t_ns, None, ctx, phase, seq_len, info or {}])
 
+    def fix_step(self, phase: Phase, seq_len: int | None, info: dict[str, Any] | None) -> None:
+        if self.steps:
+            self.steps[-1][3:6] = [phase, seq_len, info or {}]
+
     def step_end(self, t_ns: int) -> None:
         if self.steps and self.steps[-1][1] is None:
             self.steps[-1][1] = t_ns

@@ -224,6 +224,7 @@ class Capture:
         self._active = False
         self._maps = FileMappings()
         self._own_hooks: set[int] = set()
+        self._entries: list[tuple[int, int, bool, bool]] = []  # (ctx, enter index, saw kwargs, is step)
         self._module_handles: list[Any] = []
 
     # -- module registry ---------------------------------------------------------
@@ -275,7 +276,9 @@ class Capture:
         return int(self._native.now_ns())
 
     # -- hooks ------------------------------------------------------------------
-    def _pre_hook(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _pre_hook(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], has_kwargs: bool = True
+    ) -> None:
         ctx = self._ctx_of(module)
         info = self._modules[ctx]
         is_step = not self._stack and info.path == ""
@@ -292,6 +295,7 @@ class Capture:
             now = self._now()
             for t in _tensors_in((args, kwargs)):
                 self._log.tag(now, t, "input", info.path)
+        self._entries.append((ctx, len(self._log.fingerprints), has_kwargs, is_step))
         self._log.enter(ctx, fp)
         self._stack.append(ctx)
         self._native.enter(ctx)
@@ -305,11 +309,37 @@ class Capture:
             self._stack.pop()
         elif ctx in self._stack:
             del self._stack[self._stack.index(ctx) :]
+        entry = None
+        while self._entries:
+            entry = self._entries.pop()
+            if entry[0] == ctx:
+                break
+        if entry is not None and entry[0] == ctx and not entry[2] and kwargs:
+            self._late_kwargs(module, entry, args, kwargs)
         if not self._stack and self._modules[ctx].path == "":
             now = self._now()
             for t in cache_tensors(output):
                 self._log.tag(now, t, "kv_cache", "")
             self._log.step_end(now)
+
+    def _late_kwargs(self, module: torch.nn.Module, entry: tuple[int, int, bool, bool], args: Any, kwargs: Any) -> None:
+        """A model first seen inside its own call had its kwargs hooks installed too late for
+        that call's pre-hook: fill in what the pre-hook could not see, from the post-hook."""
+        ctx, enter_index, _, is_step = entry
+        if self.fingerprints and self._modules[ctx].is_boundary:
+            self._log.fingerprints[enter_index] = fingerprint((args, kwargs))
+        now = self._now()
+        for t in _tensors_in((args, kwargs)):
+            self._log.tag(now, t, "input", self._modules[ctx].path)
+        if is_step:
+            seq = _sequence_length(args, kwargs)
+            cache = _cache_in(kwargs)
+            try:  # after the call the cache holds this step's tokens too
+                cached = int(cache.get_seq_length()) if cache is not None else 0
+            except Exception:
+                cached = 0
+            decode = seq == 1 and cached > 1
+            self._log.fix_step(Phase.DECODE if decode else Phase.PREFILL, seq, step_tokens(module, kwargs))
 
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._log.optimizer_start(self._now())
@@ -387,7 +417,7 @@ class Capture:
     def _pre_hook_adapter(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         if id(module) in self._own_hooks:
             return
-        self._pre_hook(module, args, {})
+        self._pre_hook(module, args, {}, has_kwargs=False)
 
     def _post_hook_adapter(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if id(module) in self._own_hooks:
@@ -416,6 +446,7 @@ class Capture:
         for ctx in reversed(self._stack):  # calls cut short by an exception
             self._native.exit(ctx)
         self._stack.clear()
+        self._entries.clear()
         for info in self._modules:
             module = info.ref()
             if module is not None and info.path == "":

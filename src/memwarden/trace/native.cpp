@@ -24,6 +24,7 @@
 #include <chrono>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -208,6 +209,12 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (t_ops.empty()) {
     t_inputs.clear();
     for (const auto& in : fn.inputs()) flatten_tensors(in, t_inputs);
+    // new_zeros/new_empty/... and zeros_like/empty_like/... read only the shape and
+    // dtype of their first input: it is a template, not data written into the result.
+    std::string_view name(fn.name());
+    bool templated = name.rfind("aten::new_", 0) == 0 ||
+                     (name.size() > 5 && name.compare(name.size() - 5, 5, "_like") == 0);
+    if (templated && !t_inputs.empty()) t_inputs.erase(t_inputs.begin());
   }
   t_ops.push_back(fn.name());
   return nullptr;
