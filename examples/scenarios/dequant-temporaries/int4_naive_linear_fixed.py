@@ -18,7 +18,7 @@ from torch import nn
 
 DIM, FFN, VOCAB, LAYERS = 1024, 4096, 512, 2
 GROUP = 64  # int4 quantisation group along the input dimension
-NEW_TOKENS = 6
+PROMPT, NEW_TOKENS = 4, 4
 
 
 class Int4Linear(nn.Module):
@@ -52,28 +52,35 @@ class Block(nn.Module):
 
 
 class Int4LM(nn.Module):
+    """A small recurrent LM (a stand-in for RWKV/Mamba-style models): one token per call, a running state."""
+
     def __init__(self) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(VOCAB, DIM)
         self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
         self.lm_head = Int4Linear(DIM, VOCAB)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.embed_tokens(ids)  # (B, T, DIM)
+    def forward(self, ids: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        state = 0.9 * state + self.embed_tokens(ids)  # (B, 1, DIM)
+        h = state
         for layer in self.layers:
             h = layer(h)
-        return self.lm_head(h[:, -1])  # (B, VOCAB)
+        return self.lm_head(h[:, -1]), state  # (B, VOCAB) next-token logits
 
 
 def main() -> None:
     torch.manual_seed(0)
     model = Int4LM().eval()
-    ids = torch.randint(0, VOCAB, (1, 8))
+    prompt = torch.randint(0, VOCAB, (1, PROMPT)).tolist()[0]
+    state = torch.zeros(1, 1, DIM)
+    generated: list[int] = []
     with torch.inference_mode():
-        for _ in range(NEW_TOKENS):  # greedy decoding, no KV cache: the model is all MLP
-            next_id = model(ids).argmax(-1, keepdim=True)
-            ids = torch.cat([ids, next_id], dim=1)
-    print("generated", ids[0, 8:].tolist())
+        for token in prompt:  # prefill, one token per call
+            logits, state = model(torch.tensor([[token]]), state)
+        for _ in range(NEW_TOKENS):  # greedy decoding
+            generated.append(int(logits.argmax(-1)))
+            logits, state = model(torch.tensor([generated[-1:]]), state)
+    print("generated", generated)
 
 
 if __name__ == "__main__":

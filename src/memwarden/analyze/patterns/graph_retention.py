@@ -172,11 +172,28 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         "backward_seen": has_backward,
         "retained_fraction": fraction,
     }
-    fix = (
-        f"free each graph before the next forward: with gradient accumulation call (loss / n).backward() per "
-        f"micro-batch instead of summing the losses first; log loss.item() / loss.detach(), and evaluate under "
-        f"torch.no_grad(): saves {format_bytes(wasted)} at the peak ({len(graphs_at_peak) - 1} extra graph(s))"
-    )
+    # How the extra graphs die tells the two mistakes apart: a backward that frees several
+    # graphs at once (losses summed over micro-batches), or no backward at all (losses kept
+    # for logging, evaluation without no_grad).
+    backward_t = np.sort(times[(ev["action"] == Action.ALLOC) & (ev["phase"] == Phase.BACKWARD) & on_dev])
+    extra = graphs_at_peak[:-1]
+    after_end = np.searchsorted(backward_t, ends[extra], side="right")
+    by_backward = after_end < np.searchsorted(backward_t, alive_until[extra], side="right")
+    summed = bool(len(extra)) and bool(by_backward.all())
+    evidence["freed_by_one_backward"] = summed
+    saving = f"saves {format_bytes(wasted)} at the peak ({len(graphs_at_peak) - 1} extra graph(s))"
+    if summed:
+        fix = (
+            f"call backward per micro-batch, (loss / n).backward(), instead of summing the losses of several "
+            f"root calls before one backward (gradient accumulation gives the same gradients); log loss.item(): "
+            f"{saving}"
+        )
+    else:
+        fix = (
+            f"do not keep tensors that require grad across steps: log loss.item() / loss.detach() instead of the "
+            f"loss tensor, run evaluation under torch.no_grad(), and with gradient accumulation call "
+            f"(loss / n).backward() per micro-batch: {saving}"
+        )
     return [
         Finding(
             pattern=PATTERN,
