@@ -122,11 +122,13 @@ def test_unknown_demo_model_lists_names(tmp_path: Path) -> None:
 
 
 def test_demo_writes_a_report_that_renders_in_chromium(tmp_path: Path, chromium: str) -> None:
-    proc = run_cli("demo", "--size", "tiny", "--turns", "2", "--json", "-o", str(tmp_path))
+    proc = run_cli("demo", "--size", "tiny", "--turns", "3", "--json", "-o", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["summary"]["peak_bytes"] > result["summary"]["weights_bytes"] > 0
     assert {"encode", "prefill", "decode"} <= set(result["summary"]["by_phase_peak"])
+    # the deployment resends the same image every turn: diagnose names it
+    assert "kv-reprefill" in [f["pattern"] for f in result["findings"]]
     report = tmp_path / "report.html"
     assert report.exists() and (tmp_path / "demo.mwtrace").exists()
     profile = tempfile.mkdtemp(dir=tmp_path)
@@ -139,3 +141,6 @@ def test_demo_writes_a_report_that_renders_in_chromium(tmp_path: Path, chromium:
     assert re.search(r'<body[^>]*data-rendered="1"', dom), dom[:500]
     series = re.search(r'id="mw-status"[^>]*data-series="(\d+)"', dom) or re.search(r'data-series="(\d+)"[^>]*id="mw-status"', dom)
     assert series and int(series.group(1)) >= 3
+    markers = re.search(r'id="mw-status"[^>]*data-markers="(\d+)"', dom) or re.search(r'data-markers="(\d+)"[^>]*id="mw-status"', dom)
+    assert markers and int(markers.group(1)) == len(result["findings"])  # every finding is marked on the timeline
+    assert "Allocator heatmap" in dom and "data:image/png;base64," in dom
