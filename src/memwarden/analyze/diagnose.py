@@ -10,14 +10,16 @@ whose waste is negligible against the peak is dropped here, in one place.
 from __future__ import annotations
 
 import importlib
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from memwarden.analyze.timeline import Summary, summary
 from memwarden.trace.model import Trace

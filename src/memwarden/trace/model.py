@@ -338,7 +338,7 @@ def dumps(trace: Trace) -> bytes:
     """Serialise to the .mwtrace byte layout (see docs/trace-format.md)."""
     columns: list[tuple[str, np.ndarray]] = [("events." + k, trace.events[k]) for k in EVENT_COLUMNS]
     columns += [("spans." + k, trace.spans[k]) for k in SPAN_COLUMNS]
-    descriptors = []
+    descriptors: list[dict[str, Any]] = []
     offset = 0
     for name, array in columns:
         offset += _padding(offset)
@@ -346,7 +346,7 @@ def dumps(trace: Trace) -> bytes:
         offset += array.nbytes
     payload = bytearray(offset)
     for desc, (_, array) in zip(descriptors, columns, strict=False):
-        start = desc["offset"]
+        start = int(desc["offset"])
         payload[start : start + array.nbytes] = array.tobytes()
     header = {
         "version": FORMAT_VERSION,
