@@ -24,7 +24,7 @@ from memwarden.models import zoo
 
 
 def main() -> None:
-    config = zoo.build_config("llava")  # a tiny LLaVA config (random weights, nothing downloaded)
+    config = zoo.build_config("llava", size="small")  # ~50M parameters, random weights, nothing downloaded
     torch.manual_seed(0)
     model = LlavaForConditionalGeneration(config)  # float32 weights
     model = model.to(torch.bfloat16).eval()  # bf16 copies while the float32 weights are alive

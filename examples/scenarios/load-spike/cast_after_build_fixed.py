@@ -16,7 +16,7 @@ from memwarden.models import zoo
 
 
 def main() -> None:
-    config = zoo.build_config("llava")  # a tiny LLaVA config (random weights, nothing downloaded)
+    config = zoo.build_config("llava", size="small")  # ~50M parameters, random weights, nothing downloaded
     torch.manual_seed(0)
     model = LlavaForConditionalGeneration._from_config(config, dtype=torch.bfloat16).eval()
     inputs = zoo.make_inputs(model, prompt_tokens=12)

@@ -183,14 +183,14 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         else "torch._weight_int8pack_mm (int8 weight, per-channel scale)"
     )
     evidence = {
-        "quantized_weights": len(per_weight),
-        "weights": per_weight[:_EVIDENCE_WEIGHTS],
-        "copies": int(len(m_rows)),
-        "float_copies": int(is_float.sum()),
-        "bytes_allocated": total_allocated,
         "bytes_at_peak": wasted,
-        "peak_bytes": peak_bytes,
+        "float_copies": int(is_float.sum()),
+        "copies": int(len(m_rows)),
+        "bytes_allocated": total_allocated,
+        "quantized_weights": len(per_weight),
         "quantized_weight_bytes": int(ev["nbytes"][w_rows].sum()),
+        "peak_bytes": peak_bytes,
+        "weights": per_weight[:_EVIDENCE_WEIGHTS],
     }
     fix = (
         f"keep the weights quantised while computing: use a fused kernel ({kernel}) or dequantise tile by tile "

@@ -142,20 +142,20 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     cpu = not trace.devices[dev].startswith("cuda")
     module, sizes = _most_varied(sub, sub_dev)
     evidence = {
-        "allocator": "pytorch caching allocator model (memwarden.plan.allocator), default settings",
-        "replayed": scope,
+        **_summary(base),
+        "reserved_overhead_fraction": round(overhead, 3),
+        "unused_reserved_bytes": int(reserved - allocated),
+        "best_alternative": best_conf,
+        "alternatives": {conf: _summary(r) for conf, r in alternatives.items()},
+        "most_varied_module": module,
+        "distinct_large_request_sizes": sizes,
         "note": (
             "a prediction: this CPU trace replayed through a model of the CUDA caching allocator"
             if cpu
             else "replayed through a model of the CUDA caching allocator"
         ),
-        "reserved_overhead_fraction": round(overhead, 3),
-        "unused_reserved_bytes": int(reserved - allocated),
-        **_summary(base),
-        "alternatives": {conf: _summary(r) for conf, r in alternatives.items()},
-        "best_alternative": best_conf,
-        "most_varied_module": module,
-        "distinct_large_request_sizes": sizes,
+        "replayed": scope,
+        "allocator": "memwarden.plan.allocator (PyTorch caching allocator model), default settings",
     }
     fix = (
         f"set PYTORCH_CUDA_ALLOC_CONF={best_conf} (simulated peak reserved drops from "

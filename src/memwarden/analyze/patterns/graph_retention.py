@@ -160,14 +160,14 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     worst = int(np.argmax(alive_at))
     root = group_names[int(group[worst])]
     evidence = {
-        "steps": n_steps,
         "graphs_alive_together": most,
         "graphs_alive_at_peak": len(graphs_at_peak),
+        "extra_graph_bytes_at_peak": wasted,
+        "growth_bytes_per_step": int(round(growth)),
+        "steps": n_steps,
         "activation_bytes_at_step_start": [int(v) for v in live_at_start[:_EVIDENCE_STEPS]],
         "graphs_alive_at_step_start": [int(v) for v in alive_at[:_EVIDENCE_STEPS]],
         "saved_bytes_per_step": [int(v) for v in saved[:_EVIDENCE_STEPS]],
-        "growth_bytes_per_step": int(round(growth)),
-        "extra_graph_bytes_at_peak": wasted,
         "peak_bytes": peak_bytes,
         "backward_seen": has_backward,
         "retained_fraction": fraction,
