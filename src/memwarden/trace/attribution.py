@@ -140,7 +140,7 @@ class CaptureLog:
             self.preexisting_storages[ptr] = rec
 
     def file_backed(self, t_ns: int, tensor: Any, maps: Any) -> None:
-        """A storage alive at the end of the capture that lies in a mapped file."""
+        """A storage that lies in a mapped file, first seen at ``t_ns``."""
         found = storage_of(tensor)
         if found is None:
             return
@@ -150,8 +150,7 @@ class CaptureLog:
         path = maps.file_of(ptr)
         if path is None:
             return
-        first_seen = min((t for t, p, _, _ in self.tags if p == ptr), default=t_ns)
-        rec = self._record(tensor, first_seen, path)
+        rec = self._record(tensor, t_ns, path)
         if rec is not None:
             self.mapped_storages[ptr] = rec
 

@@ -262,10 +262,18 @@ class Capture:
         return ctx
 
     def _note_parameters(self, root: torch.nn.Module, t_ns: int) -> None:
-        """Record which storages are this module tree's weights, buffers and grads, now."""
+        """Record which storages are this module tree's weights, buffers and grads, now.
+
+        Weights mapped from a file (torch.load(mmap=True), safetensors) are recorded here,
+        when their model is first seen, so they stay in the trace even if the model is gone
+        by the time the capture stops (a local of the script's main())."""
+        if self._active:
+            self._maps.refresh()
         for path, module in root.named_modules():
             for _name, p in module.named_parameters(recurse=False):
                 self._log.tag(t_ns, p, "weight", path)
+                if self._active:
+                    self._log.file_backed(t_ns, p, self._maps)
                 if p.grad is not None:
                     self._log.tag(t_ns, p.grad, "gradient", path)
             for _name, b in module.named_buffers(recurse=False):

@@ -169,9 +169,15 @@ void note_output(const at::Tensor& t, const std::vector<at::Tensor>& inputs) {
   auto it = g_live.find(reinterpret_cast<int64_t>(key));
   if (it == g_live.end()) return;
   Event& e = g_events[it->second.event_index];
-  int64_t sources = 0;
+  int64_t sources = 0;  // data bytes of the other inputs (for the op that made the block)
+  int64_t converted = 0;  // the same counted in the output's dtype (for writes into it)
+  const int64_t out_item = static_cast<int64_t>(t.element_size());
   for (const auto& in : inputs) {
-    if (storage_key(in) != key) sources += data_bytes(in);
+    if (!in.defined() || storage_key(in) == key) continue;  // backward passes undefined grads
+    int64_t bytes = data_bytes(in);
+    int64_t item = static_cast<int64_t>(in.element_size());
+    sources += bytes;
+    converted += item > 0 ? bytes / item * out_item : bytes;
   }
   if (e.dtype < 0) {  // first op to return this block: the one that made it
     e.dtype = static_cast<int8_t>(t.scalar_type());
@@ -187,7 +193,8 @@ void note_output(const at::Tensor& t, const std::vector<at::Tensor>& inputs) {
   } else if (sources > 0) {  // an in-place or out= op writing into an existing block
     bool aliases_input = false;
     for (const auto& in : inputs) aliases_input |= storage_key(in) == key;
-    if (aliases_input) e.written = (e.written < 0 ? 0 : e.written) + sources;
+    // An fp16 source copied into an fp32 block fills all of it: count in the block's dtype.
+    if (aliases_input) e.written = (e.written < 0 ? 0 : e.written) + converted;
   }
 }
 
@@ -206,29 +213,39 @@ void flatten_tensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
 thread_local std::vector<at::Tensor> t_inputs;
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
-  if (t_ops.empty()) {
+  const bool outermost = t_ops.empty();
+  t_ops.push_back(fn.name());  // first: on_exit pops whatever happens below
+  if (outermost) {
     t_inputs.clear();
-    for (const auto& in : fn.inputs()) flatten_tensors(in, t_inputs);
-    // new_zeros/new_empty/... and zeros_like/empty_like/... read only the shape and
-    // dtype of their first input: it is a template, not data written into the result.
-    std::string_view name(fn.name());
-    bool templated = name.rfind("aten::new_", 0) == 0 ||
-                     (name.size() > 5 && name.compare(name.size() - 5, 5, "_like") == 0);
-    if (templated && !t_inputs.empty()) t_inputs.erase(t_inputs.begin());
+    try {
+      for (const auto& in : fn.inputs()) flatten_tensors(in, t_inputs);
+      // new_zeros/new_empty/... and zeros_like/empty_like/... read only the shape and
+      // dtype of their first input: it is a template, not data written into the result.
+      std::string_view name(fn.name());
+      bool templated = name.rfind("aten::new_", 0) == 0 ||
+                       (name.size() > 5 && name.compare(name.size() - 5, 5, "_like") == 0);
+      if (templated && !t_inputs.empty()) t_inputs.erase(t_inputs.begin());
+    } catch (...) {
+      t_inputs.clear();
+    }
   }
-  t_ops.push_back(fn.name());
   return nullptr;
 }
 
 void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
-  if (t_ops.size() == 1 && g_recording.load(std::memory_order_relaxed)) {
+  // Pop first: whatever happens below, the op stack must stay in step with RecordFunction.
+  const bool outermost = t_ops.size() == 1;
+  if (!t_ops.empty()) t_ops.pop_back();
+  if (!outermost || !g_recording.load(std::memory_order_relaxed)) return;
+  try {
     std::vector<at::Tensor> inputs, outputs;
     inputs.swap(t_inputs);
     for (const auto& out : fn.outputs()) flatten_tensors(out, outputs);
     std::lock_guard<std::mutex> lock(g_mu);
     for (const auto& t : outputs) note_output(t, inputs);
+  } catch (...) {
+    // Metadata of one op is lost; the allocation log itself is unaffected.
   }
-  if (!t_ops.empty()) t_ops.pop_back();
 }
 
 void start(bool record_ops) {
