@@ -63,7 +63,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memwarden.trace.attribution import CaptureLog, StorageRecord
-from memwarden.trace.capture import Capture
+from memwarden.trace.capture import Capture, _cache_in
 from memwarden.trace.meta_ops import (
     CONVERSIONS,
     SPECIAL,
@@ -549,6 +549,20 @@ class MetaCapture(Capture):
             self._placement.__exit__(exc_type, exc, tb)
             self._placement = None
         self.stop()
+
+    def _post_hook(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        super()._post_hook(module, args, kwargs, output)
+        ctx = self._module_ids.get(id(module))
+        if ctx is None or self._stack or self._modules[ctx].path != "":
+            return
+        # A quantized cache keeps its states in ``_quantized_keys``/``_quantized_values``, which the
+        # live capture's cache scan does not read: tag them as KV cache too.
+        cache = _cache_in(output)
+        now = self._now()
+        for layer in getattr(cache, "layers", None) or ():
+            for name in ("_quantized_keys", "_quantized_values"):
+                for t in tensors(getattr(layer, name, None)):
+                    self._log.tag(now, t, "kv_cache", "")
 
     def stop(self) -> Trace:
         if self._active:

@@ -1,0 +1,156 @@
+"""memwarden estimate MODEL [--image WxH]... [--audio-seconds S] [--prompt-tokens N] [--new-tokens N]
+[--batch B] [--dtype D] [--weights-dtype D] [--kv-dtype D] [--device PROFILE]... [--json | --format md] [--sweep]"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from memwarden.errors import InputError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "estimate",
+        help="predict the peak memory of a model serving a request, per phase, and whether it fits a device",
+        description=(
+            "Build MODEL from its config on the meta device (no weights are downloaded or allocated), run "
+            "transformers' generate() on the request and report the peak per phase (load, encode, prefill, "
+            "decode), the verdict for a device and the cheapest changes that make it fit. MODEL is a zoo name "
+            "(llava, qwen2-vl:small, ...), a named real model (llava-1.5-7b, qwen2-vl-7b-instruct, ...) or the "
+            "path of a config.json or of a folder holding one."
+        ),
+    )
+    p.add_argument("model", metavar="MODEL", help="zoo name, named real model, config.json or its folder")
+    p.add_argument(
+        "--image", action="append", default=[], metavar="WxH",
+        help="an image already resized to W x H px (no tiling); repeat with --sweep to compare sizes",
+    )  # fmt: skip
+    p.add_argument("--audio-seconds", default=None, metavar="S", help="audio length in seconds (mel frames at 100/s)")
+    p.add_argument(
+        "--prompt-tokens", default="128", metavar="N",
+        help="text tokens, markers included; image/audio placeholders come on top (default 128; with --sweep a "
+        "comma-separated list)",
+    )  # fmt: skip
+    p.add_argument("--new-tokens", default="16", metavar="N", help="tokens generated greedily (default 16)")
+    p.add_argument("--batch", default="1", metavar="B", help="sequences per request (default 1)")
+    p.add_argument(
+        "--dtype", default="float32", metavar="D", help="weights and activations: float32, float16, bfloat16"
+    )
+    p.add_argument("--weights-dtype", default=None, metavar="D", help="quantized weights: int8 or int4 (NF4)")
+    p.add_argument("--kv-dtype", default=None, metavar="D", help="quantized KV cache: float8, int8 or int4")
+    p.add_argument(
+        "--device", action="append", default=[], metavar="PROFILE",
+        help="device profile id or TOML path (repeatable; the first one gets the suggestions)",
+    )  # fmt: skip
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the memory card as JSON")
+    fmt.add_argument("--format", choices=("text", "md", "json"), default="text", help="output format (default text)")
+    p.add_argument(
+        "--sweep", action="store_true",
+        help="estimate over image sizes, prompt lengths (or audio lengths) and print where the model stops fitting",
+    )  # fmt: skip
+    p.add_argument("--no-suggest", action="store_true", help="skip the re-runs that price the suggested changes")
+    p.set_defaults(func=run)
+
+
+def _int(value: str, flag: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{flag} takes an integer; got {value!r}") from None
+
+
+def _ints(value: str, flag: str) -> list[int]:
+    return [_int(v.strip(), flag) for v in str(value).split(",") if v.strip()]
+
+
+def _float(value: str, flag: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{flag} takes a number; got {value!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from memwarden.commands._common import print_json
+    from memwarden.estimate import estimate, load_device, parse_image, sweep
+
+    images = [parse_image(v) for v in args.image]
+    prompts = _ints(args.prompt_tokens, "--prompt-tokens")
+    if not prompts:
+        raise InputError("--prompt-tokens takes an integer")
+    audio = (
+        [_float(v.strip(), "--audio-seconds") for v in args.audio_seconds.split(",")] if args.audio_seconds else None
+    )
+    new_tokens = _int(args.new_tokens, "--new-tokens")
+    batch = _int(args.batch, "--batch")
+    fmt = "json" if args.json else args.format
+    devices = [load_device(d) for d in args.device]
+    common = dict(new_tokens=new_tokens, batch=batch, dtype=args.dtype, weights_dtype=args.weights_dtype,
+                  kv_dtype=args.kv_dtype)  # fmt: skip
+    if args.sweep:
+        result = sweep(args.model, images=images, prompt_tokens=prompts, audio_seconds=audio, devices=devices, **common)
+        if fmt == "json":
+            print_json(result.to_json())
+        else:
+            print(_render_sweep(result, markdown=fmt == "md"))
+        return 0
+    if len(prompts) > 1:
+        raise InputError("several --prompt-tokens values need --sweep")
+    if audio is not None and len(audio) > 1:
+        raise InputError("several --audio-seconds values need --sweep")
+    card = estimate(
+        args.model,
+        images=images,
+        audio_seconds=audio[0] if audio else None,
+        prompt_tokens=prompts[0],
+        device=devices[0] if devices else None,
+        suggest=not args.no_suggest,
+        **common,
+    )
+    if fmt == "json":
+        print_json(card.to_json())
+    elif fmt == "md":
+        print(card.to_markdown(devices[1:]))
+    else:
+        print(card.to_text())
+        for d in devices[1:]:
+            print(f"  {d.name}: usable {d.usable_bytes / 2**30:.1f} GiB, {card.verdict(d.usable_bytes)}")
+    return 0
+
+
+def _render_sweep(result: Any, markdown: bool) -> str:
+    from memwarden.units import format_bytes
+
+    lines = [f"{'### ' if markdown else ''}Where {result.model} stops fitting", ""]
+    names = [d.name for d in result.devices]
+    for axis, points in result.axes.items():
+        label = {"image": "image (px)", "prompt_tokens": "prompt tokens", "audio_seconds": "audio (s)"}[axis]
+        header = [label, "peak", *names]
+        rows = []
+        for value, card in points:
+            shown = f"{value[0]}x{value[1]}" if isinstance(value, tuple) else f"{value:g}"
+            cells = ["fits" if card.peak_bytes <= d.usable_bytes else "no" for d in result.devices]
+            rows.append([shown, format_bytes(card.peak_bytes), *cells])
+        if markdown:
+            lines.append("| " + " | ".join(header) + " |")
+            lines.append("|" + "---|" * len(header))
+            lines += ["| " + " | ".join(r) + " |" for r in rows]
+        else:
+            widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+            lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+            lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        lines.append("")
+    for dev_id, axes in result.limits().items():
+        name = next(d.name for d in result.devices if d.id == dev_id)
+        parts = []
+        for axis, value in axes.items():
+            if value is None:
+                parts.append(f"no {axis.replace('_', ' ')} fits")
+            elif isinstance(value, tuple):
+                parts.append(f"largest image {value[0]}x{value[1]}")
+            else:
+                parts.append(f"longest {axis.replace('_', ' ')} {value:g}")
+        lines.append(f"{'- ' if markdown else ''}{name}: " + "; ".join(parts))
+    return "\n".join(lines).rstrip() + "\n"
