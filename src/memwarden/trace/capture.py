@@ -48,27 +48,63 @@ class ModuleInfo:
     ref: weakref.ReferenceType[torch.nn.Module]
 
 
-def fingerprint(values: Any) -> str | None:
-    """Content hash of every tensor in ``values`` (shape, dtype and bytes)."""
+def tensor_digest(t: torch.Tensor) -> bytes:
+    """BLAKE2b of a tensor's shape, dtype and bytes (every byte up to 64 MiB, a strided sample beyond)."""
+    h = hashlib.blake2b(digest_size=12)
+    if t.device.type == "meta":
+        h.update(f"meta{tuple(t.shape)}{t.dtype}".encode())
+        return h.digest()
+    t = t.detach()
+    h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    flat = t.reshape(-1)
+    if flat.numel() * flat.element_size() > _FINGERPRINT_FULL_BYTES:
+        step = max(1, flat.numel() // (_FINGERPRINT_FULL_BYTES // flat.element_size()))
+        flat = flat[::step]
+    h.update(flat.cpu().contiguous().numpy().tobytes())
+    return h.digest()
+
+
+class DigestCache:
+    """Digests of tensors already hashed, keyed by identity and version.
+
+    generate() passes the same pixel_values to every decode step; hashing them again
+    each step cost more than the rest of the capture. A tensor modified in place bumps
+    its ``_version``, so a stale digest is never reused.
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._cache: dict[tuple[Any, ...], tuple[weakref.ReferenceType[torch.Tensor], bytes]] = {}
+        self._limit = limit
+
+    def digest(self, t: torch.Tensor) -> bytes:
+        try:
+            key = (id(t), t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype)
+        except Exception:  # tensors without storage: hash them plainly
+            return tensor_digest(t)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0]() is t:
+            return hit[1]
+        value = tensor_digest(t)
+        if len(self._cache) >= self._limit:
+            self._cache.clear()
+        try:
+            self._cache[key] = (weakref.ref(t), value)
+        except TypeError:
+            pass
+        return value
+
+
+def fingerprint(values: Any, cache: DigestCache | None = None) -> str | None:
+    """Content hash of every tensor in ``values`` (shape, dtype and bytes), in a stable order."""
     h = hashlib.blake2b(digest_size=12)
     seen = 0
     stack = [values]
     while stack:
         v = stack.pop()
         if isinstance(v, torch.Tensor):
-            if v.device.type == "meta":
-                h.update(f"meta{tuple(v.shape)}{v.dtype}".encode())
-                seen += 1
-                continue
-            t = v.detach()
-            h.update(f"{tuple(t.shape)}{t.dtype}".encode())
-            if t.dtype == torch.bfloat16:
-                t = t.view(torch.int16)
-            flat = t.reshape(-1)
-            if flat.numel() * flat.element_size() > _FINGERPRINT_FULL_BYTES:
-                step = max(1, flat.numel() // (_FINGERPRINT_FULL_BYTES // flat.element_size()))
-                flat = flat[::step]
-            h.update(flat.cpu().contiguous().numpy().tobytes())
+            h.update(cache.digest(v) if cache is not None else tensor_digest(v))
             seen += 1
         elif isinstance(v, (list, tuple)):
             stack.extend(reversed(v))
@@ -224,6 +260,7 @@ class Capture:
         self._active = False
         self._maps = FileMappings()
         self._own_hooks: set[int] = set()
+        self._digests = DigestCache()
         self._entries: list[tuple[int, int, bool, bool]] = []  # (ctx, enter index, saw kwargs, is step)
         self._module_handles: list[Any] = []
 
@@ -292,7 +329,7 @@ class Capture:
         is_step = not self._stack and info.path == ""
         fp = None
         if self.fingerprints and info.is_boundary:
-            fp = fingerprint((args, kwargs))
+            fp = fingerprint((args, kwargs), self._digests)
         if is_step:
             seq = _sequence_length(args, kwargs)
             # A step is a decode step when it feeds one token into a non-empty cache.
@@ -335,7 +372,7 @@ class Capture:
         that call's pre-hook: fill in what the pre-hook could not see, from the post-hook."""
         ctx, enter_index, _, is_step = entry
         if self.fingerprints and self._modules[ctx].is_boundary:
-            self._log.fingerprints[enter_index] = fingerprint((args, kwargs))
+            self._log.fingerprints[enter_index] = fingerprint((args, kwargs), self._digests)
         now = self._now()
         for t in _tensors_in((args, kwargs)):
             self._log.tag(now, t, "input", self._modules[ctx].path)
