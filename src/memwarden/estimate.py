@@ -507,7 +507,7 @@ def model_facts(resolved: ResolvedModel, model: Any, req: Request) -> ModelFacts
         (path, m) for path, m in model.named_modules()
         if isinstance(m, torch.nn.ModuleList) and len(m) > 1 and rules.modality_of(path) == Modality.TEXT
     ]  # fmt: skip
-    layers = max(stacks, key=lambda pm: nbytes(pm[1]))[1] if stacks else []
+    layers: Any = max(stacks, key=lambda pm: nbytes(pm[1]))[1] if stacks else []
     from memwarden.models import zoo
 
     spec = zoo.spec(next(n for n in zoo.NAMES if zoo.spec(n).family == resolved.family))
@@ -529,7 +529,7 @@ def _is_linear(module: Any) -> bool:
 
 def _weight_bytes(module: Any) -> int:
     if isinstance(module, _QuantizedLinear):
-        return module.qweight.untyped_storage().nbytes() + module.scales.untyped_storage().nbytes()
+        return sum(int(b.untyped_storage().nbytes()) for b in module.buffers(recurse=False))
     return int(module.weight.untyped_storage().nbytes())
 
 
@@ -587,7 +587,7 @@ def _quantized_cache(resolved: ResolvedModel, kv_dtype: str) -> Any:
     class EmulatedQuantizedLayer(QuantizedLayer):
         """quanto/hqq storage: nbits per value plus a scale and a zero point per group, on meta."""
 
-        def _quantize(self, tensor: torch.Tensor, axis: int) -> Any:
+        def _quantize(self, tensor: torch.Tensor, axis: int = 0) -> Any:  # type: ignore[override]
             numel = tensor.numel()
             codes = tensor.new_empty(math.ceil(numel * self.nbits / 8), dtype=torch.float8_e4m3fn)  # 1-byte stand-in
             params = tensor.new_empty(2 * math.ceil(numel / self.q_group_size), dtype=torch.float32)
@@ -595,7 +595,8 @@ def _quantized_cache(resolved: ResolvedModel, kv_dtype: str) -> Any:
 
         def _dequantize(self, q_tensor: Any) -> torch.Tensor:
             codes, _params, shape = q_tensor
-            return codes.new_empty(shape, dtype=self.keys.dtype)
+            dtype = self.keys.dtype if self.keys is not None else codes.dtype
+            return codes.new_empty(shape, dtype=dtype)
 
     text = resolved.config.get_text_config(decoder=True)
     nbits = {"int8": 8, "int4": 4}[kv_dtype]

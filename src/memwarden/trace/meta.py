@@ -17,36 +17,61 @@ placeholder masks are small, and the model code reads their values (to find the
 placeholders, build M-RoPE positions, split vision sequences, stop generating), so
 they are computed for real from the request, as the live run computes them.
 
-Accommodations (each one scoped to the capture; nothing is patched globally):
+Accommodations (each one scoped to the capture by the dispatch and function modes;
+nothing is patched globally; the op handlers live in :mod:`memwarden.trace.meta_ops`):
 
-- Factories (``empty``, ``zeros``, ``arange``, ``full``, ``torch.tensor``, ...) put
-  floating-point results on meta and integer/bool results on the CPU, whatever
-  device the code asked for; a ``.to(device)`` that changes only the device is a
-  no-op, as it is on a single-device run.
+- Factories (``empty``, ``zeros``, ``arange``, ``full``, ...) put floating-point
+  results on meta and integer/bool results on the CPU, whatever device the code asked
+  for. ``torch.tensor(ints, device=meta)`` copies below the dispatcher, so a function
+  mode keeps it on the CPU. During the capture a float of at most 64 KiB made by a
+  factory or computed from CPU integers stays real too, so that integer -> float ->
+  integer arithmetic keeps its values (Qwen2-VL's ``(arange(t) * interval).long()``
+  temporal positions, Idefics3's ``bucketize`` of float aranges for patch positions).
+  Weights (made while building) are always meta.
+- ``.to(device)`` that changes only the device is a no-op (an alias), as it is on the
+  live run's one device; ``.to(copy=True)`` copies; a dtype change casts.
 - An op mixing meta and CPU operands runs on meta (the CPU operands are viewed on
   meta, which allocates nothing).
 - Values the model computes from floating-point data cannot be known: an integer
-  or bool result of an op on meta data (``argmax`` of the logits, ``== 0`` on pixel
-  values, ``isinf(...).any()``) is a real CPU tensor of zeros, and ``.item()`` of a
-  meta tensor is 0. So generated tokens are token 0 (the pad id, ordinary text),
-  and Idefics3's "is this image all padding" test sees real images. Each such
-  answer is counted in ``metadata["meta_oracle"]`` by op.
-- Boolean-mask indexing (``x[mask]``, ``index_put_``) takes its output shape from
-  the real mask: the mask becomes ``nonzero()`` indices, whose temporary block is
-  recorded as the CPU kernel allocates it.
+  or bool result of an op on meta data is a real CPU tensor of zeros, and ``.item()``
+  of a meta tensor is 0. Generated tokens (``argmax`` of the logits) are token 0, the
+  pad id, an ordinary text token; Idefics3's "is this image all padding" test
+  (``pixel_values == 0``) sees real images. Each such answer is counted in
+  ``metadata["meta_oracle"]`` by op: on the zoo only these two occur.
+- Boolean-mask indexing (``x[mask]``, ``index_put_``: LLaVA's placeholder check,
+  Idefics3's image selection) takes its output shape from the real mask: the mask
+  becomes ``nonzero()`` indices, whose temporary block is recorded as the CPU kernel
+  allocates it.
+- In inference mode composite ops (``linear``, ``layer_norm``, ``conv2d``) reach the
+  mode whole; they are decomposed under the mode, as the CPU runs them, so their
+  intermediate blocks (layer_norm's mean and rstd) are recorded. For bf16/fp16 the
+  CPU keeps layer_norm's mean/rstd in the input dtype, the meta kernel in float32:
+  the recorded blocks use the CPU's dtype.
 - ``scaled_dot_product_attention`` on meta would take the math path; the CPU picks
   its backend with ``torch._fused_sdp_choice`` (asked here on tiny CPU stand-ins
-  with the same dtypes and layout) and, for its flash kernel, allocates the output,
-  the log-sum-exp, a per-thread work buffer
-  (``threads x (q_split x kv_split + 2 q_split + q_split x head_dim)`` floats) and
-  a float copy of a boolean mask; those blocks are recorded with the sizes of
+  with the same dtypes, ranks and head sizes) and, for its flash kernel, allocates
+  the output, the log-sum-exp, a per-thread work buffer
+  (``threads x (q_split x kv_split + 2 q_split + q_split x head_dim)`` floats, plus
+  the scores in the input dtype for bf16/fp16) and a float copy of a boolean mask;
+  those blocks are recorded with the sizes of
   ``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``.
+- Convolutions (patch embeddings, Whisper's mel convolutions): the CPU backend
+  (oneDNN or im2col) reorders weight, input and output into its own layouts around
+  the returned tensor; which ones depends on the CPU, so the real convolution runs
+  once per shape on tiny zero tensors (one batch item when the real input is large)
+  under the native recorder and the blocks it allocates are replayed at full size.
+- Plain tensor attributes of modules (a rotary embedding's ``original_inv_freq``) are
+  PREEXISTING like parameters and buffers; a quantized cache's
+  ``_quantized_keys``/``_quantized_values`` are tagged ``kv_cache``.
 - Generation is greedy with ``eos_token_id=None``: the length criterion is the only
   stopping criterion, so exactly ``max_new_tokens`` decode steps run.
 
-Other kernels' internal workspaces (oneDNN scratchpads, MKL) are invisible to both
-this capture and the live CPU recorder. Time in a meta trace is the meta run's own
-clock, advanced by at least 1 µs per event so that every event keeps its order.
+What it does not see: internal workspaces that neither this capture nor the live CPU
+recorder sees (MKL), and ones the live recorder does see but are not modelled here:
+oneDNN scratchpads of bf16/fp16 matmuls on the CPU (tens to hundreds of KiB per call),
+8-byte wrapped-scalar tensors and reduction accumulators. Time in a meta trace is the
+meta run's own clock, advanced by at least 1 µs per event so that every event keeps
+its order.
 """
 
 from __future__ import annotations
@@ -90,6 +115,7 @@ _ENTER, _EXIT, _ALLOC, _FREE = 2, 3, 0, 1
 _FAKE_BASE = 1 << 44  # fake addresses of allocated blocks; preexisting ones sit above _PRE_BASE
 _PRE_BASE = 1 << 52
 _ALIGN = 64
+_SMALL_FLOAT_BYTES = 64 * 1024  # a float computed from CPU integers stays real up to this size
 
 
 class _Recorder:
@@ -360,7 +386,11 @@ class _DispatchMode(TorchDispatchMode):
             if schema_has_device(func):
                 kw["device"] = META
             out = func(*args, **kw)
-            if any(not is_float(t.dtype) for t in tensors(out)) and schema_has_device(func):
+            made = tensors(out)
+            # Integers are real; so are small floats made while recording (Idefics3 buckets patch
+            # positions with float aranges). Weights, made while building, are always meta.
+            small = self.rec.recording and all(t.numel() * t.element_size() <= _SMALL_FLOAT_BYTES for t in made)
+            if schema_has_device(func) and (any(not is_float(t.dtype) for t in made) or small):
                 kw["device"] = CPU
                 out = func(*args, **kw)
             return out
@@ -369,12 +399,14 @@ class _DispatchMode(TorchDispatchMode):
             if kw.get("device") is not None and torch.device(kw["device"]).type == "meta":
                 kw["device"] = CPU
             out = func(*args, **kw)
-            return map_tensors(
-                lambda x: (
-                    on_meta(x) if isinstance(x, torch.Tensor) and is_float(x.dtype) and not aliases(x, operands) else x
-                ),
-                out,
-            )
+
+            def settle_cpu(x: torch.Tensor) -> torch.Tensor:
+                # A small float computed from integers keeps its values (``(arange(t) * 0.5).long()``
+                # must give positions); a large one moves to meta.
+                large = x.numel() * x.element_size() > _SMALL_FLOAT_BYTES
+                return on_meta(x) if is_float(x.dtype) and large and not aliases(x, operands) else x
+
+            return map_tensors(settle_cpu, out)
         # some operands on meta: run on meta
         originals: dict[int, torch.Tensor] = {}
 
@@ -442,7 +474,7 @@ class placement:  # noqa: N801 (a context manager used like a function)
 
     def __init__(self, recorder: _Recorder | None = None) -> None:
         self.recorder = recorder or _Recorder()
-        self._modes = [_FunctionMode(), _DispatchMode(self.recorder)]
+        self._modes: list[Any] = [_FunctionMode(), _DispatchMode(self.recorder)]
 
     def __enter__(self) -> placement:
         for m in self._modes:
@@ -533,9 +565,9 @@ class MetaCapture(Capture):
         rec.start()
         self._active = True
         for info in self._modules:
-            module = info.ref()
-            if module is not None and info.is_boundary:
-                self._install_own_hooks(module)
+            hooked = info.ref()
+            if hooked is not None and info.is_boundary:
+                self._install_own_hooks(hooked)
         self._handles = [
             torch.nn.modules.module.register_module_forward_pre_hook(self._pre_hook_adapter),
             torch.nn.modules.module.register_module_forward_hook(self._post_hook_adapter, always_call=True),

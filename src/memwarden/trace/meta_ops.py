@@ -236,16 +236,16 @@ def _sdpa(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         return torch.zeros([int(n) if i in kept else 1 for i, n in enumerate(t.shape)], dtype=t.dtype)
 
     choice = torch._fused_sdp_choice(
-        stand_in(q),
-        stand_in(k),
-        stand_in(v),
+        stand_in(q),  # type: ignore[arg-type]
+        stand_in(k),  # type: ignore[arg-type]
+        stand_in(v),  # type: ignore[arg-type]
         stand_in(mask, ()),
         dropout_p,
         is_causal,
         scale=scale,
         enable_gqa=enable_gqa,
     )
-    if choice != int(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+    if choice != torch.nn.attention.SDPBackend.FLASH_ATTENTION.value:
         mode.rec.oracle[f"sdpa backend {choice} (decomposed)"] += 1
         with mode:
             return func.decompose(*args, **kwargs)
@@ -311,8 +311,8 @@ def _convolution(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
             live[block] = mode.rec.alloc(nbytes, op=None, dtype=w.dtype, shape=None)
         elif block in live:
             mode.rec.free(live.pop(block))
-    for block in live.values():
-        mode.rec.free(block)
+    for leftover in live.values():
+        mode.rec.free(leftover)
     return out if out is not None else mode.run(func, args, kwargs)
 
 
