@@ -255,19 +255,29 @@ class Attributor:
         tag_path: dict[int, str] = {}
 
         # tags: match (t, ptr) to the block at that address alive at t
-        by_addr: dict[int, list[int]] = {}
+        # Blocks sorted by (address, alloc time): a tag's block is the last one at its address
+        # allocated at or before the tag's time, if it is still alive then.
         ptrs = cols["ptr"][alloc_rows]
-        for k, p in enumerate(ptrs.tolist()):
-            by_addr.setdefault(p, []).append(k)
+        by_ptr = np.lexsort((alloc_t, ptrs))
+        sorted_ptrs, sorted_t = ptrs[by_ptr], alloc_t[by_ptr]
+        tag_hits: list[int | None] = []
+        if self.log.tags:
+            tag_t = np.array([tg[0] for tg in self.log.tags], dtype=np.int64)
+            tag_p = np.array([tg[1] for tg in self.log.tags], dtype=np.int64)
+            lo = np.searchsorted(sorted_ptrs, tag_p, side="left")
+            hi = np.searchsorted(sorted_ptrs, tag_p, side="right")
+            for i in range(len(tag_t)):
+                if lo[i] == hi[i]:
+                    tag_hits.append(None)
+                    continue
+                j = int(lo[i]) + int(np.searchsorted(sorted_t[lo[i] : hi[i]], tag_t[i], side="right")) - 1
+                k = int(by_ptr[j]) if j >= lo[i] else -1
+                tag_hits.append(k if k >= 0 and tag_t[i] <= free_t[k] else None)
         tag_rank = np.zeros(len(alloc_rows), dtype=np.int64)
         pre = self.log.preexisting_storages
         pre_kind: dict[int, tuple[int, str, str]] = {}
-        for t, p, kind, path in self.log.tags:
+        for (t, p, kind, path), hit in zip(self.log.tags, tag_hits, strict=True):
             rank = _KIND_PRIORITY[kind]
-            hit = None
-            for k in by_addr.get(p, ()):
-                if alloc_t[k] <= t <= free_t[k]:
-                    hit = k
             if hit is None:
                 rec = pre.get(p)
                 if rec is not None and (rec.freed_ns is None or t <= rec.freed_ns):

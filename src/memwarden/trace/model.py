@@ -309,7 +309,7 @@ class TraceBuilder:
     def extend_spans(self, columns: dict[str, Any]) -> None:
         """Append many spans at once; ``columns`` holds already-interned indices."""
         for name in SPAN_COLUMNS:
-            self._spans[name].extend(int(v) for v in columns[name])
+            self._spans[name].extend(np.asarray(columns[name]).astype(np.int64).tolist())
 
     def build(self) -> Trace:
         events = {k: np.asarray(v, dtype=EVENT_COLUMNS[k]) for k, v in self._events.items()}
