@@ -6,7 +6,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "Trace", "capture", "load", "save", "summary"]
+__all__ = ["__version__", "Trace", "capture", "estimate", "load", "save", "summary"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,6 +19,10 @@ def __getattr__(name: str) -> Any:
         from memwarden.trace import model
 
         return getattr(model, name)
+    if name == "estimate":
+        import importlib
+
+        return importlib.import_module("memwarden.estimate")  # a callable module: memwarden.estimate(...)
     if name == "summary":
         from memwarden.analyze.timeline import summary
 
