@@ -360,7 +360,9 @@ def card_from_trace(
     if device is not None:
         apply_device(card, device)
         if facts is not None and not card.fits:
-            card.suggestions = rank_suggestions(arithmetic_suggestions(card, facts, device.usable_bytes))
+            card.suggestions = rank_suggestions(
+                arithmetic_suggestions(card, facts, device.usable_bytes, bool(getattr(device, "unified_memory", False)))
+            )
     return card
 
 
@@ -394,7 +396,9 @@ def _phase_peak(card: MemoryCard, adjust: Any) -> int:
     return max(values) if values else card.peak_bytes
 
 
-def arithmetic_suggestions(card: MemoryCard, facts: ModelFacts, usable_bytes: int) -> list[Suggestion]:
+def arithmetic_suggestions(
+    card: MemoryCard, facts: ModelFacts, usable_bytes: int, unified_memory: bool = False
+) -> list[Suggestion]:
     """Changes whose peak is predicted by byte arithmetic on the card (see the module docstring)."""
     out: list[Suggestion] = []
     request = card.request or Request()
@@ -459,7 +463,10 @@ def arithmetic_suggestions(card: MemoryCard, facts: ModelFacts, usable_bytes: in
         saved = (n - 1) * facts.decoder_layer_bytes
         out.append(
             _suggestion(
-                "offload_layers", f"offload {n} of {facts.decoder_layers} decoder layers to host memory",
+                "offload_layers",
+                # On unified memory "host" is the same memory: the layers must come from disk instead.
+                f"stream {n} of {facts.decoder_layers} decoder layers from disk (memory-mapped safetensors)"
+                if unified_memory else f"offload {n} of {facts.decoder_layers} decoder layers to host memory",
                 {"offload_layers": n}, card.peak_bytes - saved, usable_bytes, "arithmetic",
                 f"{n} x {format_bytes(facts.decoder_layer_bytes)} streamed one layer at a time",
             )
