@@ -100,12 +100,16 @@ def live_blocks_at(trace: Trace, index: int, device: int) -> np.ndarray:
     return rows[free_index(trace)[rows] > index]
 
 
-def top_sites_at(trace: Trace, index: int, device: int, limit: int = 15) -> list[Site]:
+def top_sites_at(
+    trace: Trace, index: int, device: int, limit: int = 15, exclude: tuple[Category, ...] = ()
+) -> list[Site]:
     """The allocation sites (module, op) holding the most bytes just after ``index``."""
     if index < 0:
         return []
     rows = live_blocks_at(trace, index, device)
     e = trace.events
+    if exclude:
+        rows = rows[~np.isin(e["category"][rows], np.array(exclude, dtype=np.uint8))]
     groups: dict[tuple[int, int, int, int], list[int]] = {}
     for r in rows.tolist():
         key = (int(e["module"][r]), int(e["op"][r]), int(e["category"][r]), int(e["modality"][r]))
@@ -156,6 +160,15 @@ def _file_backed_at(trace: Trace, index: int, device: int) -> int:
     return int(nb[(a == Action.MAP) & on].sum() - nb[(a == Action.UNMAP) & on].sum())
 
 
+def _top_sites(trace: Trace, index: int, device: int, top: int) -> list[Site]:
+    """The heaviest sites overall plus the heaviest that are not weights (one weight per
+    parameter would otherwise fill the list on any real model)."""
+    overall = top_sites_at(trace, index, device, top)
+    others = top_sites_at(trace, index, device, top, exclude=(Category.WEIGHT, Category.BUFFER))
+    merged = {(x.module, x.op, x.category, x.modality): x for x in overall + others}
+    return sorted(merged.values(), key=lambda x: -x.nbytes)
+
+
 def summary(trace: Trace, device: int | None = None, top: int = 15) -> Summary:
     """Peak, breakdowns at peak, per-phase peaks and weight bytes of a Trace."""
     dev = primary_device(trace) if device is None else device
@@ -199,7 +212,7 @@ def summary(trace: Trace, device: int | None = None, top: int = 15) -> Summary:
         file_backed_bytes_at_peak=_file_backed_at(trace, peak_index, dev),
         anonymous_peak_bytes=int(anon.max(initial=0)),
         duration_us=int(times[-1] - times[0]) if n else 0,
-        top_sites_at_peak=top_sites_at(trace, peak_index, dev, top),
+        top_sites_at_peak=_top_sites(trace, peak_index, dev, top),
         metadata=dict(trace.metadata),
     )
 

@@ -46,13 +46,16 @@ def render_summary(s: Summary, source: str = "") -> Group:
     parts.append(phases)
     if s.weights_by_modality:
         parts.append(_share_table("Weights by modality", s.weights_by_modality, s.weights_bytes))
-    if s.top_sites_at_peak:
-        sites = Table(title="Top allocation sites at peak", title_justify="left", show_edge=False, pad_edge=False)
+    # Weights are summarised by modality above; the sites that tell a story are the rest.
+    non_weight_sites = [x for x in s.top_sites_at_peak if x.category not in ("weight", "buffer")]
+    if non_weight_sites:
+        sites = Table(title="Top allocation sites at peak (weights aside)", title_justify="left", show_edge=False,
+                      pad_edge=False)  # fmt: skip
         for col in ("module", "op", "category", "modality"):
-            sites.add_column(col)
+            sites.add_column(col, overflow="fold")  # module paths are the point: wrap, never cut
         sites.add_column("bytes", justify="right")
         sites.add_column("blocks", justify="right")
-        for site in s.top_sites_at_peak[:10]:
+        for site in non_weight_sites[:10]:
             sites.add_row(site.module, site.op, site.category, site.modality, format_bytes(site.nbytes), str(site.count))
         parts.append(sites)
     return Group(*parts)  # type: ignore[arg-type]

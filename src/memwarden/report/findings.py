@@ -6,7 +6,6 @@ import html
 from typing import Any
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from memwarden.analyze.diagnose import Finding
@@ -30,21 +29,20 @@ def _evidence_text(evidence: dict[str, Any], limit: int = 6) -> str:
 
 
 def render_findings(findings: list[Finding], peak_bytes: int) -> Group:
+    """One block per finding (reads well in a narrow terminal): headline, where, fix, evidence."""
     if not findings:
         return Group(Text(f"No overflow pattern found (peak {format_bytes(peak_bytes)}).", style="green"))
-    table = Table(title=f"Findings (peak {format_bytes(peak_bytes)})", title_justify="left", show_lines=True)
-    table.add_column("severity")
-    table.add_column("pattern", style="bold")
-    table.add_column("wasted", justify="right")
-    table.add_column("where")
-    table.add_column("evidence and fix", ratio=1)
-    for f in findings:
-        body = Text()
-        body.append(_evidence_text(f.evidence), style="dim")
-        body.append("\nfix: ", style="bold")
-        body.append(f.fix)
-        table.add_row(Text(f.severity, style=_STYLE.get(f.severity, "")), f.pattern, format_bytes(f.wasted_bytes), f.where, body)
-    return Group(table)
+    parts: list[Text] = [Text(f"Findings (peak {format_bytes(peak_bytes)})", style="bold underline")]
+    for i, f in enumerate(findings, 1):
+        head = Text.assemble(
+            (f"{i}. ", "bold"), (f.severity.upper(), _STYLE.get(f.severity, "")), "  ", (f.pattern, "bold"),
+            f"  wastes {format_bytes(f.wasted_bytes)}", f"  ({format_bytes(f.bytes_at_peak)} at peak)",
+        )  # fmt: skip
+        parts.append(head)
+        parts.append(Text.assemble(("   where ", "dim"), f.where))
+        parts.append(Text.assemble(("   fix   ", "bold"), f.fix))
+        parts.append(Text.assemble(("   evidence ", "dim"), (_evidence_text(f.evidence, limit=8), "dim")))
+    return Group(*parts)
 
 
 def findings_html(findings: list[Finding], peak_bytes: int) -> str:
