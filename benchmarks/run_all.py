@@ -13,6 +13,7 @@ RUNS = [
     ["bench_arena.py"],
     ["bench_mobilenet.py"],
     ["bench_diagnose.py"],
+    ["bench_estimate_7b.py"],
     ["bench_capture.py", "--repeats", "9", "--threads", "1"],
 ]
 

@@ -1,0 +1,57 @@
+"""A 7B-class VLM estimated on this machine: wall time and peak RSS (target < 10 s, < 1 GB).
+
+Each model runs in a fresh subprocess so the peak RSS (ru_maxrss) is the estimate's own,
+imports included.
+
+    python benchmarks/bench_estimate_7b.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+CASES = [
+    ("llava-1.5-7b", "--image 336x336 --prompt-tokens 128 --new-tokens 16 --dtype bfloat16"),
+    ("qwen2-vl-7b-instruct", "--image 672x672 --prompt-tokens 128 --new-tokens 16 --dtype bfloat16"),
+    ("qwen2-audio-7b-instruct", "--audio-seconds 10 --prompt-tokens 128 --new-tokens 16 --dtype bfloat16"),
+]
+
+CHILD = """
+import resource, sys, time
+t0 = time.perf_counter()
+from memwarden.cli import main
+code = main(["estimate", *sys.argv[1:], "--json"])
+elapsed = time.perf_counter() - t0
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(f"@@ {elapsed:.3f} {rss}", file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    for model, request in CASES:
+        proc = subprocess.run([sys.executable, "-c", CHILD, model, *request.split()], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{model}: {proc.stderr.strip().splitlines()[-1]}")
+        line = next(x for x in proc.stderr.splitlines() if x.startswith("@@ "))
+        seconds, rss = float(line.split()[1]), int(line.split()[2])
+        card = json.loads(proc.stdout)
+        rows.append({"model": model, "request": request, "seconds": seconds, "peak_rss_bytes": rss,
+                     "estimated_peak_bytes": card["peak_bytes"]})  # fmt: skip
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        print(f"{r['model']:26s} {r['seconds']:5.1f} s   peak RSS {r['peak_rss_bytes'] / 2**20:6.0f} MiB   "
+              f"estimated peak {r['estimated_peak_bytes'] / 2**30:5.1f} GiB   ({r['request']})")
+
+
+if __name__ == "__main__":
+    main()
