@@ -128,8 +128,9 @@ struct RecordingAllocator final : public c10::Allocator {
     void* data = inner.get();
     // The default CPU allocator uses the data pointer as context and a plain
     // deleter; only then can the deleter be swapped without a wrapper object.
-    if (data == nullptr || inner.get_context() != data || inner.get_deleter() != g_inner_deleter) {
-      g_unwrapped.fetch_add(1, std::memory_order_relaxed);
+    if (data == nullptr) return inner;  // zero-byte tensors own no memory
+    if (inner.get_context() != data || inner.get_deleter() != g_inner_deleter) {
+      g_unwrapped.fetch_add(1, std::memory_order_relaxed);  // reported in the trace's metadata
       return inner;
     }
     inner.release_context();
