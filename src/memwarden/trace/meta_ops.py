@@ -28,13 +28,23 @@ def is_float(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point or dtype.is_complex
 
 
+_TENSOR = torch._C.TensorBase  # a C-level isinstance check: torch.Tensor's goes through a Python metaclass
+_LEAVES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
+
+
 def tensors(values: Any) -> list[torch.Tensor]:
     """Tensors in nested tuples/lists/dicts (aten arguments and outputs nest at most two deep)."""
+    # Hot path (every op, several times): size lists are full of ints, skip them by exact type.
     found: list[torch.Tensor] = []
     stack = [values]
     while stack:
         v = stack.pop()
-        if isinstance(v, torch.Tensor):
+        cls = type(v)
+        if cls in _LEAVES:
+            continue
+        if cls is list or cls is tuple:
+            stack.extend(v)
+        elif isinstance(v, _TENSOR):
             found.append(v)
         elif isinstance(v, (list, tuple)):
             stack.extend(v)
@@ -45,7 +55,10 @@ def tensors(values: Any) -> list[torch.Tensor]:
 
 def map_tensors(fn: Callable[[Any], Any], values: Any) -> Any:
     """``fn`` applied to every tensor in nested tuples/lists/dicts, structure kept."""
-    if isinstance(values, torch.Tensor):
+    cls = type(values)
+    if cls in _LEAVES:
+        return values
+    if isinstance(values, _TENSOR):
         return fn(values)
     if isinstance(values, tuple):
         return tuple(map_tensors(fn, v) for v in values)
