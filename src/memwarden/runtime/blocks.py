@@ -1,0 +1,201 @@
+"""Paged KV-cache block management with content-hash prefix reuse (pure Python, no torch).
+
+The bookkeeping half of the paged KV cache that ``GovernedSession`` will own (the tensors
+live in ``runtime/kvcache.py``): a fixed pool of blocks of ``block_size`` tokens, allocated
+once; per-sequence block tables; reference counts; and a free queue that is also the LRU
+of cached blocks. Modelled on vLLM v1's KV cache manager:
+
+- A *full* block's hash covers its parent's hash, its token ids and ``extra`` keys — the
+  content fingerprints of the image/audio items that overlap the block — so the same image
+  in a later request hashes to the same blocks and is neither re-encoded nor re-prefilled.
+  Only full blocks are cached (a partial block's content is still changing).
+- A freed block keeps its hash and stays findable until it is reused: freeing puts it at
+  the tail of the free queue; allocation takes from the head, evicting the oldest cached
+  content first. A sequence's blocks are freed tail first, so its longest prefixes are
+  evicted first and its shared leading blocks survive longest.
+- The free queue is a doubly linked list, not a deque, because a cache hit must take a
+  block out of the *middle* of the queue in O(1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NewType
+
+BlockHash = NewType("BlockHash", bytes)
+
+_ROOT = BlockHash(b"\0" * 16)
+
+
+def block_hash(parent: BlockHash | None, tokens: Sequence[int], extra: Sequence[str] = ()) -> BlockHash:
+    """Hash of a full block: parent hash, token ids and extra keys (media fingerprints)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent or _ROOT)
+    h.update(len(tokens).to_bytes(4, "little"))
+    for tok in tokens:
+        h.update(int(tok).to_bytes(8, "little", signed=True))
+    for key in extra:
+        h.update(b"\x1f" + key.encode())
+    return BlockHash(h.digest())
+
+
+@dataclass(eq=False)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: BlockHash | None = None
+    prev: Block | None = field(default=None, repr=False)
+    next: Block | None = field(default=None, repr=False)
+
+
+class FreeQueue:
+    """Doubly linked list of free blocks: head = next to hand out (least recently freed)."""
+
+    def __init__(self, blocks: Sequence[Block]) -> None:
+        self.head: Block | None = None
+        self.tail: Block | None = None
+        self.num_free_blocks = 0
+        for b in blocks:
+            self.append(b)
+
+    def append(self, block: Block) -> None:
+        block.prev, block.next = self.tail, None
+        if self.tail is None:
+            self.head = block
+        else:
+            self.tail.next = block
+        self.tail = block
+        self.num_free_blocks += 1
+
+    def remove(self, block: Block) -> None:
+        """O(1) removal from anywhere in the queue (a cache hit on a free block)."""
+        if block.prev is None:
+            self.head = block.next
+        else:
+            block.prev.next = block.next
+        if block.next is None:
+            self.tail = block.prev
+        else:
+            block.next.prev = block.prev
+        block.prev = block.next = None
+        self.num_free_blocks -= 1
+
+    def popleft(self) -> Block:
+        if self.head is None:
+            raise NoFreeBlocks("no free KV-cache blocks")
+        block = self.head
+        self.remove(block)
+        return block
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        b = self.head
+        while b is not None:
+            yield b
+            b = b.next
+
+
+class NoFreeBlocks(RuntimeError):
+    """The pool is exhausted: admission control should have kept this request waiting."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Allocation:
+    block_ids: list[int]
+    num_cached_tokens: int  # leading tokens whose KV is already in the pool (prefix hit)
+
+
+class BlockPool:
+    """``num_blocks`` blocks of ``block_size`` tokens; sequences hold block tables."""
+
+    def __init__(self, num_blocks: int, block_size: int = 16) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free = FreeQueue(self.blocks)
+        self.cached: dict[BlockHash, Block] = {}
+        self.tables: dict[str, list[Block]] = {}
+        self.hits = self.misses = self.evictions = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free.num_free_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _take_free(self) -> Block:
+        block = self.free.popleft()
+        if block.hash is not None:  # evict its cached content
+            if self.cached.get(block.hash) is block:
+                del self.cached[block.hash]
+            block.hash = None
+            self.evictions += 1
+        block.ref_count = 1
+        return block
+
+    def allocate(self, seq_id: str, tokens: Sequence[int], extra: Sequence[Sequence[str]] = ()) -> Allocation:
+        """Block table for a new sequence of ``tokens``, reusing cached full blocks of its prefix.
+
+        ``extra[i]`` are the media fingerprints overlapping block ``i`` (empty if none).
+        All-or-nothing: on NoFreeBlocks the pool is left as it was.
+        """
+        if seq_id in self.tables:
+            raise ValueError(f"sequence {seq_id!r} already has blocks")
+        n_blocks = self.blocks_needed(len(tokens))
+        hashes: list[BlockHash] = []
+        parent: BlockHash | None = None
+        for i in range(len(tokens) // self.block_size):
+            chunk = tokens[i * self.block_size : (i + 1) * self.block_size]
+            parent = block_hash(parent, chunk, extra[i] if i < len(extra) else ())
+            hashes.append(parent)
+        hit_blocks: list[Block] = []
+        for h in hashes:
+            b = self.cached.get(h)
+            if b is None:
+                break
+            hit_blocks.append(b)
+        need_new = n_blocks - len(hit_blocks)
+        reusable_free = sum(1 for b in hit_blocks if b.ref_count == 0)
+        if need_new > self.num_free_blocks - reusable_free:
+            raise NoFreeBlocks(f"need {need_new} free blocks, {self.num_free_blocks - reusable_free} available")
+        table: list[Block] = []
+        for b in hit_blocks:
+            if b.ref_count == 0:
+                self.free.remove(b)
+            b.ref_count += 1
+            table.append(b)
+        for i in range(len(hit_blocks), n_blocks):
+            b = self._take_free()
+            if i < len(hashes):
+                b.hash = hashes[i]
+                self.cached.setdefault(b.hash, b)
+            table.append(b)
+        self.hits += len(hit_blocks)
+        self.misses += n_blocks - len(hit_blocks)
+        self.tables[seq_id] = table
+        return Allocation(block_ids=[b.block_id for b in table], num_cached_tokens=len(hit_blocks) * self.block_size)
+
+    def free_sequence(self, seq_id: str) -> None:
+        """Release a sequence's blocks, tail first (its longest prefixes are evicted first)."""
+        table = self.tables.pop(seq_id)
+        for b in reversed(table):
+            b.ref_count -= 1
+            if b.ref_count == 0:
+                self.free.append(b)
+
+    def check(self) -> None:
+        """Invariants (for tests): ref counts match tables, free ⇔ unreferenced, cache is consistent."""
+        refs = {b.block_id: 0 for b in self.blocks}
+        for table in self.tables.values():
+            for b in table:
+                refs[b.block_id] += 1
+        free_ids = [b.block_id for b in self.free]
+        assert len(free_ids) == len(set(free_ids)) == self.num_free_blocks
+        for b in self.blocks:
+            assert b.ref_count == refs[b.block_id] >= 0
+            assert (b.block_id in set(free_ids)) == (b.ref_count == 0)
+        for h, b in self.cached.items():
+            assert b.hash == h
