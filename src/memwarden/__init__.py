@@ -6,7 +6,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "Trace", "capture", "estimate", "load", "save", "summary"]
+__all__ = ["__version__", "Trace", "capture", "estimate", "load", "quantize", "save", "summary"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,6 +23,10 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module("memwarden.estimate")  # a callable module: memwarden.estimate(...)
+    if name == "quantize":
+        from memwarden.runtime.quant import quantize
+
+        return quantize
     if name == "summary":
         from memwarden.analyze.timeline import summary
 

@@ -1,0 +1,108 @@
+"""Group-wise int4 weight-only linear layers that never dequantise a whole weight.
+
+``memwarden.quantize(model, bits=4, group_size=128)`` replaces ``nn.Linear`` layers by
+``Int4Linear``: 4-bit codes with one (scale, zero) pair per ``group_size`` input features
+(asymmetric, w ≈ (q − 8)·scale + zero, as gpt-fast / torchao pack it). The forward uses
+PyTorch's fused CPU kernel ``aten._weight_int4pack_mm_for_cpu`` where it exists; otherwise it
+dequantises ``tile_rows`` output rows at a time, so the float temporary is bounded by one
+tile, never the whole weight — the mistake the ``dequant-temporaries`` detector flags.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+_INNER_K_TILES = 2  # packing parameter of the CPU int4 kernel (K must be a multiple of 16 * tiles)
+
+
+def _fused_available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(
+        torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"
+    )
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes int32 (N, K) in 0..15, scales (N, K/g), zeros (N, K/g)) of a float weight (N, K)."""
+    n, k = weight.shape
+    groups = weight.detach().float().reshape(-1, group_size)  # (N*K/g, g)
+    lo, hi = groups.amin(1, keepdim=True), groups.amax(1, keepdim=True)
+    scales = (hi - lo).clamp(min=1e-6) / 15
+    zeros = lo + scales * 8
+    codes = groups.sub(lo).div(scales).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+    return codes, scales.reshape(n, -1), zeros.reshape(n, -1)
+
+
+def dequantize_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    n, k = codes.shape
+    g = codes.reshape(n, k // group_size, group_size).float()  # (N, K/g, g)
+    return ((g - 8) * scales.unsqueeze(-1) + zeros.unsqueeze(-1)).reshape(n, k)
+
+
+class Int4Linear(nn.Module):
+    """y = x · dequant(W)ᵀ + b with W stored as int4 codes; see the module docstring."""
+
+    def __init__(self, linear: nn.Linear, group_size: int = 128, tile_rows: int = 256, fused: bool | None = None):
+        super().__init__()
+        n, k = linear.weight.shape
+        if k % group_size:
+            raise ValueError(f"in_features {k} is not a multiple of group_size {group_size}")
+        self.in_features, self.out_features = k, n
+        self.group_size, self.tile_rows = group_size, tile_rows
+        self.fused = _fused_available() and k % (16 * _INNER_K_TILES) == 0 if fused is None else fused
+        codes, scales, zeros = quantize_int4(linear.weight, group_size)
+        # Codes two per byte: (N, K/2) uint8, high nibble = even column.
+        self.register_buffer("codes", (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8))
+        self.register_buffer("scales", scales.contiguous())
+        self.register_buffer("zeros", zeros.contiguous())
+        if self.fused:
+            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES))
+            # (K/g, N, 2): the kernel's scales-and-zeros layout
+            self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], -1).transpose(0, 1).contiguous())
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+
+    def unpacked_codes(self, rows: slice = slice(None)) -> torch.Tensor:
+        packed = self.codes[rows].to(torch.int32)  # (r, K/2)
+        return torch.stack([packed >> 4, packed & 15], -1).reshape(packed.shape[0], -1)  # (r, K)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The full float weight (for references and tests only: this is what forward avoids)."""
+        return dequantize_int4(self.unpacked_codes(), self.scales, self.zeros, self.group_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)  # (M, K)
+        if self.fused and x2.device.type == "cpu":
+            sz = self.scales_and_zeros.to(x2.dtype)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), self.packed, self.group_size, sz)
+        else:
+            outs = []
+            for r0 in range(0, self.out_features, self.tile_rows):  # one (tile_rows, K) float temporary at a time
+                rows = slice(r0, min(r0 + self.tile_rows, self.out_features))
+                w = dequantize_int4(self.unpacked_codes(rows), self.scales[rows], self.zeros[rows], self.group_size)
+                outs.append(x2 @ w.to(x2.dtype).t())
+            y = torch.cat(outs, -1)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        kernel = "fused int4 kernel" if self.fused else f"tiled dequant ({self.tile_rows} rows)"
+        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, {kernel}"
+
+
+def quantize(model: nn.Module, bits: int = 4, group_size: int = 128, skip: tuple[str, ...] = (), **kwargs: Any) -> nn.Module:
+    """Replace every eligible ``nn.Linear`` (in_features divisible by ``group_size``, path not in
+    ``skip``) by an ``Int4Linear``, in place; returns the model."""
+    if bits != 4:
+        raise ValueError(f"bits={bits}: only 4-bit weight-only quantization is implemented")
+    if group_size < 1:
+        raise ValueError("group_size must be positive")
+    for path, module in list(model.named_modules()):
+        for name, child in list(module.named_children()):
+            full = f"{path}.{name}" if path else name
+            if isinstance(child, nn.Linear) and child.in_features % group_size == 0 and not any(s in full for s in skip):
+                setattr(module, name, Int4Linear(child, group_size, **kwargs))
+    return model
