@@ -18,7 +18,7 @@ from memwarden.trace.model import Action
 def reference_model(qmodel: nn.Module) -> nn.Module:
     """The same model with every Int4Linear replaced by a float Linear holding its dequantised weight."""
     ref = copy.deepcopy(qmodel)
-    for path, module in list(ref.named_modules()):
+    for _path, module in list(ref.named_modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, Int4Linear):
                 lin = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
