@@ -34,10 +34,11 @@ from typing import Any
 import torch
 import transformers
 from torch.profiler import ProfilerActivity, profile
-from torch.profiler._memory_profiler import Action as ProfAction
 
 import memwarden
 from memwarden.models import zoo
+from memwarden.trace.reference import profiler_peak_bytes
+from memwarden.trace.reference import state_bytes as weights_bytes
 
 COMMAND = "python benchmarks/estimate_accuracy.py --output docs/estimate-accuracy.md"
 
@@ -75,26 +76,6 @@ def requests_for(name: str) -> list[Req]:
             Req(native, prompt_tokens=64, new_tokens=8)]  # fmt: skip
 
 
-def profiler_peak_bytes(prof: profile) -> int:
-    """Peak of PyTorch's own memory timeline: preexisting tensors plus creates minus destroys."""
-    timeline = prof._memory_profile().timeline
-    live = sum(size for _, action, _, size in timeline if action == ProfAction.PREEXISTING)
-    peak = live
-    for _, action, _, size in timeline:
-        if action == ProfAction.CREATE:
-            live += size
-        elif action == ProfAction.DESTROY:
-            live -= size
-        peak = max(peak, live)
-    return peak
-
-
-def weights_bytes(model: torch.nn.Module) -> int:
-    storages = {}
-    for t in list(model.parameters()) + list(model.buffers()):
-        s = t.untyped_storage()
-        storages[s.data_ptr()] = s.nbytes()
-    return sum(storages.values())
 
 
 def accelerate_total_bytes(name: str) -> int:

@@ -9,34 +9,13 @@ import os
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
-from torch.profiler._memory_profiler import Action as ProfAction
 
 import memwarden
 from memwarden.analyze.timeline import summary
 from memwarden.models import zoo
 from memwarden.trace.model import Action, Category, Modality, Phase, SpanKind
-
-
-def profiler_peak_bytes(prof: profile) -> int:
-    """Peak of PyTorch's own memory timeline: preexisting tensors plus creates minus destroys."""
-    timeline = prof._memory_profile().timeline
-    live = sum(size for _, action, _, size in timeline if action == ProfAction.PREEXISTING)
-    peak = live
-    for _, action, _, size in timeline:
-        if action == ProfAction.CREATE:
-            live += size
-        elif action == ProfAction.DESTROY:
-            live -= size
-        peak = max(peak, live)
-    return peak
-
-
-def model_state_bytes(model: torch.nn.Module) -> int:
-    storages = {}
-    for t in list(model.parameters()) + list(model.buffers()):
-        s = t.untyped_storage()
-        storages[s.data_ptr()] = s.nbytes()
-    return sum(storages.values())
+from memwarden.trace.reference import profiler_peak_bytes
+from memwarden.trace.reference import state_bytes as model_state_bytes
 
 
 @pytest.mark.parametrize("name", zoo.NAMES)

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
-from torch.profiler._memory_profiler import Action as ProfAction
 
 import memwarden
 from memwarden.models import zoo
+from memwarden.trace.reference import profiler_peak_bytes
+from memwarden.trace.reference import state_bytes as weights_bytes
 
 NATIVE = (32, 32)  # the fixed-resolution zoo models' image size (tiny)
 
@@ -61,25 +62,6 @@ def _case_id(name: str, req: dict[str, Any]) -> str:
     return f"{name}-{media}-p{req['prompt']}-n{req['new']}-b{req.get('batch', 1)}"
 
 
-def profiler_peak_bytes(prof: profile) -> int:
-    timeline = prof._memory_profile().timeline
-    live = sum(size for _, action, _, size in timeline if action == ProfAction.PREEXISTING)
-    peak = live
-    for _, action, _, size in timeline:
-        if action == ProfAction.CREATE:
-            live += size
-        elif action == ProfAction.DESTROY:
-            live -= size
-        peak = max(peak, live)
-    return peak
-
-
-def weights_bytes(model: torch.nn.Module) -> int:
-    storages = {}
-    for t in list(model.parameters()) + list(model.buffers()):
-        s = t.untyped_storage()
-        storages[s.data_ptr()] = s.nbytes()
-    return sum(storages.values())
 
 
 _MODEL: dict[str, torch.nn.Module] = {}  # the model of the current name only (cases run in order)

@@ -156,9 +156,6 @@ def render_heatmap(
     rows: int = 400,
 ) -> Path:
     """Write the heatmap to ``path`` as PNG (written to a temporary name, then renamed)."""
-    data = heatmap_png_bytes(source, title=title, rows=rows)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-    return path
+    from memwarden.trace.io import atomic_write
+
+    return atomic_write(path, heatmap_png_bytes(source, title=title, rows=rows))

@@ -22,7 +22,6 @@ import html
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -456,25 +455,6 @@ def render_html(
 
 def write_html(trace: Trace, path: str | os.PathLike[str], **kwargs: Any) -> Path:
     """Render and write atomically: readers never see a half-written report."""
-    path = Path(path)
-    text = render_html(trace, **kwargs)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is for sharing, like any new file
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+    from memwarden.trace.io import atomic_write
 
-
-def _umask() -> int:
-    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
-    os.umask(mask)
-    return mask
+    return atomic_write(path, render_html(trace, **kwargs).encode("utf-8"))

@@ -20,7 +20,6 @@ Usage::
 from __future__ import annotations
 
 import gc
-import hashlib
 import itertools
 import time
 import weakref
@@ -32,11 +31,19 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from memwarden.trace import native
 from memwarden.trace.attribution import Attributor, CaptureLog
+from memwarden.trace.inputs import (
+    DigestCache,
+    _cache_in,
+    _cache_is_empty,
+    _sequence_length,
+    _tensors_in,
+    cache_tensors,
+    fingerprint,
+    step_tokens,
+)
 from memwarden.trace.modality import ModalityRules
 from memwarden.trace.model import Phase, Trace
 from memwarden.trace.procmaps import FileMappings
-
-_FINGERPRINT_FULL_BYTES = 64 * 1024 * 1024  # hash every byte up to this; sample beyond
 
 
 @dataclass
@@ -46,158 +53,6 @@ class ModuleInfo:
     modality: int
     is_boundary: bool  # root, or modality differs from the parent's: its inputs get fingerprinted
     ref: weakref.ReferenceType[torch.nn.Module]
-
-
-def tensor_digest(t: torch.Tensor) -> bytes:
-    """BLAKE2b of a tensor's shape, dtype and bytes (every byte up to 64 MiB, a strided sample beyond)."""
-    h = hashlib.blake2b(digest_size=12)
-    if t.device.type == "meta":
-        h.update(f"meta{tuple(t.shape)}{t.dtype}".encode())
-        return h.digest()
-    t = t.detach()
-    h.update(f"{tuple(t.shape)}{t.dtype}".encode())
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    flat = t.reshape(-1)
-    if flat.numel() * flat.element_size() > _FINGERPRINT_FULL_BYTES:
-        step = max(1, flat.numel() // (_FINGERPRINT_FULL_BYTES // flat.element_size()))
-        flat = flat[::step]
-    h.update(flat.cpu().contiguous().numpy().tobytes())
-    return h.digest()
-
-
-class DigestCache:
-    """Digests of tensors already hashed, keyed by identity and version.
-
-    generate() passes the same pixel_values to every decode step; hashing them again
-    each step cost more than the rest of the capture. A tensor modified in place bumps
-    its ``_version``, so a stale digest is never reused.
-    """
-
-    def __init__(self, limit: int = 4096) -> None:
-        self._cache: dict[tuple[Any, ...], tuple[weakref.ReferenceType[torch.Tensor], bytes]] = {}
-        self._limit = limit
-
-    def digest(self, t: torch.Tensor) -> bytes:
-        try:
-            key = (id(t), t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype)
-        except Exception:  # tensors without storage: hash them plainly
-            return tensor_digest(t)
-        hit = self._cache.get(key)
-        if hit is not None and hit[0]() is t:
-            return hit[1]
-        value = tensor_digest(t)
-        if len(self._cache) >= self._limit:
-            self._cache.clear()
-        try:
-            self._cache[key] = (weakref.ref(t), value)
-        except TypeError:
-            pass
-        return value
-
-
-def fingerprint(values: Any, cache: DigestCache | None = None) -> str | None:
-    """Content hash of every tensor in ``values`` (shape, dtype and bytes), in a stable order."""
-    h = hashlib.blake2b(digest_size=12)
-    seen = 0
-    stack = [values]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, torch.Tensor):
-            h.update(cache.digest(v) if cache is not None else tensor_digest(v))
-            seen += 1
-        elif isinstance(v, (list, tuple)):
-            stack.extend(reversed(v))
-        elif isinstance(v, dict):
-            stack.extend(v[k] for k in sorted(v, key=str) if k not in _CACHE_KEYS)
-    return h.hexdigest() if seen else None
-
-
-def _sequence_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    for key in ("input_ids", "inputs_embeds", "decoder_input_ids"):
-        v = kwargs.get(key)
-        if isinstance(v, torch.Tensor) and v.dim() >= 2:
-            return int(v.shape[1])
-    if args and isinstance(args[0], torch.Tensor) and args[0].dim() >= 2 and not args[0].is_floating_point():
-        return int(args[0].shape[1])
-    return None
-
-
-_CACHE_KEYS = ("cache", "past_key_values", "cache_params")  # transformers 5 renamed past_key_values to cache
-
-
-def _cache_in(values: Any) -> Any:
-    for key in _CACHE_KEYS:
-        found = values.get(key) if isinstance(values, dict) else getattr(values, key, None)
-        if found is not None:
-            return found
-    return None
-
-
-_MEDIA_TOKEN_ATTRS = {
-    "vision": ("image_token_id", "image_token_index", "video_token_id", "video_token_index"),
-    "audio": ("audio_token_id", "audio_token_index"),
-}
-_PREFIX_TOKENS_KEPT = 8192  # token ids of a prefill kept in the trace, to find re-prefilled prefixes
-
-
-def step_tokens(module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any] | None:
-    """Token counts by modality of a root call's input_ids (first row), and the ids themselves."""
-    ids = kwargs.get("input_ids")
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_meta:
-        return None
-    row = ids[0].tolist()
-    config = getattr(module, "config", None)
-    counts = {"vision": 0, "audio": 0}
-    for modality, attrs in _MEDIA_TOKEN_ATTRS.items():
-        media_ids = {getattr(config, a, None) for a in attrs} - {None}
-        counts[modality] = sum(1 for tok in row if tok in media_ids)
-    counts["text"] = len(row) - counts["vision"] - counts["audio"]
-    return {"tokens": counts, "batch": int(ids.shape[0]), "input_ids": row[:_PREFIX_TOKENS_KEPT]}
-
-
-def _cache_is_empty(kwargs: dict[str, Any]) -> bool:
-    cache = _cache_in(kwargs)
-    if cache is None:
-        return True
-    get_len = getattr(cache, "get_seq_length", None)
-    if callable(get_len):
-        try:
-            return int(get_len()) == 0
-        except Exception:  # a cache type that cannot say
-            return False
-    return False
-
-
-def cache_tensors(output: Any) -> list[torch.Tensor]:
-    """Tensors of a transformers KV cache found in a model output."""
-    try:
-        cache = _cache_in(output)
-    except Exception:  # outputs whose attribute access raises (ModelOutput without the key)
-        cache = None
-    found: list[torch.Tensor] = []
-    if cache is None:
-        return found
-    layers = getattr(cache, "layers", None)
-    if layers is not None:
-        for layer in layers:
-            for name in ("keys", "values"):
-                t = getattr(layer, name, None)
-                if isinstance(t, torch.Tensor):
-                    found.append(t)
-    for name in ("key_cache", "value_cache"):  # transformers 4.x DynamicCache
-        for t in getattr(cache, name, None) or []:
-            if isinstance(t, torch.Tensor):
-                found.append(t)
-    if isinstance(cache, (tuple, list)):  # legacy tuple-of-tuples
-        stack: list[Any] = list(cache)
-        while stack:
-            v = stack.pop()
-            if isinstance(v, torch.Tensor):
-                found.append(v)
-            elif isinstance(v, (tuple, list)):
-                stack.extend(v)
-    return found
 
 
 def _all_subclasses(root: type) -> set[type]:
@@ -219,20 +74,6 @@ def _gc_objects() -> list[Any]:
     classes = _all_subclasses(torch._C.TensorBase) | _all_subclasses(torch.nn.Module)
     objects = gc.get_objects()
     return list(itertools.compress(objects, map(classes.__contains__, map(type, objects))))
-
-
-def _tensors_in(values: Any, limit: int = 64) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    stack = [values]
-    while stack and len(found) < limit:
-        v = stack.pop()
-        if isinstance(v, torch.Tensor):
-            found.append(v)
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-        elif isinstance(v, dict):
-            stack.extend(v[k] for k in v if k not in _CACHE_KEYS)
-    return found
 
 
 class Capture:
@@ -527,4 +368,4 @@ def capture(**kwargs: Any) -> Capture:
     return Capture(**kwargs)
 
 
-__all__ = ["Capture", "capture", "fingerprint", "cache_tensors"]
+__all__ = ["Capture", "capture"]

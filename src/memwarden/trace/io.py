@@ -35,6 +35,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode any new file gets
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -43,6 +44,12 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> Path:
             pass
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
 
 
 def load_any(path: str | os.PathLike[str]) -> Trace:

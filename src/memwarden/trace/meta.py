@@ -88,7 +88,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memwarden.trace.attribution import CaptureLog, StorageRecord
-from memwarden.trace.capture import Capture, _cache_in
+from memwarden.trace.capture import Capture
+from memwarden.trace.inputs import _cache_in
 from memwarden.trace.meta_ops import (
     CONVERSIONS,
     SPECIAL,
