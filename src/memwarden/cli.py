@@ -16,7 +16,10 @@ from memwarden.errors import MemwardenError
 from memwarden.trace.model import TraceFormatError
 
 # Order is the order of `memwarden --help`.
-COMMANDS = ["demo", "trace", "summary", "diagnose", "report", "export", "replay", "plan", "estimate", "devices"]
+COMMANDS = [
+    "demo", "trace", "summary", "diagnose", "report", "export", "replay", "plan", "estimate", "devices",
+    "telemetry", "stress", "sweep",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
