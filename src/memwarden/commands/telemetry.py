@@ -1,0 +1,208 @@
+"""memwarden telemetry [--replay LOG] [--json] [--device PROFILE] [--budget BYTES] [--policy NAME] [--set K=V]"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "telemetry",
+        help="live device signals (memory, temperature, power, fps) and the memory budget they imply",
+        description=(
+            "Read the device's telemetry (NVML, tegrastats, psutil, thermal zones; whichever exist) and "
+            "print the signals and the safe memory budget the policy derives from them. With --replay, "
+            "play a recorded log (JSON lines or tegrastats text) and print the budget at every sample."
+        ),
+    )
+    p.add_argument("--replay", metavar="LOG", help="a recorded telemetry log to play back instead of live signals")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--device", metavar="PROFILE", help="device profile: caps the budget at its usable memory")
+    p.add_argument("--budget", metavar="BYTES", help="a fixed upper bound on the budget, e.g. 6GiB")
+    p.add_argument("--policy", default="default", help="budget policy (default: %(default)s)")
+    p.add_argument(
+        "--set",
+        dest="params",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a policy parameter, e.g. --set min_headroom_bytes=1GiB --set hysteresis_s=10 (repeatable)",
+    )
+    p.add_argument("--count", type=int, default=1, help="live: number of samples (default: %(default)s)")
+    p.add_argument("--interval", type=float, default=1.0, help="live: seconds between samples; replay: "
+                   "seconds between tegrastats lines without timestamps (default: %(default)s)")  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from memwarden.errors import InputError
+    from memwarden.runtime.budget import BudgetController, make_policy
+
+    params: dict[str, str] = {}
+    for item in args.params:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--set expects KEY=VALUE, got {item!r}")
+        params[key.strip()] = value.strip()
+    if args.count < 1 or not args.interval > 0:
+        raise InputError("--count must be at least 1 and --interval positive")
+    policy = make_policy(args.policy, params)
+    cap = _bytes(args.budget)
+    if args.device:
+        controller = BudgetController.from_device_profile(args.device, policy=policy, cap_bytes=cap)
+    else:
+        controller = BudgetController(policy, cap_bytes=cap)
+    if args.replay:
+        return _replay(args, controller)
+    return _live(args, controller)
+
+
+def _bytes(text: str | None) -> int | None:
+    if text is None:
+        return None
+    from memwarden.errors import InputError
+    from memwarden.units import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise InputError(f"--budget: {exc}") from None
+
+
+def _replay(args: argparse.Namespace, controller: Any) -> int:
+    from memwarden.runtime.telemetry_log import load_log
+
+    samples = load_log(args.replay, interval_s=args.interval)
+    rows = []
+    for sample in samples:
+        decision = controller.decide(sample)
+        signals = {k: v for k, v in sample.to_json().items() if k != "t"}
+        rows.append({**decision.to_json(), **signals})
+    budgets = [r["budget_bytes"] for r in rows]
+    summary = {
+        "samples": len(rows),
+        "changes": sum(r["changed"] for r in rows),
+        "forced_drops": sum(r["forced"] for r in rows),
+        "min_budget_bytes": min(budgets),
+        "max_budget_bytes": max(budgets),
+    }
+    if args.json:
+        from memwarden.commands._common import print_json
+
+        print_json(
+            {
+                "log": args.replay,
+                "policy": controller.policy.to_json(),
+                "cap_bytes": controller.cap_bytes,
+                "samples": rows,
+                "summary": summary,
+            }
+        )
+        return 0
+    from rich.console import Console
+
+    from memwarden.units import format_bytes
+
+    console = Console()
+    console.print(_policy_line(controller))
+    shown = [r for i, r in enumerate(rows) if r["changed"] or i == len(rows) - 1]
+    console.print(_table(shown, title=f"{args.replay}: the budget where it changes ({len(rows)} samples)"))
+    console.print(
+        f"{summary['changes']} changes ({summary['forced_drops']} forced by the headroom), budget "
+        f"{format_bytes(summary['min_budget_bytes'])} .. {format_bytes(summary['max_budget_bytes'])}"
+    )
+    return 0
+
+
+def _live(args: argparse.Namespace, controller: Any) -> int:
+    import time
+
+    from memwarden.runtime.telemetry import Telemetry
+
+    rows, origin = [], {}
+    with Telemetry.detect() as telemetry:
+        names = [s.name for s in telemetry.sources]
+        for i in range(args.count):
+            if i:
+                time.sleep(args.interval)
+            sample = telemetry.sample()
+            decision = controller.decide(sample)
+            rows.append({**decision.to_json(), **{k: v for k, v in sample.to_json().items() if k != "t"}})
+            origin = dict(telemetry.origin)
+        errors = dict(telemetry.errors)
+    if args.json:
+        from memwarden.commands._common import print_json
+
+        print_json(
+            {
+                "sources": names,
+                "origin": origin,
+                "errors": errors,
+                "policy": controller.policy.to_json(),
+                "cap_bytes": controller.cap_bytes,
+                "samples": rows,
+            }
+        )
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    console.print(f"sources: {', '.join(names) or 'none found'}")
+    for name, error in errors.items():
+        console.print(f"[yellow]{name} failed: {error}[/yellow]")
+    console.print(_policy_line(controller))
+    console.print(_table(rows, title="Live telemetry (t from the first sample)", origin=origin, relative_t=True))
+    return 0
+
+
+def _policy_line(controller: Any) -> str:
+    from memwarden.units import format_bytes
+
+    p = controller.policy
+    cap = "" if controller.cap_bytes is None else f", cap {format_bytes(controller.cap_bytes)}"
+    return (
+        f"policy {p.name}: min headroom {format_bytes(p.min_headroom_bytes)}, hysteresis {p.hysteresis_s:g} s, "
+        f"window {p.window_s:g} s{cap}"
+    )
+
+
+def _table(
+    rows: list[dict[str, Any]], *, title: str, origin: dict[str, str] | None = None, relative_t: bool = False
+) -> Any:
+    from rich.table import Table
+
+    from memwarden.units import format_bytes
+
+    origin = origin or {}
+
+    def head(label: str, key: str) -> str:
+        return f"{label}\n({origin[key]})" if key in origin else label
+
+    t0 = rows[0]["t"] if rows and relative_t else 0.0
+    table = Table(title=title)
+    table.add_column("t (s)", justify="right")
+    table.add_column(head("available", "mem_available_bytes"), justify="right")
+    table.add_column(head("total", "mem_total_bytes"), justify="right")
+    table.add_column(head("temp", "temp_c"), justify="right")
+    table.add_column(head("power", "power_w"), justify="right")
+    table.add_column(head("fps", "fps"), justify="right")
+    table.add_column("budget", justify="right", style="bold")
+    table.add_column("weights", no_wrap=True)
+
+    def fmt(row: dict[str, Any], key: str, render: Any) -> str:
+        return "-" if row.get(key) is None else render(row[key])
+
+    for r in rows:
+        budget = format_bytes(r["budget_bytes"]) + (" (forced)" if r["forced"] else "")
+        table.add_row(
+            f"{r['t'] - t0:g}",
+            fmt(r, "mem_available_bytes", format_bytes),
+            fmt(r, "mem_total_bytes", format_bytes),
+            fmt(r, "temp_c", lambda v: f"{v:.1f} °C"),
+            fmt(r, "power_w", lambda v: f"{v:.1f} W"),
+            fmt(r, "fps", lambda v: f"{v:.1f}"),
+            budget,
+            " ".join(f"{k} {v:.2f}" for k, v in r["weights"].items() if v < 1) or "-",
+        )
+    return table
