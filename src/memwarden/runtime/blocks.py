@@ -136,23 +136,48 @@ class BlockPool:
         block.ref_count = 1
         return block
 
-    def allocate(self, seq_id: str, tokens: Sequence[int], extra: Sequence[Sequence[str]] = ()) -> Allocation:
+    def hashes(self, tokens: Sequence[int], extra: Sequence[Sequence[str]] = ()) -> list[BlockHash]:
+        """Chained hashes of the full blocks of ``tokens``."""
+        out: list[BlockHash] = []
+        parent: BlockHash | None = None
+        for i in range(len(tokens) // self.block_size):
+            chunk = tokens[i * self.block_size : (i + 1) * self.block_size]
+            parent = block_hash(parent, chunk, extra[i] if i < len(extra) else ())
+            out.append(parent)
+        return out
+
+    def cached_prefix_blocks(self, tokens: Sequence[int], extra: Sequence[Sequence[str]] = ()) -> int:
+        """How many leading full blocks of ``tokens`` are in the pool (a lookup, nothing changes)."""
+        n = 0
+        for h in self.hashes(tokens, extra):
+            if h not in self.cached:
+                break
+            n += 1
+        return n
+
+    def allocate(
+        self,
+        seq_id: str,
+        tokens: Sequence[int],
+        extra: Sequence[Sequence[str]] = (),
+        *,
+        register: bool = True,
+        max_hit_blocks: int | None = None,
+    ) -> Allocation:
         """Block table for a new sequence of ``tokens``, reusing cached full blocks of its prefix.
 
         ``extra[i]`` are the media fingerprints overlapping block ``i`` (empty if none).
+        ``register=False`` leaves new blocks unhashed until :meth:`commit` — for callers that
+        fill the KV after allocating and must not advertise blocks whose KV is not written yet.
+        ``max_hit_blocks`` caps the reused prefix (a caller may need to recompute its tail).
         All-or-nothing: on NoFreeBlocks the pool is left as it was.
         """
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id!r} already has blocks")
         n_blocks = self.blocks_needed(len(tokens))
-        hashes: list[BlockHash] = []
-        parent: BlockHash | None = None
-        for i in range(len(tokens) // self.block_size):
-            chunk = tokens[i * self.block_size : (i + 1) * self.block_size]
-            parent = block_hash(parent, chunk, extra[i] if i < len(extra) else ())
-            hashes.append(parent)
+        hashes = self.hashes(tokens, extra)
         hit_blocks: list[Block] = []
-        for h in hashes:
+        for h in hashes[: max_hit_blocks if max_hit_blocks is not None else len(hashes)]:
             b = self.cached.get(h)
             if b is None:
                 break
@@ -169,7 +194,7 @@ class BlockPool:
             table.append(b)
         for i in range(len(hit_blocks), n_blocks):
             b = self._take_free()
-            if i < len(hashes):
+            if register and i < len(hashes):
                 b.hash = hashes[i]
                 self.cached.setdefault(b.hash, b)
             table.append(b)
@@ -177,6 +202,26 @@ class BlockPool:
         self.misses += n_blocks - len(hit_blocks)
         self.tables[seq_id] = table
         return Allocation(block_ids=[b.block_id for b in table], num_cached_tokens=len(hit_blocks) * self.block_size)
+
+    def append_block(self, seq_id: str) -> int:
+        """One more (unhashed) block at the end of a sequence's table; its id."""
+        b = self._take_free()
+        self.misses += 1
+        self.tables[seq_id].append(b)
+        return b.block_id
+
+    def commit(self, seq_id: str, tokens: Sequence[int], extra: Sequence[Sequence[str]] = ()) -> int:
+        """Hash and advertise the sequence's full blocks whose KV now holds ``tokens``; how many."""
+        table = self.tables[seq_id]
+        n = 0
+        for b, h in zip(table, self.hashes(tokens, extra)):
+            if b.hash is None:
+                if h in self.cached:  # same content computed twice: keep the older copy findable
+                    continue
+                b.hash = h
+                self.cached[h] = b
+                n += 1
+        return n
 
     def free_sequence(self, seq_id: str) -> None:
         """Release a sequence's blocks, tail first (its longest prefixes are evicted first)."""

@@ -1,0 +1,202 @@
+"""Paged KV cache tensors: one pool allocated once, block tables per sequence.
+
+``runtime/blocks.py`` does the bookkeeping (which block holds which tokens, prefix hashes,
+LRU); this module owns the memory. Every layer's keys and values live in one tensor
+allocated when the session starts::
+
+    pool: (2, num_layers, num_kv_heads, num_blocks * block_size, head_dim)
+
+so the KV cache never grows by concatenation (the ``kv-concat-growth`` pattern) and its
+bytes are known before the first request. A token at position ``p`` of a sequence lives in
+slot ``table[p // block_size] * block_size + p % block_size``.
+
+:class:`PagedCache` is a transformers ``Cache`` over one sequence's block table, so a model's
+own ``generate()`` and ``forward()`` run on it unchanged. ``update`` writes the new states
+into their slots and returns the sequence's keys/values gathered into one contiguous
+``(1, heads, T, head_dim)`` tensor: the same values, shape and layout ``DynamicCache`` would
+return, so attention computes exactly the same numbers. The gathered copy is a temporary of
+one layer, freed when the layer's attention is done — the price of paging without a paged
+attention kernel, and bounded (it is what admission control budgets as activation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from memwarden.runtime.blocks import BlockPool, NoFreeBlocks
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVSpec:
+    """Shape of one model's KV cache; byte arithmetic lives here."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    block_size: int = 16
+
+    @classmethod
+    def from_config(cls, config: Any, dtype: torch.dtype = torch.float32, block_size: int = 16) -> KVSpec:
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        heads = int(text.num_attention_heads)
+        head_dim = getattr(text, "head_dim", None) or int(text.hidden_size) // heads
+        return cls(
+            num_layers=int(text.num_hidden_layers),
+            num_kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+            head_dim=int(head_dim),
+            dtype=dtype,
+            block_size=block_size,
+        )
+
+    @property
+    def bytes_per_token(self) -> int:
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.block_size * self.bytes_per_token
+
+    def blocks_for_bytes(self, num_bytes: int) -> int:
+        return max(0, num_bytes // self.page_size_bytes)
+
+
+class KVPool:
+    """The KV tensors of ``num_blocks`` blocks for every layer, and their :class:`BlockPool`."""
+
+    def __init__(self, spec: KVSpec, num_blocks: int, device: torch.device | str = "cpu") -> None:
+        if num_blocks < 1:
+            raise ValueError("the KV pool needs at least one block")
+        self.spec = spec
+        self.blocks = BlockPool(num_blocks, spec.block_size)
+        num_slots = num_blocks * spec.block_size
+        # (2, layers, kv_heads, slots, head_dim): one allocation, made once.
+        self.data = torch.empty(
+            (2, spec.num_layers, spec.num_kv_heads, num_slots, spec.head_dim), dtype=spec.dtype, device=device
+        )
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks.blocks)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def keys(self, layer: int) -> torch.Tensor:
+        return self.data[0, layer]  # (kv_heads, slots, head_dim)
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self.data[1, layer]
+
+    def copy_block(self, src: int, dst: int) -> None:
+        bs = self.spec.block_size
+        self.data[:, :, :, dst * bs : (dst + 1) * bs].copy_(self.data[:, :, :, src * bs : (src + 1) * bs])
+
+
+class Sequence:
+    """One sequence's view of the pool: its block table and how many tokens hold KV."""
+
+    def __init__(self, pool: KVPool, seq_id: str, block_ids: list[int], num_cached_tokens: int) -> None:
+        self.pool = pool
+        self.seq_id = seq_id
+        self.block_ids = list(block_ids)
+        self.length = num_cached_tokens  # tokens whose KV is in the pool
+        self._slots: torch.Tensor | None = None  # slot index of every position, grown with the table
+
+    @property
+    def capacity(self) -> int:
+        return len(self.block_ids) * self.pool.spec.block_size
+
+    def reserve(self, num_tokens: int) -> None:
+        """Make room for ``num_tokens`` in total, taking blocks from the pool as needed."""
+        while self.capacity < num_tokens:
+            self.block_ids.append(self.pool.blocks.append_block(self.seq_id))
+            self._slots = None
+
+    def slots(self, stop: int) -> torch.Tensor:
+        """Slot indices of positions ``0..stop`` (a view of one cached index tensor)."""
+        if self._slots is None or self._slots.numel() < stop:
+            bs = self.pool.spec.block_size
+            table = torch.tensor(self.block_ids, dtype=torch.long)
+            pos = torch.arange(self.capacity, dtype=torch.long)
+            self._slots = table[pos // bs] * bs + pos % bs
+        return self._slots[:stop]
+
+
+class PagedLayer(CacheLayerMixin):
+    """One decoder layer's cache over a sequence's block table (a transformers cache layer)."""
+
+    is_sliding = False
+    is_croppable = False
+    supports_early_init = False
+
+    def __init__(self, seq: Sequence, layer_idx: int) -> None:
+        super().__init__()
+        self.seq = seq
+        self.layer_idx = layer_idx
+        self.is_initialized = True
+        self.length = seq.length
+        self.device = seq.pool.data.device
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        return None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        # key_states: (1, kv_heads, n, head_dim)
+        if key_states.shape[0] != 1:
+            raise ValueError("a PagedCache holds one sequence (batch size 1)")
+        n = key_states.shape[-2]
+        start, stop = self.length, self.length + n
+        self.seq.reserve(stop)
+        slots = self.seq.slots(stop)
+        pool = self.seq.pool
+        k_pool, v_pool = pool.keys(self.layer_idx), pool.values(self.layer_idx)
+        k_pool.index_copy_(1, slots[start:], key_states[0].to(k_pool.dtype))
+        v_pool.index_copy_(1, slots[start:], value_states[0].to(v_pool.dtype))
+        self.length = stop
+        self.seq.length = max(self.seq.length, stop)
+        # (1, kv_heads, T, head_dim), contiguous: what DynamicCache would hold
+        keys = k_pool.index_select(1, slots).unsqueeze(0).to(key_states.dtype)
+        values = v_pool.index_select(1, slots).unsqueeze(0).to(value_states.dtype)
+        return keys, values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def offload(self) -> None:  # the pool does not move layer by layer
+        return None
+
+    def prefetch(self) -> None:
+        return None
+
+
+class PagedCache(Cache):
+    """A transformers ``Cache`` over one :class:`Sequence` of a :class:`KVPool`."""
+
+    def __init__(self, seq: Sequence) -> None:
+        layers: list[Any] = [PagedLayer(seq, i) for i in range(seq.pool.spec.num_layers)]
+        super().__init__(layers=layers)
+        self.seq = seq
+
+    @property
+    def batch_size(self) -> int:
+        return 1
+
+
+__all__ = ["KVPool", "KVSpec", "NoFreeBlocks", "PagedCache", "PagedLayer", "Sequence"]

@@ -1,0 +1,157 @@
+"""Where a request's images, videos and audio sit among its tokens, and what they are.
+
+Prefix reuse needs two facts about every media item: the token span of its placeholders
+(so a reused prefix never cuts an item in half) and a content fingerprint (so a block's hash
+changes when the picture does, even though the placeholder token ids are the same). Both come
+from the model's config (placeholder token ids) and the processor's tensors, for any
+transformers VLM / audio-LM that marks media with placeholder tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from memwarden.trace.inputs import tensor_digest
+
+# Placeholder token id attributes by modality, as transformers configs name them.
+_PLACEHOLDER_KEYS = {
+    "image": ("image_token_id", "image_token_index"),
+    "video": ("video_token_id", "video_token_index"),
+    "audio": ("audio_token_id", "audio_token_index"),
+}
+# Processor outputs that carry each modality's content (first dim = items where splittable).
+MEDIA_KEYS = {
+    "image": ("pixel_values", "image_sizes", "image_grid_thw", "pixel_attention_mask", "spatial_shapes",
+              "pixel_position_ids", "image_attention_mask"),
+    "video": ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts"),
+    "audio": ("input_features", "feature_attention_mask", "input_features_mask", "audio_values"),
+}  # fmt: skip
+# Models whose positions depend on where the media sit (multimodal rope): their cached text after a
+# media item is only valid with the position deltas of the call that computed it, so reuse stops
+# before the first item.
+_MROPE_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "qwen2_5_omni")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MediaItem:
+    modality: str
+    index: int  # among the request's items of this modality
+    start: int  # first placeholder position
+    stop: int  # one past the last placeholder position
+    fingerprint: str
+
+
+def placeholder_ids(config: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for modality, keys in _PLACEHOLDER_KEYS.items():
+        for key in keys:
+            value = getattr(config, key, None)
+            if isinstance(value, int):
+                out[modality] = value
+                break
+    return out
+
+
+def positions_are_media_dependent(config: Any) -> bool:
+    return str(getattr(config, "model_type", "")) in _MROPE_TYPES
+
+
+def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
+    runs, start = [], None
+    for i, tok in enumerate(ids + [None]):  # type: ignore[operator]
+        if tok == token and start is None:
+            start = i
+        elif tok != token and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def _digest(values: list[torch.Tensor]) -> str:
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for v in values:
+        h.update(str((tuple(v.shape), str(v.dtype))).encode())
+        h.update(tensor_digest(v))
+    return h.hexdigest()
+
+
+def media_tensors(inputs: dict[str, Any], modality: str) -> dict[str, torch.Tensor]:
+    return {k: inputs[k] for k in MEDIA_KEYS[modality] if isinstance(inputs.get(k), torch.Tensor)}
+
+
+def splittable(inputs: dict[str, Any], modality: str, num_items: int) -> bool:
+    """True where every tensor of the modality has one row per item (it can be sliced per item)."""
+    tensors = media_tensors(inputs, modality)
+    return bool(tensors) and all(t.dim() > 0 and t.shape[0] == num_items for t in tensors.values())
+
+
+def media_items(config: Any, ids: list[int], inputs: dict[str, Any]) -> list[MediaItem]:
+    """Media items of one sequence (``inputs`` are its processor tensors), in token order."""
+    items: list[MediaItem] = []
+    for modality, token in placeholder_ids(config).items():
+        tensors = media_tensors(inputs, modality)
+        runs = _runs(ids, token)
+        if not runs:
+            continue
+        if splittable(inputs, modality, len(runs)):
+            prints = [_digest([t[i] for t in tensors.values()]) for i in range(len(runs))]
+        else:  # one fingerprint for all of the modality's items: coarser, still correct
+            whole = _digest(list(tensors.values())) if tensors else "no-content"
+            prints = [f"{whole}:{i}" for i in range(len(runs))]
+        for i, (start, stop) in enumerate(runs):
+            items.append(MediaItem(modality=modality, index=i, start=start, stop=stop, fingerprint=prints[i]))
+    return sorted(items, key=lambda it: it.start)
+
+
+def block_extras(items: list[MediaItem], num_tokens: int, block_size: int) -> list[tuple[str, ...]]:
+    """Per full block, the fingerprints of the media items it overlaps (the hash's extra keys)."""
+    extras: list[tuple[str, ...]] = []
+    for b in range(num_tokens // block_size):
+        lo, hi = b * block_size, (b + 1) * block_size
+        extras.append(tuple(it.fingerprint for it in items if it.start < hi and it.stop > lo))
+    return extras
+
+
+def reuse_boundary(items: list[MediaItem], cached_tokens: int, block_size: int, config: Any,
+                   inputs: dict[str, Any]) -> int:  # fmt: skip
+    """Largest reusable prefix (a multiple of ``block_size``, ≤ ``cached_tokens``) that cuts no item
+    in half and leaves the media after it passable to the model."""
+    h = cached_tokens
+    if not items:
+        return h
+    first = min(it.start for it in items)
+    if positions_are_media_dependent(config) and h > first:
+        return (first // block_size) * block_size
+    for it in items:
+        if it.start < h < it.stop:  # never cut an item: recompute it whole
+            h = (it.start // block_size) * block_size
+    # Items after the boundary are passed again; that needs their tensors sliceable per item, or all items after it.
+    by_modality: dict[str, list[MediaItem]] = {}
+    for it in items:
+        by_modality.setdefault(it.modality, []).append(it)
+    for modality, its in by_modality.items():
+        before = [it for it in its if it.stop <= h]
+        if before and len(before) < len(its) and not splittable(inputs, modality, len(its)):
+            h = min(h, (its[0].start // block_size) * block_size)
+    return h
+
+
+def inputs_after(inputs: dict[str, Any], items: list[MediaItem], boundary: int) -> dict[str, Any]:
+    """The request's media tensors for the items at or after ``boundary`` (none if all are cached)."""
+    out: dict[str, Any] = {}
+    for modality in MEDIA_KEYS:
+        its = [it for it in items if it.modality == modality]
+        tensors = media_tensors(inputs, modality)
+        keep = [it.index for it in its if it.start >= boundary]
+        if not tensors or not keep:
+            continue
+        if len(keep) == len(its):
+            out.update(tensors)
+        else:  # splittable by reuse_boundary's rule
+            out.update({k: t[keep[0] :] for k, t in tensors.items()})
+    return out

@@ -1,0 +1,374 @@
+"""GovernedSession: serve a transformers VLM / audio-LM under a memory budget.
+
+The session owns the memory a plain ``model.generate()`` would grow without limit:
+
+- one paged KV pool (``runtime/kvcache.py``) sized at start within the budget, shared by all
+  requests and conversations, with content-hash prefix reuse (``runtime/blocks.py``): a
+  conversation's next turn, or another request about the same image, finds its prefix's KV
+  in the pool and prefills only what is new — the image is neither re-encoded nor
+  re-prefilled;
+- an encoder output cache (``runtime/encoders.py``) for the same media after a different
+  prefix;
+- admission control (``runtime/admission.py``): before a request runs its peak is predicted
+  on a meta twin of the model; a request that does not fit waits for the budget to come back
+  or is degraded, and the decision is recorded.
+
+Generation itself is the model's own ``generate()`` on the session's cache, so decoding
+(logits processors, stopping criteria, greedy) is exactly transformers'. Greedy outputs equal
+plain ``model.generate()`` token for token (tests).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from memwarden.runtime import media as media_mod
+from memwarden.runtime.admission import AdmissionError, Decision, PeakPredictor
+from memwarden.runtime.encoders import EncoderCache, LRUStore
+from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence
+from memwarden.units import format_bytes, parse_bytes
+
+_POOL_SEQUENCES = 4  # default pool cap: this many sequences of the model's full context
+_PER_TOKEN_KEYS = ("attention_mask", "token_type_ids", "mm_token_type_ids")
+
+
+class BudgetError(ValueError):
+    """The budget cannot hold the model at all (weights plus the smallest KV pool)."""
+
+
+def state_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and buffers in memory (shared storages once, meta excluded)."""
+    seen: set[int] = set()
+    total = 0
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.device.type == "meta":
+            continue
+        st = t.untyped_storage()
+        if st.data_ptr() in seen:
+            continue
+        seen.add(st.data_ptr())
+        total += st.nbytes()
+    return total
+
+
+@dataclass
+class RequestRecord:
+    """One served sequence: what was reused, what admission decided, how long it took."""
+
+    prompt_tokens: int
+    reused_tokens: int
+    new_tokens: int
+    media_items: int
+    media_reencoded: bool
+    decision: Decision
+    prefill_s: float = 0.0  # time to first token
+    total_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "reused_tokens": self.reused_tokens,
+            "new_tokens": self.new_tokens,
+            "media_items": self.media_items,
+            "media_reencoded": self.media_reencoded,
+            "decision": self.decision.to_json(),
+            "ttft_s": round(self.prefill_s, 6),
+            "total_s": round(self.total_s, 6),
+        }
+
+
+class _FirstToken:
+    """A generate() streamer that only notes when the first new token arrives."""
+
+    def __init__(self, inner: Any = None) -> None:
+        self.inner = inner
+        self.calls = 0
+        self.first_token_at: float | None = None
+
+    def put(self, value: Any) -> None:
+        self.calls += 1
+        if self.calls == 2 and self.first_token_at is None:  # call 1 is the prompt
+            self.first_token_at = time.perf_counter()
+        if self.inner is not None:
+            self.inner.put(value)
+
+    def end(self) -> None:
+        if self.inner is not None:
+            self.inner.end()
+
+
+@dataclass
+class _Conversation:
+    input_ids: list[int] = field(default_factory=list)
+    media: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    per_token: dict[str, list[int]] = field(default_factory=dict)
+
+
+class GovernedSession:
+    """Serve ``model`` under ``budget`` bytes (``"6GiB"``, an int, or a budget controller).
+
+    ``budget`` may also be any object with a ``budget_bytes`` attribute (a
+    ``runtime.budget`` controller following telemetry); it is read before every request.
+    ``kv_fraction`` of what the budget leaves after the weights goes to the KV pool (unless
+    ``num_kv_blocks`` is given), the rest to activations.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        processor: Any = None,
+        budget: str | int | Any = "6GiB",
+        device_profile: Any = None,
+        block_size: int = 16,
+        *,
+        num_kv_blocks: int | None = None,
+        kv_fraction: float = 0.5,
+        prefix_reuse: bool = True,
+        encoder_cache: bool | Any = True,
+        encoder_cache_bytes: int = 64 * 1024**2,
+        max_wait_s: float = 30.0,
+        degrader: Callable[[GovernedSession, dict[str, Any], Decision], dict[str, Any] | None] | None = None,
+        on_decision: Callable[[Decision], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.processor = processor
+        self.device_profile = device_profile
+        self._budget_source = None if isinstance(budget, (str, int)) else budget
+        self._fixed_budget = parse_bytes(budget) if isinstance(budget, (str, int)) else None
+        self.prefix_reuse = prefix_reuse
+        self.max_wait_s = max_wait_s
+        self.degrader = degrader
+        self.on_decision = on_decision
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self.records: list[RequestRecord] = []
+        self.conversations: dict[str, _Conversation] = {}
+
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        self.device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+        self.spec = KVSpec.from_config(model.config, dtype=dtype, block_size=block_size)
+        self.weights_bytes = state_bytes(model)
+        budget_now = self.budget_bytes
+        if num_kv_blocks is None:
+            spare = budget_now - self.weights_bytes
+            num_kv_blocks = self.spec.blocks_for_bytes(int(spare * kv_fraction))
+            # More than a few full-length sequences of KV is memory no request can use.
+            text = model.config.get_text_config(decoder=True)
+            max_tokens = _POOL_SEQUENCES * int(getattr(text, "max_position_embeddings", 0) or 4096)
+            num_kv_blocks = min(num_kv_blocks, self.pool_blocks_for_tokens(max_tokens))
+        if num_kv_blocks < 1:
+            raise BudgetError(
+                f"a budget of {format_bytes(budget_now)} does not hold the weights ({format_bytes(self.weights_bytes)}) "
+                f"and one KV block ({format_bytes(self.spec.page_size_bytes)}): raise the budget, quantize the "
+                "weights (memwarden.quantize) or stream them (runtime.offload)"
+            )
+        self.pool = KVPool(self.spec, num_kv_blocks, device=self.device)
+        self.predictor = PeakPredictor(model, self.spec)
+        self.encoder_cache: EncoderCache | None = None
+        if encoder_cache:
+            store = encoder_cache if not isinstance(encoder_cache, bool) else LRUStore(encoder_cache_bytes)
+            self.encoder_cache = EncoderCache(model, store)
+
+    def pool_blocks_for_tokens(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.spec.block_size)
+
+    # -- budget ---------------------------------------------------------------------------
+
+    @property
+    def budget_bytes(self) -> int:
+        limits = [b for b in (self._fixed_budget, getattr(self._budget_source, "budget_bytes", None)) if b is not None]
+        return int(min(limits)) if limits else 2**62
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the session holds between requests: weights, the KV pool, cached encoder outputs."""
+        store = self.encoder_cache.store if self.encoder_cache is not None else None
+        return self.weights_bytes + self.pool.nbytes + int(getattr(store, "nbytes", 0) or 0)
+
+    def close(self) -> None:
+        if self.encoder_cache is not None:
+            self.encoder_cache.remove()
+            self.encoder_cache = None
+
+    def __enter__(self) -> GovernedSession:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- serving --------------------------------------------------------------------------
+
+    def generate(self, input_ids: torch.Tensor | None = None, max_new_tokens: int = 20, **inputs: Any) -> torch.Tensor:
+        """Same inputs and output as the model's ``generate()`` (token ids, prompt included)."""
+        if input_ids is None:
+            raise ValueError("GovernedSession.generate needs input_ids (use the processor's output)")
+        rows = []
+        for r in range(input_ids.shape[0]):
+            row_inputs = _row(inputs, r, input_ids.shape)
+            mask = row_inputs.get("attention_mask")
+            keep = mask[0].bool() if isinstance(mask, torch.Tensor) else torch.ones(input_ids.shape[1], dtype=torch.bool)
+            row_inputs = {k: (v[:, keep] if k in _PER_TOKEN_KEYS and isinstance(v, torch.Tensor) else v)
+                          for k, v in row_inputs.items()}  # fmt: skip
+            rows.append(self._serve(input_ids[r : r + 1, keep], row_inputs, max_new_tokens))
+        if len(rows) == 1:
+            return rows[0]
+        width = max(r.shape[1] for r in rows)
+        pad = self.model.generation_config.pad_token_id or 0
+        return torch.cat([torch.nn.functional.pad(r, (width - r.shape[1], 0), value=pad) for r in rows])
+
+    def chat(self, input_ids: torch.Tensor, conversation: str = "default", max_new_tokens: int = 20,
+             **inputs: Any) -> torch.Tensor:  # fmt: skip
+        """One turn: ``input_ids`` (and media) of the new message only; returns the reply's ids.
+
+        The session keeps the conversation (earlier messages, replies and media) and sends it
+        whole each turn, as a chat loop would — prefix reuse makes that cost only the new part.
+        """
+        conv = self.conversations.setdefault(conversation, _Conversation())
+        for key, value in inputs.items():
+            if isinstance(value, torch.Tensor) and key not in _PER_TOKEN_KEYS:
+                conv.media.setdefault(key, []).append(value)
+        turn_ids = input_ids[0].tolist()
+        for key in _PER_TOKEN_KEYS[1:]:
+            if isinstance(inputs.get(key), torch.Tensor):
+                conv.per_token.setdefault(key, [0] * len(conv.input_ids)).extend(inputs[key][0].tolist())
+        conv.input_ids.extend(turn_ids)
+        full = torch.tensor([conv.input_ids], dtype=input_ids.dtype)
+        call: dict[str, Any] = {k: torch.cat(v) for k, v in conv.media.items()}
+        call.update({k: torch.tensor([v], dtype=torch.long) for k, v in conv.per_token.items()})
+        out = self._serve(full, call, max_new_tokens)
+        reply = out[0, full.shape[1] :].tolist()
+        conv.input_ids.extend(reply)
+        for key in conv.per_token:
+            conv.per_token[key].extend([0] * len(reply))
+        return torch.tensor([reply], dtype=input_ids.dtype)
+
+    def _serve(self, input_ids: torch.Tensor, inputs: dict[str, Any], max_new_tokens: int) -> torch.Tensor:
+        with self._lock:
+            return self._serve_locked(input_ids, inputs, max_new_tokens)
+
+    def _serve_locked(self, input_ids: torch.Tensor, inputs: dict[str, Any], max_new_tokens: int) -> torch.Tensor:
+        t0 = time.perf_counter()
+        inputs = dict(inputs)
+        streamer = _FirstToken(inputs.pop("streamer", None))
+        ids = input_ids[0].tolist()
+        bs = self.spec.block_size
+        config = self.model.config
+        items = media_mod.media_items(config, ids, inputs)
+        extras = media_mod.block_extras(items, len(ids), bs)
+        reuse = 0
+        if self.prefix_reuse:
+            hit_blocks = self.pool.blocks.cached_prefix_blocks(ids, extras)
+            hit_blocks = min(hit_blocks, (len(ids) - 1) // bs)  # at least one token is prefilled
+            reuse = media_mod.reuse_boundary(items, hit_blocks * bs, bs, config, inputs)
+        media_in = media_mod.inputs_after(inputs, items, reuse) if items else {}
+        media_keys = {k for m in media_mod.MEDIA_KEYS.values() for k in m}
+        passthrough = {k: v for k, v in inputs.items() if k not in media_keys and k != "attention_mask"}
+        decision = self._admit(input_ids[:, reuse:], media_in, reuse, max_new_tokens)
+
+        seq_id = f"seq-{next(self._ids)}"
+        alloc = self.pool.blocks.allocate(seq_id, ids, extras, register=False, max_hit_blocks=reuse // bs)
+        seq = Sequence(self.pool, seq_id, alloc.block_ids, alloc.num_cached_tokens)
+        try:
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                cache=PagedCache(seq),
+                max_new_tokens=max_new_tokens,
+                streamer=streamer,
+                **media_in,
+                **passthrough,
+            )
+            written = out[0, : seq.length].tolist()
+            self.pool.blocks.commit(seq_id, written, media_mod.block_extras(items, len(written), bs))
+        finally:
+            self.pool.blocks.free_sequence(seq_id)
+        t1 = time.perf_counter()
+        self.records.append(RequestRecord(
+            prompt_tokens=len(ids), reused_tokens=reuse, new_tokens=out.shape[1] - len(ids), media_items=len(items),
+            media_reencoded=bool(media_in), decision=decision,
+            prefill_s=(streamer.first_token_at or t1) - t0, total_s=t1 - t0,
+        ))  # fmt: skip
+        return out
+
+    # -- admission ------------------------------------------------------------------------
+
+    def _predict(self, new_ids: torch.Tensor, media_in: dict[str, Any], reuse: int, max_new_tokens: int) -> int:
+        return self.held_bytes + self.predictor.request_bytes(new_ids, media_in, reuse, max_new_tokens)
+
+    def _admit(self, new_ids: torch.Tensor, media_in: dict[str, Any], reuse: int, max_new_tokens: int) -> Decision:
+        total_tokens = reuse + new_ids.shape[1] + max_new_tokens
+        if self.pool.blocks.blocks_needed(total_tokens) > self.pool.num_blocks:
+            raise AdmissionError(
+                f"the request needs {total_tokens} tokens of KV cache, the pool holds "
+                f"{self.pool.num_blocks * self.spec.block_size}: shorten it or give the session more KV blocks"
+            )
+        predicted = self._predict(new_ids, media_in, reuse, max_new_tokens)
+        decision = Decision(action="admit", predicted_peak_bytes=predicted, budget_bytes=self.budget_bytes,
+                            reason="predicted peak within the budget")  # fmt: skip
+        start = time.perf_counter()
+        while predicted > self.budget_bytes:
+            if self.encoder_cache is not None and getattr(self.encoder_cache.store, "nbytes", 0):
+                self.encoder_cache.store.clear()
+                decision.changes.append("dropped cached encoder outputs")
+                predicted = self._predict(new_ids, media_in, reuse, max_new_tokens)
+                continue
+            if self._budget_source is not None and time.perf_counter() - start < self.max_wait_s:
+                decision.action = "wait"
+                decision.reason = "predicted peak above the current budget: waiting for it to rise"
+                time.sleep(0.01)
+                update = getattr(self._budget_source, "poll", None)
+                if callable(update):
+                    update()
+                continue
+            raise AdmissionError(
+                f"predicted peak {format_bytes(predicted)} exceeds the budget {format_bytes(self.budget_bytes)}"
+                " and no change makes it fit"
+            )
+        decision.predicted_peak_bytes = predicted
+        decision.budget_bytes = self.budget_bytes
+        decision.waited_s = time.perf_counter() - start
+        if self.on_decision is not None:
+            self.on_decision(decision)
+        return decision
+
+    # -- reporting ------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        blocks = self.pool.blocks
+        enc = self.encoder_cache
+        return {
+            "budget_bytes": self.budget_bytes,
+            "weights_bytes": self.weights_bytes,
+            "kv_pool_bytes": self.pool.nbytes,
+            "kv_blocks": self.pool.num_blocks,
+            "kv_free_blocks": blocks.num_free_blocks,
+            "kv_cached_blocks": len(blocks.cached),
+            "block_size": self.spec.block_size,
+            "prefix_hits": blocks.hits,
+            "prefix_misses": blocks.misses,
+            "evictions": blocks.evictions,
+            "encoder_hits": enc.hits if enc else 0,
+            "encoder_misses": enc.misses if enc else 0,
+            "meta_predictions": self.predictor.meta_runs,
+            "requests": [r.to_json() for r in self.records],
+        }
+
+
+def _row(inputs: dict[str, Any], r: int, ids_shape: torch.Size) -> dict[str, Any]:
+    """Row ``r`` of a batch: per-token tensors sliced; media left whole when there is one row."""
+    if ids_shape[0] == 1:
+        return dict(inputs)
+    out: dict[str, Any] = {}
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == ids_shape[0]:
+            out[k] = v[r : r + 1]
+        else:
+            out[k] = v
+    return out
