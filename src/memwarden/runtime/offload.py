@@ -1,0 +1,506 @@
+"""Weight streaming: run a transformers model whose weights do not fit its memory budget.
+
+:func:`stream_weights` splits the model into weight groups (decoder layers, embeddings, norms,
+projectors), asks :func:`memwarden.plan.placement.place` which stay resident, writes the others
+to one safetensors file per group in ``offload_dir`` and memory-maps those files. Forward hooks
+then move each streamed group through one of two staging buffers:
+
+- pre-hook: the group is copied from its mapped file into a staging slot (or found there,
+  prefetched) and its parameters become views of that slot; then the group predicted to run
+  next is copied into the other slot on a background thread while this one computes;
+- post-hook: the parameters are released again.
+
+So streamed weights never hold more than two slots (the two largest streamed groups) of
+allocated memory. Outputs are bit-identical: the same bytes, at the same 64-byte alignment as
+a freshly allocated tensor, go through the same kernels.
+
+Why the details are what they are:
+
+- Between uses a streamed parameter is a NaN placeholder of the right shape and dtype with a
+  0-byte storage (one element expanded), not a view of the mapped file. PyTorch's memory
+  profiler records the parameters of every module call and counts each storage it sees, so
+  mapped views would count in full; and code that reads a weight outside its module's forward
+  gets NaNs, which the equality tests would catch, rather than silently working slower.
+- Copies are ``ctypes.memmove`` from the mapping, not torch ops: they release the GIL (the
+  prefetch really overlaps compute) and the profiler does not record the mapped source.
+- The next group is learned from what actually ran after each group (a decode step runs the
+  text layers but not the vision tower), starting from registration order.
+- Tied parameters (used by two groups) and buffers are pinned resident: a group's hooks only
+  manage what no other group touches.
+- Streamed parameters get ``requires_grad=False``: a backward pass would read slots that later
+  groups have overwritten. Weight streaming is for inference; :meth:`WeightStreamer.detach`
+  restores everything.
+
+CPU only for now: the staging slots are host memory and the model computes on the CPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import shutil
+import struct
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from memwarden.models.devices import MemoryTier
+from memwarden.plan.placement import Placement, WeightGroup, place
+from memwarden.trace.modality import ModalityRules
+from memwarden.trace.model import Modality
+
+__all__ = ["StreamStats", "WeightStreamer", "default_tiers", "plan_streaming", "stream_weights", "weight_groups"]
+
+ALIGN_BYTES = 64  # what PyTorch's CPU allocator gives a fresh tensor; kernels see the same alignment
+_ONCE_PER_REQUEST = (Modality.VISION, Modality.AUDIO, Modality.FUSION)  # encoders and projectors
+
+
+@dataclass
+class StreamStats:
+    """What the streamer did; counters since :func:`stream_weights` (or :meth:`reset`)."""
+
+    loads: int = 0  # groups copied into a slot
+    sync_loads: int = 0  # ... on the compute thread, because nothing had prefetched them
+    prefetch_hits: int = 0  # group found in a slot a prefetch had filled
+    reuses: int = 0  # group still in its slot from its previous use: no copy at all
+    copied_bytes: int = 0
+    wait_s: float = 0.0  # time the compute thread spent waiting for copies
+    extra_slots: int = 0  # slots added because streamed groups nested deeper than the slots
+
+    def reset(self) -> None:
+        for name in vars(self):
+            setattr(self, name, 0 if name != "wait_s" else 0.0)
+
+
+@dataclass
+class _Tensor:
+    param: torch.nn.Parameter
+    key: str  # name in the group's safetensors file
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    file_offset: int  # from the start of the file
+    nbytes: int
+    slot_offset: int  # ALIGN_BYTES-aligned offset in a staging slot
+    placeholder: torch.Tensor
+
+
+@dataclass
+class _Group:
+    name: str
+    path: Path
+    tensors: list[_Tensor]
+    slot_bytes: int
+    file: Any = None
+    mapping: mmap.mmap | None = None
+    anchor: Any = None  # ctypes view pinning the mapping's address while it is in use
+    base_address: int = 0
+    hooks: list[Any] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups and plans
+
+
+def weight_groups(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The model's weight groups in registration order: disjoint module subtrees that cover every
+    parameter and buffer. A group is an element of a ModuleList/ModuleDict (a layer), a module
+    with tensors of its own (an embedding, a norm, a linear), or a leaf."""
+    out: list[tuple[str, torch.nn.Module]] = []
+
+    def visit(prefix: str, module: torch.nn.Module, is_layer: bool) -> None:
+        own = any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False))
+        children = list(module.named_children())
+        if is_layer or own or not children:
+            if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
+                out.append((prefix, module))
+            return
+        container = isinstance(module, torch.nn.ModuleList | torch.nn.ModuleDict)
+        for name, child in children:
+            visit(f"{prefix}.{name}" if prefix else name, child, container)
+
+    visit("", model, False)
+    return out
+
+
+def _streamable(groups: list[tuple[str, torch.nn.Module]]) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
+    """Per group, the parameters only it uses (tied parameters appear in two groups: pinned)."""
+    owners: dict[int, int] = {}
+    for _, module in groups:
+        for p in {id(p): p for p in module.parameters()}.values():
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    out = {}
+    for name, module in groups:
+        seen: set[int] = set()
+        params = []
+        for key, p in module.named_parameters():
+            if owners[id(p)] == 1 and id(p) not in seen:
+                seen.add(id(p))
+                params.append((key, p))
+        out[name] = params
+    return out
+
+
+def _specs(model: torch.nn.Module, rules: ModalityRules | None = None) -> list[WeightGroup]:
+    rules = rules or ModalityRules()
+    groups = weight_groups(model)
+    streamable = _streamable(groups)
+    counted: set[int] = set()  # tied tensors are pinned in every group that uses them; count them once
+    specs = []
+    for order, (name, module) in enumerate(groups):
+        streamable_ids = {id(p) for _, p in streamable[name]}
+        pinned_bytes = 0
+        for t in list(module.parameters()) + list(module.buffers()):
+            if id(t) not in streamable_ids and id(t) not in counted:
+                counted.add(id(t))
+                pinned_bytes += t.nbytes
+        specs.append(
+            WeightGroup(
+                name=name,
+                weight_bytes=sum(p.nbytes for _, p in streamable[name]),
+                order=order,
+                per_token=rules.modality_of(name) not in _ONCE_PER_REQUEST,
+                pinned_bytes=pinned_bytes,
+            )
+        )
+    return specs
+
+
+def default_tiers(offload_dir: str | os.PathLike[str]) -> tuple[MemoryTier, ...]:
+    """This machine as a CPU-only device: host memory (which it computes from) and the disk
+    holding ``offload_dir``. The bandwidths are rough assumptions (DDR4/5 dual channel, NVMe);
+    they only feed ``Placement.predicted_stream_us_per_token``. Pass a device profile's tiers
+    to plan for real hardware."""
+    path = Path(offload_dir)
+    while not path.exists():
+        path = path.parent
+    return (
+        MemoryTier(name="host", capacity_bytes=psutil.virtual_memory().total, bandwidth_gbps=20.0, latency_us=0.1),
+        MemoryTier(name="disk", capacity_bytes=shutil.disk_usage(path).free, bandwidth_gbps=2.0, latency_us=100.0),
+    )
+
+
+def plan_streaming(
+    model: torch.nn.Module,
+    budget_bytes: int,
+    *,
+    kv_cache_bytes: int = 0,
+    activation_bytes: int = 0,
+    tiers: tuple[MemoryTier, ...] | None = None,
+    offload_dir: str | os.PathLike[str] = ".",
+) -> Placement:
+    """The placement :func:`stream_weights` would carry out; changes nothing."""
+    return place(
+        _specs(model),
+        budget_bytes=budget_bytes,
+        tiers=tiers or default_tiers(offload_dir),
+        kv_cache_bytes=kv_cache_bytes,
+        activation_bytes=activation_bytes,
+    )
+
+
+def stream_weights(
+    model: torch.nn.Module,
+    budget_bytes: int,
+    offload_dir: str | os.PathLike[str],
+    *,
+    kv_cache_bytes: int = 0,
+    activation_bytes: int = 0,
+    tiers: tuple[MemoryTier, ...] | None = None,
+    placement: Placement | None = None,
+    prefetch: bool = True,
+) -> WeightStreamer:
+    """Stream ``model``'s weights so that weights + ``kv_cache_bytes`` + ``activation_bytes`` stay
+    under ``budget_bytes``. Returns the :class:`WeightStreamer` (a context manager); the model is
+    used as before (``model(...)``, ``model.generate(...)``) until ``detach()``.
+
+    ``placement`` overrides the plan (e.g. one from :func:`plan_streaming` with other tiers).
+    Raises ``PlacementError`` when the budget cannot hold even two staging slots.
+    """
+    if placement is None:
+        placement = plan_streaming(
+            model,
+            budget_bytes,
+            kv_cache_bytes=kv_cache_bytes,
+            activation_bytes=activation_bytes,
+            tiers=tiers,
+            offload_dir=offload_dir,
+        )
+    return WeightStreamer(model, placement, offload_dir, prefetch=prefetch)
+
+
+# ---------------------------------------------------------------------------------------------
+# The streamer
+
+
+class WeightStreamer:
+    """Streams the groups a :class:`Placement` marks ``streamed`` through ``staging_slots`` slots."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        placement: Placement,
+        offload_dir: str | os.PathLike[str],
+        *,
+        prefetch: bool = True,
+    ) -> None:
+        if any(p.device.type != "cpu" for p in model.parameters()):
+            raise NotImplementedError("weight streaming runs CPU models only (the staging slots are host memory)")
+        self.model = model
+        self.placement = placement
+        self.prefetch = prefetch
+        self.stats = StreamStats()
+        self.offload_dir = Path(offload_dir)
+        self.offload_dir.mkdir(parents=True, exist_ok=True)
+        modules = dict(weight_groups(model))
+        streamable = _streamable(list(modules.items()))
+        names = [n for n in placement.streamed_names() if streamable.get(n)]
+        unknown = [n for n in placement.streamed_names() if n not in modules]
+        if unknown:
+            raise ValueError(f"placement streams groups the model does not have: {', '.join(unknown[:5])}")
+
+        self._groups: list[_Group] = []
+        try:
+            for name in names:
+                self._groups.append(self._write(name, streamable[name]))
+        except BaseException:
+            self._close_files(delete=True)
+            raise
+        self._requires_grad = {id(t.param): t.param.requires_grad for g in self._groups for t in g.tensors}
+        for g in self._groups:
+            for t in g.tensors:
+                t.param.requires_grad_(False)
+                t.param.data = t.placeholder  # the original storage is freed here
+
+        self.slot_bytes = max((g.slot_bytes for g in self._groups), default=0)
+        self._slots = [torch.empty(self.slot_bytes, dtype=torch.uint8) for _ in range(placement.staging_slots)]
+        self._content: list[int | None] = [None] * len(self._slots)  # group index each slot holds or is receiving
+        self._pending: list[Future[None] | None] = [None] * len(self._slots)
+        self._in_use = [False] * len(self._slots)
+        self._last_used = [0] * len(self._slots)
+        self._tick = 0
+        self._views: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._active: dict[int, list[int]] = {}  # group -> [slot, nesting depth]
+        self._last_group: int | None = None
+        # Until a group has been seen to run, guess that the next streamed group in registration order follows it.
+        self._next: dict[int, int] = {i: i + 1 for i in range(len(self._groups) - 1)}
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memwarden-prefetch")
+        for i, g in enumerate(self._groups):
+            module = modules[g.name]
+            g.hooks.append(module.register_forward_pre_hook(partial(self._pre_hook, i)))
+            g.hooks.append(module.register_forward_hook(partial(self._post_hook, i), always_call=True))
+        self._attached = True
+
+    # -- setup ----------------------------------------------------------------------------
+
+    def _write(self, name: str, params: list[tuple[str, torch.nn.Parameter]]) -> _Group:
+        path = self.offload_dir / f"{name or 'model'}.safetensors"
+        by_key = {key: p for key, p in params}
+        save_file({key: p.detach().contiguous() for key, p in params}, str(path), metadata={"memwarden": "offload"})
+        with path.open("rb") as f:
+            (header_bytes,) = struct.unpack("<Q", f.read(8))  # safetensors: u64 LE header length, JSON header, data
+            header = json.loads(f.read(header_bytes))
+        data_start = 8 + header_bytes
+        tensors = []
+        slot_offset = 0
+        # Slot order = file order, so that copies read the file front to back.
+        entries = sorted((k, v) for k, v in header.items() if k != "__metadata__")
+        for key, info in sorted(entries, key=lambda kv: kv[1]["data_offsets"][0]):
+            begin, end = info["data_offsets"]
+            p = by_key[key]
+            tensors.append(
+                _Tensor(
+                    param=p,
+                    key=key,
+                    shape=tuple(p.shape),
+                    dtype=p.dtype,
+                    file_offset=data_start + begin,
+                    nbytes=end - begin,
+                    slot_offset=slot_offset,
+                    placeholder=_placeholder(p.dtype, tuple(p.shape)),
+                )
+            )
+            slot_offset += -(-(end - begin) // ALIGN_BYTES) * ALIGN_BYTES
+        group = _Group(name=name, path=path, tensors=tensors, slot_bytes=slot_offset)
+        group.file = path.open("rb")
+        # ACCESS_COPY: a private mapping is writable, which ctypes needs for its address; nothing is
+        # ever written, so no page is copied and the file is never changed.
+        group.mapping = mmap.mmap(group.file.fileno(), 0, access=mmap.ACCESS_COPY)
+        group.anchor = ctypes.c_char.from_buffer(group.mapping)
+        group.base_address = ctypes.addressof(group.anchor)
+        return group
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def _pre_hook(self, index: int, module: torch.nn.Module, args: Any) -> None:
+        if index in self._active:  # a group re-entered from inside itself
+            self._active[index][1] += 1
+            return
+        if self._last_group is not None and self._last_group != index:
+            self._next[self._last_group] = index
+        slot = self._slot_holding(index)
+        if slot is not None:
+            future = self._pending[slot]
+            if future is not None:
+                self._wait(slot)
+                self.stats.prefetch_hits += 1
+            else:
+                self.stats.reuses += 1
+        else:
+            slot = self._free_slot()
+            self._wait(slot)
+            self._content[slot] = index
+            self._copy(index, slot)
+            self.stats.sync_loads += 1
+        self._in_use[slot] = True
+        self._touch(slot)
+        for t, view in zip(self._groups[index].tensors, self._slot_views(slot, index), strict=True):
+            t.param.data = view
+        self._active[index] = [slot, 1]
+        if self.prefetch:
+            self._start_prefetch(self._next.get(index))
+
+    def _post_hook(self, index: int, module: torch.nn.Module, args: Any, output: Any) -> None:
+        state = self._active.get(index)
+        if state is None:
+            return
+        state[1] -= 1
+        if state[1] > 0:
+            return
+        del self._active[index]
+        for t in self._groups[index].tensors:
+            t.param.data = t.placeholder
+        self._in_use[state[0]] = False
+        self._last_group = index
+
+    # -- slots ----------------------------------------------------------------------------
+
+    def _slot_holding(self, index: int) -> int | None:
+        for slot, content in enumerate(self._content):
+            if content == index:
+                return slot
+        return None
+
+    def _touch(self, slot: int) -> None:
+        self._tick += 1
+        self._last_used[slot] = self._tick
+
+    def _free_slot(self) -> int:
+        """The least recently used slot no running group is using; a new one if all are in use."""
+        free = [s for s in range(len(self._slots)) if not self._in_use[s]]
+        if free:
+            return min(free, key=lambda s: self._last_used[s])
+        self._slots.append(torch.empty(self.slot_bytes, dtype=torch.uint8))
+        self._content.append(None)
+        self._pending.append(None)
+        self._in_use.append(False)
+        self._last_used.append(0)
+        self.stats.extra_slots += 1
+        return len(self._slots) - 1
+
+    def _start_prefetch(self, index: int | None) -> None:
+        if index is None or index in self._active or self._slot_holding(index) is not None:
+            return
+        free = [s for s in range(len(self._slots)) if not self._in_use[s]]
+        if not free:
+            return  # never grow the slots for a guess
+        slot = min(free, key=lambda s: self._last_used[s])
+        self._wait(slot)
+        self._content[slot] = index
+        self._touch(slot)
+        self._pending[slot] = self._executor.submit(self._copy, index, slot)
+
+    def _wait(self, slot: int) -> None:
+        future = self._pending[slot]
+        if future is None:
+            return
+        start = time.perf_counter()
+        try:
+            future.result()
+        except BaseException:
+            self._content[slot] = None  # a failed copy leaves the slot holding nothing
+            raise
+        finally:
+            self._pending[slot] = None
+            self.stats.wait_s += time.perf_counter() - start
+
+    def _copy(self, index: int, slot: int) -> None:
+        """Copy group ``index`` from its mapping into ``slot`` (runs on the prefetch thread too)."""
+        group = self._groups[index]
+        slot_address = self._slots[slot].data_ptr()
+        for t in group.tensors:
+            ctypes.memmove(slot_address + t.slot_offset, group.base_address + t.file_offset, t.nbytes)
+        self.stats.loads += 1
+        self.stats.copied_bytes += sum(t.nbytes for t in group.tensors)
+
+    def _slot_views(self, slot: int, index: int) -> list[torch.Tensor]:
+        key = (slot, index)
+        views = self._views.get(key)
+        if views is None:
+            buffer = self._slots[slot]
+            views = [
+                buffer[t.slot_offset : t.slot_offset + t.nbytes].view(t.dtype).view(t.shape)
+                for t in self._groups[index].tensors
+            ]
+            self._views[key] = views
+        return views
+
+    # -- teardown -------------------------------------------------------------------------
+
+    @property
+    def staging_bytes(self) -> int:
+        """Allocated bytes the streamed weights hold: the staging slots."""
+        return self.slot_bytes * len(self._slots)
+
+    def detach(self, *, delete_files: bool = True) -> None:
+        """Bring every streamed weight back into memory (as it was before streaming), remove the
+        hooks and the staging slots, close the mappings; delete the files unless told not to."""
+        if not getattr(self, "_attached", False):
+            return
+        for slot in range(len(self._slots)):
+            self._wait(slot)
+        self._executor.shutdown(wait=True)
+        for g in self._groups:
+            for hook in g.hooks:
+                hook.remove()
+            with safe_open(str(g.path), framework="pt") as f:
+                for t in g.tensors:
+                    t.param.data = f.get_tensor(t.key)
+                    t.param.requires_grad_(self._requires_grad[id(t.param)])
+        self._views.clear()
+        self._slots.clear()
+        self._active.clear()
+        self._close_files(delete=delete_files)
+        self._attached = False
+
+    def _close_files(self, *, delete: bool) -> None:
+        for g in self._groups:
+            g.anchor = None  # release ctypes' export of the mapping, or close() refuses
+            if g.mapping is not None:
+                g.mapping.close()
+            if g.file is not None:
+                g.file.close()
+            if delete:
+                g.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> WeightStreamer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.detach()
+
+
+def _placeholder(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor of ``shape`` and ``dtype`` with one element of storage: NaN for floats, so that a
+    weight read outside its module's forward poisons the output instead of passing unnoticed."""
+    fill = float("nan") if dtype.is_floating_point or dtype.is_complex else 0
+    return torch.full((), fill, dtype=dtype).expand(shape)
