@@ -143,6 +143,7 @@ class DefaultPolicy(BudgetPolicy):
       the best fps of the last ``reference_window_s``), the budget falls ``fps_slope`` (1×)
       the shortfall beyond the tolerance, floor ``fps_floor`` (0.75), so that the degradation
       ladder sheds work (fewer visual tokens, lower resolution) before frames are dropped.
+      Without a target, a rate that stays low for ``reference_window_s`` becomes the norm.
     """
 
     name: ClassVar[str] = "default"
