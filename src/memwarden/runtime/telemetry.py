@@ -114,7 +114,8 @@ class TelemetrySample:
 
     @classmethod
     def from_reading(cls, t_s: float, reading: Reading) -> TelemetrySample:
-        return cls(t_s=t_s, **{k: (int(v) if k in _INT_FIELDS else float(v)) for k, v in reading.items()})
+        values: dict[str, Any] = {k: (int(v) if k in _INT_FIELDS else float(v)) for k, v in reading.items()}
+        return cls(t_s=t_s, **values)
 
 
 def _number(name: str, value: Any) -> float | None:
