@@ -1,0 +1,170 @@
+"""A self-contained HTML comparison of two campaigns (``memwarden stress --html``).
+
+Same house rules as ``report/html.py``: one file, the stylesheet inlined from
+``report/assets``, charts as inline SVG (no script at all), and a Content-Security-Policy of
+``default-src 'none'`` so the page fetches nothing and runs nothing. Every string that came
+from a config or a worker (names, error text) is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from memwarden.units import format_bytes
+
+__all__ = ["render_stress_html", "write_stress_html"]
+
+_COLORS = {"ok": "#59a14f", "oom": "#e15759", "crash": "#b07aa1", "lost": "#bab0ac", "a": "#4e79a7", "b": "#f28e2b"}
+_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _s(value: float | None) -> str:
+    return "–" if value is None else f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _signed(value: float) -> str:
+    return ("−" if value < 0 else "+") + _s(abs(value))
+
+
+def _b(value: int | None) -> str:
+    return "–" if not value else format_bytes(value)
+
+
+def _status_bars(side: dict[str, Any]) -> str:
+    """One horizontal bar split by status, widths proportional to counts."""
+    total = max(side["requests"], 1)
+    x, parts = 0.0, []
+    for status in ("ok", "oom", "crash", "lost"):
+        w = 400 * side[status] / total
+        if w:
+            parts.append(f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="18" fill="{_COLORS[status]}">'
+                         f"<title>{status}: {side[status]}</title></rect>")  # fmt: skip
+        x += w
+    return f'<svg width="400" height="18" role="img" aria-label="requests by status">{"".join(parts)}</svg>'
+
+
+def _cdf(result: dict[str, Any], records: dict[str, list[dict[str, Any]]]) -> str:
+    """Latency CDF of ok requests, both sides on one log-free linear axis."""
+    lat = {k: sorted(r["latency_s"] for r in rs if r["status"] == "ok" and r["latency_s"] is not None)
+           for k, rs in records.items()}  # fmt: skip
+    top = max((v[-1] for v in lat.values() if v), default=0.0)
+    if top <= 0:
+        return '<p class="mw-empty">no successful requests</p>'
+    width, height, pad = 640, 220, 36
+    paths = []
+    for side, values in lat.items():
+        if not values:
+            continue
+        pts = [(pad + (width - 2 * pad) * v / top, height - pad - (height - 2 * pad) * (i + 1) / len(values))
+               for i, v in enumerate(values)]  # fmt: skip
+        d = "M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+        name = _esc(result[side]["name"])
+        paths.append(
+            f'<path d="{d}" fill="none" stroke="{_COLORS[side]}" stroke-width="2"><title>{side.upper()}: {name}</title></path>'
+        )
+    axis = (f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#999"/>'
+            f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="#999"/>'
+            f'<text x="{width - pad}" y="{height - 10}" text-anchor="end" font-size="11">{_s(top)}</text>'
+            f'<text x="{pad}" y="{height - 10}" font-size="11">0</text>'
+            f'<text x="{pad - 4}" y="{pad + 4}" text-anchor="end" font-size="11">1</text>')  # fmt: skip
+    legend = "".join(
+        f'<span class="mw-legend-item"><span style="display:inline-block;width:12px;height:3px;background:{_COLORS[k]}"></span>'
+        f"{k.upper()}: {_esc(result[k]['name'])}</span>"
+        for k in ("a", "b")
+    )
+    return (f'<div class="mw-legend">{legend}</div><svg width="{width}" height="{height}" role="img" '
+            f'aria-label="latency CDF">{axis}{"".join(paths)}</svg>')  # fmt: skip
+
+
+def _table(result: dict[str, Any]) -> str:
+    rows = [
+        ("serving mode", lambda s: _esc(s["mode"])),
+        ("requests", lambda s: s["requests"]),
+        ("ok", lambda s: s["ok"]),
+        ("oom", lambda s: s["oom"]),
+        ("crash", lambda s: s["crash"]),
+        ("lost", lambda s: s["lost"]),
+        ("failure rate", lambda s: f"{s['failure_rate'] * 100:.1f} %"),
+        ("worker restarts", lambda s: s["worker_restarts"]),
+        ("p50 latency", lambda s: _s(s["p50_latency_s"])),
+        (
+            "p50 95% CI",
+            lambda s: (
+                "–" if not s["p50_latency_ci_s"] else f"{_s(s['p50_latency_ci_s'][0])} – {_s(s['p50_latency_ci_s'][1])}"
+            ),
+        ),  # fmt: skip
+        ("p95 latency", lambda s: _s(s["p95_latency_s"])),
+        ("recovery p50", lambda s: _s(s["recovery_p50_s"])),
+        ("peak RSS p50", lambda s: _b(s["peak_rss_p50_bytes"])),
+        ("peak RSS max", lambda s: _b(s["peak_rss_max_bytes"])),
+        ("by status", _status_bars),
+    ]
+    head = f"<tr><th></th><th>A: {_esc(result['a']['name'])}</th><th>B: {_esc(result['b']['name'])}</th></tr>"
+    body = "".join(
+        f'<tr><th>{label}</th><td class="num">{fn(result["a"])}</td><td class="num">{fn(result["b"])}</td></tr>'
+        for label, fn in rows
+    )
+    return f'<table class="mw-table"><thead>{head}</thead><tbody>{body}</tbody></table>'
+
+
+def _failures(records: dict[str, list[dict[str, Any]]]) -> str:
+    rows = [(side, r) for side, rs in records.items() for r in rs if r["status"] != "ok"][:200]
+    if not rows:
+        return '<p class="mw-empty">no failed request</p>'
+    body = "".join(
+        f'<tr><td>{side.upper()}</td><td class="num">{r["index"]}</td><td>{_esc(r["status"])}</td>'
+        f'<td class="num">{_s(r["latency_s"])}</td><td>{_esc((r.get("error") or "")[:300])}</td></tr>'
+        for side, r in rows
+    )
+    return ('<table class="mw-table"><thead><tr><th>side</th><th class="num">request</th><th>status</th>'
+            f'<th class="num">after</th><th>error</th></tr></thead><tbody>{body}</tbody></table>')  # fmt: skip
+
+
+def render_stress_html(result: dict[str, Any], records: dict[str, list[dict[str, Any]]] | None = None) -> str:
+    """The page for ``CampaignResult.to_json(records=True)``; pure."""
+    records = records if records is not None else result.get("records", {"a": [], "b": []})
+    style = resources.files("memwarden.report").joinpath("assets", "report.css").read_text(encoding="utf-8")
+    p = result["failure_rate_p_value"]
+    diff = result.get("p50_latency_diff_ci_s")
+    verdict = "the failure rates differ (p < 0.05)" if p < 0.05 else "no significant difference in failure rate"
+    title = f"memwarden stress: {result['a']['name']} vs {result['b']['name']}"
+    inject = ", ".join(result.get("inject") or []) or "none"
+    facts = [("runs per side", result["runs"]), ("seed", result["seed"]), ("injected", inject),
+             ("executor", result.get("executor", "local")), ("Fisher exact p (failure rate)", f"{p:.4g}"),
+             ("p50 latency B − A, 95% CI", "–" if not diff else f"{_signed(diff[0])} … {_signed(diff[1])}"),
+             ("answers equal (ok on both sides)", f"{result['outputs_equal']} / {result['outputs_compared']}")]  # fmt: skip
+    facts_html = "".join(f"<div><dt>{_esc(k)}</dt><dd>{_esc(v)}</dd></div>" for k, v in facts)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{_CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="memwarden">
+<title>{_esc(title)}</title>
+<style>{style}</style>
+</head>
+<body>
+<header class="mw-header"><h1>{_esc(title)}</h1><dl class="mw-facts">{facts_html}</dl>
+<p>{_esc(verdict)}.</p></header>
+<section id="summary" class="mw-section"><h2>Summary</h2>{_table(result)}</section>
+<section id="latency" class="mw-section"><h2>Latency of answered requests (CDF)</h2>{_cdf(result, records)}</section>
+<section id="failures" class="mw-section"><h2>Failed requests</h2>{_failures(records)}</section>
+<footer class="mw-footer">memwarden · self-contained report, works offline</footer>
+</body>
+</html>
+"""
+
+
+def write_stress_html(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    from memwarden.trace.io import atomic_write
+
+    return atomic_write(path, render_stress_html(result).encode("utf-8"))

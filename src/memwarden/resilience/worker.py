@@ -1,0 +1,215 @@
+"""The child side of a campaign: ``python -m memwarden.resilience.worker``.
+
+The job comes as JSON in ``MEMWARDEN_WORKER_JOB``. The address-space limit is set before
+anything heavy is imported (torch maps ~600 MiB of libraries, and they must fit under the
+limit like on a device), then the injections start, then either
+
+- ``kind = "script"``: the user's script runs here as ``__main__`` (it is never imported
+  into the campaign process) and the exit status says what happened, or
+- ``kind = "serve"``: a scenario and a serving mode are built once and requests are read as
+  JSON lines from stdin; each answer is one JSON line on the fd named in the job.
+
+Exit statuses: 0 done, ``EXIT_OOM`` when a memory failure escaped, ``EXIT_CRASH`` for any
+other uncaught exception. The parent reads signals (SIGKILL = the OOM killer or the RSS
+watchdog) from the wait status.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+EXIT_OOM = 86
+EXIT_CRASH = 87
+JOB_ENV = "MEMWARDEN_WORKER_JOB"
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def reset_peak_rss() -> None:
+    """Linux resets VmHWM when "5" is written to clear_refs, so each request gets its own peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_bytes() -> int:
+    try:
+        return _status_kib("VmHWM") * 1024
+    except OSError:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class _Injected:
+    """The running injections of this process and the hooks squeezes and telemetry call."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        from memwarden.resilience.inject import Jitter, Schedule, Squeeze, Telemetry, parse_inject
+
+        specs = [parse_inject(s) for s in job.get("inject", [])]
+        self.limit_bytes: int | None = job.get("limit_bytes")
+        self.budget_bytes: int | None = job.get("budget_bytes")
+        self.gpu_limit_bytes: int | None = job.get("gpu_limit_bytes")
+        self.server: Any = None
+        self.telemetry_samples = 0
+        self._jitter_specs = [s for s in specs if isinstance(s, Jitter)]
+        self.jitters: list[Any] = []
+        # Squeezes are relative to the first of: the host limit, the GPU limit, the budget.
+        base = next((b for b in (self.limit_bytes, self.gpu_limit_bytes, self.budget_bytes) if b is not None), None)
+        self.schedule = Schedule(
+            squeezes=[s for s in specs if isinstance(s, Squeeze)],
+            telemetry=[s for s in specs if isinstance(s, Telemetry)],
+            base_limit_bytes=base, on_limit=self._on_limit, on_telemetry=self._on_telemetry,
+        )  # fmt: skip
+        self._base = base
+
+    def start(self) -> None:
+        """Jitter and the schedule's clock start here: when the script starts, or when serving starts
+        (after the model is loaded, so that squeeze times are times into serving)."""
+        self.jitters = [s.start() for s in self._jitter_specs]
+        self.schedule.start()
+
+    def _on_limit(self, new_bytes: int) -> None:
+        from memwarden.resilience.inject import apply_address_space_limit
+
+        fraction = new_bytes / self._base if self._base else 1.0
+        if self.limit_bytes is not None:
+            apply_address_space_limit(int(self.limit_bytes * fraction))
+        if self.gpu_limit_bytes is not None:
+            _cuda_limit(int(self.gpu_limit_bytes * fraction))
+        if self.budget_bytes is not None and self.server is not None and hasattr(self.server, "set_budget"):
+            self.server.set_budget(int(self.budget_bytes * fraction))
+
+    def _on_telemetry(self, sample: Any) -> None:
+        self.telemetry_samples += 1
+        if self.server is not None and hasattr(self.server, "on_telemetry"):
+            self.server.on_telemetry(sample)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "jitter_cycles": sum(j.stats.cycles for j in self.jitters),
+            "jitter_failed": sum(j.stats.failed for j in self.jitters),
+            "jitter_touched_bytes": sum(j.stats.touched_bytes for j in self.jitters),
+            "jitter_error": next((j.stats.last_error for j in self.jitters if j.stats.last_error), None),
+            "telemetry_samples": self.telemetry_samples,
+            "schedule": list(self.schedule.events),
+        }
+
+
+def _cuda_limit(limit_bytes: int) -> None:
+    """On CUDA the same limit caps the caching allocator (a fraction of the device's memory)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, limit_bytes / total))
+
+
+def _run_script(job: dict[str, Any]) -> int:
+    import runpy
+
+    sys.argv = [job["script"], *job.get("args", [])]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(job["script"])))
+    runpy.run_path(job["script"], run_name="__main__")
+    return 0
+
+
+def _serve(job: dict[str, Any], injected: _Injected, out: Any) -> int:
+    from memwarden.resilience.inject import is_oom_error
+    from memwarden.resilience.serving import load_scenario, make_server
+
+    begin = time.monotonic()
+    import torch
+
+    torch.set_num_threads(int(job.get("threads", 1)))
+    if job.get("gpu_limit_bytes") and torch.cuda.is_available():
+        _cuda_limit(int(job["gpu_limit_bytes"]))
+    scenario = load_scenario(job["workload"])
+    serving = job.get("serving", {})
+    server = make_server(serving.get("mode", "plain"), scenario.model, budget_bytes=injected.budget_bytes,
+                         options=serving.get("options", {}), gen_kwargs=scenario.gen_kwargs)  # fmt: skip
+    injected.server = server
+    injected.start()
+    _send(out, {"ready": True, "load_s": time.monotonic() - begin})
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req.get("stop"):
+            break
+        reset_peak_rss()
+        t0 = time.perf_counter()
+        answer: dict[str, Any] = {"index": req["index"]}
+        try:
+            tokens = server.generate(scenario.inputs(req["index"], req["seed"]), scenario.max_new_tokens)
+            answer.update(status="ok", output_sha=hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16])
+        except Exception as exc:  # a failed request is data for the campaign; the worker keeps serving
+            answer.update(status="oom" if is_oom_error(exc) else "crash", error=f"{type(exc).__name__}: {exc}"[:500])
+            import gc
+
+            gc.collect()
+        answer["latency_s"] = time.perf_counter() - t0
+        answer["peak_rss_bytes"] = peak_rss_bytes()
+        answer["address_space_bytes"] = _status_kib("VmSize") * 1024  # what RLIMIT_AS compares against
+        answer["injected"] = injected.record()
+        if hasattr(server, "stats"):
+            try:
+                answer["server_stats"] = server.stats()
+            except Exception as exc:
+                answer["server_stats"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+        _send(out, answer)
+    return 0
+
+
+def _send(out: Any, message: dict[str, Any]) -> None:
+    out.write(json.dumps(message, default=str) + "\n")
+    out.flush()
+
+
+def main() -> int:
+    job = json.loads(os.environ[JOB_ENV])
+    if job.get("limit_bytes") is not None:
+        # First thing, before torch: the limit covers loading, as on the device.
+        import resource
+
+        _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (int(job["limit_bytes"]), hard))
+    try:
+        from memwarden.resilience.inject import is_oom_error
+
+        injected = _Injected(job)
+        if job["kind"] == "script":
+            injected.start()
+            return _run_script(job)
+        out = os.fdopen(int(job["result_fd"]), "w", buffering=1)
+        return _serve(job, injected, out)
+    except SystemExit as exc:  # a script's own exit status is its verdict
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except BaseException as exc:
+        traceback.print_exc()
+        try:
+            oom = is_oom_error(exc)
+        except NameError:  # the limit refused even memwarden's own import
+            oom = isinstance(exc, MemoryError)
+        return EXIT_OOM if oom else EXIT_CRASH
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown: a wedged daemon thread or torch pool cannot hang the exit
