@@ -214,7 +214,7 @@ class BlockPool:
         """Hash and advertise the sequence's full blocks whose KV now holds ``tokens``; how many."""
         table = self.tables[seq_id]
         n = 0
-        for b, h in zip(table, self.hashes(tokens, extra)):
+        for b, h in zip(table, self.hashes(tokens, extra), strict=False):
             if b.hash is None:
                 if h in self.cached:  # same content computed twice: keep the older copy findable
                     continue

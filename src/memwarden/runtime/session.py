@@ -249,6 +249,25 @@ class GovernedSession:
             conv.per_token[key].extend([0] * len(reply))
         return torch.tensor([reply], dtype=input_ids.dtype)
 
+    def predict(self, input_ids: torch.Tensor, max_new_tokens: int = 20, **inputs: Any) -> int:
+        """Predicted peak bytes of ``generate(input_ids, ...)`` now (cache state included), without running it."""
+        ids = input_ids[0].tolist()
+        items, reuse, media_in = self._plan_reuse(ids, inputs)
+        return self._predict(input_ids[:, reuse:], media_in, reuse, max_new_tokens)
+
+    def _plan_reuse(self, ids: list[int], inputs: dict[str, Any]) -> tuple[list[Any], int, dict[str, Any]]:
+        """(media items, reused prefix tokens, media tensors the model must still see)."""
+        bs = self.spec.block_size
+        config = self.model.config
+        items = media_mod.media_items(config, ids, inputs)
+        reuse = 0
+        if self.prefix_reuse:
+            hit_blocks = self.pool.blocks.cached_prefix_blocks(ids, media_mod.block_extras(items, len(ids), bs))
+            hit_blocks = min(hit_blocks, (len(ids) - 1) // bs)  # at least one token is prefilled
+            reuse = media_mod.reuse_boundary(items, hit_blocks * bs, bs, config, inputs)
+        media_in = media_mod.inputs_after(inputs, items, reuse) if items else {}
+        return items, reuse, media_in
+
     def _serve(self, input_ids: torch.Tensor, inputs: dict[str, Any], max_new_tokens: int) -> torch.Tensor:
         with self._lock:
             return self._serve_locked(input_ids, inputs, max_new_tokens)
@@ -259,15 +278,8 @@ class GovernedSession:
         streamer = _FirstToken(inputs.pop("streamer", None))
         ids = input_ids[0].tolist()
         bs = self.spec.block_size
-        config = self.model.config
-        items = media_mod.media_items(config, ids, inputs)
+        items, reuse, media_in = self._plan_reuse(ids, inputs)
         extras = media_mod.block_extras(items, len(ids), bs)
-        reuse = 0
-        if self.prefix_reuse:
-            hit_blocks = self.pool.blocks.cached_prefix_blocks(ids, extras)
-            hit_blocks = min(hit_blocks, (len(ids) - 1) // bs)  # at least one token is prefilled
-            reuse = media_mod.reuse_boundary(items, hit_blocks * bs, bs, config, inputs)
-        media_in = media_mod.inputs_after(inputs, items, reuse) if items else {}
         media_keys = {k for m in media_mod.MEDIA_KEYS.values() for k in m}
         passthrough = {k: v for k, v in inputs.items() if k not in media_keys and k != "attention_mask"}
         decision = self._admit(input_ids[:, reuse:], media_in, reuse, max_new_tokens)
