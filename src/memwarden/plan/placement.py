@@ -127,7 +127,7 @@ class Placement:
         "cpu" when the model computes on the CPU (then streamed groups map to "disk", the only
         tier accelerate offloads from when its main device is the CPU).
         """
-        names = {self.compute_tier: compute_device, "host": "cpu", "disk": "disk"}
+        names: dict[str, int | str] = {"host": "cpu", "disk": "disk", self.compute_tier: compute_device}
         return {i.name: names[i.tier] for i in self.weights}
 
     def to_json(self) -> dict[str, Any]:
