@@ -77,34 +77,28 @@ its order.
 from __future__ import annotations
 
 import time
-import weakref
-from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memwarden.trace.attribution import CaptureLog, StorageRecord
 from memwarden.trace.capture import Capture
 from memwarden.trace.inputs import _cache_in
+from memwarden.trace.meta_memo import MetaMemo
 from memwarden.trace.meta_ops import (
     CONVERSIONS,
     SPECIAL,
-    Block,
     aliases,
-    data_bytes,
     is_composite,
     is_float,
     map_tensors,
     on_meta,
     schema_has_device,
-    storage_key,
     tensors,
     zeros_on_cpu,
 )
+from memwarden.trace.meta_recorder import MetaLog, Recorder
 from memwarden.trace.model import Trace
 
 __all__ = ["MetaCapture", "build_meta_model", "meta_inputs", "placement"]
@@ -112,290 +106,91 @@ __all__ = ["MetaCapture", "build_meta_model", "meta_inputs", "placement"]
 aten = torch.ops.aten
 META = torch.device("meta")
 CPU = torch.device("cpu")
-_ENTER, _EXIT, _ALLOC, _FREE = 2, 3, 0, 1
-_FAKE_BASE = 1 << 44  # fake addresses of allocated blocks; preexisting ones sit above _PRE_BASE
-_PRE_BASE = 1 << 52
-_ALIGN = 64
 _SMALL_FLOAT_BYTES = 64 * 1024  # a float computed from CPU integers stays real up to this size
+_TENSOR = torch._C.TensorBase
+# id(op) -> (op, name, special handler, conversion, composite?, has a device argument?), looked up
+# once per dispatch: OpOverload hashes in Python, an id does not (the tuple keeps the op alive).
+_OPS: dict[int, tuple[Any, str, Any, Any, bool, bool]] = {}
 
 
-class _Recorder:
-    """Stands in for ``memwarden.trace.native``: ``now_ns``, ``enter``/``exit``, ``drain``."""
-
-    _COLUMNS = (
-        "time_ns",
-        "ptr",
-        "nbytes",
-        "id",
-        "ctx",
-        "op_outer",
-        "op_inner",
-        "shape_off",
-        "ndim",
-        "dtype",
-        "action",
-        "written",
-    )
-
-    def __init__(self) -> None:
-        self._clock = 0
-        self.recording = False
-        self._cols: dict[str, list[int]] = {c: [] for c in self._COLUMNS}
-        self._shapes: list[int] = []
-        self._ctx: list[int] = []
-        self._ops: list[str] = []
-        self._op_ids: dict[str, int] = {}
-        self._dtypes: list[str] = []
-        self._dtype_ids: dict[torch.dtype, int] = {}
-        self._next_id = 1
-        self._next_pre = _PRE_BASE
-        self.blocks: dict[int, Block] = {}  # storage identity -> live block made during the capture
-        self.preexisting: dict[int, tuple[int, Any]] = {}  # storage identity -> (fake ptr, weakref)
-        self.oracle: Counter[str] = Counter()
-        self.op: str | None = None  # outermost op running now (set by the dispatch mode)
-
-    # native interface
-    def now_ns(self) -> int:
-        self._clock = max(time.perf_counter_ns(), self._clock + 1000)
-        return self._clock
-
-    def start(self, record_ops: bool = True) -> None:
-        self.recording = True
-
-    def stop(self) -> None:
-        self.recording = False
-
-    def enter(self, ctx: int) -> None:
-        if self.recording:
-            self._push(_ENTER, 0, 0, ctx)
-            self._ctx.append(int(ctx))
-
-    def exit(self, ctx: int) -> None:
-        if not self.recording:
-            return
-        while self._ctx:
-            if self._ctx.pop() == ctx:
-                break
-        self._push(_EXIT, 0, 0, ctx)
-
-    def scalar_type_names(self) -> list[str]:
-        return list(self._dtypes)
-
-    def drain(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        types = {"time_ns": np.int64, "ptr": np.int64, "nbytes": np.int64, "id": np.int64, "ctx": np.int32,
-                 "op_outer": np.int32, "op_inner": np.int32, "shape_off": np.int32, "ndim": np.int16,
-                 "dtype": np.int16, "action": np.uint8, "written": np.int64}  # fmt: skip
-        for name, values in self._cols.items():
-            out[name] = np.asarray(values, dtype=types[name])
-        out["shapes"] = np.asarray(self._shapes, dtype=np.int64)
-        out["op_names"] = list(self._ops)
-        out["untracked_frees"] = 0
-        out["unwrapped_allocations"] = 0
-        out["live_at_drain"] = len(self.blocks)
-        return out
-
-    # events
-    def _intern_op(self, name: str | None) -> int:
-        if name is None:
-            return -1
-        index = self._op_ids.get(name)
-        if index is None:
-            index = self._op_ids[name] = len(self._ops)
-            self._ops.append(name)
-        return index
-
-    def _push(self, action: int, ptr: int, nbytes: int, ident: int, *, op: str | None = None) -> int:
-        c = self._cols
-        row = len(c["time_ns"])
-        c["time_ns"].append(self.now_ns())
-        c["ptr"].append(ptr)
-        c["nbytes"].append(nbytes)
-        c["id"].append(ident)
-        c["ctx"].append(self._ctx[-1] if self._ctx else -1)
-        op_id = self._intern_op(op or self.op)
-        c["op_outer"].append(op_id)
-        c["op_inner"].append(op_id)
-        c["shape_off"].append(-1)
-        c["ndim"].append(0)
-        c["dtype"].append(-1)
-        c["action"].append(action)
-        c["written"].append(-1)
-        return row
-
-    def _dtype_id(self, dtype: torch.dtype) -> int:
-        index = self._dtype_ids.get(dtype)
-        if index is None:
-            index = self._dtype_ids[dtype] = len(self._dtypes)
-            self._dtypes.append(str(dtype).replace("torch.", ""))
-        return index
-
-    def alloc(self, nbytes: int, *, op: str | None, dtype: torch.dtype | None, shape: tuple[int, ...] | None,
-              written: int = -1) -> Block:  # fmt: skip
-        """A block that no storage owns (a kernel's work buffer): free it with :meth:`free`."""
-        ident = self._next_id
-        self._next_id += 1
-        ptr = _FAKE_BASE + ident * _ALIGN
-        row = self._push(_ALLOC, ptr, nbytes, ident, op=op)
-        c = self._cols
-        if dtype is not None:
-            c["dtype"][row] = self._dtype_id(dtype)
-        if shape is not None:
-            c["shape_off"][row] = len(self._shapes)
-            c["ndim"][row] = len(shape)
-            self._shapes.extend(int(d) for d in shape)
-        c["written"][row] = written
-        return Block(ident, ptr, nbytes, row)
-
-    def free(self, block: Block) -> None:
-        if self.recording:
-            self._push(_FREE, block.ptr, block.nbytes, block.id)
-
-    def note_storage(self, t: torch.Tensor, inputs: list[torch.Tensor], op: str | None) -> None:
-        """Record the storage behind op output ``t`` if it is new (or was resized)."""
-        found = storage_key(t)
-        if found is None:
-            return
-        key, st = found
-        nbytes = int(st.nbytes())
-        block = self.blocks.get(key)
-        if block is not None:
-            if block.nbytes == nbytes:
-                sources = sum(data_bytes(x) for x in inputs if (k := storage_key(x)) is not None and k[0] != key)
-                if sources and any((k := storage_key(x)) is not None and k[0] == key for x in inputs):
-                    col = self._cols["written"]
-                    col[block.event] = max(col[block.event], 0) + sources
-                return
-            # resized in place: the CPU allocator hands out a new block and frees the old one
-            del self.blocks[key]
-            block.ref = None
-            self.free(block)
-        elif key in self.preexisting or nbytes == 0:
-            return
-        sources = sum(data_bytes(x) for x in inputs if (k := storage_key(x)) is not None and k[0] != key)
-        block = self.alloc(nbytes, op=op, dtype=t.dtype, shape=tuple(t.shape), written=sources)
-        self.blocks[key] = block
-
-        def _freed(_ref: Any, key: int = key, block: Block = block) -> None:
-            if self.blocks.get(key) is block:
-                del self.blocks[key]
-                self.free(block)
-
-        block.ref = weakref.ref(st, _freed)
-
-    def note_preexisting(
-        self, t: torch.Tensor, record: Callable[[int, int, torch.Tensor], StorageRecord]
-    ) -> int | None:
-        """Give a storage alive before the capture a fake address; ``record`` files it in the log."""
-        found = storage_key(t)
-        if found is None:
-            return None
-        key, st = found
-        if key in self.preexisting:
-            return self.preexisting[key][0]
-        ptr = self._next_pre
-        self._next_pre += _ALIGN * max(1, -(-int(st.nbytes()) // _ALIGN))
-        rec = record(ptr, int(st.nbytes()), t)
-        clock = self.now_ns
-
-        def _freed(_ref: Any, key: int = key) -> None:
-            if key in self.preexisting:
-                del self.preexisting[key]
-                if self.recording:
-                    rec.freed_ns = clock()
-
-        self.preexisting[key] = (ptr, weakref.ref(st, _freed))
-        return ptr
-
-    def ptr_of(self, t: Any) -> int | None:
-        if not isinstance(t, torch.Tensor):
-            return None
-        found = storage_key(t)
-        if found is None:
-            return None
-        block = self.blocks.get(found[0])
-        if block is not None:
-            return block.ptr
-        pre = self.preexisting.get(found[0])
-        return pre[0] if pre is not None else None
-
-
-class _MetaLog(CaptureLog):
-    """CaptureLog whose tags find blocks by storage identity (meta tensors have no address)."""
-
-    recorder: _Recorder
-
-    def tag(self, t_ns: int, tensor: Any, kind: str, path: str) -> None:
-        ptr = self.recorder.ptr_of(tensor)
-        if ptr is not None:
-            self.tags.append((t_ns, ptr, kind, path))
-
-    def add_preexisting(self, tensor: torch.Tensor) -> None:
-        def record(ptr: int, nbytes: int, t: torch.Tensor) -> StorageRecord:
-            rec = StorageRecord(ptr, nbytes, str(t.dtype).replace("torch.", ""), tuple(t.shape), None, 0)
-            if nbytes:
-                self.preexisting_storages[ptr] = rec
-            return rec
-
-        self.recorder.note_preexisting(tensor, record)
+def _op_info(func: Any) -> tuple[Any, str, Any, Any, bool, bool]:
+    conversion = CONVERSIONS.get(func)
+    info = (func, func._schema.name, SPECIAL.get(func), conversion, conversion is None and is_composite(func),
+            schema_has_device(func))  # fmt: skip
+    _OPS[id(func)] = info
+    return info
 
 
 class _DispatchMode(TorchDispatchMode):
     """Floats on meta, ints real; records every new storage into the recorder."""
 
-    def __init__(self, recorder: _Recorder) -> None:
+    def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.rec = recorder
+        self.memo = MetaMemo()
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Otherwise TorchDispatchMode wraps __torch_dispatch__ in torch._dynamo.disable, whose frame
+        # bookkeeping costs more per op than the handler; a meta capture never runs under compile.
+        return False
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        outer = self.rec.op
+        info = _OPS.get(id(func)) or _op_info(func)
+        rec = self.rec
+        outer = rec.op
         if outer is None:
-            self.rec.op = func._schema.name
+            rec.op = info[1]
         try:
-            special = SPECIAL.get(func)
-            if special is not None:
-                return special(self, func, args, kwargs)
-            if func not in CONVERSIONS and is_composite(func):
+            if info[2] is not None:  # special
+                return info[2](self, func, args, kwargs)
+            if info[4]:
                 # In inference mode composite ops reach the mode whole; the CPU runs their
                 # decomposition, whose intermediate blocks (layer_norm's mean/rstd) are real.
                 with self:
                     return func.decompose(*args, **kwargs)
             return self.run(func, args, kwargs)
         finally:
-            self.rec.op = outer
+            rec.op = outer
 
     # one op: placement, then recording of its outputs
     def run(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        out = self.call(func, args, kwargs)
-        if self.rec.recording:
-            inputs = tensors((args, kwargs))
-            for t in tensors(out):
-                self.rec.note_storage(t, inputs, self.rec.op)
+        operands = tensors((args, kwargs))
+        out = self._place(func, args, kwargs, operands)
+        rec = self.rec
+        if rec.recording:
+            made = [out] if isinstance(out, _TENSOR) else tensors(out)
+            if made:
+                rec.note_outputs(made, operands, rec.op)
         return out
 
     def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        operands = tensors((args, kwargs))
-        has_meta = any(t.is_meta for t in operands)
-        if func in CONVERSIONS and operands:
-            dtype, device, copy = CONVERSIONS[func](*args, **kwargs)
+        return self._place(func, args, kwargs, tensors((args, kwargs)))
+
+    def _place(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], operands: list[torch.Tensor]) -> Any:
+        info = _OPS.get(id(func)) or _op_info(func)
+        if info[3] is not None and operands:  # a conversion
+            dtype, device, copy = info[3](*args, **kwargs)
             return self.convert(args[0], dtype, device, copy)
+        has_device = info[5]
         if not operands:  # a factory: the result's dtype decides where it lives
             kw = dict(kwargs)
-            if schema_has_device(func):
+            if has_device:
                 kw["device"] = META
-            out = func(*args, **kw)
+            out = self.memo.run(func, args, kw)
             made = tensors(out)
             # Integers are real; so are small floats made while recording (Idefics3 buckets patch
             # positions with float aranges). Weights, made while building, are always meta.
             small = self.rec.recording and all(t.numel() * t.element_size() <= _SMALL_FLOAT_BYTES for t in made)
-            if schema_has_device(func) and (any(not is_float(t.dtype) for t in made) or small):
+            if has_device and (any(not is_float(t.dtype) for t in made) or small):
                 kw["device"] = CPU
                 out = func(*args, **kw)
             return out
-        if not has_meta:
+        on_cpu = [t for t in operands if not t.is_meta]
+        if len(on_cpu) == len(operands):
             kw = dict(kwargs)
             if kw.get("device") is not None and torch.device(kw["device"]).type == "meta":
                 kw["device"] = CPU
@@ -410,29 +205,34 @@ class _DispatchMode(TorchDispatchMode):
             return map_tensors(settle_cpu, out)
         # some operands on meta: run on meta
         originals: dict[int, torch.Tensor] = {}
+        if on_cpu:
 
-        def to_meta(x: Any) -> Any:
-            if isinstance(x, torch.Tensor) and not x.is_meta:
-                m = on_meta(x)
-                originals[id(m)] = x
-                return m
-            return x
+            def to_meta(x: Any) -> Any:
+                if isinstance(x, torch.Tensor) and not x.is_meta:
+                    m = on_meta(x)
+                    originals[id(m)] = x
+                    return m
+                return x
 
-        margs, mkw = map_tensors(to_meta, (args, kwargs))
+            margs, mkw = map_tensors(to_meta, (args, kwargs))
+            meta_operands = tensors((margs, mkw))
+        else:  # the common case: nothing to move
+            margs, mkw, meta_operands = args, kwargs, operands
         if mkw.get("device") is not None:
-            mkw["device"] = META
-        out = func(*margs, **mkw)
-        meta_inputs = tensors((margs, mkw))
+            mkw = dict(mkw, device=META)
+        out = self.memo.run(func, margs, mkw)
+        if not originals and all(is_float(t.dtype) for t in tensors(out)):
+            return out  # what settle would return
 
         def settle(x: Any) -> Any:
             if not isinstance(x, torch.Tensor):
                 return x
-            for m in meta_inputs:  # written in place into a CPU operand: its values stay as they were
+            for m in meta_operands:  # written in place into a CPU operand: its values stay as they were
                 if id(m) in originals and x is m:
                     return originals[id(m)]
-            if is_float(x.dtype) or aliases(x, meta_inputs):
+            if is_float(x.dtype) or aliases(x, meta_operands):
                 return x
-            self.rec.oracle[func._schema.name] += 1
+            self.rec.oracle[info[1]] += 1
             return zeros_on_cpu(x)
 
         return map_tensors(settle, out)
@@ -473,8 +273,8 @@ class _FunctionMode(TorchFunctionMode):
 class placement:  # noqa: N801 (a context manager used like a function)
     """Floats on meta, integers on CPU, for building a model and running it (recording off)."""
 
-    def __init__(self, recorder: _Recorder | None = None) -> None:
-        self.recorder = recorder or _Recorder()
+    def __init__(self, recorder: Recorder | None = None) -> None:
+        self.recorder = recorder or Recorder()
         self._modes: list[Any] = [_FunctionMode(), _DispatchMode(self.recorder)]
 
     def __enter__(self) -> placement:
@@ -537,7 +337,7 @@ class MetaCapture(Capture):
         super().__init__(**kwargs)
         self._root = model
         self._inputs = dict(inputs or {})
-        self._recorder = _Recorder()
+        self._recorder = Recorder()
         self._placement: placement | None = None
 
     def _scan_live_tensors(self) -> list[torch.Tensor]:
@@ -548,7 +348,7 @@ class MetaCapture(Capture):
             raise RuntimeError("this capture is already running")
         rec = self._recorder
         self._native = rec
-        log = _MetaLog()
+        log = MetaLog()
         log.recorder = rec
         self._log = log
         self._t0 = self._now()
