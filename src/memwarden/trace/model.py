@@ -380,7 +380,9 @@ def loads(data: bytes | memoryview) -> Trace:
         raise TraceFormatError("trace is truncated (header runs past end of file)")
     try:
         header = json.loads(bytes(view[fixed : fixed + header_len]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # ValueError: also a number longer than Python's int-conversion digit limit; RecursionError:
+        # arrays nested deeper than the JSON decoder recurses. Both are corrupt headers, not bugs.
         raise TraceFormatError(f"trace header is corrupt ({exc.__class__.__name__})") from None
     if not isinstance(header, dict):
         raise TraceFormatError("trace header is corrupt (not an object)")
