@@ -129,6 +129,13 @@ def test_demo_writes_a_report_that_renders_in_chromium(tmp_path: Path, chromium:
     assert {"encode", "prefill", "decode"} <= set(result["summary"]["by_phase_peak"])
     # the deployment resends the same image every turn: diagnose names it
     assert "kv-reprefill" in [f["pattern"] for f in result["findings"]]
+    # ... and the same turns served by a GovernedSession: same tokens, finding gone, under the budget
+    governed = result["governed"]
+    assert governed["outputs_equal"] is True
+    assert governed["findings"] == []
+    assert governed["summary"]["peak_bytes"] <= result["budget_bytes"]
+    assert all(r["reused_tokens"] > 0 and not r["decision"]["action"] == "reject" for r in governed["stats"]["requests"][1:])
+    assert (tmp_path / "governed.html").exists() and (tmp_path / "governed.mwtrace").exists()
     report = tmp_path / "report.html"
     assert report.exists() and (tmp_path / "demo.mwtrace").exists()
     profile = tempfile.mkdtemp(dir=tmp_path)

@@ -30,6 +30,20 @@ class DemoConfig:
     new_tokens: int = 24
     budget_bytes: int = DEFAULT_BUDGET_BYTES
     seed: int = 0
+    governed: bool = True  # end with the same turns served by a GovernedSession
+
+
+@dataclass
+class GovernedResult:
+    """The same turns served by a GovernedSession under the budget."""
+
+    trace: Any
+    summary: Any
+    findings: list[Any]
+    outputs_equal: bool
+    report_path: Path | None
+    trace_path: Path | None
+    stats: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -41,10 +55,35 @@ class DemoResult:
     config: DemoConfig
     outputs: list[list[int]] = field(default_factory=list)
     findings: list[Any] = field(default_factory=list)
+    governed: GovernedResult | None = None
 
     @property
     def fits(self) -> bool:
         return bool(self.summary.peak_bytes <= self.config.budget_bytes)
+
+
+def conversation_inputs(model: Any, config: DemoConfig, turn: int, seed: int | None = None) -> dict[str, Any]:
+    """The request of ``turn``: the whole conversation so far and the same image, as chat loops
+    written with transformers send it. Earlier answers appear as the app stored them (fixed
+    tokens drawn from ``seed``), so every turn's prompt extends the previous one."""
+    import torch
+
+    from memwarden.models import zoo
+
+    seed = config.seed if seed is None else seed
+    inputs = zoo.make_inputs(model, prompt_tokens=config.first_prompt_tokens, seed=seed)
+    grown = turn * (config.tokens_per_turn + config.new_tokens)
+    if grown == 0:
+        return inputs
+    g = torch.Generator().manual_seed(seed + 1)
+    history = torch.randint(zoo.FIRST_TEXT_ID, 200, (1, grown), generator=g, dtype=inputs["input_ids"].dtype)
+    ids = inputs["input_ids"]
+    for key, value in list(inputs.items()):
+        if isinstance(value, torch.Tensor) and tuple(value.shape[:2]) == tuple(ids.shape) and key != "input_ids":
+            fill = 1 if key == "attention_mask" else 0
+            inputs[key] = torch.cat([value, torch.full((1, grown), fill, dtype=value.dtype)], 1)
+    inputs["input_ids"] = torch.cat([ids, history], 1)
+    return inputs
 
 
 def build_deployment(config: DemoConfig) -> tuple[Any, Callable[[int], dict[str, Any]], dict[str, Any]]:
@@ -52,22 +91,7 @@ def build_deployment(config: DemoConfig) -> tuple[Any, Callable[[int], dict[str,
     from memwarden.models import zoo
 
     model = zoo.build_model(config.model, size=config.size, seed=config.seed)
-
-    first: dict[str, Any] = {}
-
-    def turn_inputs(turn: int) -> dict[str, Any]:
-        # The conversation grows each turn; the same image is sent again with it.
-        prompt = config.first_prompt_tokens + turn * (config.tokens_per_turn + config.new_tokens)
-        inputs = zoo.make_inputs(model, prompt_tokens=prompt, seed=config.seed)
-        if not first:
-            first.update(inputs)
-        seq = tuple(inputs["input_ids"].shape)
-        for key, value in inputs.items():  # media tensors (not shaped like the token ids) are turn 0's
-            if key in first and tuple(value.shape[:2]) != seq:
-                inputs[key] = first[key]
-        return inputs
-
-    return model, turn_inputs, zoo.generate_kwargs(config.model)
+    return model, (lambda turn: conversation_inputs(model, config, turn)), zoo.generate_kwargs(config.model)
 
 
 def run_chat(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_kwargs: dict[str, Any], config: DemoConfig,
@@ -122,8 +146,45 @@ def run_demo(
     report_path = out / "report.html"
     title = f"memwarden demo: {config.model} ({config.size}), {config.turns}-turn chat"
     write_report(trace, report_path, title=title, findings=findings)
+    governed = None
+    if config.governed:
+        step("serving the same turns with a GovernedSession", 0.94)
+        governed = run_governed(model, turn_inputs, gen_kwargs, config, outputs, out)
     step("done", 1.0)
-    return DemoResult(trace, result, report_path, trace_path, config, outputs, findings)
+    return DemoResult(trace, result, report_path, trace_path, config, outputs, findings, governed)
+
+
+def run_governed(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_kwargs: dict[str, Any],
+                 config: DemoConfig, naive_outputs: list[list[int]], out: Path) -> GovernedResult:  # fmt: skip
+    """Serve the demo's turns through a GovernedSession under ``config.budget_bytes``, captured the
+    same way as the naive run (the session, its KV pool included, is created inside the capture)."""
+    import torch
+
+    from memwarden.analyze.diagnose import diagnose
+    from memwarden.analyze.timeline import summary
+    from memwarden.report.full import write_report
+    from memwarden.runtime.session import GovernedSession
+    from memwarden.trace.capture import Capture
+    from memwarden.trace.model import save
+
+    cap = Capture(metadata={"model": f"{config.model} ({config.size})", "workload": "demo chat, GovernedSession",
+                            "budget_bytes": config.budget_bytes})  # fmt: skip
+    outputs = []
+    with cap, torch.inference_mode():
+        session = GovernedSession(model, budget=config.budget_bytes)
+        for turn in range(config.turns):
+            inputs = turn_inputs(turn)
+            ids = session.generate(**inputs, max_new_tokens=config.new_tokens, **gen_kwargs)
+            outputs.append(ids[0, inputs["input_ids"].shape[1] :].tolist())
+        stats = session.stats()
+        session.close()
+    trace = cap.trace
+    findings = diagnose(trace)
+    trace_path = save(trace, out / "governed.mwtrace")
+    report_path = out / "governed.html"
+    title = f"memwarden demo: {config.model} ({config.size}), {config.turns}-turn chat, GovernedSession"
+    write_report(trace, report_path, title=title, findings=findings)
+    return GovernedResult(trace, summary(trace), findings, outputs == naive_outputs, report_path, trace_path, stats)
 
 
 def verdict(result: DemoResult) -> str:

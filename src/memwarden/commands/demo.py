@@ -15,6 +15,7 @@ def register(sub: Any) -> None:
     p.add_argument("--size", default="small", choices=["tiny", "small"], help="zoo size (default: small)")
     p.add_argument("--turns", type=int, default=4, help="chat turns (default: 4)")
     p.add_argument("--budget", default=None, help="simulated device budget, e.g. 320MiB")
+    p.add_argument("--naive-only", action="store_true", help="skip the GovernedSession part (before only)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{args.out_dir}: not a directory")
     if args.turns < 1:
         raise InputError("--turns must be at least 1")
-    kwargs: dict[str, Any] = {"size": args.size, "turns": args.turns}
+    kwargs: dict[str, Any] = {"size": args.size, "turns": args.turns, "governed": not args.naive_only}
     if args.model:
         from memwarden.models import zoo
 
@@ -47,9 +48,15 @@ def run(args: argparse.Namespace) -> int:
         from memwarden.commands._common import print_json
 
         result = run_demo(config, out)
-        print_json({"summary": result.summary.to_json(), "fits_budget": result.fits, "budget_bytes": config.budget_bytes,
-                    "findings": [f.to_json() for f in result.findings],
-                    "report": str(result.report_path), "trace": str(result.trace_path)})  # fmt: skip
+        doc = {"summary": result.summary.to_json(), "fits_budget": result.fits, "budget_bytes": config.budget_bytes,
+               "findings": [f.to_json() for f in result.findings],
+               "report": str(result.report_path), "trace": str(result.trace_path)}  # fmt: skip
+        if result.governed is not None:
+            g = result.governed
+            doc["governed"] = {"summary": g.summary.to_json(), "fits_budget": g.summary.peak_bytes <= config.budget_bytes,
+                               "findings": [f.to_json() for f in g.findings], "outputs_equal": g.outputs_equal,
+                               "stats": g.stats, "report": str(g.report_path), "trace": str(g.trace_path)}  # fmt: skip
+        print_json(doc)
         return 0
 
     from rich.console import Console
@@ -69,5 +76,12 @@ def run(args: argparse.Namespace) -> int:
     out_console.print(render_findings(result.findings, result.summary.peak_bytes))
     style = "green" if result.fits else "bold red"
     out_console.print(f"[{style}]Peak {verdict(result)}.[/]")
-    out_console.print(f"Wrote {result.report_path} and {result.trace_path}")
+    if result.governed is not None:
+        from memwarden.report.console import render_before_after
+
+        out_console.print(render_before_after(result))
+        out_console.print(f"Wrote {result.report_path}, {result.trace_path} (before) and "
+                          f"{result.governed.report_path}, {result.governed.trace_path} (after)")  # fmt: skip
+    else:
+        out_console.print(f"Wrote {result.report_path} and {result.trace_path}")
     return 0

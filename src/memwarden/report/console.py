@@ -59,3 +59,38 @@ def render_summary(s: Summary, source: str = "") -> Group:
             sites.add_row(site.module, site.op, site.category, site.modality, format_bytes(site.nbytes), str(site.count))
         parts.append(sites)
     return Group(*parts)  # type: ignore[arg-type]
+
+
+def render_before_after(result: object) -> Table:
+    """The demo's naive run and the same turns served by a GovernedSession, side by side."""
+    from statistics import median
+
+    g = result.governed  # type: ignore[attr-defined]
+    budget = result.config.budget_bytes  # type: ignore[attr-defined]
+    before, after = result.summary, g.summary  # type: ignore[attr-defined]
+    table = Table(title=f"Before / after: the same turns under a {format_bytes(budget)} budget")
+    table.add_column("")
+    table.add_column("plain generate()", justify="right")
+    table.add_column("GovernedSession", justify="right")
+
+    def verdict(peak: int) -> str:
+        return "[green]fits[/]" if peak <= budget else f"[bold red]over by {format_bytes(peak - budget)}[/]"
+
+    def names(findings: list) -> str:
+        return ", ".join(sorted({f.pattern for f in findings})) or "none"
+
+    table.add_row("peak", format_bytes(before.peak_bytes), format_bytes(after.peak_bytes))
+    table.add_row("budget", verdict(before.peak_bytes), verdict(after.peak_bytes))
+    table.add_row("findings", names(result.findings), names(g.findings))  # type: ignore[attr-defined]
+    kv_before = before.by_category_at_peak.get("kv_cache", 0)
+    kv_after = after.by_category_at_peak.get("kv_cache", 0)
+    table.add_row("KV cache at peak", format_bytes(kv_before), f"{format_bytes(kv_after)} (pool, allocated once)")
+    reqs = g.stats.get("requests", [])
+    if len(reqs) > 1:
+        reused = sum(r["reused_tokens"] for r in reqs[1:])
+        prompt = sum(r["prompt_tokens"] for r in reqs[1:])
+        table.add_row("turns 2+: prompt tokens reused", "0", f"{reused} of {prompt}")
+        table.add_row("turns 2+: median time to first token", "",
+                      f"{median(r['ttft_s'] for r in reqs[1:]) * 1e3:.0f} ms (turn 1: {reqs[0]['ttft_s'] * 1e3:.0f} ms)")
+    table.add_row("greedy outputs equal", "", "yes" if g.outputs_equal else "[bold red]no[/]")
+    return table

@@ -46,7 +46,6 @@ class DemoChat:
     model: Any
     gen_kwargs: dict[str, Any]
     config: Any  # memwarden.demo.DemoConfig
-    _media: dict[int, dict[str, Any]]
 
     @classmethod
     def build(cls, workload: dict[str, Any]) -> DemoChat:
@@ -56,27 +55,16 @@ class DemoChat:
         config = DemoConfig(**fields)
         model, _turn_inputs, gen_kwargs = build_deployment(config)
         model.eval()
-        return cls(model=model, gen_kwargs=gen_kwargs, config=config, _media={})
+        return cls(model=model, gen_kwargs=gen_kwargs, config=config)
 
     @property
     def max_new_tokens(self) -> int:
         return int(self.config.new_tokens)
 
     def inputs(self, index: int, conversation_seed: int) -> dict[str, Any]:
-        from memwarden.models import zoo
+        from memwarden.demo import conversation_inputs
 
-        cfg = self.config
-        turn = index % cfg.turns
-        prompt_tokens = cfg.first_prompt_tokens + turn * (cfg.tokens_per_turn + cfg.new_tokens)
-        inputs = zoo.make_inputs(self.model, prompt_tokens=prompt_tokens, seed=conversation_seed)
-        first = self._media.setdefault(conversation_seed, inputs)
-        if len(self._media) > 4:  # a worker walks conversations in order; keep the current few
-            self._media.pop(next(iter(self._media)))
-        seq = tuple(inputs["input_ids"].shape)
-        for key, value in inputs.items():  # media (not shaped like the ids) are the conversation's first
-            if key in first and tuple(value.shape[:2]) != seq:
-                inputs[key] = first[key]
-        return inputs
+        return conversation_inputs(self.model, self.config, index % self.config.turns, seed=conversation_seed)
 
 
 SCENARIOS: dict[str, Callable[[dict[str, Any]], Any]] = {"demo-chat": DemoChat.build}

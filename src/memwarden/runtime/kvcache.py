@@ -198,5 +198,10 @@ class PagedCache(Cache):
     def batch_size(self) -> int:
         return 1
 
+    @property
+    def kv_pool_tensors(self) -> list[torch.Tensor]:
+        """The pool's storage, for captures that tag KV-cache memory."""
+        return [self.seq.pool.data]
+
 
 __all__ = ["KVPool", "KVSpec", "NoFreeBlocks", "PagedCache", "PagedLayer", "Sequence"]

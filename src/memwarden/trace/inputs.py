@@ -142,6 +142,9 @@ def cache_tensors(output: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     if cache is None:
         return found
+    pooled = getattr(cache, "kv_pool_tensors", None)  # a paged cache: its pool, not per-layer tensors
+    if isinstance(pooled, (list, tuple)):
+        found.extend(t for t in pooled if isinstance(t, torch.Tensor))
     layers = getattr(cache, "layers", None)
     if layers is not None:
         for layer in layers:
