@@ -11,6 +11,8 @@ noise hits all alike:
   resident            no budget: every weight in memory (the ceiling)
   memwarden           ``stream_weights(model, budget, dir)`` (two staging slots, prefetch)
   memwarden-noprefetch  the same without the prefetch thread
+  memwarden-layers    the same with whole decoder layers as groups (``split_layers=False``): bigger
+                      staging slots, so fewer layers fit resident, and copies that miss the cache
   accelerate-samemap  ``accelerate.dispatch_model`` with the device_map of memwarden's placement
                       (``Placement.to_device_map("cpu")``): the same layers resident, the rest
                       offloaded to disk (``offload_dir``); main device CPU
@@ -60,12 +62,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--work-dir", default=None, help="where offloaded files go (default: a new temp dir)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    work = Path(tempfile.mkdtemp(prefix="mw_bench_offload_"))
+    work = Path(tempfile.mkdtemp(prefix="mw_bench_offload_", dir=args.work_dir))
     try:
         result = run(args, work)
     finally:
@@ -91,6 +94,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ours_noprefetch, budget_bytes, work / "memwarden-np", placement=placement, prefetch=False
     )
 
+    ours_layers = build(args.text_layers)
+    placement_layers = plan_streaming(ours_layers, budget_bytes, offload_dir=work, split_layers=False)
+    streamer_layers = stream_weights(ours_layers, budget_bytes, work / "memwarden-layers", placement=placement_layers)
+
     same_map = placement.to_device_map("cpu")
     acc_same = dispatch_model(build(args.text_layers), same_map, main_device="cpu", offload_dir=str(work / "acc-same"))
     acc_auto_model = build(args.text_layers)
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "resident": reference,
         "memwarden": ours,
         "memwarden-noprefetch": ours_noprefetch,
+        "memwarden-layers": ours_layers,
         "accelerate-samemap": acc_same,
         "accelerate-auto": acc_auto,
     }
@@ -128,6 +136,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     stats = {k: v / args.repeats for k, v in vars(streamer.stats).items()}
     streamer.detach()
     streamer_noprefetch.detach()
+    streamer_layers.detach()
 
     rows = []
     for name, times in seconds.items():
@@ -141,6 +150,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "predicted_peak_bytes": placement.predicted_peak_bytes,
         "streamed_weight_bytes": placement.streamed_weight_bytes,
         "streamed_per_token_bytes": placement.streamed_per_token_bytes,
+        "groups": len(placement.weights),
+        "layers_streamed_per_token_bytes": placement_layers.streamed_per_token_bytes,
         "accelerate_auto_disk_modules": sum(1 for v in auto_map.values() if v == "disk"),
         "new_tokens": args.new_tokens,
         "input_tokens": int(inputs["input_ids"].shape[1]),
@@ -160,6 +171,10 @@ def print_table(r: dict[str, Any]) -> None:
         f"weights {r['weight_bytes'] / mib:.1f} MiB, budget {r['budget_bytes'] / mib:.1f} MiB, "
         f"streamed {r['streamed_weight_bytes'] / mib:.1f} MiB ({r['streamed_per_token_bytes'] / mib:.1f} MiB per token), "
         f"{r['input_tokens']} input + {r['new_tokens']} new tokens, {r['threads']} threads, {r['repeats']} repeats"
+    )
+    print(
+        f"{r['groups']} weight groups; with whole layers as groups "
+        f"{r['layers_streamed_per_token_bytes'] / mib:.1f} MiB per token"
     )
     print("| mode | median generate | tokens/s | vs memwarden |")
     print("|---|---|---|---|")

@@ -54,6 +54,20 @@ def test_greedy_tokens_equal_while_streaming(name: str, tmp_path) -> None:
     assert torch.equal(_generate(model, inputs, name), expected)
 
 
+@pytest.mark.parametrize("name", zoo.NAMES)
+def test_every_zoo_model_streams_exactly_at_its_smallest_budget(name: str, tmp_path) -> None:
+    # The smallest budget streams every group that can stream: a weight read outside its own
+    # module's forward (a parent reading `.weight`) would be a NaN placeholder and change the tokens.
+    model = zoo.build_model(name, size="tiny")
+    inputs = zoo.make_inputs(model, prompt_tokens=8)
+    expected = _generate(model, inputs, name, new_tokens=3)
+    with pytest.raises(PlacementError) as err:
+        plan_streaming(model, 1, offload_dir=tmp_path)
+    with stream_weights(model, err.value.min_budget_bytes, tmp_path) as streamer:
+        assert streamer.placement.streamed_weight_bytes > state_bytes(model) // 2
+        assert torch.equal(_generate(model, inputs, name, new_tokens=3), expected)
+
+
 def test_files_are_safetensors_of_the_original_weights(tmp_path) -> None:
     model = zoo.build_model("llava", size="tiny")
     before = _state(model)

@@ -1,35 +1,30 @@
 """Weight streaming: run a transformers model whose weights do not fit its memory budget.
 
-:func:`stream_weights` splits the model into weight groups (decoder layers, embeddings, norms,
-projectors), asks :func:`memwarden.plan.placement.place` which stay resident, writes the others
-to one safetensors file per group in ``offload_dir`` and memory-maps those files. Forward hooks
-then move each streamed group through one of two staging buffers:
-
-- pre-hook: the group is copied from its mapped file into a staging slot (or found there,
-  prefetched) and its parameters become views of that slot; then the group predicted to run
-  next is copied into the other slot on a background thread while this one computes;
-- post-hook: the parameters are released again.
-
-So streamed weights never hold more than two slots (the two largest streamed groups) of
-allocated memory. Outputs are bit-identical: the same bytes, at the same 64-byte alignment as
-a freshly allocated tensor, go through the same kernels.
+:func:`stream_weights` splits the model into weight groups (each linear, embedding, norm: see
+:func:`weight_groups`), asks :func:`memwarden.plan.placement.place` which stay resident, writes
+the others to one safetensors file per group in ``offload_dir`` and memory-maps the files.
+A streamed group's forward pre-hook copies it from its mapping into one of two staging slots
+(unless a prefetch already did) and makes its parameters views of that slot, then starts
+copying the group predicted to run next into the other slot on a background thread; its
+forward hook releases the parameters. Streamed weights thus never hold more than two slots of
+allocated memory. Outputs are bit-identical: the same bytes, 64-byte aligned like a fresh
+tensor, go through the same kernels.
 
 Why the details are what they are:
 
-- Between uses a streamed parameter is a NaN placeholder of the right shape and dtype with a
-  0-byte storage (one element expanded), not a view of the mapped file. PyTorch's memory
-  profiler records the parameters of every module call and counts each storage it sees, so
-  mapped views would count in full; and code that reads a weight outside its module's forward
-  gets NaNs, which the equality tests would catch, rather than silently working slower.
-- Copies are ``ctypes.memmove`` from the mapping, not torch ops: they release the GIL (the
-  prefetch really overlaps compute) and the profiler does not record the mapped source.
-- The next group is learned from what actually ran after each group (a decode step runs the
+- Between uses a streamed parameter is a NaN placeholder of its shape and dtype with a 1-element
+  storage, not a view of the mapping: PyTorch's memory profiler records the parameters of every
+  module call and counts each storage it sees, so mapped views would count in full; and code
+  that reads a weight outside its module's forward gets NaNs, which tests catch, rather than
+  silently working.
+- Copies are ``ctypes.memmove``, not torch ops: they release the GIL (the prefetch overlaps
+  compute) and the profiler never sees the mapped source.
+- The next group is learned from what ran after each group last time (a decode step runs the
   text layers but not the vision tower), starting from registration order.
-- Tied parameters (used by two groups) and buffers are pinned resident: a group's hooks only
-  manage what no other group touches.
 - Streamed parameters get ``requires_grad=False``: a backward pass would read slots that later
-  groups have overwritten. Weight streaming is for inference; :meth:`WeightStreamer.detach`
-  restores everything.
+  groups have overwritten. Streaming is for inference; :meth:`WeightStreamer.detach` restores all.
+- Groups are single modules, not decoder layers: small slots leave more budget to resident
+  weights, and a group just copied is still in cache when it computes (bench_offload.py compares).
 
 CPU only for now: the staging slots are host memory and the model computes on the CPU.
 """
@@ -43,6 +38,7 @@ import os
 import shutil
 import struct
 import time
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -62,6 +58,10 @@ from memwarden.trace.model import Modality
 __all__ = ["StreamStats", "WeightStreamer", "default_tiers", "plan_streaming", "stream_weights", "weight_groups"]
 
 ALIGN_BYTES = 64  # what PyTorch's CPU allocator gives a fresh tensor; kernels see the same alignment
+# Modules whose weights their parent's forward reads directly, never calling them, so no hook of
+# theirs can bring the weights in: Whisper-style audio encoders (Qwen2-Audio, Whisper) read
+# `embed_positions.weight`. They stay resident. Others show up as NaN outputs (see _placeholder).
+READ_BY_PARENT = ("embed_positions",)
 _ONCE_PER_REQUEST = (Modality.VISION, Modality.AUDIO, Modality.FUSION)  # encoders and projectors
 
 
@@ -78,20 +78,26 @@ class StreamStats:
     extra_slots: int = 0  # slots added because streamed groups nested deeper than the slots
 
     def reset(self) -> None:
-        for name in vars(self):
-            setattr(self, name, 0 if name != "wait_s" else 0.0)
+        self.__init__()  # type: ignore[misc]
 
 
 @dataclass
 class _Tensor:
     param: torch.nn.Parameter
     key: str  # name in the group's safetensors file
-    shape: tuple[int, ...]
-    dtype: torch.dtype
     file_offset: int  # from the start of the file
     nbytes: int
     slot_offset: int  # ALIGN_BYTES-aligned offset in a staging slot
-    placeholder: torch.Tensor
+    placeholder: torch.Tensor  # what the parameter is between uses; has its shape and dtype
+
+
+@dataclass
+class _Slot:
+    buffer: torch.Tensor  # uint8, the largest streamed group's bytes
+    content: int | None = None  # index of the group it holds or is receiving
+    pending: Future[None] | None = None  # the prefetch copying into it
+    in_use: bool = False  # a running group's parameters are views of it
+    last_used: int = 0
 
 
 @dataclass
@@ -100,7 +106,6 @@ class _Group:
     path: Path
     tensors: list[_Tensor]
     slot_bytes: int
-    file: Any = None
     mapping: mmap.mmap | None = None
     anchor: Any = None  # ctypes view pinning the mapping's address while it is in use
     base_address: int = 0
@@ -111,16 +116,17 @@ class _Group:
 # Groups and plans
 
 
-def weight_groups(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+def weight_groups(model: torch.nn.Module, *, split_layers: bool = False) -> list[tuple[str, torch.nn.Module]]:
     """The model's weight groups in registration order: disjoint module subtrees that cover every
-    parameter and buffer. A group is an element of a ModuleList/ModuleDict (a layer), a module
-    with tensors of its own (an embedding, a norm, a linear), or a leaf."""
+    parameter and buffer. A group is a module with tensors of its own (a linear, an embedding, a
+    norm) or a leaf; with ``split_layers=False`` an element of a ModuleList/ModuleDict (a whole
+    decoder layer) is one group."""
     out: list[tuple[str, torch.nn.Module]] = []
 
     def visit(prefix: str, module: torch.nn.Module, is_layer: bool) -> None:
         own = any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False))
         children = list(module.named_children())
-        if is_layer or own or not children:
+        if (is_layer and not split_layers) or own or not children:
             if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
                 out.append((prefix, module))
             return
@@ -133,26 +139,20 @@ def weight_groups(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
 
 
 def _streamable(groups: list[tuple[str, torch.nn.Module]]) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
-    """Per group, the parameters only it uses (tied parameters appear in two groups: pinned)."""
-    owners: dict[int, int] = {}
-    for _, module in groups:
-        for p in {id(p): p for p in module.parameters()}.values():
-            owners[id(p)] = owners.get(id(p), 0) + 1
-    out = {}
-    for name, module in groups:
-        seen: set[int] = set()
-        params = []
-        for key, p in module.named_parameters():
-            if owners[id(p)] == 1 and id(p) not in seen:
-                seen.add(id(p))
-                params.append((key, p))
-        out[name] = params
-    return out
+    """Per group, the parameters it may stream: those no other group uses (a tied parameter is
+    in two groups) of a module no parent reads directly (READ_BY_PARENT). The rest stay resident."""
+    uses = Counter(id(p) for _, module in groups for p in module.parameters())  # each module lists a tensor once
+    return {
+        name: [(k, p) for k, p in module.named_parameters() if uses[id(p)] == 1]
+        if name.rsplit(".", 1)[-1] not in READ_BY_PARENT
+        else []
+        for name, module in groups
+    }
 
 
-def _specs(model: torch.nn.Module, rules: ModalityRules | None = None) -> list[WeightGroup]:
-    rules = rules or ModalityRules()
-    groups = weight_groups(model)
+def _specs(model: torch.nn.Module, split_layers: bool) -> list[WeightGroup]:
+    rules = ModalityRules()
+    groups = weight_groups(model, split_layers=split_layers)
     streamable = _streamable(groups)
     counted: set[int] = set()  # tied tensors are pinned in every group that uses them; count them once
     specs = []
@@ -176,10 +176,9 @@ def _specs(model: torch.nn.Module, rules: ModalityRules | None = None) -> list[W
 
 
 def default_tiers(offload_dir: str | os.PathLike[str]) -> tuple[MemoryTier, ...]:
-    """This machine as a CPU-only device: host memory (which it computes from) and the disk
-    holding ``offload_dir``. The bandwidths are rough assumptions (DDR4/5 dual channel, NVMe);
-    they only feed ``Placement.predicted_stream_us_per_token``. Pass a device profile's tiers
-    to plan for real hardware."""
+    """This machine as a CPU-only device: host memory and the disk holding ``offload_dir``.
+    Bandwidths are rough assumptions (dual-channel DDR, NVMe) that only feed
+    ``predicted_stream_us_per_token``; pass a device profile's tiers to plan for real hardware."""
     path = Path(offload_dir)
     while not path.exists():
         path = path.parent
@@ -197,10 +196,12 @@ def plan_streaming(
     activation_bytes: int = 0,
     tiers: tuple[MemoryTier, ...] | None = None,
     offload_dir: str | os.PathLike[str] = ".",
+    split_layers: bool = True,
 ) -> Placement:
-    """The placement :func:`stream_weights` would carry out; changes nothing."""
+    """The placement :func:`stream_weights` would carry out; changes nothing. ``split_layers``:
+    see :func:`weight_groups`."""
     return place(
-        _specs(model),
+        _specs(model, split_layers),
         budget_bytes=budget_bytes,
         tiers=tiers or default_tiers(offload_dir),
         kv_cache_bytes=kv_cache_bytes,
@@ -261,12 +262,13 @@ class WeightStreamer:
         self.stats = StreamStats()
         self.offload_dir = Path(offload_dir)
         self.offload_dir.mkdir(parents=True, exist_ok=True)
-        modules = dict(weight_groups(model))
-        streamable = _streamable(list(modules.items()))
-        names = [n for n in placement.streamed_names() if streamable.get(n)]
-        unknown = [n for n in placement.streamed_names() if n not in modules]
+        named = dict(model.named_modules())
+        unknown = [i.name for i in placement.weights if i.name not in named]
         if unknown:
-            raise ValueError(f"placement streams groups the model does not have: {', '.join(unknown[:5])}")
+            raise ValueError(f"placement names modules the model does not have: {', '.join(unknown[:5])}")
+        modules = {i.name: named[i.name] for i in placement.weights}
+        streamable = _streamable(list(modules.items()))
+        names = [i.name for i in placement.weights if i.streamed and i.nbytes > 0 and streamable[i.name]]
 
         self._groups: list[_Group] = []
         try:
@@ -282,11 +284,7 @@ class WeightStreamer:
                 t.param.data = t.placeholder  # the original storage is freed here
 
         self.slot_bytes = max((g.slot_bytes for g in self._groups), default=0)
-        self._slots = [torch.empty(self.slot_bytes, dtype=torch.uint8) for _ in range(placement.staging_slots)]
-        self._content: list[int | None] = [None] * len(self._slots)  # group index each slot holds or is receiving
-        self._pending: list[Future[None] | None] = [None] * len(self._slots)
-        self._in_use = [False] * len(self._slots)
-        self._last_used = [0] * len(self._slots)
+        self._slots = [_Slot(torch.empty(self.slot_bytes, dtype=torch.uint8)) for _ in range(placement.staging_slots)]
         self._tick = 0
         self._views: dict[tuple[int, int], list[torch.Tensor]] = {}
         self._active: dict[int, list[int]] = {}  # group -> [slot, nesting depth]
@@ -300,8 +298,6 @@ class WeightStreamer:
             g.hooks.append(module.register_forward_hook(partial(self._post_hook, i), always_call=True))
         self._attached = True
 
-    # -- setup ----------------------------------------------------------------------------
-
     def _write(self, name: str, params: list[tuple[str, torch.nn.Parameter]]) -> _Group:
         path = self.offload_dir / f"{name or 'model'}.safetensors"
         by_key = {key: p for key, p in params}
@@ -313,16 +309,13 @@ class WeightStreamer:
         tensors = []
         slot_offset = 0
         # Slot order = file order, so that copies read the file front to back.
-        entries = sorted((k, v) for k, v in header.items() if k != "__metadata__")
-        for key, info in sorted(entries, key=lambda kv: kv[1]["data_offsets"][0]):
-            begin, end = info["data_offsets"]
+        entries = [(info["data_offsets"], key) for key, info in header.items() if key != "__metadata__"]
+        for (begin, end), key in sorted(entries):
             p = by_key[key]
             tensors.append(
                 _Tensor(
                     param=p,
                     key=key,
-                    shape=tuple(p.shape),
-                    dtype=p.dtype,
                     file_offset=data_start + begin,
                     nbytes=end - begin,
                     slot_offset=slot_offset,
@@ -331,10 +324,10 @@ class WeightStreamer:
             )
             slot_offset += -(-(end - begin) // ALIGN_BYTES) * ALIGN_BYTES
         group = _Group(name=name, path=path, tensors=tensors, slot_bytes=slot_offset)
-        group.file = path.open("rb")
         # ACCESS_COPY: a private mapping is writable, which ctypes needs for its address; nothing is
         # ever written, so no page is copied and the file is never changed.
-        group.mapping = mmap.mmap(group.file.fileno(), 0, access=mmap.ACCESS_COPY)
+        with path.open("rb") as f:  # the mapping keeps its own handle
+            group.mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         group.anchor = ctypes.c_char.from_buffer(group.mapping)
         group.base_address = ctypes.addressof(group.anchor)
         return group
@@ -349,7 +342,7 @@ class WeightStreamer:
             self._next[self._last_group] = index
         slot = self._slot_holding(index)
         if slot is not None:
-            future = self._pending[slot]
+            future = self._slots[slot].pending
             if future is not None:
                 self._wait(slot)
                 self.stats.prefetch_hits += 1
@@ -358,10 +351,11 @@ class WeightStreamer:
         else:
             slot = self._free_slot()
             self._wait(slot)
-            self._content[slot] = index
+            self._slots[slot].content = index
             self._copy(index, slot)
+            self._count_load(index)
             self.stats.sync_loads += 1
-        self._in_use[slot] = True
+        self._slots[slot].in_use = True
         self._touch(slot)
         for t, view in zip(self._groups[index].tensors, self._slot_views(slot, index), strict=True):
             t.param.data = view
@@ -379,82 +373,80 @@ class WeightStreamer:
         del self._active[index]
         for t in self._groups[index].tensors:
             t.param.data = t.placeholder
-        self._in_use[state[0]] = False
+        self._slots[state[0]].in_use = False
         self._last_group = index
 
     # -- slots ----------------------------------------------------------------------------
 
     def _slot_holding(self, index: int) -> int | None:
-        for slot, content in enumerate(self._content):
-            if content == index:
-                return slot
-        return None
+        return next((slot for slot, state in enumerate(self._slots) if state.content == index), None)
+
+    def _least_recently_used_free(self) -> int | None:
+        free = [slot for slot, state in enumerate(self._slots) if not state.in_use]
+        return min(free, key=lambda slot: self._slots[slot].last_used) if free else None
 
     def _touch(self, slot: int) -> None:
         self._tick += 1
-        self._last_used[slot] = self._tick
+        self._slots[slot].last_used = self._tick
 
     def _free_slot(self) -> int:
         """The least recently used slot no running group is using; a new one if all are in use."""
-        free = [s for s in range(len(self._slots)) if not self._in_use[s]]
-        if free:
-            return min(free, key=lambda s: self._last_used[s])
-        self._slots.append(torch.empty(self.slot_bytes, dtype=torch.uint8))
-        self._content.append(None)
-        self._pending.append(None)
-        self._in_use.append(False)
-        self._last_used.append(0)
-        self.stats.extra_slots += 1
-        return len(self._slots) - 1
+        slot = self._least_recently_used_free()
+        if slot is None:
+            self._slots.append(_Slot(torch.empty(self.slot_bytes, dtype=torch.uint8)))
+            self.stats.extra_slots += 1
+            slot = len(self._slots) - 1
+        return slot
 
     def _start_prefetch(self, index: int | None) -> None:
         if index is None or index in self._active or self._slot_holding(index) is not None:
             return
-        free = [s for s in range(len(self._slots)) if not self._in_use[s]]
-        if not free:
+        slot = self._least_recently_used_free()
+        if slot is None:
             return  # never grow the slots for a guess
-        slot = min(free, key=lambda s: self._last_used[s])
         self._wait(slot)
-        self._content[slot] = index
+        self._slots[slot].content = index
         self._touch(slot)
-        self._pending[slot] = self._executor.submit(self._copy, index, slot)
+        self._slots[slot].pending = self._executor.submit(self._copy, index, slot)
+        self._count_load(index)
 
     def _wait(self, slot: int) -> None:
-        future = self._pending[slot]
+        future = self._slots[slot].pending
         if future is None:
             return
         start = time.perf_counter()
         try:
             future.result()
         except BaseException:
-            self._content[slot] = None  # a failed copy leaves the slot holding nothing
+            self._slots[slot].content = None  # a failed copy leaves the slot holding nothing
             raise
         finally:
-            self._pending[slot] = None
+            self._slots[slot].pending = None
             self.stats.wait_s += time.perf_counter() - start
 
     def _copy(self, index: int, slot: int) -> None:
         """Copy group ``index`` from its mapping into ``slot`` (runs on the prefetch thread too)."""
         group = self._groups[index]
-        slot_address = self._slots[slot].data_ptr()
+        slot_address = self._slots[slot].buffer.data_ptr()
         for t in group.tensors:
             ctypes.memmove(slot_address + t.slot_offset, group.base_address + t.file_offset, t.nbytes)
+
+    def _count_load(self, index: int) -> None:
+        # Counted on the compute thread only, so the counters need no lock.
         self.stats.loads += 1
-        self.stats.copied_bytes += sum(t.nbytes for t in group.tensors)
+        self.stats.copied_bytes += sum(t.nbytes for t in self._groups[index].tensors)
 
     def _slot_views(self, slot: int, index: int) -> list[torch.Tensor]:
         key = (slot, index)
         views = self._views.get(key)
         if views is None:
-            buffer = self._slots[slot]
+            buffer = self._slots[slot].buffer
             views = [
-                buffer[t.slot_offset : t.slot_offset + t.nbytes].view(t.dtype).view(t.shape)
+                buffer[t.slot_offset : t.slot_offset + t.nbytes].view(t.placeholder.dtype).view(t.placeholder.shape)
                 for t in self._groups[index].tensors
             ]
             self._views[key] = views
         return views
-
-    # -- teardown -------------------------------------------------------------------------
 
     @property
     def staging_bytes(self) -> int:
@@ -466,7 +458,7 @@ class WeightStreamer:
         hooks and the staging slots, close the mappings; delete the files unless told not to."""
         if not getattr(self, "_attached", False):
             return
-        for slot in range(len(self._slots)):
+        for slot in range(len(self._slots)):  # no copy may still write into a slot
             self._wait(slot)
         self._executor.shutdown(wait=True)
         for g in self._groups:
@@ -487,8 +479,6 @@ class WeightStreamer:
             g.anchor = None  # release ctypes' export of the mapping, or close() refuses
             if g.mapping is not None:
                 g.mapping.close()
-            if g.file is not None:
-                g.file.close()
             if delete:
                 g.path.unlink(missing_ok=True)
 
