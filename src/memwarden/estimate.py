@@ -32,19 +32,17 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import sys
 import types
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from memwarden.errors import InputError
+from memwarden.estimate_model import kv_quantizable, model_facts, model_for, quantized_cache
 from memwarden.plan.estimate import (
     MemoryCard,
-    ModelFacts,
     Request,
     Suggestion,
     apply_device,
@@ -193,26 +191,6 @@ def parse_image(text: str) -> tuple[int, int]:
 # -- running an estimate ----------------------------------------------------------------------
 
 
-_MODELS: OrderedDict[tuple[str, str, str | None], Any] = OrderedDict()  # meta models cost no weights; keep a few
-_MODELS_KEPT = 4
-
-
-def _model_for(resolved: ResolvedModel, dtype: str, weights_dtype: str | None) -> Any:
-    from memwarden.trace.meta import build_meta_model
-
-    key = (resolved.source, dtype, weights_dtype)
-    model = _MODELS.get(key)
-    if model is None:
-        model = build_meta_model(resolved.config, getattr(torch, dtype), resolved.model_class)
-        if weights_dtype is not None:
-            _quantize_linears(model, weights_dtype)
-        _MODELS[key] = model
-        while len(_MODELS) > _MODELS_KEPT:
-            _MODELS.popitem(last=False)
-    _MODELS.move_to_end(key)
-    return model
-
-
 def _inputs(resolved: ResolvedModel, req: Request) -> dict[str, Any]:
     from memwarden.models import zoo
     from memwarden.trace.meta import meta_inputs
@@ -243,11 +221,11 @@ def run_estimate(resolved: ResolvedModel, req: Request) -> tuple[Any, Any]:
     from memwarden.trace.meta import MetaCapture
 
     _check_request(req)
-    model = _model_for(resolved, req.dtype, req.weights_dtype)
+    model = model_for(resolved, req.dtype, req.weights_dtype)
     inputs = _inputs(resolved, req)
     kwargs: dict[str, Any] = {"do_sample": False, "num_beams": 1, "eos_token_id": None, "pad_token_id": 0}
     if req.kv_dtype is not None:
-        kwargs["cache"] = _quantized_cache(resolved, req.kv_dtype)
+        kwargs["cache"] = quantized_cache(resolved, req.kv_dtype)
     metadata = {"model": resolved.name, "request": req.to_json()}
     with MetaCapture(model, inputs, metadata=metadata) as cap, torch.inference_mode():
         model.generate(**inputs, max_new_tokens=req.new_tokens, min_new_tokens=req.new_tokens, **kwargs)
@@ -327,7 +305,7 @@ def _rerun_suggestions(resolved: ResolvedModel, req: Request, card: MemoryCard, 
         card.suggestions = [s for s in card.suggestions if s.setting != {"weights_dtype": qdtype}]
         out.append(suggestion("weights_dtype", f"{qdtype} weights (weight-only quantization of every linear layer)",
                               {"weights_dtype": qdtype}, peak, "meta estimate re-run with emulated quantized linears"))  # fmt: skip
-    if req.kv_dtype is None and card.kv_cache_bytes and _kv_quantizable(resolved):
+    if req.kv_dtype is None and card.kv_cache_bytes and kv_quantizable(resolved):
         peak = card_for(resolved, _replace(req, kv_dtype="int8")).peak_bytes
         card.suggestions = [s for s in card.suggestions if s.kind != "kv_dtype"]
         out.append(suggestion("kv_dtype", "int8 KV cache (quantized cache, 128-token residual window)",
@@ -344,12 +322,6 @@ def _replace(req: Request, **changes: Any) -> Request:
     data = {k: getattr(req, k) for k in req.__dataclass_fields__}
     data.update(changes)
     return Request(**data)
-
-
-def _kv_quantizable(resolved: ResolvedModel) -> bool:
-    text = resolved.config.get_text_config()
-    layer_types = getattr(text, "layer_types", None) or []
-    return all(t == "full_attention" for t in layer_types)
 
 
 def _largest_image(resolved: ResolvedModel, req: Request, usable: int) -> tuple[tuple[int, int], int] | None:
@@ -482,125 +454,6 @@ def sweep(
             req = _replace(base, **{field_of[axis]: (value,) if axis == "image" else value})
             cards[axis].append((value, card_for(resolved, req)))
     return SweepResult(resolved.name, cards, profiles)
-
-
-# -- model facts for the arithmetic suggestions ----------------------------------------------------
-
-
-def model_facts(resolved: ResolvedModel, model: Any, req: Request) -> ModelFacts:
-    from memwarden.trace.modality import ModalityRules
-    from memwarden.trace.model import Modality
-
-    def nbytes(module: Any) -> int:
-        seen: dict[int, int] = {}
-        for t in list(module.parameters()) + list(module.buffers()):
-            st = t.untyped_storage()
-            seen[st._cdata] = st.nbytes()
-        return sum(seen.values())
-
-    head = model.get_output_embeddings()
-    linears = [m for m in model.modules() if _is_linear(m) and m is not head]
-    linear_bytes = sum(_weight_bytes(m) for m in linears)
-    largest = max((_dense_bytes(m, req.dtype) for m in linears), default=0)
-    rules = ModalityRules()
-    stacks = [
-        (path, m) for path, m in model.named_modules()
-        if isinstance(m, torch.nn.ModuleList) and len(m) > 1 and rules.modality_of(path) == Modality.TEXT
-    ]  # fmt: skip
-    layers: Any = max(stacks, key=lambda pm: nbytes(pm[1]))[1] if stacks else []
-    from memwarden.models import zoo
-
-    spec = zoo.spec(next(n for n in zoo.NAMES if zoo.spec(n).family == resolved.family))
-    return ModelFacts(
-        name=resolved.name,
-        parameters=sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
-        linear_weight_bytes=linear_bytes,
-        largest_linear_bytes=largest,
-        decoder_layers=len(layers),
-        decoder_layer_bytes=max((nbytes(layer) for layer in layers), default=0),
-        dtype_bytes=torch.empty((), dtype=getattr(torch, req.dtype)).element_size(),
-        dynamic_resolution=spec.dynamic_resolution,
-    )
-
-
-def _is_linear(module: Any) -> bool:
-    return isinstance(module, (torch.nn.Linear, _QuantizedLinear))
-
-
-def _weight_bytes(module: Any) -> int:
-    if isinstance(module, _QuantizedLinear):
-        return sum(int(b.untyped_storage().nbytes()) for b in module.buffers(recurse=False))
-    return int(module.weight.untyped_storage().nbytes())
-
-
-def _dense_bytes(module: Any, dtype: str) -> int:
-    elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    return int(module.out_features * module.in_features * elem)
-
-
-# -- emulated quantized storage -------------------------------------------------------------------
-
-
-class _QuantizedLinear(torch.nn.Module):
-    """Weight-only quantized linear on meta: the bytes and temporaries of its kernel, no values."""
-
-    def __init__(self, linear: torch.nn.Linear, bits: int) -> None:
-        super().__init__()
-        self.in_features, self.out_features, self.bits = linear.in_features, linear.out_features, bits
-        weights = self.in_features * self.out_features
-        meta = torch.device("meta")
-        # codes: int8, or two 4-bit codes per byte; scales: fp32 per output row (int8) or per 64 weights (NF4)
-        self.register_buffer("qweight", torch.empty(math.ceil(weights * bits / 8), dtype=torch.uint8, device=meta))
-        scales = self.out_features if bits == 8 else math.ceil(weights / 64)
-        self.register_buffer("scales", torch.empty(scales, dtype=torch.float32, device=meta))
-        self.bias = linear.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tokens = x.numel() // max(x.shape[-1], 1)
-        if self.bits == 8 or tokens == 1:  # fused kernel: the output only
-            out = x.new_empty((*x.shape[:-1], self.out_features))
-            return out.add_(self.bias) if self.bias is not None else out
-        weight = x.new_empty((self.out_features, self.in_features))  # the whole weight, dequantized
-        return torch.nn.functional.linear(x, weight, self.bias)
-
-
-def _quantize_linears(model: Any, weights_dtype: str) -> None:
-    bits = {"int8": 8, "int4": 4}[weights_dtype]
-    cls = _QuantizedLinear
-    head = model.get_output_embeddings()
-    for parent in list(model.modules()):
-        for child_name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear) and child is not head:
-                setattr(parent, child_name, cls(child, bits))
-
-
-def _quantized_cache(resolved: ResolvedModel, kv_dtype: str) -> Any:
-    from transformers.cache_utils import Cache, QuantizedCache, QuantizedLayer
-
-    if not _kv_quantizable(resolved):
-        raise InputError(
-            f"kv_dtype needs a model whose layers all use full attention; {resolved.name} has sliding-window layers"
-        )
-    if kv_dtype == "float8":
-        return QuantizedCache("fp8", resolved.config)
-
-    class EmulatedQuantizedLayer(QuantizedLayer):
-        """quanto/hqq storage: nbits per value plus a scale and a zero point per group, on meta."""
-
-        def _quantize(self, tensor: torch.Tensor, axis: int = 0) -> Any:  # type: ignore[override]
-            numel = tensor.numel()
-            codes = tensor.new_empty(math.ceil(numel * self.nbits / 8), dtype=torch.float8_e4m3fn)  # 1-byte stand-in
-            params = tensor.new_empty(2 * math.ceil(numel / self.q_group_size), dtype=torch.float32)
-            return codes, params, tuple(tensor.shape)
-
-        def _dequantize(self, q_tensor: Any) -> torch.Tensor:
-            codes, _params, shape = q_tensor
-            dtype = self.keys.dtype if self.keys is not None else codes.dtype
-            return codes.new_empty(shape, dtype=dtype)
-
-    text = resolved.config.get_text_config(decoder=True)
-    nbits = {"int8": 8, "int4": 4}[kv_dtype]
-    return Cache(layers=[EmulatedQuantizedLayer(nbits=nbits) for _ in range(text.num_hidden_layers)])
 
 
 # ``memwarden.estimate(...)``: the module is callable, so the package attribute works either way.

@@ -5,7 +5,8 @@ The model is built from its config with every floating-point tensor on PyTorch's
 runs on it. A TorchDispatchMode sees every aten op: each output storage it has not
 seen is an ALLOC of ``storage.nbytes()`` bytes, and a weakref on the storage object
 (whose lifetime is the storage's) records the FREE the moment the last tensor using
-it dies, exactly when the CPU allocator would free it. The recorder stands in for
+it dies, exactly when the CPU allocator would free it
+(:mod:`memwarden.trace.meta_recorder`). The recorder stands in for
 the native one, so the live capture's hooks (:class:`memwarden.trace.capture.Capture`)
 and attribution rules (:mod:`memwarden.trace.attribution`) build the Trace: weights,
 buffers and inputs are PREEXISTING, module paths give the modality, root calls give
@@ -66,6 +67,12 @@ nothing is patched globally; the op handlers live in :mod:`memwarden.trace.meta_
 - Generation is greedy with ``eos_token_id=None``: the length criterion is the only
   stopping criterion, so exactly ``max_new_tokens`` decode steps run.
 
+Cost: a 7B model makes tens of thousands of ops per request, so the mode answers repeats from
+memory: a meta kernel seen with the same operand metadata is not run again
+(:mod:`memwarden.trace.meta_memo`), and a composite op seen with the same operands replays its
+decomposition's events instead of decomposing again (:mod:`memwarden.trace.meta_replay`). Both
+keep the recorded events exactly as a full run makes them.
+
 What it does not see: internal workspaces that neither this capture nor the live CPU
 recorder sees (MKL), and ones the live recorder does see but are not modelled here:
 oneDNN scratchpads of bf16/fp16 matmuls on the CPU (tens to hundreds of KiB per call),
@@ -99,6 +106,7 @@ from memwarden.trace.meta_ops import (
     zeros_on_cpu,
 )
 from memwarden.trace.meta_recorder import MetaLog, Recorder
+from memwarden.trace.meta_replay import Replay
 from memwarden.trace.model import Trace
 
 __all__ = ["MetaCapture", "build_meta_model", "meta_inputs", "placement"]
@@ -107,7 +115,6 @@ aten = torch.ops.aten
 META = torch.device("meta")
 CPU = torch.device("cpu")
 _SMALL_FLOAT_BYTES = 64 * 1024  # a float computed from CPU integers stays real up to this size
-_TENSOR = torch._C.TensorBase
 # id(op) -> (op, name, special handler, conversion, composite?, has a device argument?), looked up
 # once per dispatch: OpOverload hashes in Python, an id does not (the tuple keeps the op alive).
 _OPS: dict[int, tuple[Any, str, Any, Any, bool, bool]] = {}
@@ -128,6 +135,7 @@ class _DispatchMode(TorchDispatchMode):
         super().__init__()
         self.rec = recorder
         self.memo = MetaMemo()
+        self.replay = Replay()
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -150,6 +158,8 @@ class _DispatchMode(TorchDispatchMode):
             if info[4]:
                 # In inference mode composite ops reach the mode whole; the CPU runs their
                 # decomposition, whose intermediate blocks (layer_norm's mean/rstd) are real.
+                if rec.recording and torch.is_inference_mode_enabled():
+                    return self.replay.run(self, func, args, kwargs, tensors((args, kwargs)))
                 with self:
                     return func.decompose(*args, **kwargs)
             return self.run(func, args, kwargs)
@@ -162,7 +172,7 @@ class _DispatchMode(TorchDispatchMode):
         out = self._place(func, args, kwargs, operands)
         rec = self.rec
         if rec.recording:
-            made = [out] if isinstance(out, _TENSOR) else tensors(out)
+            made = [out] if isinstance(out, torch.Tensor) else tensors(out)
             if made:
                 rec.note_outputs(made, operands, rec.op)
         return out

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MetaMemo"]
+__all__ = ["MetaMemo", "key_of"]
 
 _TENSOR = torch._C.TensorBase
 _SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
@@ -33,6 +33,15 @@ _INPLACE_ENTRY = object()  # an in-place op that leaves its first argument's lay
 
 class _NotKeyable(Exception):
     """An argument the key cannot describe (a generator, a symbolic size, an opaque object)."""
+
+
+def key_of(values: Any, out: list[Any]) -> bool:
+    """Append a hashable description of ``values`` (aten arguments) to ``out``; False if one cannot be."""
+    try:
+        _key_of(values, out)
+    except _NotKeyable:
+        return False
+    return True
 
 
 def _key_of(values: Any, out: list[Any]) -> None:

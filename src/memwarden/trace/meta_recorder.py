@@ -57,6 +57,7 @@ class Recorder:
         self.blocks: dict[int, Block] = {}  # storage identity -> live block made during the capture
         self.preexisting: dict[int, tuple[int, Any]] = {}  # storage identity -> (fake ptr, weakref)
         self.oracle: Counter[str] = Counter()
+        self.writes = 0  # in-place writes into existing blocks so far (a replayed call must make none)
         self.op: str | None = None  # outermost op running now (set by the dispatch mode)
 
     # native interface
@@ -170,20 +171,25 @@ class Recorder:
                 if block.nbytes == nbytes:
                     if read and any(k == key for k, _ in sources):
                         self._written[block.event] = max(self._written[block.event], 0) + read
+                        self.writes += 1
                     continue
                 # resized in place: the CPU allocator hands out a new block and frees the old one
                 del self.blocks[key]
                 block.ref = None
                 self.free(block)
-            block = self.alloc(nbytes, op=op, dtype=t.dtype, shape=tuple(t.shape), written=read)
-            self.blocks[key] = block
+            self.adopt(self.alloc(nbytes, op=op, dtype=t.dtype, shape=tuple(t.shape), written=read), st)
 
-            def _freed(_ref: Any, key: int = key, block: Block = block) -> None:
-                if self.blocks.get(key) is block:
-                    del self.blocks[key]
-                    self.free(block)
+    def adopt(self, block: Block, st: Any) -> None:
+        """Make ``block`` the one of storage ``st``: its FREE is logged when the storage dies."""
+        key = st._cdata
+        self.blocks[key] = block
 
-            block.ref = weakref.ref(st, _freed)
+        def _freed(_ref: Any, key: int = key, block: Block = block) -> None:
+            if self.blocks.get(key) is block:
+                del self.blocks[key]
+                self.free(block)
+
+        block.ref = weakref.ref(st, _freed)
 
     def note_preexisting(
         self, t: torch.Tensor, record: Callable[[int, int, torch.Tensor], StorageRecord]
