@@ -1,7 +1,8 @@
 """A 7B-class VLM estimated on this machine: wall time and peak RSS (target < 10 s, < 1 GB).
 
 Each model runs in a fresh subprocess so the peak RSS (ru_maxrss) is the estimate's own,
-imports included.
+imports included. The child's CPU seconds (user + system) are printed too: the estimate runs on
+one thread, so on a machine other jobs share they stand for the wall time it would take alone.
 
     python benchmarks/bench_estimate_7b.py [--json]
 """
@@ -25,8 +26,8 @@ t0 = time.perf_counter()
 from memwarden.cli import main
 code = main(["estimate", *sys.argv[1:], "--json"])
 elapsed = time.perf_counter() - t0
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(f"@@ {elapsed:.3f} {rss}", file=sys.stderr)
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(f"@@ {elapsed:.3f} {usage.ru_maxrss * 1024} {usage.ru_utime + usage.ru_stime:.3f}", file=sys.stderr)
 sys.exit(code)
 """
 
@@ -41,16 +42,18 @@ def main() -> None:
         if proc.returncode != 0:
             raise SystemExit(f"{model}: {proc.stderr.strip().splitlines()[-1]}")
         line = next(x for x in proc.stderr.splitlines() if x.startswith("@@ "))
-        seconds, rss = float(line.split()[1]), int(line.split()[2])
+        seconds, rss, cpu = float(line.split()[1]), int(line.split()[2]), float(line.split()[3])
         card = json.loads(proc.stdout)
-        rows.append({"model": model, "request": request, "seconds": seconds, "peak_rss_bytes": rss,
+        rows.append({"model": model, "request": request, "seconds": seconds, "cpu_seconds": cpu, "peak_rss_bytes": rss,
                      "estimated_peak_bytes": card["peak_bytes"]})  # fmt: skip
     if args.json:
         print(json.dumps(rows, indent=2))
         return
     for r in rows:
-        print(f"{r['model']:26s} {r['seconds']:5.1f} s   peak RSS {r['peak_rss_bytes'] / 2**20:6.0f} MiB   "
-              f"estimated peak {r['estimated_peak_bytes'] / 2**30:5.1f} GiB   ({r['request']})")
+        print(
+            f"{r['model']:26s} {r['seconds']:5.1f} s ({r['cpu_seconds']:4.1f} s CPU)   peak RSS {r['peak_rss_bytes'] / 2**20:6.0f} MiB   "
+            f"estimated peak {r['estimated_peak_bytes'] / 2**30:5.1f} GiB   ({r['request']})"
+        )
 
 
 if __name__ == "__main__":
