@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -10,7 +11,13 @@ import torch
 from memwarden.analyze.timeline import summary
 from memwarden.errors import InputError
 from memwarden.models import zoo
-from memwarden.runtime.prune import METHODS, PruningUnsupportedError, VisualTokenPruner, kept_count
+from memwarden.runtime.prune import (
+    METHODS,
+    PruningUnsupportedError,
+    VisualTokenPruner,
+    kept_count,
+    unsupported_reason,
+)
 from memwarden.trace.capture import Capture
 
 SUPPORTED = ("llava", "paligemma", "gemma3", "idefics3")
@@ -173,8 +180,14 @@ def test_text_only_request_is_left_alone(models):
     [("qwen2-vl", "image_grid_thw"), ("qwen2.5-vl", "image_grid_thw"), ("qwen2-audio", "audio")],
 )
 def test_unsupported_architectures_say_why(name, why):
+    model = zoo.build_model(name)
+    assert why in unsupported_reason(model)
     with pytest.raises(PruningUnsupportedError, match=why):
-        VisualTokenPruner(zoo.build_model(name))
+        VisualTokenPruner(model)
+
+
+def test_supported_architectures_have_no_reason(models):
+    assert all(unsupported_reason(m) is None for m in models.values())
 
 
 def test_wrapper_is_removed_when_generate_fails(models):
@@ -185,3 +198,27 @@ def test_wrapper_is_removed_when_generate_fails(models):
         assert "get_image_features" in vars(model.model)
         raise RuntimeError("boom")
     assert "get_image_features" not in vars(model.model)
+
+
+def test_a_callers_own_wrapper_survives(models):
+    """Another instance-level wrapper of get_image_features (a caller's) is used inside and restored after."""
+    model = models["llava"]
+    inner = model.model
+    calls = []
+    original = inner.get_image_features
+
+    @functools.wraps(original)  # generate() reads the signature
+    def theirs(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    inner.get_image_features = theirs
+    try:
+        pruner = VisualTokenPruner(model)
+        request = pruner.prune(zoo.make_inputs(model), 0.5, method="fastv")
+        assert calls and vars(inner)["get_image_features"] is theirs
+        with pruner.applied(request):
+            _generate(model, "llava", request.inputs, new_tokens=1)
+        assert vars(inner)["get_image_features"] is theirs
+    finally:
+        del inner.get_image_features

@@ -62,6 +62,7 @@ __all__ = [
     "PruningUnsupportedError",
     "VisualTokenPruner",
     "kept_count",
+    "unsupported_reason",
 ]
 
 Method = Literal["summary", "diverse", "fastv", "random"]
@@ -124,7 +125,7 @@ class PrunedRequest:
     removed_tokens: int  # placeholders removed per row
     scores: tuple[torch.Tensor, ...] = field(default=(), repr=False)  # each (n_i,) importance, float32
     # Features of the kept tokens, computed while scoring, served to the generate call instead of
-    # encoding the image again. Keyed by the pixel tensor they came from (identity).
+    # encoding the image again, to a call with the same pixel tensor (same memory and layout).
     _features: Any = field(default=None, repr=False, compare=False)
     _pixels: Any = field(default=None, repr=False, compare=False)
 
@@ -133,18 +134,27 @@ class PrunedRequest:
         return self.removed_tokens == 0
 
 
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why ``model``'s requests cannot be pruned, or None when they can (for the degradation ladder
+    to skip this step without trying it)."""
+    family = getattr(getattr(model, "config", None), "model_type", None)
+    if family in _UNSUPPORTED:
+        return f"visual-token pruning does not support {family}: {_UNSUPPORTED[family]}"
+    inner = getattr(model, "model", None)
+    if family not in _SUPPORTED or not callable(getattr(inner, "get_image_features", None)):
+        return f"visual-token pruning does not support model type {family!r}; supported: {', '.join(_SUPPORTED)}"
+    return None
+
+
 class VisualTokenPruner:
     """Prunes the visual tokens of requests to one transformers VLM (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, *, fastv_layer: int = 2, seed: int = 0) -> None:
-        family = getattr(getattr(model, "config", None), "model_type", None)
-        if family in _UNSUPPORTED:
-            raise PruningUnsupportedError(f"visual-token pruning does not support {family}: {_UNSUPPORTED[family]}")
-        inner: Any = getattr(model, "model", None)  # the transformers *Model under *ForConditionalGeneration
-        if family not in _SUPPORTED or not callable(getattr(inner, "get_image_features", None)):
-            raise PruningUnsupportedError(
-                f"visual-token pruning does not support model type {family!r}; supported: {', '.join(_SUPPORTED)}"
-            )
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise PruningUnsupportedError(reason)
+        family = str(getattr(model.config, "model_type", ""))
+        inner: Any = model.model  # the transformers *Model under *ForConditionalGeneration
         if fastv_layer < 0:
             raise InputError(f"fastv_layer must be >= 0; got {fastv_layer}")
         self.model = model
@@ -229,12 +239,8 @@ class VisualTokenPruner:
                 return request._features
             return self._select(original(*args, **kwargs), request.kept)
 
-        self.inner.get_image_features = get_image_features
-        try:
+        with _installed(self.inner, get_image_features):
             yield
-        finally:
-            if "get_image_features" in vars(self.inner):
-                del self.inner.get_image_features
 
     # -- scoring -----------------------------------------------------------------------------
     def _score(
@@ -284,14 +290,12 @@ class VisualTokenPruner:
 
         attn = self.language_model.layers[self.fastv_layer].self_attn
         handle = attn.register_forward_pre_hook(stop_at_attention, with_kwargs=True)
-        self.inner.get_image_features = stash
         try:
-            with torch.no_grad():
+            with _installed(self.inner, stash), torch.no_grad():
                 self.inner(**{k: v for k, v in inputs.items() if k != "labels"}, use_cache=False)
         except _Stop:
             pass
         finally:
-            del self.inner.get_image_features
             handle.remove()
         if "features" not in seen or "hidden" not in seen:
             raise PruningUnsupportedError(
@@ -343,6 +347,21 @@ class VisualTokenPruner:
         # A fresh output object without the vision tower's hidden states, which would otherwise stay
         # alive until generate() returns.
         return type(output)(pooler_output=selected) if hasattr(output, "pooler_output") else selected
+
+
+@contextlib.contextmanager
+def _installed(inner: Any, get_image_features: Any) -> Iterator[None]:
+    """``inner.get_image_features`` replaced on the instance for the block; whatever the instance had
+    before (the class's method, or another wrapper, e.g. a caller's) is back afterwards."""
+    before = vars(inner).get("get_image_features")
+    inner.get_image_features = get_image_features
+    try:
+        yield
+    finally:
+        if before is None:
+            vars(inner).pop("get_image_features", None)
+        else:
+            inner.get_image_features = before
 
 
 def _slim(output: Any) -> Any:
