@@ -44,5 +44,9 @@ def write_report(
 
         findings = diagnose(trace)
     sections, markers = diagnosis_sections(trace, findings) if findings is not None else ([], [])
+    markers = list(markers) + [  # governor decisions and budget changes noted during the capture
+        {"time_us": a.get("time_us", 0), "label": f"{a.get('kind', '')}: {a.get('label', '')}", "severity": "info"}
+        for a in trace.metadata.get("annotations", []) if isinstance(a, dict)
+    ]  # fmt: skip
     png = heatmap_for(trace) if heatmap else None
     return write_html(trace, path, title=title, extra_sections=sections, markers=markers, heatmap_png=png)

@@ -231,6 +231,23 @@ class BlockPool:
             if b.ref_count == 0:
                 self.free.append(b)
 
+    def cached_by_recency(self) -> list[BlockHash]:
+        """Hashes of the free cached blocks, least recently used first (the eviction order)."""
+        return [b.hash for b in self.free if b.hash is not None]
+
+    def restore(self, hashes: Sequence[BlockHash], stats_from: BlockPool | None = None) -> None:
+        """On a fresh pool: blocks ``0..len(hashes)-1`` hold ``hashes`` (LRU first). Unhashed blocks
+        go to the head of the free queue so that they are handed out before any cached content."""
+        if self.tables or len(hashes) > len(self.blocks):
+            raise ValueError("restore needs a fresh pool with room for every hash")
+        order = self.blocks[len(hashes) :] + self.blocks[: len(hashes)]
+        for b, h in zip(self.blocks, hashes, strict=False):
+            b.hash = h
+            self.cached[h] = b
+        self.free = FreeQueue(order)
+        if stats_from is not None:
+            self.hits, self.misses, self.evictions = stats_from.hits, stats_from.misses, stats_from.evictions
+
     def check(self) -> None:
         """Invariants (for tests): ref counts match tables, free ⇔ unreferenced, cache is consistent."""
         refs = {b.block_id: 0 for b in self.blocks}

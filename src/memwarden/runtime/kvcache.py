@@ -94,6 +94,43 @@ class KVPool:
     def values(self, layer: int) -> torch.Tensor:
         return self.data[1, layer]
 
+    def resized(self, num_blocks: int, swap_dir: str) -> KVPool:
+        """A pool of ``num_blocks`` keeping the most recently used cached blocks that fit.
+
+        Between requests only (no sequence holds blocks). The kept blocks go through a file
+        in ``swap_dir`` — the lower tier — so that the old and the new pool are never in memory
+        together: the peak of a resize is the larger pool plus one block, which is what lets
+        the session shrink under a budget that just fell below old + new.
+        """
+        import os
+        import tempfile
+
+        if self.blocks.tables:
+            raise RuntimeError("cannot resize the KV pool while sequences hold blocks")
+        keep = self.blocks.cached_by_recency()[-num_blocks:] if num_blocks > 0 else []
+        ids = [self.blocks.cached[h].block_id for h in keep]
+        bs = self.spec.block_size
+        fd, path = tempfile.mkstemp(prefix="kv-swap-", suffix=".bin", dir=swap_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for i in ids:  # one block's (2, L, H, bs, D) at a time
+                    f.write(self.data[:, :, :, i * bs : (i + 1) * bs].contiguous().view(torch.uint8).numpy().tobytes())
+            device = self.data.device
+            old_blocks = self.blocks
+            del self.data  # the old pool is gone before the new one exists
+            new = KVPool(self.spec, max(1, num_blocks), device=device)
+            shape = (2, self.spec.num_layers, self.spec.num_kv_heads, bs, self.spec.head_dim)
+            block_bytes = new.data[:, :, :, :bs].numel() * new.data.element_size()
+            with open(path, "rb") as f:
+                for j in range(len(ids)):
+                    raw = torch.frombuffer(bytearray(f.read(block_bytes)), dtype=torch.uint8)
+                    new.data[:, :, :, j * bs : (j + 1) * bs].copy_(raw.view(self.spec.dtype).view(shape))
+            new.blocks.restore(keep, stats_from=old_blocks)
+            new.blocks.evictions += len(old_blocks.cached) - len(keep)
+            return new
+        finally:
+            os.unlink(path)
+
     def copy_block(self, src: int, dst: int) -> None:
         bs = self.spec.block_size
         self.data[:, :, :, dst * bs : (dst + 1) * bs].copy_(self.data[:, :, :, src * bs : (src + 1) * bs])

@@ -134,6 +134,7 @@ class GovernedSession:
         encoder_cache: bool | Any = True,
         encoder_cache_bytes: int = 64 * 1024**2,
         max_wait_s: float = 30.0,
+        swap_dir: str | None = None,
         degrader: Callable[[GovernedSession, dict[str, Any], Decision], dict[str, Any] | None] | None = None,
         on_decision: Callable[[Decision], None] | None = None,
     ) -> None:
@@ -142,6 +143,10 @@ class GovernedSession:
         self.device_profile = device_profile
         self._budget_source = None if isinstance(budget, (str, int)) else budget
         self._fixed_budget = parse_bytes(budget) if isinstance(budget, (str, int)) else None
+        self.kv_fraction = kv_fraction
+        self._user_blocks = num_kv_blocks
+        self.swap_dir = swap_dir
+        self.events: list[dict[str, Any]] = []  # budget changes, pool resizes, degradations: what and why
         self.prefix_reuse = prefix_reuse
         self.max_wait_s = max_wait_s
         self.degrader = degrader
@@ -149,6 +154,7 @@ class GovernedSession:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self.records: list[RequestRecord] = []
+        self._request_tensors: list[torch.Tensor] = []
         self.conversations: dict[str, _Conversation] = {}
 
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
@@ -157,12 +163,7 @@ class GovernedSession:
         self.weights_bytes = state_bytes(model)
         budget_now = self.budget_bytes
         if num_kv_blocks is None:
-            spare = budget_now - self.weights_bytes
-            num_kv_blocks = self.spec.blocks_for_bytes(int(spare * kv_fraction))
-            # More than a few full-length sequences of KV is memory no request can use.
-            text = model.config.get_text_config(decoder=True)
-            max_tokens = _POOL_SEQUENCES * int(getattr(text, "max_position_embeddings", 0) or 4096)
-            num_kv_blocks = min(num_kv_blocks, self.pool_blocks_for_tokens(max_tokens))
+            num_kv_blocks = self._pool_blocks_for(budget_now)
         if num_kv_blocks < 1:
             raise BudgetError(
                 f"a budget of {format_bytes(budget_now)} does not hold the weights ({format_bytes(self.weights_bytes)}) "
@@ -178,6 +179,80 @@ class GovernedSession:
 
     def pool_blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.spec.block_size)
+
+    def _pool_blocks_for(self, budget_bytes: int) -> int:
+        """Default pool size under a budget: ``kv_fraction`` of what the weights leave, capped at a
+        few sequences of the model's full context (more is memory no request can use)."""
+        spare = budget_bytes - self.weights_bytes
+        blocks = self.spec.blocks_for_bytes(int(spare * self.kv_fraction))
+        text = self.model.config.get_text_config(decoder=True)
+        max_tokens = _POOL_SEQUENCES * int(getattr(text, "max_position_embeddings", 0) or 4096)
+        return min(blocks, self.pool_blocks_for_tokens(max_tokens))
+
+    def _note(self, kind: str, label: str, **details: Any) -> None:
+        """Record a decision in the session's log and on the timeline of a running capture."""
+        from memwarden.trace.capture import annotate
+
+        self.events.append({"t_s": time.monotonic(), "kind": kind, "label": label, **details})
+        annotate(kind, label, **details)
+
+    def set_budget(self, budget: str | int) -> None:
+        """A new fixed budget (a squeeze, or the user's): the pool follows before the next request."""
+        self._fixed_budget = parse_bytes(budget)
+        self._note("budget", f"budget set to {format_bytes(self._fixed_budget)}", budget_bytes=self._fixed_budget)
+        self.follow_budget()
+
+    def on_telemetry(self, sample: Any, *, in_use_bytes: int | None = None) -> int:
+        """Feed one telemetry sample to the session's budget controller (created on first use,
+        capped at the fixed budget); returns the budget it implies.
+
+        ``in_use_bytes``: what the session holds that the sample's available memory already
+        excludes — by default all it holds (live telemetry of this process's device); pass 0
+        when replaying a log recorded without this session."""
+        from memwarden.runtime.budget import BudgetController
+        from memwarden.runtime.telemetry import TelemetrySample
+
+        if not isinstance(sample, TelemetrySample):  # a foreign sample: map the usual field names
+            sample = TelemetrySample(
+                t_s=float(getattr(sample, "t_s", getattr(sample, "time_s", time.monotonic()))),
+                mem_total_bytes=getattr(sample, "mem_total_bytes", None),
+                mem_available_bytes=getattr(sample, "mem_available_bytes", None),
+                temp_c=getattr(sample, "temp_c", getattr(sample, "temperature_c", None)),
+                power_w=getattr(sample, "power_w", None),
+                fps=getattr(sample, "fps", None),
+            )
+        if self._budget_source is None or not hasattr(self._budget_source, "update"):
+            self._budget_source = BudgetController(cap_bytes=self._fixed_budget)
+        before = self.budget_bytes
+        self._budget_source.update(sample, in_use_bytes=self.held_bytes if in_use_bytes is None else in_use_bytes)
+        after = self.budget_bytes
+        if after != before:
+            self._note("budget", f"telemetry: budget {format_bytes(before)} -> {format_bytes(after)}",
+                       budget_bytes=after, temp_c=sample.temp_c, power_w=sample.power_w, fps=sample.fps)  # fmt: skip
+            self.follow_budget()
+        return after
+
+    def follow_budget(self) -> None:
+        """Resize the KV pool to the current budget (between requests), through the swap tier."""
+        if self._lock.locked() and self.pool.blocks.tables:
+            return  # a request is running; the next one re-checks
+        budget = self.budget_bytes
+        want = self._pool_blocks_for(budget) if self._user_blocks is None else self._user_blocks
+        have = self.pool.num_blocks
+        over = self.held_bytes > budget
+        if self._user_blocks is not None and not over:
+            return
+        if over:  # shrink until what the session holds fits, keeping room for activations
+            want = min(want, self._pool_blocks_for(budget))
+        if want < 1:
+            self._note("degrade", "budget below the weights plus one KV block: nothing left to shrink",
+                       budget_bytes=budget, weights_bytes=self.weights_bytes)  # fmt: skip
+            return
+        if want == have or (not over and abs(want - have) < max(1, have // 10)):
+            return  # within 10%: not worth a resize
+        if self.encoder_cache is not None and over:
+            self.encoder_cache.store.clear()
+        self._resize_pool(want, budget, "follow the budget")
 
     # -- budget ---------------------------------------------------------------------------
 
@@ -253,7 +328,11 @@ class GovernedSession:
         """Predicted peak bytes of ``generate(input_ids, ...)`` now (cache state included), without running it."""
         ids = input_ids[0].tolist()
         items, reuse, media_in = self._plan_reuse(ids, inputs)
-        return self._predict(input_ids[:, reuse:], media_in, reuse, max_new_tokens)
+        self._request_tensors = [input_ids] + [v for v in inputs.values() if isinstance(v, torch.Tensor)]
+        try:
+            return self._predict(input_ids[:, reuse:], media_in, reuse, max_new_tokens)
+        finally:
+            self._request_tensors = []  # never keep a caller's tensors alive
 
     def _plan_reuse(self, ids: list[int], inputs: dict[str, Any]) -> tuple[list[Any], int, dict[str, Any]]:
         """(media items, reused prefix tokens, media tensors the model must still see)."""
@@ -269,6 +348,10 @@ class GovernedSession:
         return items, reuse, media_in
 
     def _serve(self, input_ids: torch.Tensor, inputs: dict[str, Any], max_new_tokens: int) -> torch.Tensor:
+        poll = getattr(self._budget_source, "poll", None)
+        if callable(poll):
+            poll()
+        self.follow_budget()
         with self._lock:
             return self._serve_locked(input_ids, inputs, max_new_tokens)
 
@@ -278,11 +361,17 @@ class GovernedSession:
         streamer = _FirstToken(inputs.pop("streamer", None))
         ids = input_ids[0].tolist()
         bs = self.spec.block_size
-        items, reuse, media_in = self._plan_reuse(ids, inputs)
-        extras = media_mod.block_extras(items, len(ids), bs)
+        self._request_tensors = [input_ids] + [v for v in inputs.values() if isinstance(v, torch.Tensor)]
         media_keys = {k for m in media_mod.MEDIA_KEYS.values() for k in m}
         passthrough = {k: v for k, v in inputs.items() if k not in media_keys and k != "attention_mask"}
-        decision = self._admit(input_ids[:, reuse:], media_in, reuse, max_new_tokens)
+        changes: list[str] = []
+        start = time.perf_counter()
+        while True:  # admission: each pass either admits or makes one change and plans again
+            items, reuse, media_in = self._plan_reuse(ids, inputs)
+            decision = self._admit(input_ids[:, reuse:], media_in, reuse, max_new_tokens, changes, start)
+            if decision is not None:
+                break
+        extras = media_mod.block_extras(items, len(ids), bs)
 
         seq_id = f"seq-{next(self._ids)}"
         alloc = self.pool.blocks.allocate(seq_id, ids, extras, register=False, max_hit_blocks=reuse // bs)
@@ -301,6 +390,7 @@ class GovernedSession:
             self.pool.blocks.commit(seq_id, written, media_mod.block_extras(items, len(written), bs))
         finally:
             self.pool.blocks.free_sequence(seq_id)
+            self._request_tensors = []
         t1 = time.perf_counter()
         self.records.append(RequestRecord(
             prompt_tokens=len(ids), reused_tokens=reuse, new_tokens=out.shape[1] - len(ids), media_items=len(items),
@@ -312,43 +402,78 @@ class GovernedSession:
     # -- admission ------------------------------------------------------------------------
 
     def _predict(self, new_ids: torch.Tensor, media_in: dict[str, Any], reuse: int, max_new_tokens: int) -> int:
-        return self.held_bytes + self.predictor.request_bytes(new_ids, media_in, reuse, max_new_tokens)
+        # The request's own tensors (ids, pixels, audio features) are alive throughout: count them.
+        request_bytes = sum(t.numel() * t.element_size() for t in self._request_tensors)
+        return self.held_bytes + request_bytes + self.predictor.request_bytes(new_ids, media_in, reuse, max_new_tokens)
 
-    def _admit(self, new_ids: torch.Tensor, media_in: dict[str, Any], reuse: int, max_new_tokens: int) -> Decision:
+    def _admit(self, new_ids: torch.Tensor, media_in: dict[str, Any], reuse: int, max_new_tokens: int,
+               changes: list[str], start: float) -> Decision | None:  # fmt: skip
+        """A decision, or None after one change that needs the request planned again.
+
+        The ladder, cheapest first: drop cached encoder outputs; move cached KV blocks the
+        request does not need to the swap tier (shrink the pool); wait for a moving budget to
+        rise; refuse with the reason — never start a request predicted not to fit.
+        """
         total_tokens = reuse + new_ids.shape[1] + max_new_tokens
-        if self.pool.blocks.blocks_needed(total_tokens) > self.pool.num_blocks:
+        need_blocks = self.pool.blocks.blocks_needed(total_tokens)
+        if need_blocks > self.pool.num_blocks and self._user_blocks is not None:
             raise AdmissionError(
                 f"the request needs {total_tokens} tokens of KV cache, the pool holds "
                 f"{self.pool.num_blocks * self.spec.block_size}: shorten it or give the session more KV blocks"
             )
+        budget = self.budget_bytes
         predicted = self._predict(new_ids, media_in, reuse, max_new_tokens)
-        decision = Decision(action="admit", predicted_peak_bytes=predicted, budget_bytes=self.budget_bytes,
-                            reason="predicted peak within the budget")  # fmt: skip
-        start = time.perf_counter()
-        while predicted > self.budget_bytes:
+        if need_blocks > self.pool.num_blocks:  # a long request on a pool sized for less: grow it if the budget allows
+            grown = predicted + (need_blocks - self.pool.num_blocks) * self.spec.page_size_bytes
+            if grown <= budget:
+                self._resize_pool(need_blocks, budget, "grow the KV pool to hold the request")
+                changes.append(f"grew the KV pool to {need_blocks} blocks")
+                return None
+            raise AdmissionError(
+                f"the request needs {total_tokens} tokens of KV cache ({format_bytes(grown - predicted)} more than the "
+                f"pool holds) and the budget {format_bytes(budget)} has no room for them"
+            )
+        if predicted > budget:
             if self.encoder_cache is not None and getattr(self.encoder_cache.store, "nbytes", 0):
                 self.encoder_cache.store.clear()
-                decision.changes.append("dropped cached encoder outputs")
-                predicted = self._predict(new_ids, media_in, reuse, max_new_tokens)
-                continue
+                changes.append("dropped cached encoder outputs")
+                return None
+            spare_blocks = self.pool.num_blocks - need_blocks
+            if spare_blocks > 0:
+                page = self.spec.page_size_bytes
+                drop = min(spare_blocks, -(-(predicted - budget) // page))
+                self._resize_pool(self.pool.num_blocks - drop, budget, "predicted peak above the budget")
+                changes.append(f"moved {drop} KV blocks' worth of cache to the swap tier")
+                return None
             if self._budget_source is not None and time.perf_counter() - start < self.max_wait_s:
-                decision.action = "wait"
-                decision.reason = "predicted peak above the current budget: waiting for it to rise"
                 time.sleep(0.01)
-                update = getattr(self._budget_source, "poll", None)
-                if callable(update):
-                    update()
-                continue
+                poll = getattr(self._budget_source, "poll", None)
+                if callable(poll):
+                    poll()
+                if "waited for the budget" not in changes:
+                    changes.append("waited for the budget")
+                return None
             raise AdmissionError(
-                f"predicted peak {format_bytes(predicted)} exceeds the budget {format_bytes(self.budget_bytes)}"
-                " and no change makes it fit"
+                f"predicted peak {format_bytes(predicted)} exceeds the budget {format_bytes(budget)} even with the "
+                "KV pool at the request's size: raise the budget, quantize (memwarden.quantize) or stream the weights"
             )
-        decision.predicted_peak_bytes = predicted
-        decision.budget_bytes = self.budget_bytes
-        decision.waited_s = time.perf_counter() - start
+        action = "wait" if "waited for the budget" in changes else ("degrade" if changes else "admit")
+        reason = "predicted peak within the budget" + (" after: " + "; ".join(changes) if changes else "")
+        decision = Decision(action=action, predicted_peak_bytes=predicted, budget_bytes=budget, reason=reason,
+                            changes=list(changes), waited_s=time.perf_counter() - start)  # fmt: skip
+        self._note("admit", f"{action}: predicted {format_bytes(predicted)} of {format_bytes(budget)}",
+                   budget_bytes=budget, predicted_peak_bytes=predicted, changes=list(changes))  # fmt: skip
         if self.on_decision is not None:
             self.on_decision(decision)
         return decision
+
+    def _resize_pool(self, blocks: int, budget: int, why: str) -> None:
+        import tempfile
+
+        have = self.pool.num_blocks
+        self.pool = self.pool.resized(blocks, self.swap_dir or tempfile.gettempdir())
+        self._note("kv-pool", f"KV pool {have} -> {blocks} blocks ({format_bytes(self.pool.nbytes)}): {why}",
+                   budget_bytes=budget, blocks=blocks, kept_cached_blocks=len(self.pool.blocks.cached))  # fmt: skip
 
     # -- reporting ------------------------------------------------------------------------
 
@@ -369,6 +494,7 @@ class GovernedSession:
             "encoder_hits": enc.hits if enc else 0,
             "encoder_misses": enc.misses if enc else 0,
             "meta_predictions": self.predictor.meta_runs,
+            "events": list(self.events),
             "requests": [r.to_json() for r in self.records],
         }
 

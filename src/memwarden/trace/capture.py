@@ -285,6 +285,7 @@ class Capture:
             self._log.preexisting(t, self._maps)
         self._native.start(self.record_ops)
         self._active = True
+        _ACTIVE.append(self)
         for info in self._modules:
             module = info.ref()
             if module is not None and info.is_boundary:
@@ -324,6 +325,8 @@ class Capture:
                 raise RuntimeError("capture was never started")
             return self.trace
         self._active = False
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
         for h in self._handles + self._module_handles:
             h.remove()
         self._handles, self._module_handles = [], []
@@ -363,9 +366,20 @@ class Capture:
         return self.trace
 
 
+_ACTIVE: list[Capture] = []  # running captures, innermost last
+
+
+def annotate(kind: str, label: str, **details: Any) -> None:
+    """Note an event (a governor decision, a budget change) on the running capture's timeline;
+    it lands in ``trace.metadata["annotations"]`` and on the report's timeline. No-op without one."""
+    for cap in _ACTIVE:
+        t_us = max(0, (cap._now() - cap._t0) // 1000)
+        cap.metadata.setdefault("annotations", []).append({"time_us": int(t_us), "kind": kind, "label": label, **details})
+
+
 def capture(**kwargs: Any) -> Capture:
     """``with memwarden.capture() as cap: ...`` then ``cap.trace``."""
     return Capture(**kwargs)
 
 
-__all__ = ["Capture", "capture"]
+__all__ = ["Capture", "annotate", "capture"]

@@ -1,0 +1,100 @@
+"""A GovernedSession following a moving budget: a replayed thermal event halves it mid-conversation,
+the KV pool shrinks through the swap tier and grows back, no request fails, outputs stay exact,
+and the live bytes a capture measures stay under the budget in force."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from memwarden.demo import DemoConfig, conversation_inputs
+from memwarden.models import zoo
+from memwarden.runtime.scaled import scaled_replay
+from memwarden.runtime.session import GovernedSession, state_bytes
+from memwarden.runtime.telemetry import load_log
+from memwarden.trace.capture import Capture
+from memwarden.trace.model import Action, Category
+
+THERMAL = Path(__file__).parent.parent / "examples" / "telemetry" / "thermal_event.jsonl"
+
+
+def _live_bytes(trace) -> tuple[np.ndarray, np.ndarray]:
+    """Live bytes over time: the model's weights (alive before the capture) and everything allocated
+    during it; other tensors alive before it are the test's own (expected outputs), not the session's."""
+    ev = trace.events
+    act = ev["action"]
+    model_state = np.isin(ev["category"], [int(Category.WEIGHT), int(Category.BUFFER)])
+    born = (act == int(Action.ALLOC)) | ((act == int(Action.PREEXISTING)) & model_state)
+    theirs = ev["tensor"][(act == int(Action.PREEXISTING)) & ~model_state]
+    died = (act == int(Action.FREE)) & ~np.isin(ev["tensor"], theirs)
+    sign = np.where(born, 1, np.where(died, -1, 0))
+    return ev["time_us"].astype(np.int64), np.cumsum(sign * ev["nbytes"].astype(np.int64))
+
+
+def _budget_in_force(annotations, times_us):
+    """Budget the session had conformed to at each time: set where it admitted a request or resized its
+    pool (a telemetry drop takes effect at the resize that follows it)."""
+    points = sorted((a["time_us"], a["budget_bytes"]) for a in annotations if a["kind"] in ("admit", "kv-pool"))
+    t = np.array([p[0] for p in points])
+    b = np.array([p[1] for p in points])
+    idx = np.searchsorted(t, times_us, side="right") - 1
+    return np.where(idx >= 0, b[np.clip(idx, 0, None)], np.iinfo(np.int64).max)
+
+
+@pytest.mark.parametrize("name", ["llava", "qwen2-audio"])
+def test_thermal_event_halves_the_budget_and_nothing_fails(name):
+    model = zoo.build_model(name, "tiny")
+    gk = zoo.generate_kwargs(name)
+    samples, controller = scaled_replay(load_log(THERMAL), 4 * state_bytes(model))
+    controller.update(samples[0])
+    config = DemoConfig(model=name, size="tiny", turns=8)
+    per_turn = len(samples) // config.turns
+    budgets = []
+    with torch.inference_mode():  # plain transformers' answers, computed outside the measurement
+        expected = [model.generate(**conversation_inputs(model, config, turn), max_new_tokens=config.new_tokens, **gk)
+                    for turn in range(config.turns)]  # fmt: skip
+    with Capture() as cap, torch.inference_mode():
+        session = GovernedSession(model, budget=controller)
+        for turn in range(config.turns):
+            for sample in samples[turn * per_turn : (turn + 1) * per_turn]:
+                session.on_telemetry(sample, in_use_bytes=0)  # a recorded log: it never saw this session
+            inputs = conversation_inputs(model, config, turn)  # the request's tensors count: made in the capture
+            out = session.generate(**inputs, max_new_tokens=config.new_tokens, **gk)
+            del inputs
+            budgets.append(session.budget_bytes)
+            assert torch.equal(out, expected[turn])
+    assert len(session.records) == config.turns  # no request failed or was lost
+    assert min(budgets) <= 0.55 * budgets[0] and budgets[-1] >= 0.9 * budgets[0]  # halved, then recovered
+    kinds = [e["kind"] for e in session.events]
+    assert "kv-pool" in kinds and "budget" in kinds
+    sizes = [e["blocks"] for e in session.events if e["kind"] == "kv-pool"]
+    assert min(sizes) < sizes[0] and sizes[-1] > min(sizes)  # shrank and grew back
+    assert sum(r.reused_tokens for r in session.records[1:]) > 0  # cached prefixes survived the resizes
+    annotations = cap.trace.metadata["annotations"]
+    times, live = _live_bytes(cap.trace)
+    first_admit = min(a["time_us"] for a in annotations if a["kind"] == "admit")
+    after = times >= first_admit
+    limit = _budget_in_force(annotations, times)
+    assert np.all(live[after] <= limit[after]), int((live[after] - limit[after]).max())
+
+
+def test_squeeze_shrinks_the_pool_and_keeps_recent_prefixes():
+    model = zoo.build_model("llava", "tiny")
+    gk = zoo.generate_kwargs("llava")
+    weights = state_bytes(model)
+    session = GovernedSession(model, budget=weights * 4)
+    config = DemoConfig(size="tiny", turns=3)
+    with torch.inference_mode():
+        session.generate(**conversation_inputs(model, config, 0), max_new_tokens=config.new_tokens, **gk)
+        blocks_before = session.pool.num_blocks
+        session.set_budget(int(weights * 1.5))
+        assert session.pool.num_blocks < blocks_before
+        assert session.held_bytes <= weights * 1.5
+        inputs = conversation_inputs(model, config, 1)
+        out = session.generate(**inputs, max_new_tokens=config.new_tokens, **gk)
+    assert torch.equal(out, model.generate(**inputs, max_new_tokens=config.new_tokens, **gk))
+    assert session.records[-1].reused_tokens > 0
+    session.pool.blocks.check()
