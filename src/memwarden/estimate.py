@@ -123,28 +123,57 @@ def resolve_model(model: str) -> ResolvedModel:
     )
 
 
+_MAX_CONFIG_BYTES = 4 * 1024**2  # real config.json files are a few KiB
+# Sizes beyond any real model: a config declaring them would make the meta run take hours.
+_SIZE_LIMITS = {
+    "num_hidden_layers": 1024, "num_layers": 1024, "hidden_size": 1 << 17, "intermediate_size": 1 << 19,
+    "vocab_size": 1 << 24, "num_attention_heads": 4096, "num_key_value_heads": 4096, "image_size": 1 << 15,
+    "head_dim": 1 << 14, "num_mel_bins": 1 << 12,
+}  # fmt: skip
+
+
+def _check_sizes(data: Any, path: Path, depth: int = 0) -> None:
+    if depth > 8:
+        raise InputError(f"{path}: config nested deeper than any real one")
+    if isinstance(data, dict):
+        for key, value in data.items():
+            limit = _SIZE_LIMITS.get(key)
+            if limit is not None and value is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
+                    raise InputError(f"{path}: {key} = {str(value)[:40]} is not a size this tool accepts (1..{limit})")
+            if isinstance(value, (dict, list)):
+                _check_sizes(value, path, depth + 1)
+    elif isinstance(data, list):
+        for value in data[:4096]:
+            _check_sizes(value, path, depth + 1)
+
+
 def _from_file(path: Path, name: str) -> ResolvedModel:
     import transformers
 
     from memwarden.models import zoo
 
     try:
+        if path.stat().st_size > _MAX_CONFIG_BYTES:
+            raise InputError(f"{path}: {path.stat().st_size} bytes is not a config.json (limit {_MAX_CONFIG_BYTES})")
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not a readable config.json ({exc.__class__.__name__}: {exc})") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSON, huge ints
+        raise InputError(f"{path}: not a readable config.json ({exc.__class__.__name__}: {str(exc)[:200]})") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: not a config.json (the top level is not an object)")
     data = {k: v for k, v in data.items() if not k.startswith("_memwarden")}
     family = data.get("model_type")
     families = {zoo.spec(n).family: zoo.spec(n).model_class for n in zoo.NAMES}
-    if family not in families:
+    if not isinstance(family, str) or family not in families:
         raise InputError(f"{path}: model_type {family!r} is not supported; supported: {', '.join(sorted(families))}")
+    _check_sizes(data, path)
     try:
         config = transformers.CONFIG_MAPPING[family].from_dict(data)
     except Exception as exc:  # a config transformers rejects
-        raise InputError(f"{path}: transformers cannot read this config ({exc.__class__.__name__}: {exc})") from None
-    archs = data.get("architectures") or []
-    model_class = archs[0] if archs and hasattr(transformers, str(archs[0])) else families[family]
+        raise InputError(f"{path}: transformers cannot read this config ({exc.__class__.__name__}: {str(exc)[:200]})") from None
+    archs = data.get("architectures")
+    archs = archs if isinstance(archs, list) and all(isinstance(a, str) for a in archs) else []
+    model_class = archs[0] if archs and hasattr(transformers, archs[0]) else families[family]
     return ResolvedModel(name, config, model_class, str(path))
 
 
