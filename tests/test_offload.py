@@ -40,6 +40,8 @@ def test_greedy_tokens_equal_while_streaming(name: str, tmp_path) -> None:
         assert len(streamed) >= 2
         assert any("language_model" in n or n == "lm_head" for n in streamed)  # decode steps stream too
         assert torch.equal(_generate(model, inputs, name), expected)
+        with pytest.raises(ValueError, match="already streamed"):
+            stream_weights(model, budget_bytes, tmp_path / "again")
         # after the first step, the next group is already in its slot (or still there)
         stats = streamer.stats
         assert stats.prefetch_hits + stats.reuses > stats.sync_loads

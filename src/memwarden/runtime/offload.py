@@ -24,7 +24,7 @@ Why the details are what they are:
 - Streamed parameters get ``requires_grad=False``: a backward pass would read slots that later
   groups have overwritten. Streaming is for inference; :meth:`WeightStreamer.detach` restores all.
 - Groups are single modules, not decoder layers: small slots leave more budget to resident
-  weights, and a group just copied is still in cache when it computes (bench_offload.py compares).
+  weights, and each copy is read back while it is likely still cached (bench_offload.py compares).
 
 CPU only for now: the staging slots are host memory and the model computes on the CPU.
 """
@@ -256,6 +256,8 @@ class WeightStreamer:
     ) -> None:
         if any(p.device.type != "cpu" for p in model.parameters()):
             raise NotImplementedError("weight streaming runs CPU models only (the staging slots are host memory)")
+        if getattr(model, "_memwarden_streamer", None) is not None:  # its weights are placeholders now
+            raise ValueError("this model's weights are already streamed; detach() that streamer first")
         self.model = model
         self.placement = placement
         self.prefetch = prefetch
@@ -297,6 +299,7 @@ class WeightStreamer:
             g.hooks.append(module.register_forward_pre_hook(partial(self._pre_hook, i)))
             g.hooks.append(module.register_forward_hook(partial(self._post_hook, i), always_call=True))
         self._attached = True
+        model._memwarden_streamer = self  # type: ignore[assignment]
 
     def _write(self, name: str, params: list[tuple[str, torch.nn.Parameter]]) -> _Group:
         path = self.offload_dir / f"{name or 'model'}.safetensors"
@@ -331,8 +334,6 @@ class WeightStreamer:
         group.anchor = ctypes.c_char.from_buffer(group.mapping)
         group.base_address = ctypes.addressof(group.anchor)
         return group
-
-    # -- hooks ----------------------------------------------------------------------------
 
     def _pre_hook(self, index: int, module: torch.nn.Module, args: Any) -> None:
         if index in self._active:  # a group re-entered from inside itself
@@ -375,8 +376,6 @@ class WeightStreamer:
             t.param.data = t.placeholder
         self._slots[state[0]].in_use = False
         self._last_group = index
-
-    # -- slots ----------------------------------------------------------------------------
 
     def _slot_holding(self, index: int) -> int | None:
         return next((slot for slot, state in enumerate(self._slots) if state.content == index), None)
@@ -473,6 +472,7 @@ class WeightStreamer:
         self._active.clear()
         self._close_files(delete=delete_files)
         self._attached = False
+        self.model._memwarden_streamer = None  # type: ignore[assignment]
 
     def _close_files(self, *, delete: bool) -> None:
         for g in self._groups:
