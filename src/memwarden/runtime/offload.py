@@ -166,7 +166,7 @@ def _specs(model: torch.nn.Module, split_layers: bool) -> list[WeightGroup]:
         specs.append(
             WeightGroup(
                 name=name,
-                weight_bytes=sum(p.nbytes for _, p in streamable[name]),
+                weight_bytes=sum(_aligned(p.nbytes) for _, p in streamable[name]),  # as laid out in a slot
                 order=order,
                 per_token=rules.modality_of(name) not in _ONCE_PER_REQUEST,
                 pinned_bytes=pinned_bytes,
@@ -237,10 +237,6 @@ def stream_weights(
             offload_dir=offload_dir,
         )
     return WeightStreamer(model, placement, offload_dir, prefetch=prefetch)
-
-
-# ---------------------------------------------------------------------------------------------
-# The streamer
 
 
 class WeightStreamer:
@@ -325,7 +321,7 @@ class WeightStreamer:
                     placeholder=_placeholder(p.dtype, tuple(p.shape)),
                 )
             )
-            slot_offset += -(-(end - begin) // ALIGN_BYTES) * ALIGN_BYTES
+            slot_offset += _aligned(end - begin)
         group = _Group(name=name, path=path, tensors=tensors, slot_bytes=slot_offset)
         # ACCESS_COPY: a private mapping is writable, which ctypes needs for its address; nothing is
         # ever written, so no page is copied and the file is never changed.
@@ -487,6 +483,10 @@ class WeightStreamer:
 
     def __exit__(self, *exc: Any) -> None:
         self.detach()
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
 
 
 def _placeholder(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
