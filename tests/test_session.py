@@ -162,3 +162,28 @@ def test_request_longer_than_the_pool_is_refused_before_running(models):
     with pytest.raises(AdmissionError, match="tokens of KV cache"):
         session.generate(**inputs, max_new_tokens=NEW, **zoo.generate_kwargs("llava"))
     assert session.pool.blocks.num_free_blocks == 2  # nothing leaked
+
+
+def test_weights_twice_the_budget_are_streamed_and_outputs_stay_exact(tmp_path):
+    model = zoo.build_model("llava", "small")
+    gk = zoo.generate_kwargs("llava")
+    weights = state_bytes(model)
+    budget = weights // 2
+    turns = _chat_turns(model, n=2)
+    with torch.inference_mode():
+        ref = _reference_chat(model, "llava", turns)
+        session = GovernedSession(model, budget=budget, offload_dir=str(tmp_path), min_kv_tokens=256,
+                                  example_inputs=dict(turns[0], max_new_tokens=NEW))  # fmt: skip
+        assert session.streamer is not None and session.weights_bytes < budget
+        session.predict(**turns[0], max_new_tokens=NEW)  # calibrates, outside the measurement
+        replies, peaks = [], []
+        for t in turns:
+            peaks.append(_profiled_peak(
+                lambda t=t: replies.append(session.chat(t["input_ids"], max_new_tokens=NEW, **_media(t), **gk))))
+        session.close()  # weights come back
+        after = model.generate(**turns[0], max_new_tokens=NEW, **gk)
+    for got, want in zip(replies, ref, strict=True):
+        assert torch.equal(got, want)
+    assert max(peaks) <= budget
+    assert session.records[1].reused_tokens > 0
+    assert torch.equal(after[:, turns[0]["input_ids"].shape[1] :], ref[0])

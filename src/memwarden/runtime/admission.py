@@ -7,9 +7,9 @@ milliseconds, too much to pay per chat turn, so the predictor calibrates a line 
 signature and interpolates:
 
 - text prefill of ``n`` new tokens over ``total`` tokens:
-  ``act(n, total) = a + b·n + c·n·total + g·total``, where ``g`` (one layer's gathered K and V
-  per token) is known exactly and ``a``, ``b``, ``c`` come from three meta runs made once per
-  session (``c``: attention scores, where the kernel materialises them);
+  ``act(n, total) = a + b·n + d·total + c·n·total``, a least-squares fit to five meta prefills
+  made once per session (``d``: per cached token — the gathered K/V and what attention makes of
+  them; ``c``: attention scores, where the kernel materialises them);
 - a prefill that carries media is measured once per media signature (shapes and dtypes of
   the media tensors, the count of new tokens) and extended by ``b`` per extra text token;
 - a decode step is a prefill of one token over the full length.
@@ -28,8 +28,9 @@ import torch
 
 from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence
 
-_CALIBRATION_TOKENS = (16, 80)
-_MARGIN = 1.05  # meta runs are exact for the ops they see; the margin covers allocator rounding
+# (new tokens, total tokens) of the calibration prefills: short and long prompts, short turns over long histories
+_CALIBRATION_POINTS = ((16, 16), (80, 80), (16, 160), (48, 304), (128, 128))
+_MARGIN = 1.10  # meta runs are exact for the ops they see; the margin covers the fit and allocator rounding
 
 
 @dataclass
@@ -65,7 +66,7 @@ class PeakPredictor:
         self.model = model
         self.spec = spec
         self._meta: torch.nn.Module | None = None
-        self._line: tuple[float, float, float] | None = None  # (a, b, c) of text prefill
+        self._line: tuple[float, float, float, float] | None = None  # (a, b, d, c) of text prefill
         self._media: dict[tuple[Any, ...], tuple[int, int]] = {}  # signature -> (bytes, new tokens)
         self.meta_runs = 0
 
@@ -106,21 +107,20 @@ class PeakPredictor:
         held += s.by_category_at_peak.get("input", 0)
         return max(0, s.peak_bytes - held)
 
-    def _text_line(self) -> tuple[float, float, float]:
-        """(a, b, c) of ``act(n, total) = a + b·n + c·n·total + g·total`` from three meta prefills:
-        ``b`` grows with the new tokens (hidden states, MLP), ``c`` with new x all tokens (attention
-        scores where the kernel materialises them), ``g`` (the gathered K/V) is known exactly."""
+    def _text_line(self) -> tuple[float, float, float, float]:
+        """(a, b, d, c) of ``act(n, total) = a + b·n + d·total + c·n·total`` (n new tokens over total),
+        a least-squares fit to meta prefills at a few (n, total) points, made once per session."""
         if self._line is None:
-            g = self.gather_bytes_per_token
-            n1, n2 = _CALIBRATION_TOKENS
-            ids = torch.full((1, n2), 5, dtype=torch.long)
-            m1 = self._measure(ids[:, :n1], {}, 0) - g * n1  # n1 new of n1
-            m2 = self._measure(ids, {}, 0) - g * n2  # n2 new of n2
-            m3 = self._measure(ids[:, :n1], {}, n2 - n1) - g * n2  # n1 new of n2
-            c = max(0.0, (m3 - m1) / (n1 * (n2 - n1)))
-            b = max(0.0, (m2 - m1 - c * (n2 * n2 - n1 * n1)) / (n2 - n1))
-            a = max(0.0, m1 - b * n1 - c * n1 * n1)
-            self._line = (a, b, c)
+            import numpy as np
+
+            rows, ys = [], []
+            for n, total in _CALIBRATION_POINTS:
+                ids = torch.full((1, n), 5, dtype=torch.long)
+                ys.append(self._measure(ids, {}, total - n))
+                rows.append([1.0, n, total, n * total])
+            coef, *_ = np.linalg.lstsq(np.array(rows), np.array(ys, dtype=float), rcond=None)
+            a, b, d, c = (max(0.0, float(x)) for x in coef)
+            self._line = (a, b, d, c)
         return self._line
 
     @staticmethod
@@ -130,20 +130,19 @@ class PeakPredictor:
     def prefill_bytes(self, input_ids: torch.Tensor, media: dict[str, Any], cached_tokens: int) -> int:
         """Transient bytes of prefilling ``input_ids`` (the new tokens) over ``cached_tokens``."""
         n = int(input_ids.shape[1])
-        a, b, c = self._text_line()
-        g = self.gather_bytes_per_token
+        a, b, d, c = self._text_line()
         total = cached_tokens + n
         if media:
             sig = self.media_signature(media) + (n,)
             if sig not in self._media:
                 self._media[sig] = (self._measure(input_ids, media, cached_tokens), cached_tokens)
             measured, at_cached = self._media[sig]
-            return int(_MARGIN * (measured + (g + c * n) * max(0, cached_tokens - at_cached)))
-        return int(_MARGIN * (a + b * n + c * n * total + g * total))
+            return int(_MARGIN * (measured + (d + c * n) * max(0, cached_tokens - at_cached)))
+        return int(_MARGIN * (a + b * n + d * total + c * n * total))
 
     def decode_bytes(self, total_tokens: int) -> int:
-        a, b, c = self._text_line()
-        return int(_MARGIN * (a + b + (c + self.gather_bytes_per_token) * total_tokens))
+        a, b, d, c = self._text_line()
+        return int(_MARGIN * (a + b + (d + c) * total_tokens))
 
     def request_bytes(self, input_ids: torch.Tensor, media: dict[str, Any], cached_tokens: int, new_tokens: int) -> int:
         total = cached_tokens + int(input_ids.shape[1]) + new_tokens

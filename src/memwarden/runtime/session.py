@@ -135,6 +135,11 @@ class GovernedSession:
         encoder_cache_bytes: int = 64 * 1024**2,
         max_wait_s: float = 30.0,
         swap_dir: str | None = None,
+        stream: bool | str = "auto",
+        offload_dir: str | None = None,
+        activation_reserve_bytes: int | None = None,
+        min_kv_tokens: int = 1024,
+        example_inputs: dict[str, Any] | None = None,
         degrader: Callable[[GovernedSession, dict[str, Any], Decision], dict[str, Any] | None] | None = None,
         on_decision: Callable[[Decision], None] | None = None,
     ) -> None:
@@ -160,8 +165,23 @@ class GovernedSession:
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
         self.spec = KVSpec.from_config(model.config, dtype=dtype, block_size=block_size)
+        self.predictor = PeakPredictor(model, self.spec)
+        self.streamer: Any = None
         self.weights_bytes = state_bytes(model)
         budget_now = self.budget_bytes
+        if example_inputs and "input_ids" in example_inputs:  # the pool must hold a request like it
+            example_tokens = example_inputs["input_ids"].shape[1] + int(example_inputs.get("max_new_tokens", 32))
+            min_kv_tokens = max(min_kv_tokens, example_tokens)
+        min_pool = self.spec.page_size_bytes * self.pool_blocks_for_tokens(min_kv_tokens)
+        self.stream_allowed = stream is not False
+        self._offload_dir = offload_dir
+        reserve = activation_reserve_bytes if activation_reserve_bytes is not None else budget_now // 10
+        if stream is True or (stream == "auto" and self.weights_bytes + min_pool > budget_now * 0.6):
+            if activation_reserve_bytes is None:  # room for a request like example_inputs, or a 512-token prefill
+                reserve = max(reserve, self._reserve_for(example_inputs))
+            if stream is True or self.weights_bytes + min_pool + reserve > budget_now:
+                self._stream(budget_now, min_pool, reserve, offload_dir)
+        self.activation_reserve_bytes = reserve
         if num_kv_blocks is None:
             num_kv_blocks = self._pool_blocks_for(budget_now)
         if num_kv_blocks < 1:
@@ -171,11 +191,56 @@ class GovernedSession:
                 "weights (memwarden.quantize) or stream them (runtime.offload)"
             )
         self.pool = KVPool(self.spec, num_kv_blocks, device=self.device)
-        self.predictor = PeakPredictor(model, self.spec)
         self.encoder_cache: EncoderCache | None = None
         if encoder_cache:
             store = encoder_cache if not isinstance(encoder_cache, bool) else LRUStore(encoder_cache_bytes)
             self.encoder_cache = EncoderCache(model, store)
+
+    def _reserve_for(self, example: dict[str, Any] | None) -> int:
+        """Activation bytes to keep free: a request like ``example`` (prefill and decode, its tensors
+        included), else a 512-token text prefill."""
+        if not example or "input_ids" not in example:
+            return self.predictor.prefill_bytes(torch.zeros((1, 512), dtype=torch.long), {}, 0)
+        ids = example["input_ids"][:1]
+        items = media_mod.media_items(self.model.config, ids[0].tolist(), example)
+        media = media_mod.inputs_after(example, items, 0) if items else {}
+        tensors = sum(t.numel() * t.element_size() for t in example.values() if isinstance(t, torch.Tensor))
+        return tensors + self.predictor.request_bytes(ids, media, 0, int(example.get("max_new_tokens", 32)))
+
+    def _restream(self, budget: int) -> bool:
+        """Stream the weights now, for the current pool and activation reserve. Only from resident
+        weights: re-planning a running streamer would bring every weight back first."""
+        from memwarden.plan.placement import PlacementError
+
+        if self.streamer is not None:
+            return False
+        before = self.weights_bytes
+        try:
+            self._stream(budget, self.pool.nbytes, self.activation_reserve_bytes, self._offload_dir)
+        except (BudgetError, PlacementError):
+            self._stream(budget, self.pool.nbytes, 0, self._offload_dir)  # the most that can be streamed
+        return self.weights_bytes < before
+
+    def _stream(self, budget: int, kv_bytes: int, reserve: int, offload_dir: str | None) -> None:
+        """Weights that do not fit stay in safetensors files, memory-mapped, and stream through two
+        staging slots (``runtime/offload.py``); what the session holds is recounted after."""
+        import tempfile
+
+        from memwarden.plan.placement import PlacementError
+        from memwarden.runtime.offload import stream_weights
+
+        directory = offload_dir or tempfile.mkdtemp(prefix="memwarden-offload-")
+        try:
+            self.streamer = stream_weights(self.model, budget, directory, kv_cache_bytes=kv_bytes,
+                                           activation_bytes=reserve)  # fmt: skip
+        except PlacementError as exc:
+            raise BudgetError(
+                f"a budget of {format_bytes(budget)} does not hold the weights ({format_bytes(self.weights_bytes)}) "
+                f"even streamed ({exc}): raise the budget or quantize the weights (memwarden.quantize)"
+            ) from None
+        self.weights_bytes = state_bytes(self.model) + self.streamer.staging_bytes
+        self._note("stream", f"weights streamed from {directory}: {format_bytes(self.weights_bytes)} resident",
+                   budget_bytes=budget, resident_bytes=self.weights_bytes)  # fmt: skip
 
     def pool_blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.spec.block_size)
@@ -184,7 +249,8 @@ class GovernedSession:
         """Default pool size under a budget: ``kv_fraction`` of what the weights leave, capped at a
         few sequences of the model's full context (more is memory no request can use)."""
         spare = budget_bytes - self.weights_bytes
-        blocks = self.spec.blocks_for_bytes(int(spare * self.kv_fraction))
+        reserve = getattr(self, "activation_reserve_bytes", 0)  # what activations keep, never given to KV
+        blocks = self.spec.blocks_for_bytes(int(min(spare * self.kv_fraction, spare - reserve)))
         text = self.model.config.get_text_config(decoder=True)
         max_tokens = _POOL_SEQUENCES * int(getattr(text, "max_position_embeddings", 0) or 4096)
         return min(blocks, self.pool_blocks_for_tokens(max_tokens))
@@ -268,9 +334,13 @@ class GovernedSession:
         return self.weights_bytes + self.pool.nbytes + int(getattr(store, "nbytes", 0) or 0)
 
     def close(self) -> None:
+        """Restore the model: encoder wrappers removed, streamed weights brought back."""
         if self.encoder_cache is not None:
             self.encoder_cache.remove()
             self.encoder_cache = None
+        if self.streamer is not None:
+            self.streamer.detach()
+            self.streamer = None
 
     def __enter__(self) -> GovernedSession:
         return self
@@ -445,6 +515,15 @@ class GovernedSession:
                 self._resize_pool(self.pool.num_blocks - drop, budget, "predicted peak above the budget")
                 changes.append(f"moved {drop} KV blocks' worth of cache to the swap tier")
                 return None
+            restreams = sum(c.startswith("streamed weights") for c in changes)
+            if self.stream_allowed and restreams < 3:
+                # Weights give way to activations: stream (more of) them, planned for what this request lacks.
+                self.activation_reserve_bytes = max(self.activation_reserve_bytes, 0) + (predicted - budget)
+                self.activation_reserve_bytes += sum(t.numel() * t.element_size() for t in self._request_tensors)
+                if self._restream(budget):
+                    changes.append(f"streamed weights to leave {format_bytes(self.activation_reserve_bytes)} "
+                                   "for activations")  # fmt: skip
+                    return None
             if self._budget_source is not None and time.perf_counter() - start < self.max_wait_s:
                 time.sleep(0.01)
                 poll = getattr(self._budget_source, "poll", None)
