@@ -123,6 +123,11 @@ class PeakPredictor:
             self._line = (a, b, d, c)
         return self._line
 
+    @property
+    def per_token_bytes(self) -> float:
+        """Transient bytes one more prefilled token costs (the fit's ``b``)."""
+        return self._text_line()[1]
+
     @staticmethod
     def media_signature(media: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in media.items() if isinstance(v, torch.Tensor)))

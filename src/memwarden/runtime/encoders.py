@@ -11,6 +11,7 @@ LRU here, the tiered feature cache (``runtime/featcache.py``) where one is confi
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -118,6 +119,7 @@ class EncoderCache:
         self.store = store
         self.on_event = on_event
         self.hits = self.misses = 0
+        self.encoder_s = 0.0  # time spent encoding (misses): the encoder's share of a request's latency
         self._wrapped: list[torch.nn.Module] = []
         for name, module in find_encoders(model).items():
             self._wrap(name, module)
@@ -138,7 +140,9 @@ class EncoderCache:
                     self.on_event("hit", name)
                 return _fresh(cached)
             self.misses += 1
+            t0 = time.perf_counter()
             out = original(*args, **kwargs)
+            self.encoder_s += time.perf_counter() - t0
             self.store.put(key, _fresh(out))
             if self.on_event:
                 self.on_event("miss", name)

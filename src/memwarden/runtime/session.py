@@ -20,6 +20,7 @@ plain ``model.generate()`` token for token (tests).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -31,10 +32,12 @@ import torch
 
 from memwarden.runtime import media as media_mod
 from memwarden.runtime.admission import AdmissionError, Decision, PeakPredictor
+from memwarden.runtime.degrade import Ladder, LadderConfig
 from memwarden.runtime.encoders import EncoderCache, LRUStore
 from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence
 from memwarden.units import format_bytes, parse_bytes
 
+_MIN_SAFETY_BYTES = 256 * 1024  # per-thread kernel workspaces seen on CPU (SDPA) are this order
 _POOL_SEQUENCES = 4  # default pool cap: this many sequences of the model's full context
 _PER_TOKEN_KEYS = ("attention_mask", "token_type_ids", "mm_token_type_ids")
 
@@ -70,6 +73,8 @@ class RequestRecord:
     decision: Decision
     prefill_s: float = 0.0  # time to first token
     total_s: float = 0.0
+    rung: int = 0  # degradation rung the request was served at (0: none)
+    encoder_s: float = 0.0  # time in media encoders
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +85,8 @@ class RequestRecord:
             "media_reencoded": self.media_reencoded,
             "decision": self.decision.to_json(),
             "ttft_s": round(self.prefill_s, 6),
+            "rung": self.rung,
+            "encoder_s": round(self.encoder_s, 6),
             "total_s": round(self.total_s, 6),
         }
 
@@ -139,8 +146,11 @@ class GovernedSession:
         offload_dir: str | None = None,
         activation_reserve_bytes: int | None = None,
         min_kv_tokens: int = 1024,
+        safety_fraction: float = 0.03,
         example_inputs: dict[str, Any] | None = None,
-        degrader: Callable[[GovernedSession, dict[str, Any], Decision], dict[str, Any] | None] | None = None,
+        ladder: LadderConfig | None = None,
+        lower_resolution: Callable[[dict[str, Any], float], dict[str, Any]] | None = None,
+        fallback: GovernedSession | None = None,
         on_decision: Callable[[Decision], None] | None = None,
     ) -> None:
         self.model = model
@@ -148,18 +158,26 @@ class GovernedSession:
         self.device_profile = device_profile
         self._budget_source = None if isinstance(budget, (str, int)) else budget
         self._fixed_budget = parse_bytes(budget) if isinstance(budget, (str, int)) else None
+        self._initial_budget = self._fixed_budget if self._fixed_budget is not None else 2**62
+        self._budget_lowered = False
         self.kv_fraction = kv_fraction
+        self.safety_fraction = safety_fraction
         self._user_blocks = num_kv_blocks
         self.swap_dir = swap_dir
         self.events: list[dict[str, Any]] = []  # budget changes, pool resizes, degradations: what and why
         self.prefix_reuse = prefix_reuse
         self.max_wait_s = max_wait_s
-        self.degrader = degrader
+        self.ladder = Ladder(model, ladder, lower_resolution)
+        self.fallback = fallback  # rung 4: a session over a smaller language model the user registered
         self.on_decision = on_decision
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self.records: list[RequestRecord] = []
         self._request_tensors: list[torch.Tensor] = []
+        self._media_tag = ""  # added to media fingerprints of a degraded request: its KV differs
+        self._unpruned: tuple[torch.Tensor, int] | None = None  # (original ids, tokens pruned) of this request
+        self._want_rung = False
+        self._use_fallback = False
         self.conversations: dict[str, _Conversation] = {}
 
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
@@ -180,7 +198,11 @@ class GovernedSession:
             if activation_reserve_bytes is None:  # room for a request like example_inputs, or a 512-token prefill
                 reserve = max(reserve, self._reserve_for(example_inputs))
             if stream is True or self.weights_bytes + min_pool + reserve > budget_now:
-                self._stream(budget_now, min_pool, reserve, offload_dir)
+                try:
+                    self._stream(budget_now, min_pool, reserve, offload_dir)
+                except BudgetError:
+                    if stream is True:
+                        raise  # asked for; "auto" goes on resident and lets admission size the pool
         self.activation_reserve_bytes = reserve
         if num_kv_blocks is None:
             num_kv_blocks = self._pool_blocks_for(budget_now)
@@ -231,7 +253,10 @@ class GovernedSession:
 
         directory = offload_dir or tempfile.mkdtemp(prefix="memwarden-offload-")
         try:
-            self.streamer = stream_weights(self.model, budget, directory, kv_cache_bytes=kv_bytes,
+            planned = self._admissible(budget)  # admission keeps this margin free too
+            if planned <= 0:
+                raise PlacementError(f"{format_bytes(budget)} is less than the safety margin", min_budget_bytes=budget * 2)
+            self.streamer = stream_weights(self.model, planned, directory, kv_cache_bytes=kv_bytes,
                                            activation_bytes=reserve)  # fmt: skip
         except PlacementError as exc:
             raise BudgetError(
@@ -249,7 +274,8 @@ class GovernedSession:
         """Default pool size under a budget: ``kv_fraction`` of what the weights leave, capped at a
         few sequences of the model's full context (more is memory no request can use)."""
         spare = budget_bytes - self.weights_bytes
-        reserve = getattr(self, "activation_reserve_bytes", 0)  # what activations keep, never given to KV
+        # With streamed weights the placement kept exactly the activation reserve free: never give it to KV.
+        reserve = self.activation_reserve_bytes if getattr(self, "streamer", None) is not None else 0
         blocks = self.spec.blocks_for_bytes(int(min(spare * self.kv_fraction, spare - reserve)))
         text = self.model.config.get_text_config(decoder=True)
         max_tokens = _POOL_SEQUENCES * int(getattr(text, "max_position_embeddings", 0) or 4096)
@@ -265,6 +291,8 @@ class GovernedSession:
     def set_budget(self, budget: str | int) -> None:
         """A new fixed budget (a squeeze, or the user's): the pool follows before the next request."""
         self._fixed_budget = parse_bytes(budget)
+        # Below the first budget it may come back (a squeeze ends): admission waits rather than refuses.
+        self._budget_lowered = self._fixed_budget < self._initial_budget
         self._note("budget", f"budget set to {format_bytes(self._fixed_budget)}", budget_bytes=self._fixed_budget)
         self.follow_budget()
 
@@ -300,8 +328,8 @@ class GovernedSession:
 
     def follow_budget(self) -> None:
         """Resize the KV pool to the current budget (between requests), through the swap tier."""
-        if self._lock.locked() and self.pool.blocks.tables:
-            return  # a request is running; the next one re-checks
+        if self._lock.locked():
+            return  # a request is being admitted or served (its admission shrinks the pool itself); the next re-checks
         budget = self.budget_bytes
         want = self._pool_blocks_for(budget) if self._user_blocks is None else self._user_blocks
         have = self.pool.num_blocks
@@ -409,6 +437,8 @@ class GovernedSession:
         bs = self.spec.block_size
         config = self.model.config
         items = media_mod.media_items(config, ids, inputs)
+        if self._media_tag:  # a pruned or downscaled image makes other KV than the original: never mix them
+            items = [dataclasses.replace(it, fingerprint=it.fingerprint + self._media_tag) for it in items]
         reuse = 0
         if self.prefix_reuse:
             hit_blocks = self.pool.blocks.cached_prefix_blocks(ids, media_mod.block_extras(items, len(ids), bs))
@@ -429,51 +459,93 @@ class GovernedSession:
         t0 = time.perf_counter()
         inputs = dict(inputs)
         streamer = _FirstToken(inputs.pop("streamer", None))
-        ids = input_ids[0].tolist()
-        bs = self.spec.block_size
-        self._request_tensors = [input_ids] + [v for v in inputs.values() if isinstance(v, torch.Tensor)]
-        media_keys = {k for m in media_mod.MEDIA_KEYS.values() for k in m}
-        passthrough = {k: v for k, v in inputs.items() if k not in media_keys and k != "attention_mask"}
+        original = (input_ids, inputs)
         changes: list[str] = []
         start = time.perf_counter()
+        rung = self.ladder.latency.level  # a latency level persists across requests; memory rungs are per request
+        pruned = None
         while True:  # admission: each pass either admits or makes one change and plans again
+            input_ids, inputs = original
+            pruned = None
+            self._unpruned = None
+            if rung > 0 and self._has_media(input_ids, inputs):
+                step = self.ladder.rungs[rung - 1]
+                call_inputs, pruned = self.ladder.apply(step, {"input_ids": input_ids, **inputs})
+                if pruned is not None:
+                    self._unpruned = (input_ids, input_ids.shape[1] - call_inputs["input_ids"].shape[1])
+                input_ids = call_inputs.pop("input_ids")
+                inputs = call_inputs
+            self._media_tag = f"|{self.ladder.rungs[rung - 1]}" if rung > 0 and pruned is not None else ""
+            ids = input_ids[0].tolist()
+            self._request_tensors = [input_ids] + [v for v in inputs.values() if isinstance(v, torch.Tensor)]
             items, reuse, media_in = self._plan_reuse(ids, inputs)
+            self._want_rung = False
             decision = self._admit(input_ids[:, reuse:], media_in, reuse, max_new_tokens, changes, start)
             if decision is not None:
                 break
+            if self._want_rung:
+                rung += 1
+                changes.append(f"{self.ladder.rungs[rung - 1][0]} {self.ladder.rungs[rung - 1][1]}")
+            if self._use_fallback:
+                self._use_fallback = False
+                self._request_tensors = []
+                self._note("degrade", "served by the fallback model", reason="; ".join(changes))
+                return self.fallback._serve_locked(original[0], {**original[1], "streamer": streamer.inner},
+                                                   max_new_tokens)  # fmt: skip
+        if changes:
+            self._note("degrade", "; ".join(changes), rung=rung)
+        bs = self.spec.block_size
+        media_keys = {k for m in media_mod.MEDIA_KEYS.values() for k in m}
+        passthrough = {k: v for k, v in inputs.items() if k not in media_keys and k != "attention_mask"}
         extras = media_mod.block_extras(items, len(ids), bs)
-
         seq_id = f"seq-{next(self._ids)}"
         alloc = self.pool.blocks.allocate(seq_id, ids, extras, register=False, max_hit_blocks=reuse // bs)
         seq = Sequence(self.pool, seq_id, alloc.block_ids, alloc.num_cached_tokens)
+        encoder_before = self.encoder_cache.encoder_s if self.encoder_cache is not None else 0.0
         try:
-            out = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                cache=PagedCache(seq),
-                max_new_tokens=max_new_tokens,
-                streamer=streamer,
-                **media_in,
-                **passthrough,
-            )
+            with self.ladder.installed(pruned):
+                out = self.model.generate(
+                    input_ids=input_ids,
+                    attention_mask=torch.ones_like(input_ids),
+                    cache=PagedCache(seq),
+                    max_new_tokens=max_new_tokens,
+                    streamer=streamer,
+                    **media_in,
+                    **passthrough,
+                )
             written = out[0, : seq.length].tolist()
             self.pool.blocks.commit(seq_id, written, media_mod.block_extras(items, len(written), bs))
         finally:
             self.pool.blocks.free_sequence(seq_id)
             self._request_tensors = []
+            self._media_tag = ""
         t1 = time.perf_counter()
+        encoder_s = (self.encoder_cache.encoder_s if self.encoder_cache is not None else 0.0) - encoder_before
         self.records.append(RequestRecord(
             prompt_tokens=len(ids), reused_tokens=reuse, new_tokens=out.shape[1] - len(ids), media_items=len(items),
             media_reencoded=bool(media_in), decision=decision,
-            prefill_s=(streamer.first_token_at or t1) - t0, total_s=t1 - t0,
+            prefill_s=(streamer.first_token_at or t1) - t0, total_s=t1 - t0, rung=rung,
+            encoder_s=encoder_s,
         ))  # fmt: skip
+        step = self.ladder.latency.observe(encoder_s, max(0.0, t1 - t0 - encoder_s))
+        if step is not None:
+            self._note("degrade", f"latency level {step.setting}: {step.reason}", rung=step.setting)
         return out
+
+    def _has_media(self, input_ids: torch.Tensor, inputs: dict[str, Any]) -> bool:
+        return bool(media_mod.media_items(self.model.config, input_ids[0].tolist(), inputs))
 
     # -- admission ------------------------------------------------------------------------
 
     def _predict(self, new_ids: torch.Tensor, media_in: dict[str, Any], reuse: int, max_new_tokens: int) -> int:
         # The request's own tensors (ids, pixels, audio features) are alive throughout: count them.
         request_bytes = sum(t.numel() * t.element_size() for t in self._request_tensors)
+        if self._unpruned is not None and media_in:
+            # A pruned request: the meta twin has no pruner, so predict the unpruned prefill (the encoder
+            # still sees the whole image) less the language model's per-token cost of the removed tokens.
+            full_ids, removed = self._unpruned
+            full = self.predictor.request_bytes(full_ids[:, reuse:], media_in, reuse, max_new_tokens)
+            return self.held_bytes + request_bytes + max(0, full - self.predictor.per_token_bytes * removed)
         return self.held_bytes + request_bytes + self.predictor.request_bytes(new_ids, media_in, reuse, max_new_tokens)
 
     def _admit(self, new_ids: torch.Tensor, media_in: dict[str, Any], reuse: int, max_new_tokens: int,
@@ -503,7 +575,9 @@ class GovernedSession:
                 f"the request needs {total_tokens} tokens of KV cache ({format_bytes(grown - predicted)} more than the "
                 f"pool holds) and the budget {format_bytes(budget)} has no room for them"
             )
-        if predicted > budget:
+        # Admission keeps a safety margin: the session's own bookkeeping (fingerprints, slot tables) and
+        # the allocator's rounding are not in the prediction.
+        if predicted > self._admissible(budget):
             if self.encoder_cache is not None and getattr(self.encoder_cache.store, "nbytes", 0):
                 self.encoder_cache.store.clear()
                 changes.append("dropped cached encoder outputs")
@@ -511,20 +585,30 @@ class GovernedSession:
             spare_blocks = self.pool.num_blocks - need_blocks
             if spare_blocks > 0:
                 page = self.spec.page_size_bytes
-                drop = min(spare_blocks, -(-(predicted - budget) // page))
+                drop = min(spare_blocks, -(-(predicted - self._admissible(budget)) // page))
                 self._resize_pool(self.pool.num_blocks - drop, budget, "predicted peak above the budget")
                 changes.append(f"moved {drop} KV blocks' worth of cache to the swap tier")
                 return None
             restreams = sum(c.startswith("streamed weights") for c in changes)
             if self.stream_allowed and restreams < 3:
                 # Weights give way to activations: stream (more of) them, planned for what this request lacks.
-                self.activation_reserve_bytes = max(self.activation_reserve_bytes, 0) + (predicted - budget)
+                self.activation_reserve_bytes = max(self.activation_reserve_bytes, 0) + (
+                    predicted - self._admissible(budget))
                 self.activation_reserve_bytes += sum(t.numel() * t.element_size() for t in self._request_tensors)
                 if self._restream(budget):
                     changes.append(f"streamed weights to leave {format_bytes(self.activation_reserve_bytes)} "
                                    "for activations")  # fmt: skip
                     return None
-            if self._budget_source is not None and time.perf_counter() - start < self.max_wait_s:
+            rung_now = sum(1 for c in changes if c.split(" ")[0] in ("prune", "resolution"))
+            if media_in and self.ladder.latency.level + rung_now < len(self.ladder.rungs):
+                self._want_rung = True  # the next quality rung: fewer visual tokens, a smaller image
+                return None
+            if self.fallback is not None:
+                self._use_fallback = True
+                changes.append("fallback model")
+                return None
+            budget_may_rise = self._budget_source is not None or self._budget_lowered
+            if budget_may_rise and time.perf_counter() - start < self.max_wait_s:
                 time.sleep(0.01)
                 poll = getattr(self._budget_source, "poll", None)
                 if callable(poll):
@@ -533,7 +617,8 @@ class GovernedSession:
                     changes.append("waited for the budget")
                 return None
             raise AdmissionError(
-                f"predicted peak {format_bytes(predicted)} exceeds the budget {format_bytes(budget)} even with the "
+                f"predicted peak {format_bytes(predicted)} exceeds the budget {format_bytes(budget)} less its safety "
+                f"margin ({format_bytes(self._admissible(budget))}) even with the "
                 "KV pool at the request's size: raise the budget, quantize (memwarden.quantize) or stream the weights"
             )
         action = "wait" if "waited for the budget" in changes else ("degrade" if changes else "admit")
@@ -545,6 +630,11 @@ class GovernedSession:
         if self.on_decision is not None:
             self.on_decision(decision)
         return decision
+
+    def _admissible(self, budget: int) -> int:
+        """The most a request may be predicted to use: the budget less the safety margin (kernel
+        workspaces, per-thread buffers and the session's bookkeeping are not in the prediction)."""
+        return budget - max(int(budget * self.safety_fraction), _MIN_SAFETY_BYTES)
 
     def _resize_pool(self, blocks: int, budget: int, why: str) -> None:
         import tempfile
@@ -573,6 +663,7 @@ class GovernedSession:
             "encoder_hits": enc.hits if enc else 0,
             "encoder_misses": enc.misses if enc else 0,
             "meta_predictions": self.predictor.meta_runs,
+            "latency_level": self.ladder.latency.level,
             "events": list(self.events),
             "requests": [r.to_json() for r in self.records],
         }
