@@ -147,6 +147,8 @@ class GovernedSession:
         activation_reserve_bytes: int | None = None,
         min_kv_tokens: int = 1024,
         safety_fraction: float = 0.03,
+        quantize: int | None = None,
+        group_size: int = 128,
         example_inputs: dict[str, Any] | None = None,
         ladder: LadderConfig | None = None,
         lower_resolution: Callable[[dict[str, Any], float], dict[str, Any]] | None = None,
@@ -180,6 +182,11 @@ class GovernedSession:
         self._use_fallback = False
         self.conversations: dict[str, _Conversation] = {}
 
+        if quantize is not None:  # int4 weight-only linears, in place (runtime/quant.py)
+            from memwarden.runtime.quant import quantize as quantize_model
+
+            quantize_model(model, bits=quantize, group_size=group_size)
+            _return_freed_memory()  # the fp32 weights just freed stay in glibc's heap otherwise (RSS)
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
         self.spec = KVSpec.from_config(model.config, dtype=dtype, block_size=block_size)
@@ -667,6 +674,21 @@ class GovernedSession:
             "events": list(self.events),
             "requests": [r.to_json() for r in self.records],
         }
+
+
+def _return_freed_memory() -> None:
+    """Ask glibc to give freed heap pages back to the OS, so that resident memory (what a phone's
+    memory killer watches) reflects what the session holds. A no-op elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass
 
 
 def _row(inputs: dict[str, Any], r: int, ids_shape: torch.Size) -> dict[str, Any]:
