@@ -136,6 +136,10 @@ def test_demo_writes_a_report_that_renders_in_chromium(tmp_path: Path, chromium:
     assert governed["summary"]["peak_bytes"] <= result["budget_bytes"]
     assert all(r["reused_tokens"] > 0 and not r["decision"]["action"] == "reject" for r in governed["stats"]["requests"][1:])
     assert (tmp_path / "governed.html").exists() and (tmp_path / "governed.mwtrace").exists()
+    thermal = result["thermal"]  # a replayed thermal event halves the session's budget mid-conversation
+    assert thermal["failed"] == 0 and thermal["outputs_equal"] is True and thermal["budget_violations"] == 0
+    assert thermal["min_budget_bytes"] <= 0.6 * thermal["start_budget_bytes"]
+    assert any(d["kind"] == "kv-pool" for d in thermal["decisions"])
     report = tmp_path / "report.html"
     assert report.exists() and (tmp_path / "demo.mwtrace").exists()
     profile = tempfile.mkdtemp(dir=tmp_path)

@@ -9,7 +9,7 @@ run is captured, summarised and written as an HTML report. Later capabilities
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ class DemoConfig:
     budget_bytes: int = DEFAULT_BUDGET_BYTES
     seed: int = 0
     governed: bool = True  # end with the same turns served by a GovernedSession
+    thermal: bool = True  # ... and a replayed thermal event that halves its budget mid-conversation
+    thermal_turns: int = 6
 
 
 @dataclass
@@ -47,6 +49,21 @@ class GovernedResult:
 
 
 @dataclass
+class ThermalResult:
+    """A replayed thermal event against a GovernedSession mid-conversation."""
+
+    log: str
+    requests: int
+    failed: int
+    outputs_equal: bool
+    start_budget_bytes: int
+    min_budget_bytes: int
+    end_budget_bytes: int
+    check: Any  # analyze.budget_check.BudgetCheck
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
 class DemoResult:
     trace: Any
     summary: Any
@@ -56,6 +73,7 @@ class DemoResult:
     outputs: list[list[int]] = field(default_factory=list)
     findings: list[Any] = field(default_factory=list)
     governed: GovernedResult | None = None
+    thermal: ThermalResult | None = None
 
     @property
     def fits(self) -> bool:
@@ -150,8 +168,57 @@ def run_demo(
     if config.governed:
         step("serving the same turns with a GovernedSession", 0.94)
         governed = run_governed(model, turn_inputs, gen_kwargs, config, outputs, out)
+    thermal = None
+    if config.governed and config.thermal:
+        step("replaying a thermal event against the session", 0.97)
+        thermal = run_thermal(model, gen_kwargs, config)
     step("done", 1.0)
-    return DemoResult(trace, result, report_path, trace_path, config, outputs, findings, governed)
+    return DemoResult(trace, result, report_path, trace_path, config, outputs, findings, governed, thermal)
+
+
+THERMAL_LOG = Path(__file__).resolve().parent / "data" / "thermal_event.jsonl"
+
+
+def run_thermal(model: Any, gen_kwargs: dict[str, Any], config: DemoConfig) -> ThermalResult:
+    """A conversation served while a recorded thermal event (an 8 GB board heating past 70 °C,
+    scaled to this model's share) halves the session's budget and gives it back: telemetry is
+    fed between turns; no request may fail, outputs must stay exact, and the live bytes must
+    stay under the budget in force (checked on a capture)."""
+    import torch
+
+    from memwarden.analyze.budget_check import check_budget
+    from memwarden.runtime.scaled import scaled_replay
+    from memwarden.runtime.session import GovernedSession, state_bytes
+    from memwarden.runtime.telemetry import load_log
+    from memwarden.trace.capture import Capture
+
+    turns = replace(config, turns=config.thermal_turns)
+    # A share whose halving still holds the weights: 2.4x them, plus room for the safety margin on tiny models.
+    samples, controller = scaled_replay(load_log(THERMAL_LOG), int(2.4 * state_bytes(model)) + 2 * 1024**2)
+    controller.update(samples[0])
+    per_turn = max(1, len(samples) // turns.turns)
+    with torch.inference_mode():
+        expected = [model.generate(**conversation_inputs(model, turns, t), max_new_tokens=turns.new_tokens, **gen_kwargs)
+                    for t in range(turns.turns)]  # fmt: skip
+    budgets, equal, failed = [controller.budget_bytes], True, 0
+    with Capture(metadata={"workload": "demo thermal event"}) as cap, torch.inference_mode():
+        session = GovernedSession(model, budget=controller)
+        for t in range(turns.turns):
+            for sample in samples[t * per_turn : (t + 1) * per_turn]:
+                session.on_telemetry(sample, in_use_bytes=0)  # a recorded log never saw this session
+            budgets.append(session.budget_bytes)
+            inputs = conversation_inputs(model, turns, t)
+            try:
+                out = session.generate(**inputs, max_new_tokens=turns.new_tokens, **gen_kwargs)
+                equal &= bool(torch.equal(out, expected[t]))
+            except Exception:  # noqa: BLE001 (counted and reported: the demo shows whether any request fails)
+                failed += 1
+            del inputs
+        decisions = [e for e in session.events if e["kind"] in ("budget", "kv-pool", "degrade", "stream")]
+        session.close()
+    return ThermalResult(log=THERMAL_LOG.name, requests=turns.turns, failed=failed, outputs_equal=equal,
+                         start_budget_bytes=budgets[0], min_budget_bytes=min(budgets), end_budget_bytes=budgets[-1],
+                         check=check_budget(cap.trace), decisions=decisions)  # fmt: skip
 
 
 def run_governed(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_kwargs: dict[str, Any],

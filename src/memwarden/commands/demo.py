@@ -56,6 +56,13 @@ def run(args: argparse.Namespace) -> int:
             doc["governed"] = {"summary": g.summary.to_json(), "fits_budget": g.summary.peak_bytes <= config.budget_bytes,
                                "findings": [f.to_json() for f in g.findings], "outputs_equal": g.outputs_equal,
                                "stats": g.stats, "report": str(g.report_path), "trace": str(g.trace_path)}  # fmt: skip
+        if result.thermal is not None:
+            th = result.thermal
+            doc["thermal"] = {"log": th.log, "requests": th.requests, "failed": th.failed,
+                              "outputs_equal": th.outputs_equal, "start_budget_bytes": th.start_budget_bytes,
+                              "min_budget_bytes": th.min_budget_bytes, "end_budget_bytes": th.end_budget_bytes,
+                              "budget_violations": th.check.violations, "worst_over_bytes": th.check.worst_over_bytes,
+                              "decisions": th.decisions}  # fmt: skip
         print_json(doc)
         return 0
 
@@ -80,6 +87,19 @@ def run(args: argparse.Namespace) -> int:
         from memwarden.report.console import render_before_after
 
         out_console.print(render_before_after(result))
+        if result.thermal is not None:
+            from memwarden.units import format_bytes
+
+            th = result.thermal
+            ok = th.failed == 0 and th.check.ok and th.outputs_equal
+            style = "green" if ok else "bold red"
+            out_console.print(
+                f"[{style}]Thermal event ({th.log}, scaled to this model): budget {format_bytes(th.start_budget_bytes)} "
+                f"-> {format_bytes(th.min_budget_bytes)} -> {format_bytes(th.end_budget_bytes)}; {th.requests} requests, "
+                f"{th.failed} failed, outputs {'exact' if th.outputs_equal else 'changed'}, live memory "
+                f"{'always under' if th.check.ok else 'OVER'} the budget in force "
+                f"({len([d for d in th.decisions if d['kind'] == 'kv-pool'])} KV-pool resizes).[/]"
+            )  # fmt: skip
         out_console.print(f"Wrote {result.report_path}, {result.trace_path} (before) and "
                           f"{result.governed.report_path}, {result.governed.trace_path} (after)")  # fmt: skip
     else:
