@@ -6,7 +6,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "Trace", "capture", "estimate", "load", "quantize", "save", "summary"]
+__all__ = ["__version__", "BudgetController", "GovernedSession", "Trace", "capture", "estimate", "load", "quantize",
+           "save", "summary"]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,6 +28,14 @@ def __getattr__(name: str) -> Any:
         from memwarden.runtime.quant import quantize
 
         return quantize
+    if name == "GovernedSession":
+        from memwarden.runtime.session import GovernedSession
+
+        return GovernedSession
+    if name == "BudgetController":
+        from memwarden.runtime.budget import BudgetController
+
+        return BudgetController
     if name == "summary":
         from memwarden.analyze.timeline import summary
 
