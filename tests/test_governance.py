@@ -77,3 +77,29 @@ def test_squeeze_shrinks_the_pool_and_keeps_recent_prefixes():
     assert torch.equal(out, model.generate(**inputs, max_new_tokens=config.new_tokens, **gk))
     assert session.records[-1].reused_tokens > 0
     session.pool.blocks.check()
+
+
+def test_latency_ladder_prunes_visual_tokens_and_recovers():
+    from memwarden.runtime.degrade import LadderConfig
+
+    model = zoo.build_model("llava", "tiny")
+    gk = zoo.generate_kwargs("llava")
+    config = LadderConfig(latency_target_s=1e-6, recover_after=1)  # every request is "too slow"
+    session = GovernedSession(model, budget="64MiB", ladder=config, prefix_reuse=False)
+    inputs = zoo.make_inputs(model, prompt_tokens=24)
+    image_tokens = int((inputs["input_ids"] == model.config.image_token_index).sum())
+    with torch.inference_mode():
+        full = session.generate(**inputs, max_new_tokens=4, **gk)
+        assert session.ladder.latency.level == 1  # over the target: the next request is degraded
+        pruned = session.generate(**inputs, max_new_tokens=4, **gk)
+        session.ladder.latency.config = LadderConfig(latency_target_s=1e6, recover_after=1)  # now every request is calm
+        again = session.generate(**inputs, max_new_tokens=4, **gk)
+    recs = session.records
+    assert [r.rung for r in recs] == [0, 1, 2]  # level rose after each slow request...
+    assert recs[1].prompt_tokens == inputs["input_ids"].shape[1] - image_tokens // 2  # 50% of the image pruned
+    assert recs[2].prompt_tokens == inputs["input_ids"].shape[1] - image_tokens + image_tokens // 4
+    assert session.ladder.latency.level == 1  # ...and a calm request stepped it back down
+    assert full.shape[1] - recs[0].prompt_tokens == pruned.shape[1] - recs[1].prompt_tokens == 4
+    assert again.shape[1] == recs[2].prompt_tokens + 4
+    kinds = [e["label"] for e in session.events if e["kind"] == "degrade"]
+    assert any("latency level" in k for k in kinds)
