@@ -48,7 +48,10 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if any("\x00" in a for a in raw):
+        parser.error("arguments may not contain NUL bytes")
+    args = parser.parse_args(raw)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -57,6 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (MemwardenError, TraceFormatError) as exc:
         print(f"memwarden {args.command}: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 2)
+    except OSError as exc:  # a path the system refuses (too long, unreadable, a directory): the user's to fix
+        name = str(exc.filename or "")
+        shown = name if len(name) <= 80 else name[:77] + "..."
+        print(f"memwarden {args.command}: error: {exc.strerror or exc}{': ' + shown if shown else ''}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"memwarden {args.command}: interrupted", file=sys.stderr)
         return 130
