@@ -50,7 +50,7 @@ def test_thermal_event_halves_the_budget_and_nothing_fails(name):
     sizes = [e["blocks"] for e in session.events if e["kind"] == "kv-pool"]
     assert min(sizes) < sizes[0] and sizes[-1] > min(sizes)  # shrank and grew back
     assert sum(r.reused_tokens for r in session.records[1:]) > 0  # cached prefixes survived the resizes
-    check = check_budget(cap.trace)
+    check = check_budget(cap.trace, model_state_bytes=state_bytes(model))
     assert check.checked_events > 1000 and check.min_budget_bytes <= 0.55 * check.max_budget_bytes
     if not check.ok:
         from memwarden.analyze.timeline import top_sites_at

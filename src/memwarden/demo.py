@@ -218,7 +218,7 @@ def run_thermal(model: Any, gen_kwargs: dict[str, Any], config: DemoConfig) -> T
         session.close()
     return ThermalResult(log=THERMAL_LOG.name, requests=turns.turns, failed=failed, outputs_equal=equal,
                          start_budget_bytes=budgets[0], min_budget_bytes=min(budgets), end_budget_bytes=budgets[-1],
-                         check=check_budget(cap.trace), decisions=decisions)  # fmt: skip
+                         check=check_budget(cap.trace, model_state_bytes=state_bytes(model)), decisions=decisions)  # fmt: skip
 
 
 def run_governed(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_kwargs: dict[str, Any],

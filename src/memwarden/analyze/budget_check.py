@@ -57,10 +57,19 @@ def budget_in_force(annotations: list[dict], times_us: np.ndarray) -> np.ndarray
     return np.where(idx >= 0, b[np.clip(idx, 0, None)], np.iinfo(np.int64).max)
 
 
-def check_budget(trace: Trace) -> BudgetCheck:
-    """Live bytes vs the budget in force, from the session's first admission on."""
+def check_budget(trace: Trace, model_state_bytes: int | None = None) -> BudgetCheck:
+    """Live bytes vs the budget in force, from the session's first admission on.
+
+    ``model_state_bytes``: the served model's weights and buffers. Weights of other models alive
+    in the process when the capture started (a test suite's fixtures, a second app model) are
+    not the session's: with it, only that many bytes of the preexisting weights are counted."""
     annotations = [a for a in trace.metadata.get("annotations", []) if isinstance(a, dict)]
     times, live = session_live_bytes(trace)
+    if model_state_bytes is not None:
+        ev = trace.events
+        state = np.isin(ev["category"], [int(Category.WEIGHT), int(Category.BUFFER)])
+        preexisting = int(ev["nbytes"][(ev["action"] == int(Action.PREEXISTING)) & state].sum())
+        live = live - max(0, preexisting - int(model_state_bytes))
     limit = budget_in_force(annotations, times)
     admits = [int(a["time_us"]) for a in annotations if a.get("kind") == "admit"]
     after = times >= (min(admits) if admits else np.iinfo(np.int64).max)

@@ -121,7 +121,10 @@ class GovernedServer:
 
     def set_budget(self, budget_bytes: int) -> None:
         if hasattr(self.session, "set_budget"):
-            self.session.set_budget(budget_bytes)
+            try:  # a squeeze ends: the session may wait it out instead of resizing under it
+                self.session.set_budget(budget_bytes, temporary=True)
+            except TypeError:  # a session without the notion
+                self.session.set_budget(budget_bytes)
 
     def on_telemetry(self, sample: Any) -> None:
         if hasattr(self.session, "on_telemetry"):

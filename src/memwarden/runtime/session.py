@@ -35,30 +35,10 @@ from memwarden.runtime.admission import AdmissionError, Decision, PeakPredictor
 from memwarden.runtime.degrade import Ladder, LadderConfig
 from memwarden.runtime.encoders import EncoderCache, LRUStore
 from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence
+from memwarden.runtime.session_memory import BudgetError, MemoryMixin, _return_freed_memory, state_bytes
 from memwarden.units import format_bytes, parse_bytes
 
-_MIN_SAFETY_BYTES = 256 * 1024  # per-thread kernel workspaces seen on CPU (SDPA) are this order
-_POOL_SEQUENCES = 4  # default pool cap: this many sequences of the model's full context
 _PER_TOKEN_KEYS = ("attention_mask", "token_type_ids", "mm_token_type_ids")
-
-
-class BudgetError(ValueError):
-    """The budget cannot hold the model at all (weights plus the smallest KV pool)."""
-
-
-def state_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's parameters and buffers in memory (shared storages once, meta excluded)."""
-    seen: set[int] = set()
-    total = 0
-    for t in itertools.chain(model.parameters(), model.buffers()):
-        if t.device.type == "meta":
-            continue
-        st = t.untyped_storage()
-        if st.data_ptr() in seen:
-            continue
-        seen.add(st.data_ptr())
-        total += st.nbytes()
-    return total
 
 
 @dataclass
@@ -118,7 +98,7 @@ class _Conversation:
     per_token: dict[str, list[int]] = field(default_factory=dict)
 
 
-class GovernedSession:
+class GovernedSession(MemoryMixin):
     """Serve ``model`` under ``budget`` bytes (``"6GiB"``, an int, or a budget controller).
 
     ``budget`` may also be any object with a ``budget_bytes`` attribute (a
@@ -225,149 +205,6 @@ class GovernedSession:
             store = encoder_cache if not isinstance(encoder_cache, bool) else LRUStore(encoder_cache_bytes)
             self.encoder_cache = EncoderCache(model, store)
 
-    def _reserve_for(self, example: dict[str, Any] | None) -> int:
-        """Activation bytes to keep free: a request like ``example`` (prefill and decode, its tensors
-        included), else a 512-token text prefill."""
-        if not example or "input_ids" not in example:
-            return self.predictor.prefill_bytes(torch.zeros((1, 512), dtype=torch.long), {}, 0)
-        ids = example["input_ids"][:1]
-        items = media_mod.media_items(self.model.config, ids[0].tolist(), example)
-        media = media_mod.inputs_after(example, items, 0) if items else {}
-        tensors = sum(t.numel() * t.element_size() for t in example.values() if isinstance(t, torch.Tensor))
-        return tensors + self.predictor.request_bytes(ids, media, 0, int(example.get("max_new_tokens", 32)))
-
-    def _restream(self, budget: int) -> bool:
-        """Stream the weights now, for the current pool and activation reserve. Only from resident
-        weights: re-planning a running streamer would bring every weight back first."""
-        from memwarden.plan.placement import PlacementError
-
-        if self.streamer is not None:
-            return False
-        before = self.weights_bytes
-        try:
-            self._stream(budget, self.pool.nbytes, self.activation_reserve_bytes, self._offload_dir)
-        except (BudgetError, PlacementError):
-            self._stream(budget, self.pool.nbytes, 0, self._offload_dir)  # the most that can be streamed
-        return self.weights_bytes < before
-
-    def _stream(self, budget: int, kv_bytes: int, reserve: int, offload_dir: str | None) -> None:
-        """Weights that do not fit stay in safetensors files, memory-mapped, and stream through two
-        staging slots (``runtime/offload.py``); what the session holds is recounted after."""
-        import tempfile
-
-        from memwarden.plan.placement import PlacementError
-        from memwarden.runtime.offload import stream_weights
-
-        directory = offload_dir or tempfile.mkdtemp(prefix="memwarden-offload-")
-        try:
-            planned = self._admissible(budget)  # admission keeps this margin free too
-            if planned <= 0:
-                raise PlacementError(f"{format_bytes(budget)} is less than the safety margin", min_budget_bytes=budget * 2)
-            self.streamer = stream_weights(self.model, planned, directory, kv_cache_bytes=kv_bytes,
-                                           activation_bytes=reserve)  # fmt: skip
-        except PlacementError as exc:
-            raise BudgetError(
-                f"a budget of {format_bytes(budget)} does not hold the weights ({format_bytes(self.weights_bytes)}) "
-                f"even streamed ({exc}): raise the budget or quantize the weights (memwarden.quantize)"
-            ) from None
-        self.weights_bytes = state_bytes(self.model) + self.streamer.staging_bytes
-        self._note("stream", f"weights streamed from {directory}: {format_bytes(self.weights_bytes)} resident",
-                   budget_bytes=budget, resident_bytes=self.weights_bytes)  # fmt: skip
-
-    def pool_blocks_for_tokens(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.spec.block_size)
-
-    def _pool_blocks_for(self, budget_bytes: int) -> int:
-        """Default pool size under a budget: ``kv_fraction`` of what the weights leave, capped at a
-        few sequences of the model's full context (more is memory no request can use)."""
-        spare = budget_bytes - self.weights_bytes
-        # With streamed weights the placement kept exactly the activation reserve free: never give it to KV.
-        reserve = self.activation_reserve_bytes if getattr(self, "streamer", None) is not None else 0
-        blocks = self.spec.blocks_for_bytes(int(min(spare * self.kv_fraction, spare - reserve)))
-        text = self.model.config.get_text_config(decoder=True)
-        max_tokens = _POOL_SEQUENCES * int(getattr(text, "max_position_embeddings", 0) or 4096)
-        return min(blocks, self.pool_blocks_for_tokens(max_tokens))
-
-    def _note(self, kind: str, label: str, **details: Any) -> None:
-        """Record a decision in the session's log and on the timeline of a running capture."""
-        from memwarden.trace.capture import annotate
-
-        self.events.append({"t_s": time.monotonic(), "kind": kind, "label": label, **details})
-        annotate(kind, label, **details)
-
-    def set_budget(self, budget: str | int) -> None:
-        """A new fixed budget (a squeeze, or the user's): the pool follows before the next request."""
-        self._fixed_budget = parse_bytes(budget)
-        # Below the first budget it may come back (a squeeze ends): admission waits rather than refuses.
-        self._budget_lowered = self._fixed_budget < self._initial_budget
-        self._note("budget", f"budget set to {format_bytes(self._fixed_budget)}", budget_bytes=self._fixed_budget)
-        self.follow_budget()
-
-    def on_telemetry(self, sample: Any, *, in_use_bytes: int | None = None) -> int:
-        """Feed one telemetry sample to the session's budget controller (created on first use,
-        capped at the fixed budget); returns the budget it implies.
-
-        ``in_use_bytes``: what the session holds that the sample's available memory already
-        excludes — by default all it holds (live telemetry of this process's device); pass 0
-        when replaying a log recorded without this session."""
-        from memwarden.runtime.budget import BudgetController
-        from memwarden.runtime.telemetry import TelemetrySample
-
-        if not isinstance(sample, TelemetrySample):  # a foreign sample: map the usual field names
-            sample = TelemetrySample(
-                t_s=float(getattr(sample, "t_s", getattr(sample, "time_s", time.monotonic()))),
-                mem_total_bytes=getattr(sample, "mem_total_bytes", None),
-                mem_available_bytes=getattr(sample, "mem_available_bytes", None),
-                temp_c=getattr(sample, "temp_c", getattr(sample, "temperature_c", None)),
-                power_w=getattr(sample, "power_w", None),
-                fps=getattr(sample, "fps", None),
-            )
-        if self._budget_source is None or not hasattr(self._budget_source, "update"):
-            self._budget_source = BudgetController(cap_bytes=self._fixed_budget)
-        before = self.budget_bytes
-        self._budget_source.update(sample, in_use_bytes=self.held_bytes if in_use_bytes is None else in_use_bytes)
-        after = self.budget_bytes
-        if after != before:
-            self._note("budget", f"telemetry: budget {format_bytes(before)} -> {format_bytes(after)}",
-                       budget_bytes=after, temp_c=sample.temp_c, power_w=sample.power_w, fps=sample.fps)  # fmt: skip
-            self.follow_budget()
-        return after
-
-    def follow_budget(self) -> None:
-        """Resize the KV pool to the current budget (between requests), through the swap tier."""
-        if self._lock.locked():
-            return  # a request is being admitted or served (its admission shrinks the pool itself); the next re-checks
-        budget = self.budget_bytes
-        want = self._pool_blocks_for(budget) if self._user_blocks is None else self._user_blocks
-        have = self.pool.num_blocks
-        over = self.held_bytes > budget
-        if self._user_blocks is not None and not over:
-            return
-        if over:  # shrink until what the session holds fits, keeping room for activations
-            want = min(want, self._pool_blocks_for(budget))
-        if want < 1:
-            self._note("degrade", "budget below the weights plus one KV block: nothing left to shrink",
-                       budget_bytes=budget, weights_bytes=self.weights_bytes)  # fmt: skip
-            return
-        if want == have or (not over and abs(want - have) < max(1, have // 10)):
-            return  # within 10%: not worth a resize
-        if self.encoder_cache is not None and over:
-            self.encoder_cache.store.clear()
-        self._resize_pool(want, budget, "follow the budget")
-
-    # -- budget ---------------------------------------------------------------------------
-
-    @property
-    def budget_bytes(self) -> int:
-        limits = [b for b in (self._fixed_budget, getattr(self._budget_source, "budget_bytes", None)) if b is not None]
-        return int(min(limits)) if limits else 2**62
-
-    @property
-    def held_bytes(self) -> int:
-        """Bytes the session holds between requests: weights, the KV pool, cached encoder outputs."""
-        store = self.encoder_cache.store if self.encoder_cache is not None else None
-        return self.weights_bytes + self.pool.nbytes + int(getattr(store, "nbytes", 0) or 0)
-
     def close(self) -> None:
         """Restore the model: encoder wrappers removed, streamed weights brought back."""
         if self.encoder_cache is not None:
@@ -458,9 +295,19 @@ class GovernedSession:
         poll = getattr(self._budget_source, "poll", None)
         if callable(poll):
             poll()
+        self._wait_while_squeezed()
         self.follow_budget()
         with self._lock:
             return self._serve_locked(input_ids, inputs, max_new_tokens)
+
+    def _wait_while_squeezed(self) -> None:
+        """A budget lowered below what the session already holds (a squeeze) may come back: wait for it
+        before doing anything, since under a squeezed limit even planning could fail to allocate."""
+        start = time.perf_counter()
+        while self._budget_lowered and self.held_bytes > self.budget_bytes:
+            if time.perf_counter() - start > self.max_wait_s:
+                return  # admission decides (shrink, degrade, or refuse with the reason)
+            time.sleep(0.01)
 
     def _serve_locked(self, input_ids: torch.Tensor, inputs: dict[str, Any], max_new_tokens: int) -> torch.Tensor:
         t0 = time.perf_counter()
@@ -638,19 +485,6 @@ class GovernedSession:
             self.on_decision(decision)
         return decision
 
-    def _admissible(self, budget: int) -> int:
-        """The most a request may be predicted to use: the budget less the safety margin (kernel
-        workspaces, per-thread buffers and the session's bookkeeping are not in the prediction)."""
-        return budget - max(int(budget * self.safety_fraction), _MIN_SAFETY_BYTES)
-
-    def _resize_pool(self, blocks: int, budget: int, why: str) -> None:
-        import tempfile
-
-        have = self.pool.num_blocks
-        self.pool = self.pool.resized(blocks, self.swap_dir or tempfile.gettempdir())
-        self._note("kv-pool", f"KV pool {have} -> {blocks} blocks ({format_bytes(self.pool.nbytes)}): {why}",
-                   budget_bytes=budget, blocks=blocks, kept_cached_blocks=len(self.pool.blocks.cached))  # fmt: skip
-
     # -- reporting ------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
@@ -676,21 +510,6 @@ class GovernedSession:
         }
 
 
-def _return_freed_memory() -> None:
-    """Ask glibc to give freed heap pages back to the OS, so that resident memory (what a phone's
-    memory killer watches) reflects what the session holds. A no-op elsewhere."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
-    except OSError:
-        pass
-
-
 def _row(inputs: dict[str, Any], r: int, ids_shape: torch.Size) -> dict[str, Any]:
     """Row ``r`` of a batch: per-token tensors sliced; media left whole when there is one row."""
     if ids_shape[0] == 1:
@@ -702,3 +521,6 @@ def _row(inputs: dict[str, Any], r: int, ids_shape: torch.Size) -> dict[str, Any
         else:
             out[k] = v
     return out
+
+
+__all__ = ["AdmissionError", "BudgetError", "GovernedSession", "RequestRecord", "state_bytes"]
