@@ -58,7 +58,9 @@ def test_real_rlimit_as_gives_memory_error_counted_oom(tmp_path) -> None:
     outcome = run_limited(path, limits=Limits(address_space_bytes=256 * MiB))
     assert outcome.status == "oom"
     assert "MemoryError" in outcome.exit.stderr_tail
-    assert outcome.exit.peak_rss_bytes < 300 * MiB
+    # Not asserted on peak_rss_bytes: Linux keeps the high-water mark across fork+exec, so a child
+    # forked from a big test process reports the parent's peak (seen in the full suite: 808 MB).
+    assert outcome.wall_s < 30  # refused at the limit, not after swapping 1 GiB in
     small = _script(tmp_path, "chunks = [bytearray(1 << 20) for _ in range(16)]\n")
     assert run_limited(small, limits=Limits(address_space_bytes=256 * MiB)).status == "ok"
 
