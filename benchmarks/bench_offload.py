@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from accelerate import dispatch_model, infer_auto_device_map
 
 from memwarden.models import zoo
@@ -48,11 +47,7 @@ def build(text_layers: int) -> torch.nn.Module:
     """The zoo's small LLaVA with ``text_layers`` decoder layers; same seed, same weights every call."""
     cfg = zoo.build_config("llava", "small")
     cfg.text_config.num_hidden_layers = text_layers
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = transformers.LlavaForConditionalGeneration._from_config(cfg, attn_implementation="sdpa")
-    model.generation_config.pad_token_id = zoo.PAD_ID
-    return model.eval()
+    return zoo.build_from_config("llava", cfg)
 
 
 def main() -> None:

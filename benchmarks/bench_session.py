@@ -112,17 +112,10 @@ def build(name: str, size: str, image_px: int):
     """A zoo model; for llava, its vision tower at ``image_px`` (LLaVA-1.5 sees 336 px: 576 tokens)."""
     if name != "llava" or image_px is None:
         return zoo.build_model(name, size)
-    import transformers
-
     cfg = zoo.build_config(name, size)
     cfg.vision_config.image_size = image_px
     cfg.image_seq_length = (image_px // cfg.vision_config.patch_size) ** 2
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = transformers.LlavaForConditionalGeneration._from_config(cfg, attn_implementation="sdpa")
-    model.generation_config.pad_token_id = zoo.PAD_ID
-    return model.eval()
-
+    return zoo.build_from_config(name, cfg)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 from safetensors import safe_open
 from torch.profiler import profile
 
@@ -91,11 +90,7 @@ def _deep_llava(text_layers: int) -> torch.nn.Module:
     of the weights and half of them is a budget streaming can meet."""
     cfg = zoo.build_config("llava", "tiny")
     cfg.text_config.num_hidden_layers = text_layers
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = transformers.LlavaForConditionalGeneration._from_config(cfg, attn_implementation="sdpa")
-    model.generation_config.pad_token_id = zoo.PAD_ID
-    return model.eval()
+    return zoo.build_from_config("llava", cfg)
 
 
 def _profiled_peak_bytes(fn) -> tuple[int, torch.Tensor]:

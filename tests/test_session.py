@@ -90,16 +90,21 @@ def test_chat_equals_plain_chat_loop(models, name, reuse):
         assert all(rec.reused_tokens == 0 for rec in later)
 
 
-def test_new_image_is_not_served_from_the_old_one(models):
-    model = models["llava"]
+def _after(model, a, b):
+    """A session serves request ``a`` then ``b``; (session, b's output, plain generate's for b)."""
     gk = zoo.generate_kwargs("llava")
-    a = zoo.make_inputs(model, prompt_tokens=40, seed=0)
-    b = dict(a, pixel_values=a["pixel_values"].flip(-1))  # same tokens, another picture
     with torch.inference_mode():
         ref_b = model.generate(**b, max_new_tokens=NEW, **gk)
         session = GovernedSession(model, budget="1GiB")
         session.generate(**a, max_new_tokens=NEW, **gk)
-        out_b = session.generate(**b, max_new_tokens=NEW, **gk)
+        return session, session.generate(**b, max_new_tokens=NEW, **gk), ref_b
+
+
+def test_new_image_is_not_served_from_the_old_one(models):
+    model = models["llava"]
+    a = zoo.make_inputs(model, prompt_tokens=40, seed=0)
+    b = dict(a, pixel_values=a["pixel_values"].flip(-1))  # same tokens, another picture
+    session, out_b, ref_b = _after(model, a, b)
     assert torch.equal(out_b, ref_b)
     rec = session.records[1]
     assert rec.media_reencoded
@@ -109,16 +114,10 @@ def test_new_image_is_not_served_from_the_old_one(models):
 
 def test_encoder_cache_serves_the_same_image_after_another_prefix(models):
     model = models["llava"]
-    gk = zoo.generate_kwargs("llava")
     a = zoo.make_inputs(model, prompt_tokens=40, seed=0)
     ids = a["input_ids"].clone()
     ids[0, 0] = 7  # another first token: no block of the prefix matches, the image is the same
-    b = dict(a, input_ids=ids)
-    with torch.inference_mode():
-        ref_b = model.generate(**b, max_new_tokens=NEW, **gk)
-        session = GovernedSession(model, budget="1GiB")
-        session.generate(**a, max_new_tokens=NEW, **gk)
-        out_b = session.generate(**b, max_new_tokens=NEW, **gk)
+    session, out_b, ref_b = _after(model, a, dict(a, input_ids=ids))
     assert torch.equal(out_b, ref_b)
     assert session.records[1].reused_tokens == 0
     assert session.encoder_cache is not None

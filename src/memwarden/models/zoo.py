@@ -573,8 +573,12 @@ def build_model(name: str, size: str = "tiny", dtype: torch.dtype = torch.float3
 
     The caller's RNG state is left alone: weights come from a forked generator seeded with ``seed``.
     """
+    return build_from_config(name, build_config(name, size), dtype=dtype, seed=seed)
+
+
+def build_from_config(name: str, cfg: Any, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
+    """Like :func:`build_model`, from a zoo config the caller changed (more layers, a larger image)."""
     arch = _arch(name)
-    cfg = build_config(name, size)
     model_cls = getattr(transformers, arch.model_class)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

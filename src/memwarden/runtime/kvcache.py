@@ -131,10 +131,6 @@ class KVPool:
         finally:
             os.unlink(path)
 
-    def copy_block(self, src: int, dst: int) -> None:
-        bs = self.spec.block_size
-        self.data[:, :, :, dst * bs : (dst + 1) * bs].copy_(self.data[:, :, :, src * bs : (src + 1) * bs])
-
 
 class Sequence:
     """One sequence's view of the pool: its block table and how many tokens hold KV."""
