@@ -62,3 +62,21 @@ def test_bad_arguments() -> None:
         quantize(nn.Linear(64, 64), bits=8)
     with pytest.raises(ValueError):
         Int4Linear(nn.Linear(60, 8), group_size=32)
+
+
+@pytest.mark.parametrize(("n", "k"), [(256, 512), (320, 384), (112, 256), (100, 256)])
+def test_the_weight_is_stored_once(n: int, k: int) -> None:
+    """Where the fused kernel's packed weight is kept, the tiled path unpacks it instead of holding a
+    second copy of the codes: the int4 layer holds N*K/2 bytes of codes plus its scales and zeros,
+    and the prefill (tiled) and decode (fused) paths agree with the unfused layer."""
+    torch.manual_seed(0)
+    lin = nn.Linear(k, n)
+    layer, unfused = Int4Linear(lin, 128), Int4Linear(lin, 128, fused=False)
+    held = sum(b.numel() * b.element_size() for b in layer.buffers())
+    one_copy = sum(b.numel() * b.element_size() for b in unfused.buffers())
+    if layer.fused and n % 64 == 0:
+        assert layer.codes is None and held == one_copy == n * k // 2 + 2 * 4 * n * k // 128
+    x = torch.randn(3, 24, k)
+    torch.testing.assert_close(layer(x), unfused(x))
+    torch.testing.assert_close(layer(x[:, :1]), unfused(x[:, :1]), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(layer.dequantized_weight(), unfused.dequantized_weight())

@@ -24,6 +24,7 @@ script workload pays nothing for them under a tight limit.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import re
 import resource
@@ -269,6 +270,20 @@ class JitterStats:
     last_error: str | None = None
 
 
+def _touch(chunk: mmap.mmap) -> None:
+    """Write every byte of ``chunk`` with the GIL released.
+
+    Another app's page faults do not stop this interpreter; a slice assignment would hold
+    the GIL for the ~0.1 s of faults per 128 MiB and stall the serving thread (ctypes
+    releases the GIL around foreign calls).
+    """
+    buf = (ctypes.c_char * len(chunk)).from_buffer(chunk)
+    try:
+        ctypes.memset(ctypes.addressof(buf), 1, len(chunk))
+    finally:
+        del buf  # the export must go before the chunk can be unmapped
+
+
 class JitterThread(threading.Thread):
     """Daemon thread: one chunk at a time, every page written so that it is resident."""
 
@@ -280,7 +295,6 @@ class JitterThread(threading.Thread):
 
     def run(self) -> None:
         npages = self.spec.size_bytes // PAGE_BYTES
-        ones = b"\x01" * npages  # one byte per page: made once, reused each cycle
         while not self._stop_event.is_set():
             begin = time.monotonic()
             try:
@@ -289,14 +303,12 @@ class JitterThread(threading.Thread):
                 self.stats.failed += 1
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
             else:
-                view = memoryview(chunk)
                 try:
-                    view[::PAGE_BYTES] = ones  # a write fault per page: the memory is really resident
+                    _touch(chunk)  # a write fault per page: the memory is really resident
                     self.stats.touched_bytes += npages * PAGE_BYTES
                     self.stats.held_bytes = npages * PAGE_BYTES
                     self._stop_event.wait(self.spec.hold_s)
                 finally:
-                    view.release()
                     chunk.close()  # munmap: returned to the OS at once, unlike a malloc'd buffer
                     self.stats.held_bytes = 0
             self.stats.cycles += 1

@@ -38,10 +38,37 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
     return codes, scales.reshape(n, -1), zeros.reshape(n, -1)
 
 
+_PACK_BLOCK_N = 64  # output rows per block of the CPU int4 pack (aten/src/ATen/native/cpu/int4mm_kernel.cpp)
+
+
+def unpack_cpu_int4(packed: torch.Tensor, rows: slice, n: int, k: int) -> torch.Tensor:
+    """Codes (r, K) uint8 of output ``rows`` from ``_convert_weight_to_int4pack_for_cpu``'s layout.
+
+    That layout is blocked by 64 output rows: block ``b`` holds K·32 bytes, byte ``k·32 + d``
+    = row ``64b + d`` (low nibble) | row ``64b + 32 + d`` (high nibble) at column ``k``. It is an
+    internal format: ``Int4Linear`` checks this inverse against the codes it packed and keeps
+    its own copy of the codes where it does not hold (or N is not a multiple of 64). ``rows``
+    must start on a block.
+    """
+    r0, r1 = rows.start or 0, min(rows.stop if rows.stop is not None else n, n)
+    flat = packed.reshape(-1)
+    b0, b1 = r0 // _PACK_BLOCK_N, -(-r1 // _PACK_BLOCK_N)
+    blocks = flat[b0 * k * 32 : b1 * k * 32].reshape(b1 - b0, k, 32)  # (B, K, 32)
+    out = torch.empty((b1 - b0, 2, 32, k), dtype=torch.uint8)
+    torch.bitwise_and(blocks, 15, out=out[:, 0].transpose(1, 2))
+    torch.bitwise_right_shift(blocks, 4, out=out[:, 1].transpose(1, 2))
+    return out.reshape(-1, k)[: r1 - r0]
+
+
 def dequantize_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
     n, k = codes.shape
     g = codes.reshape(n, k // group_size, group_size).float()  # (N, K/g, g): the one float temporary
     return g.sub_(8).mul_(scales.unsqueeze(-1)).add_(zeros.unsqueeze(-1)).reshape(n, k)
+
+
+def _pack_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """Codes two per byte: (N, K/2) uint8, high nibble = even column."""
+    return (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
 
 
 class Int4Linear(nn.Module):
@@ -54,19 +81,36 @@ class Int4Linear(nn.Module):
             raise ValueError(f"in_features {k} is not a multiple of group_size {group_size}")
         self.in_features, self.out_features = k, n
         self.group_size, self.tile_rows = group_size, tile_rows
-        self.fused = _fused_available() and k % (16 * _INNER_K_TILES) == 0 if fused is None else fused
+        self.fused = _fused_available() and k % (16 * _INNER_K_TILES) == 0 and n % 16 == 0 if fused is None else fused
         codes, scales, zeros = quantize_int4(linear.weight, group_size)
-        # Codes two per byte: (N, K/2) uint8, high nibble = even column.
-        self.register_buffer("codes", (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8))
-        self.register_buffer("scales", scales.contiguous())
-        self.register_buffer("zeros", zeros.contiguous())
+        self.register_buffer("codes", None)  # (N, K/2) uint8 unless the kernel's packed weight is unpackable
         if self.fused:
-            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES))
-            # (K/g, N, 2): the kernel's scales-and-zeros layout
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)
+            self.register_buffer("packed", packed)
+            # (K/g, N, 2): the kernel's scales-and-zeros layout; scales and zeros are views of it
             self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], -1).transpose(0, 1).contiguous())
+            # The weight is stored once: the tiled path unpacks the kernel's layout where the inverse
+            # is verified, instead of keeping a second copy of the codes (2x the int4 bytes).
+            self.tile_rows = -(-tile_rows // _PACK_BLOCK_N) * _PACK_BLOCK_N
+            if n % _PACK_BLOCK_N or not torch.equal(unpack_cpu_int4(packed, slice(0, n), n, k), codes.to(torch.uint8)):
+                self.register_buffer("codes", _pack_pairs(codes))
+        else:
+            self.register_buffer("codes", _pack_pairs(codes))
+            self.register_buffer("_scales", scales.contiguous())
+            self.register_buffer("_zeros", zeros.contiguous())
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
 
+    @property
+    def scales(self) -> torch.Tensor:  # (N, K/g)
+        return self.scales_and_zeros[..., 0].t() if self.fused else self._scales
+
+    @property
+    def zeros(self) -> torch.Tensor:  # (N, K/g)
+        return self.scales_and_zeros[..., 1].t() if self.fused else self._zeros
+
     def unpacked_codes(self, rows: slice = slice(None)) -> torch.Tensor:
+        if self.codes is None:
+            return unpack_cpu_int4(self.packed, rows, self.out_features, self.in_features)
         packed = self.codes[rows]  # (r, K/2) uint8
         out = torch.empty((packed.shape[0], self.in_features), dtype=torch.uint8, device=packed.device)
         torch.bitwise_right_shift(packed, 4, out=out[:, ::2])

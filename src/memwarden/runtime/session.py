@@ -35,7 +35,13 @@ from memwarden.runtime.admission import AdmissionError, Decision, PeakPredictor
 from memwarden.runtime.degrade import Ladder, LadderConfig
 from memwarden.runtime.encoders import EncoderCache, LRUStore
 from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence
-from memwarden.runtime.session_memory import BudgetError, MemoryMixin, _return_freed_memory, state_bytes
+from memwarden.runtime.session_memory import (
+    BudgetError,
+    MemoryMixin,
+    _fix_mmap_threshold,
+    _return_freed_memory,
+    state_bytes,
+)
 from memwarden.units import format_bytes, parse_bytes
 
 _PER_TOKEN_KEYS = ("attention_mask", "token_type_ids", "mm_token_type_ids")
@@ -104,7 +110,9 @@ class GovernedSession(MemoryMixin):
     ``budget`` may also be any object with a ``budget_bytes`` attribute (a
     ``runtime.budget`` controller following telemetry); it is read before every request.
     ``kv_fraction`` of what the budget leaves after the weights goes to the KV pool (unless
-    ``num_kv_blocks`` is given), the rest to activations.
+    ``num_kv_blocks`` is given), the rest to activations. On CPU the session fixes glibc's mmap
+    threshold at ``heap_mmap_threshold`` bytes (process-wide; ``None`` leaves it alone) so that
+    freed activations leave the resident set that a device's memory killer watches.
     """
 
     def __init__(
@@ -134,6 +142,7 @@ class GovernedSession(MemoryMixin):
         lower_resolution: Callable[[dict[str, Any], float], dict[str, Any]] | None = None,
         fallback: GovernedSession | None = None,
         on_decision: Callable[[Decision], None] | None = None,
+        heap_mmap_threshold: int | None = 128 * 1024,
     ) -> None:
         self.model = model
         self.processor = processor
@@ -169,6 +178,8 @@ class GovernedSession(MemoryMixin):
             _return_freed_memory()  # the fp32 weights just freed stay in glibc's heap otherwise (RSS)
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+        if heap_mmap_threshold is not None and self.device.type == "cpu":
+            _fix_mmap_threshold(heap_mmap_threshold)  # freed tensors leave the resident set (see the function)
         self.spec = KVSpec.from_config(model.config, dtype=dtype, block_size=block_size)
         self.predictor = PeakPredictor(model, self.spec)
         self.streamer: Any = None
