@@ -137,3 +137,20 @@ def test_plain_serving_campaign_with_a_tiny_model(tmp_path) -> None:
 def test_bad_configs(text: str, match: str) -> None:
     with pytest.raises(InputError, match=match):
         parse_config(text.encode(), label="c.toml")
+
+
+def test_shipped_governed_config_keeps_under_its_limits_with_jitter() -> None:
+    """examples/stress/governed.toml, as shipped, under a 128 MiB jitter (another app touching every
+    page it maps): every request is served, and the worker's resident peak stays under the RSS
+    watchdog with room to spare (a real worker process, the real limits of the file)."""
+    from pathlib import Path
+
+    from memwarden.resilience.campaign import plan_shards, run_shard, summarize
+
+    config = load_config(Path(__file__).resolve().parents[1] / "examples" / "stress" / "governed.toml")
+    (shard,) = plan_shards(config, side="b", runs=4, seed=3, inject=["jitter:size=128MiB,period=15ms"])
+    records = run_shard(shard)
+    summary = summarize(records)
+    assert (summary["ok"], summary["worker_restarts"]) == (4, 0), [(r["error"], r["peak_rss_bytes"], r["latency_s"]) for r in records]
+    assert all(r["injected"]["jitter_touched_bytes"] >= 128 * 2**20 for r in records)
+    assert summary["peak_rss_max_bytes"] < config.limits.rss_bytes - 32 * 2**20

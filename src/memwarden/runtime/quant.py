@@ -27,15 +27,44 @@ def _fused_available() -> bool:
     )
 
 
+_CHUNK_FLOATS = 1 << 20  # rows are quantized and packed this many weights at a time (4 MiB of float temporaries)
+
+
 def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(codes int32 (N, K) in 0..15, scales (N, K/g), zeros (N, K/g)) of a float weight (N, K)."""
+    """(codes uint8 (N, K) in 0..15, scales (N, K/g), zeros (N, K/g)) of a float weight (N, K).
+
+    Rows go a chunk at a time, so the float temporaries are bounded by ``_CHUNK_FLOATS`` whatever
+    the layer's size (a whole-layer expression holds several float copies of the weight at once).
+    """
     n, k = weight.shape
-    groups = weight.detach().float().reshape(-1, group_size)  # (N*K/g, g)
-    lo, hi = groups.amin(1, keepdim=True), groups.amax(1, keepdim=True)
-    scales = (hi - lo).clamp(min=1e-6) / 15
-    zeros = lo + scales * 8
-    codes = groups.sub(lo).div(scales).round().clamp(0, 15).to(torch.int32).reshape(n, k)
-    return codes, scales.reshape(n, -1), zeros.reshape(n, -1)
+    codes = torch.empty((n, k), dtype=torch.uint8)
+    scales = torch.empty((n, k // group_size), dtype=torch.float32)
+    zeros = torch.empty_like(scales)
+    step = max(1, _CHUNK_FLOATS // k)
+    for r0 in range(0, n, step):
+        groups = weight.detach()[r0 : r0 + step].float().reshape(-1, group_size)  # (rows*K/g, g)
+        lo, hi = groups.amin(1, keepdim=True), groups.amax(1, keepdim=True)
+        sc = (hi - lo).clamp(min=1e-6) / 15
+        rows = groups.shape[0] * group_size // k
+        scales[r0 : r0 + rows] = sc.reshape(rows, -1)
+        zeros[r0 : r0 + rows] = (lo + sc * 8).reshape(rows, -1)
+        codes[r0 : r0 + rows] = groups.sub(lo).div_(sc).round_().clamp_(0, 15).reshape(rows, k)  # not sub_: a view
+    return codes, scales, zeros
+
+
+def _pack_cpu_int4(codes: torch.Tensor) -> torch.Tensor:
+    """``_convert_weight_to_int4pack_for_cpu`` of uint8 codes (N, K), by blocks of 64 rows where N allows
+    (the layout is block-major, see ``unpack_cpu_int4``), so the kernel's int32 input is a chunk."""
+    n, k = codes.shape
+    convert = torch.ops.aten._convert_weight_to_int4pack_for_cpu
+    if n % _PACK_BLOCK_N:
+        return convert(codes.to(torch.int32), _INNER_K_TILES)
+    step = max(_PACK_BLOCK_N, _CHUNK_FLOATS // k // _PACK_BLOCK_N * _PACK_BLOCK_N)
+    out = torch.empty(n * k // 2, dtype=torch.uint8)
+    for r0 in range(0, n, step):
+        part = convert(codes[r0 : r0 + step].to(torch.int32), _INNER_K_TILES).reshape(-1)
+        out[r0 * k // 2 : r0 * k // 2 + part.numel()] = part
+    return out.reshape(n, k // 2)
 
 
 _PACK_BLOCK_N = 64  # output rows per block of the CPU int4 pack (aten/src/ATen/native/cpu/int4mm_kernel.cpp)
@@ -85,14 +114,17 @@ class Int4Linear(nn.Module):
         codes, scales, zeros = quantize_int4(linear.weight, group_size)
         self.register_buffer("codes", None)  # (N, K/2) uint8 unless the kernel's packed weight is unpackable
         if self.fused:
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)
+            packed = _pack_cpu_int4(codes)
             self.register_buffer("packed", packed)
             # (K/g, N, 2): the kernel's scales-and-zeros layout; scales and zeros are views of it
             self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], -1).transpose(0, 1).contiguous())
             # The weight is stored once: the tiled path unpacks the kernel's layout where the inverse
             # is verified, instead of keeping a second copy of the codes (2x the int4 bytes).
             self.tile_rows = -(-tile_rows // _PACK_BLOCK_N) * _PACK_BLOCK_N
-            if n % _PACK_BLOCK_N or not torch.equal(unpack_cpu_int4(packed, slice(0, n), n, k), codes.to(torch.uint8)):
+            if n % _PACK_BLOCK_N or not torch.equal(unpack_cpu_int4(packed, slice(0, n), n, k), codes):
+                if n % _PACK_BLOCK_N == 0:  # the layout is not the one unpack reads: pack the whole weight
+                    self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                        codes.to(torch.int32), _INNER_K_TILES))  # fmt: skip
                 self.register_buffer("codes", _pack_pairs(codes))
         else:
             self.register_buffer("codes", _pack_pairs(codes))
@@ -151,9 +183,15 @@ def quantize(model: nn.Module, bits: int = 4, group_size: int = 128, skip: tuple
         raise ValueError(f"bits={bits}: only 4-bit weight-only quantization is implemented")
     if group_size < 1:
         raise ValueError("group_size must be positive")
-    for path, module in list(model.named_modules()):
-        for name, child in list(module.named_children()):
-            full = f"{path}.{name}" if path else name
-            if isinstance(child, nn.Linear) and child.in_features % group_size == 0 and not any(s in full for s in skip):
-                setattr(module, name, Int4Linear(child, group_size, **kwargs))
+    # Names, not modules: a list of the modules would keep every float weight alive until the end,
+    # so the model would briefly hold its float and its int4 weights at once.
+    targets = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and module.in_features % group_size == 0 and not any(s in name for s in skip)
+    ]
+    for name in targets:
+        path, _, attr = name.rpartition(".")
+        parent = model.get_submodule(path) if path else model
+        setattr(parent, attr, Int4Linear(getattr(parent, attr), group_size, **kwargs))
     return model

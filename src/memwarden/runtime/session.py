@@ -172,6 +172,9 @@ class GovernedSession(AdmissionMixin, MemoryMixin):
         self._use_fallback = False
         self.conversations: dict[str, _Conversation] = {}
 
+        on_cpu = all(p.device.type in ("cpu", "meta") for p in model.parameters())
+        if heap_mmap_threshold is not None and on_cpu:
+            _fix_mmap_threshold(heap_mmap_threshold)  # freed tensors leave the resident set (see the function)
         if quantize is not None:  # int4 weight-only linears, in place (runtime/quant.py)
             from memwarden.runtime.quant import quantize as quantize_model
 
@@ -179,8 +182,6 @@ class GovernedSession(AdmissionMixin, MemoryMixin):
             _return_freed_memory()  # the fp32 weights just freed stay in glibc's heap otherwise (RSS)
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
-        if heap_mmap_threshold is not None and self.device.type == "cpu":
-            _fix_mmap_threshold(heap_mmap_threshold)  # freed tensors leave the resident set (see the function)
         self.spec = KVSpec.from_config(model.config, dtype=dtype, block_size=block_size)
         self.predictor = PeakPredictor(model, self.spec)
         self.streamer: Any = None
