@@ -7,6 +7,9 @@ For a 7B-class MLP projection (11008 x 4096, group 128), side by side in one pro
 - memwarden fused: ``Int4Linear`` on PyTorch's ``_weight_int4pack_mm_for_cpu``;
 - memwarden tiled: ``Int4Linear(fused=False)``, one ``tile_rows`` x K float tile at a time.
 
+Also printed: the bytes each layer holds (the fused layer keeps one copy of the codes, in the
+kernel's packed layout, which its tiled path unpacks).
+
 Peak temporary = the highest live bytes during the call above what was live before it, minus
 the output, measured by memwarden's allocator capture. Latency = median of interleaved repeats.
 
@@ -82,10 +85,14 @@ def main() -> None:
                     "temporary_vs_dequant": peaks[k] / peaks[base], "latency_vs_dequant": med[k] / med[base],
                     "max_rel_error_vs_dequant": err[k],
                 })  # fmt: skip
+    held = {name: sum(b.numel() * b.element_size() for b in layer.buffers()) for name, layer in
+            (("fused int4", fused), ("tiled int4", tiled))}  # fmt: skip
+    held["float32 weight"] = linear.weight.numel() * 4
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"rows": rows, "held_bytes": held}, indent=2))
         return
     print(f"Linear {args.out_features} x {args.in_features}, group {args.group_size}, {args.threads} thread(s)")
+    print("held: " + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in held.items()))
     print("| tokens | method | peak temporary | vs dequant | latency | vs dequant | max rel. error |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

@@ -86,10 +86,14 @@ def test_bootstrap_reproducible_with_seed() -> None:
     assert bootstrap_ci([], seed=0) is None
 
 
-def test_script_campaign_counts_add_up(tmp_path) -> None:
+def test_script_campaign_counts_add_up(tmp_path, capfd) -> None:
     a = write_script_config(tmp_path, "a")
     b = write_script_config(tmp_path, "b", limit="4GiB")  # the hog fits: no oom on this side
-    result = run_campaign(a, b, runs=10, seed=1)
+    result = run_campaign(a, b, runs=10, seed=1, progress=True)
+    # progress comes from the shard's own process, on stderr, every 10 requests and at the end
+    err = capfd.readouterr().err
+    assert "stress: A (a): 10/10 requests (ok 6, oom 3, crash 1, lost 0)" in err
+    assert "stress: B (b): 10/10 requests (ok 8, oom 0, crash 2, lost 0)" in err
     data = result.to_json(records=True)
     for side in ("a", "b"):
         s = data[side]

@@ -32,6 +32,7 @@ def register(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument("--seed", default="0", metavar="S", help="seed of the request inputs and the bootstrap (default 0)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--records", action="store_true", help="with --json: include every request's record")
     p.add_argument("--html", default=None, metavar="OUT", help="write a self-contained HTML comparison to OUT")
     p.add_argument("--executor", default="local", choices=("local", "ray"), help="where workers run (default local)")
@@ -64,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         parse_inject(spec)
     config_a, config_b = load_config(args.a), load_config(args.b)
     with make_executor(args.executor, jobs=jobs, address=args.ray_address) as executor:
-        result = run_campaign(config_a, config_b, runs=runs, inject=args.inject, seed=seed, executor=executor)
+        result = run_campaign(config_a, config_b, runs=runs, inject=args.inject, seed=seed, executor=executor,
+                              progress=not args.quiet)
     data = result.to_json(records=True)
     if args.html:
         from memwarden.resilience.report import write_stress_html

@@ -17,6 +17,7 @@ checked against plain ``generate()``).
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -67,6 +68,23 @@ def _death_error(info: Any) -> str:
     return f"worker ended ({how})" + (f": {tail[0][:300]}" if tail else "")
 
 
+_PROGRESS_EVERY = 10  # requests between progress lines
+
+
+def _progress(spec: dict[str, Any], config: CampaignConfig, records: list[dict[str, Any]]) -> None:
+    """One line on stderr every few requests (and at the end) when the campaign asked for progress.
+
+    Written by the shard's own process: stderr is inherited by the local pool and forwarded to
+    the driver by Ray, so it reaches the user on both executors."""
+    done, total = len(records), len(spec["requests"])
+    if not spec.get("progress") or (done % _PROGRESS_EVERY and done != total):
+        return
+    counts = ", ".join(f"{s} {sum(1 for r in records if r['status'] == s)}" for s in STATUSES)
+    slot = f" slot {spec['slot']}" if spec.get("slots", 1) > 1 else ""
+    print(f"stress: {spec['side'].upper()} ({config.name}){slot}: {done}/{total} requests ({counts})",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
 def run_shard(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Serve one shard's requests in order; the executor task. Never raises for a failed request."""
     config = CampaignConfig.from_json(spec["config"])
@@ -96,6 +114,7 @@ def _script_shard(config: CampaignConfig, spec: dict[str, Any], work_dir: Path) 
         elif failed_at is not None:
             rec["recovery_s"], failed_at = time.monotonic() - failed_at, None
         records.append(rec)
+        _progress(spec, config, records)
     return records
 
 
@@ -112,6 +131,7 @@ def _serve_shard(config: CampaignConfig, spec: dict[str, Any], work_dir: Path) -
             index = req["index"]
             if worker is None and starts > config.max_restarts:
                 records.append(_record(index, "lost", error="worker restarts exhausted"))
+                _progress(spec, config, records)
                 continue
             begin = time.monotonic()
             try:
@@ -129,6 +149,7 @@ def _serve_shard(config: CampaignConfig, spec: dict[str, Any], work_dir: Path) -
                 if worker is not None:
                     worker.close()
                 worker = None
+                _progress(spec, config, records)
                 continue
             rec = _record(index, answer["status"], latency_s=answer.get("latency_s"),
                           peak_rss_bytes=answer.get("peak_rss_bytes"), output_sha=answer.get("output_sha"),
@@ -144,6 +165,7 @@ def _serve_shard(config: CampaignConfig, spec: dict[str, Any], work_dir: Path) -
                     worker.close()
                     worker = None
             records.append(rec)
+            _progress(spec, config, records)
     finally:
         if worker is not None:
             worker.close()
@@ -237,8 +259,11 @@ def compare(result: CampaignResult, resamples: int = 2000) -> CampaignResult:
 
 
 def run_campaign(config_a: CampaignConfig, config_b: CampaignConfig, *, runs: int, inject: list[str] | None = None,
-                 seed: int = 0, executor: Any = None, resamples: int = 2000) -> CampaignResult:  # fmt: skip
-    """Run both sides through ``executor`` (default: a one-process local pool) and compare them."""
+                 seed: int = 0, executor: Any = None, resamples: int = 2000,
+                 progress: bool = False) -> CampaignResult:  # fmt: skip
+    """Run both sides through ``executor`` (default: a one-process local pool) and compare them.
+
+    ``progress``: each shard prints a line on stderr every few requests."""
     from memwarden.errors import InputError
     from memwarden.resilience.executor import LocalExecutor
     from memwarden.resilience.inject import parse_inject
@@ -250,6 +275,9 @@ def run_campaign(config_a: CampaignConfig, config_b: CampaignConfig, *, runs: in
         parse_inject(spec)
     shards = plan_shards(config_a, side="a", runs=runs, seed=seed, inject=inject)
     shards += plan_shards(config_b, side="b", runs=runs, seed=seed, inject=inject)
+    for shard in shards:  # not part of the task's identity: results are the same either way
+        shard["progress"] = progress
+        shard["slots"] = sum(1 for other in shards if other["side"] == shard["side"])
     own = executor is None
     executor = executor or LocalExecutor(1)
     begin = time.monotonic()
