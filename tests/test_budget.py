@@ -59,7 +59,8 @@ def check_invariants(
         elif d.changed and prev_budget is not None:
             assert d.t_s - last_change_s >= policy.hysteresis_s, (i, d)
             step = abs(d.budget_bytes - prev_budget)
-            assert step >= max(policy.min_change_bytes, policy.min_change_fraction * prev_budget)
+            # a move is worth making from min_change_bytes (capped at a fifth of the budget) and min_change_fraction
+            assert step >= max(policy.min_change_fraction * prev_budget, min(policy.min_change_bytes, 0.2 * prev_budget))
         if d.changed:
             last_change_s = d.t_s
         prev_budget = d.budget_bytes
@@ -266,3 +267,23 @@ def test_cli_live() -> None:
     assert all(r["budget_bytes"] <= out["cap_bytes"] for r in out["samples"])
     proc = run_cli("telemetry")
     assert proc.returncode == 0 and "budget" in proc.stdout
+
+
+def test_soft_signals_scale_the_cap_down_to_the_floor_memory_can_go_lower() -> None:
+    """Temperature alone (no memory signal) scales the cap, never below the session's floor; a small
+    budget still follows a 20 % cut (min_change_bytes is capped at a fifth of the budget)."""
+    mib = 2**20
+
+    def run(floor: int, available: int | None = None) -> list[int]:
+        c = BudgetController(DefaultPolicy(min_headroom_bytes=0, noise_margin_bytes=0), cap_bytes=96 * mib)
+        c.floor_bytes = floor
+        return [
+            c.update(TelemetrySample(t_s=i * 0.5, temp_c=40 + i * 1.5, mem_available_bytes=available))
+            for i in range(60)
+        ]
+
+    free = run(0)
+    assert free[0] == 96 * mib and free[-1] == 48 * mib  # the policy's floor: half the cap at 70 degC and above
+    floored = run(75 * mib)
+    assert floored[0] == 96 * mib and 75 * mib <= min(floored) and floored[-1] < 80 * mib  # moved, to the floor
+    assert run(75 * mib, available=40 * mib)[-1] <= 40 * mib  # memory is hard: below the floor

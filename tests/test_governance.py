@@ -103,3 +103,45 @@ def test_latency_ladder_prunes_visual_tokens_and_recovers():
     assert again.shape[1] == recs[2].prompt_tokens + 4
     kinds = [e["label"] for e in session.events if e["kind"] == "degrade"]
     assert any("latency level" in k for k in kinds)
+
+
+def test_telemetry_from_another_thread_never_resizes_under_a_request() -> None:
+    """A telemetry thread swinging the temperature (so the budget, so the KV pool size) while the
+    main thread serves: every resize holds the session's lock, no request sees a pool mid-swap,
+    and greedy outputs are those of model.generate()."""
+    import threading
+
+    from memwarden.runtime.telemetry import TelemetrySample
+
+    model = zoo.build_model("llava", "tiny")
+    gen = zoo.generate_kwargs("llava")
+    inputs = [zoo.make_inputs(model, prompt_tokens=20 + 4 * i, seed=i) for i in range(6)]
+    with torch.inference_mode():
+        expected = [model.generate(**x, max_new_tokens=4, **gen)[0, x["input_ids"].shape[1] :] for x in inputs]
+    weights = state_bytes(model)
+    session = GovernedSession(model, budget=weights + 16 * 2**20)
+    stop, errors, swings = threading.Event(), [], [0]
+
+    def telemetry() -> None:
+        t = 0.0
+        while not stop.is_set():
+            t += 6.0  # past the hysteresis: every sample may move the budget
+            try:
+                hot = (swings[0] // 3) % 2  # three samples hot, three cool: the smoothed temperature swings too
+                session.on_telemetry(TelemetrySample(t_s=t, temp_c=95.0 if hot else 40.0), in_use_bytes=0)
+            except Exception as exc:  # noqa: BLE001 - the test reports it
+                errors.append(exc)
+            swings[0] += 1
+
+    thread = threading.Thread(target=telemetry, daemon=True)
+    thread.start()
+    try:
+        got = [session.generate(**x, max_new_tokens=4, **gen)[0, x["input_ids"].shape[1] :] for x in inputs]
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not errors and swings[0] > 10
+    labels = [e["label"] for e in session.events]
+    assert sum("resize" in lb or "pool" in lb for lb in labels) > 2, labels  # the pool did swing
+    for want, have in zip(expected, got, strict=True):
+        assert torch.equal(want, have)

@@ -241,8 +241,10 @@ def apply_address_space_limit(limit_bytes: int) -> None:
 
 
 def is_oom_error(exc: BaseException) -> bool:
-    """MemoryError, torch.OutOfMemoryError, or a CPU allocator failure (a RuntimeError in torch)."""
-    if isinstance(exc, MemoryError) or type(exc).__name__ in ("OutOfMemoryError", "OutOfMemory"):
+    """MemoryError, torch.OutOfMemoryError, a CPU allocator failure (a RuntimeError in torch), or a
+    request a governed session refused because it was predicted not to fit (``AdmissionError``:
+    a memory failure handled before allocating, not a crash)."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ in ("OutOfMemoryError", "OutOfMemory", "AdmissionError"):
         return True
     text = str(exc)[:2000]
     return (

@@ -21,7 +21,10 @@ into ``budget_bytes``: the memory the session may hold. Three layers, each with 
    with A the sample's ``mem_available_bytes`` (else the last one seen, else the device
    profile's usable bytes), U the ``in_use_bytes`` passed with it (0 in a replay), H
    ``min_headroom_bytes``. In a replay that reads ``budget <= available - min_headroom``
-   whenever available >= min_headroom, else 0. With no memory signal at all the bound is the cap.
+   whenever available >= min_headroom, else 0. With no memory signal at all the bound is the cap,
+   and the target is the cap scaled by the policy's weights (temperature, power, fps). Those
+   weights never take the target below ``floor_bytes`` (a session's working set: heat is a
+   reason to serve leaner, not to refuse everything); the memory bound still can.
 
    Hysteresis: the budget changes at most once per ``hysteresis_s``: a change that is not
    *forced* comes at least ``hysteresis_s`` after the previous change (forced or not; the
@@ -255,6 +258,13 @@ class BudgetDecision:
         }
 
 
+def _min_change(policy: BudgetPolicy, budget: int) -> float:
+    """The smallest move worth a re-plan: ``min_change_fraction`` of the budget, and
+    ``min_change_bytes`` — but never more than a fifth of the budget, so that a small budget
+    (a 96 MiB session) still follows a 20 % thermal cut."""
+    return max(policy.min_change_fraction * budget, min(policy.min_change_bytes, 0.2 * budget))
+
+
 class BudgetController:
     """Live budget for a session: ``update(sample) -> budget_bytes``; see the module docstring."""
 
@@ -268,6 +278,7 @@ class BudgetController:
         self.policy = policy or DefaultPolicy()
         self.cap_bytes = None if cap_bytes is None else parse_bytes(cap_bytes)
         self.fallback_available_bytes = fallback_available_bytes
+        self.floor_bytes = 0  # soft signals stop here (a GovernedSession sets its working set)
         self.reset()
 
     @classmethod
@@ -334,16 +345,24 @@ class BudgetController:
         signals = self._signals(t)
         ceiling = self._ceiling(available, in_use)
         weights = p.weights(signals)
-        target = min(ceiling, max(0, p.target_bytes(signals)))
+        if signals.predicted_reachable_bytes is None:
+            # No memory signal (a log or a simulation with temperature / power / fps only): the
+            # user's cap is all there is to scale, by the same weights the policy would apply.
+            memory_bound = ceiling
+            target = int(ceiling * max(p.min_weight, min(1.0, math.prod(weights.values()))))
+        else:
+            memory_bound = min(ceiling, max(0, signals.predicted_reachable_bytes - p.min_headroom_bytes))
+            target = min(ceiling, max(0, p.target_bytes(signals)))
+        # Heat, power and frame rate are soft: they never take the budget below the floor (what the
+        # session needs to serve at all); only memory can, and then the session waits or refuses.
+        target = max(target, min(self.floor_bytes, memory_bound))
         target -= target % p.granularity_bytes
 
         prev = self._budget
         forced = prev is not None and prev > ceiling
         if prev is None or forced:
             new = target
-        elif t - self._last_change_s >= p.hysteresis_s and abs(target - prev) >= max(
-            p.min_change_bytes, p.min_change_fraction * prev
-        ):
+        elif t - self._last_change_s >= p.hysteresis_s and abs(target - prev) >= _min_change(p, prev):
             new = target
         else:
             new = prev

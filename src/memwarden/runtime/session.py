@@ -191,6 +191,7 @@ class GovernedSession(AdmissionMixin, MemoryMixin):
             example_tokens = example_inputs["input_ids"].shape[1] + int(example_inputs.get("max_new_tokens", 32))
             min_kv_tokens = max(min_kv_tokens, example_tokens)
         min_pool = self.spec.page_size_bytes * self.pool_blocks_for_tokens(min_kv_tokens)
+        self._min_pool_bytes = min_pool
         self.stream_allowed = stream is not False
         self._offload_dir = offload_dir
         reserve = activation_reserve_bytes if activation_reserve_bytes is not None else budget_now // 10

@@ -192,6 +192,8 @@ class MemoryMixin:
             )
         if self._budget_source is None or not hasattr(self._budget_source, "update"):
             self._budget_source = BudgetController(cap_bytes=self._fixed_budget)
+            # heat / power / fps never push the budget below what serving needs at all
+            self._budget_source.floor_bytes = self.working_set_bytes
         before = self.budget_bytes
         self._budget_source.update(sample, in_use_bytes=self.held_bytes if in_use_bytes is None else in_use_bytes)
         after = self.budget_bytes
@@ -202,9 +204,18 @@ class MemoryMixin:
         return after
 
     def follow_budget(self) -> None:
-        """Resize the KV pool to the current budget (between requests), through the swap tier."""
-        if self._lock.locked():
+        """Resize the KV pool to the current budget (between requests), through the swap tier.
+
+        Telemetry may call this from another thread: the resize holds the session's lock, so a
+        request never starts on a pool that is half swapped out."""
+        if not self._lock.acquire(blocking=False):
             return  # a request is being admitted or served (its admission shrinks the pool itself); the next re-checks
+        try:
+            self._follow_budget_locked()
+        finally:
+            self._lock.release()
+
+    def _follow_budget_locked(self) -> None:
         budget = self.budget_bytes
         want = self._pool_blocks_for(budget) if self._user_blocks is None else self._user_blocks
         have = self.pool.num_blocks
@@ -235,6 +246,11 @@ class MemoryMixin:
         """Bytes the session holds between requests: weights, the KV pool, cached encoder outputs."""
         store = self.encoder_cache.store if self.encoder_cache is not None else None
         return self.weights_bytes + self.pool.nbytes + int(getattr(store, "nbytes", 0) or 0)
+
+    @property
+    def working_set_bytes(self) -> int:
+        """The least the session serves with: its weights, the smallest KV pool and the activation reserve."""
+        return self.weights_bytes + self._min_pool_bytes + max(0, self.activation_reserve_bytes)
 
     def _admissible(self, budget: int) -> int:
         """The most a request may be predicted to use: the budget less the safety margin (kernel
