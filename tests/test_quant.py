@@ -80,3 +80,27 @@ def test_the_weight_is_stored_once(n: int, k: int) -> None:
     torch.testing.assert_close(layer(x), unfused(x))
     torch.testing.assert_close(layer(x[:, :1]), unfused(x[:, :1]), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(layer.dequantized_weight(), unfused.dequantized_weight())
+
+
+def test_quantize_frees_each_float_weight_as_it_goes() -> None:
+    """quantize() replaces layers by name, so each float weight is freed as its int4 layer is made:
+    the peak stays near the float model plus one layer's temporaries. Holding the modules (what a
+    list of them inside quantize did) keeps every float weight alive next to every int4 layer."""
+    from memwarden.analyze.timeline import summary
+    from memwarden.trace.capture import Capture
+
+    def peak(hold: bool) -> tuple[int, int, int]:
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(512, 512, bias=False) for _ in range(32)])
+        float_bytes = sum(p.numel() * 4 for p in model.parameters())
+        held = list(model.modules()) if hold else None
+        with Capture() as cap:
+            quantize(model)
+        int4_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+        del held
+        return summary(cap.trace).peak_bytes, float_bytes, int4_bytes
+
+    got, float_bytes, int4_bytes = peak(hold=False)
+    assert got < float_bytes + int4_bytes // 2, (got, float_bytes, int4_bytes)
+    held, _, _ = peak(hold=True)
+    assert held >= float_bytes + int4_bytes  # the measurement sees the difference

@@ -27,6 +27,7 @@ def _fused_available() -> bool:
     )
 
 
+_PACK_BLOCK_N = 64  # output rows per block of the CPU int4 pack (aten/src/ATen/native/cpu/int4mm_kernel.cpp)
 _CHUNK_FLOATS = 1 << 20  # rows are quantized and packed this many weights at a time (4 MiB of float temporaries)
 
 
@@ -53,21 +54,15 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
 
 
 def _pack_cpu_int4(codes: torch.Tensor) -> torch.Tensor:
-    """``_convert_weight_to_int4pack_for_cpu`` of uint8 codes (N, K), by blocks of 64 rows where N allows
-    (the layout is block-major, see ``unpack_cpu_int4``), so the kernel's int32 input is a chunk."""
+    """``_convert_weight_to_int4pack_for_cpu`` of uint8 codes (N, K), N a multiple of 64, by blocks of
+    64 rows (the layout is block-major, see ``unpack_cpu_int4``): the kernel's int32 input is a chunk."""
     n, k = codes.shape
-    convert = torch.ops.aten._convert_weight_to_int4pack_for_cpu
-    if n % _PACK_BLOCK_N:
-        return convert(codes.to(torch.int32), _INNER_K_TILES)
     step = max(_PACK_BLOCK_N, _CHUNK_FLOATS // k // _PACK_BLOCK_N * _PACK_BLOCK_N)
     out = torch.empty(n * k // 2, dtype=torch.uint8)
     for r0 in range(0, n, step):
-        part = convert(codes[r0 : r0 + step].to(torch.int32), _INNER_K_TILES).reshape(-1)
-        out[r0 * k // 2 : r0 * k // 2 + part.numel()] = part
+        part = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[r0 : r0 + step].to(torch.int32), _INNER_K_TILES)
+        out[r0 * k // 2 : r0 * k // 2 + part.numel()] = part.reshape(-1)
     return out.reshape(n, k // 2)
-
-
-_PACK_BLOCK_N = 64  # output rows per block of the CPU int4 pack (aten/src/ATen/native/cpu/int4mm_kernel.cpp)
 
 
 def unpack_cpu_int4(packed: torch.Tensor, rows: slice, n: int, k: int) -> torch.Tensor:
@@ -114,18 +109,18 @@ class Int4Linear(nn.Module):
         codes, scales, zeros = quantize_int4(linear.weight, group_size)
         self.register_buffer("codes", None)  # (N, K/2) uint8 unless the kernel's packed weight is unpackable
         if self.fused:
-            packed = _pack_cpu_int4(codes)
-            self.register_buffer("packed", packed)
             # (K/g, N, 2): the kernel's scales-and-zeros layout; scales and zeros are views of it
             self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], -1).transpose(0, 1).contiguous())
             # The weight is stored once: the tiled path unpacks the kernel's layout where the inverse
             # is verified, instead of keeping a second copy of the codes (2x the int4 bytes).
             self.tile_rows = -(-tile_rows // _PACK_BLOCK_N) * _PACK_BLOCK_N
-            if n % _PACK_BLOCK_N or not torch.equal(unpack_cpu_int4(packed, slice(0, n), n, k), codes):
-                if n % _PACK_BLOCK_N == 0:  # the layout is not the one unpack reads: pack the whole weight
-                    self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-                        codes.to(torch.int32), _INNER_K_TILES))  # fmt: skip
+            packed = _pack_cpu_int4(codes) if n % _PACK_BLOCK_N == 0 else None
+            if packed is None or not torch.equal(unpack_cpu_int4(packed, slice(0, n), n, k), codes):
+                # Not the layout unpack reads (so packing by blocks may be wrong too): the kernel packs
+                # the whole weight, and the layer keeps its own codes for the tiled path.
+                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), _INNER_K_TILES)
                 self.register_buffer("codes", _pack_pairs(codes))
+            self.register_buffer("packed", packed)
         else:
             self.register_buffer("codes", _pack_pairs(codes))
             self.register_buffer("_scales", scales.contiguous())

@@ -40,19 +40,24 @@ def state_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def _return_freed_memory() -> None:
-    """Ask glibc to give freed heap pages back to the OS, so that resident memory (what a phone's
-    memory killer watches) reflects what the session holds. A no-op elsewhere."""
+def _libc() -> Any:
+    """The C library through ctypes, or None where there is none to load."""
     import ctypes
     import ctypes.util
 
     name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
+        return ctypes.CDLL(name) if name else None
     except OSError:
-        pass
+        return None
+
+
+def _return_freed_memory() -> None:
+    """Ask glibc to give freed heap pages back to the OS, so that resident memory (what a phone's
+    memory killer watches) reflects what the session holds. A no-op elsewhere."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 _M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
@@ -66,15 +71,8 @@ def _fix_mmap_threshold(threshold_bytes: int) -> bool:
     threshold disables that adjustment (``MALLOC_MMAP_THRESHOLD_`` does the same from the
     environment). Measured on the demo deployment: ~15 MiB less resident, same latency.
     Process-wide; returns whether it was applied (glibc only)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        return bool(libc is not None and hasattr(libc, "mallopt") and libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
-    except OSError:
-        return False
+    libc = _libc()
+    return bool(libc is not None and hasattr(libc, "mallopt") and libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
 
 
 class MemoryMixin:
