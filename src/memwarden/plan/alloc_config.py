@@ -4,7 +4,9 @@ Holds the allocator's size constants (``c10/cuda/CUDACachingAllocator.cpp``),
 ``AllocatorConfig`` (the ``PYTORCH_CUDA_ALLOC_CONF`` settings that change where
 blocks go, plus a device limit, and the request rounding they imply),
 ``parse_alloc_conf`` (``c10/core/AllocatorConfig.cpp`` parsing) and
-``SimulatedOOM``, the model's out-of-memory error. Constants cite their source.
+``SimulatedOOM``, the model's out-of-memory error, ``allocation_size`` (the segment size
+for a request) and how the model packs an allocated block (``REQ_BITS``). Constants cite
+their source.
 """
 
 from __future__ import annotations
@@ -304,3 +306,17 @@ def _parse_divisions(tokens: list[str], i: int, fail: Any) -> tuple[int, int | t
         first = False
         if i < len(tokens) and tokens[i] == ",":
             i += 1
+
+
+# How the model packs an allocated block: one int per address, block size << REQ_BITS | requested bytes.
+REQ_BITS = 48
+REQ_MASK = (1 << REQ_BITS) - 1
+
+
+def allocation_size(size: int) -> int:
+    """get_allocation_size: the segment cudaMalloc'd for a request of ``size`` rounded bytes."""
+    if size <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if size < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE

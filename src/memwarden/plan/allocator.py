@@ -8,7 +8,8 @@ graphs, no cross-stream events. The settings, their ``PYTORCH_CUDA_ALLOC_CONF``
 parsing and the allocator's constants live in ``memwarden.plan.alloc_config``;
 trace replay through the model (``replay``, ``ReplayResult``, ``LayoutHistory``)
 in ``memwarden.plan.alloc_replay``. Both are re-exported here, so
-``memwarden.plan.allocator`` stays the one import for callers.
+``memwarden.plan.allocator`` stays the one import for callers. The model's read-only
+views (``segments``, ``layout``, ``check_invariants``) are in ``memwarden.plan.alloc_views``.
 
 Speed: a replay is one dict/bisect pass, no objects per event. A pool keeps
 its free blocks as a sorted list of the distinct sizes plus, per size, the
@@ -32,17 +33,17 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from typing import Any
 
+from memwarden.plan import alloc_views
 from memwarden.plan.alloc_config import (
-    K_LARGE_BUFFER,
     K_LARGE_PAGE,
     K_MIN_BLOCK_SIZE,
-    K_MIN_LARGE_ALLOC,
-    K_ROUND_LARGE,
-    K_SMALL_BUFFER,
     K_SMALL_PAGE,
     K_SMALL_SIZE,
+    REQ_BITS,
+    REQ_MASK,
     AllocatorConfig,
     SimulatedOOM,
+    allocation_size,
     parse_alloc_conf,
 )
 
@@ -67,8 +68,6 @@ __all__ = [
 # so two segments never touch and blocks of different segments can never merge.
 _BASE_ADDRESS = 1 << 40
 _SEGMENT_GAP = 2 << 20
-_REQ_BITS = 48  # allocated-block value = block size << _REQ_BITS | requested bytes
-_REQ_MASK = (1 << _REQ_BITS) - 1
 # Expandable segments reserve 1 1/8 of device memory as address space
 # (find_expandable_block); with no device limit we assume this much device memory.
 _DEFAULT_DEVICE_BYTES = 1 << 40
@@ -117,7 +116,7 @@ class CachingAllocatorModel:
         self._by_size: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
         self._free_size: dict[int, int] = {}
         self._free_end: dict[int, int] = {}
-        # Allocated blocks: address -> block size << _REQ_BITS | requested bytes (one dict, not two:
+        # Allocated blocks: address -> block size << REQ_BITS | requested bytes (one dict, not two:
         # a replay does one store and one pop per block).
         self._alloc: dict[int, int] = {}
         # cudaMalloc'd segments: base -> (size, is_small). Expandable ones live in _es.
@@ -132,7 +131,7 @@ class CachingAllocatorModel:
     # -- public API -------------------------------------------------------------------
     def malloc(self, nbytes: int) -> int:
         """Allocate ``nbytes`` (> 0) and return the block's address."""
-        if not 0 < nbytes <= _REQ_MASK:
+        if not 0 < nbytes <= REQ_MASK:
             raise ValueError(f"cannot model a malloc of {nbytes} bytes (PyTorch returns no block for 0)")
         size = (nbytes + 511) & -512 if self._plain_rounding else self.config.round_size(nbytes)
         small = size <= K_SMALL_SIZE
@@ -180,13 +179,13 @@ class CachingAllocatorModel:
             if self._gc:
                 self._gc_base[rest] = self._gc_calls[small]
             block_size = size
-        self._alloc[addr] = block_size << _REQ_BITS | nbytes
+        self._alloc[addr] = block_size << REQ_BITS | nbytes
         self.allocated_bytes += block_size
         return addr
 
     def free(self, addr: int) -> None:
         """Return the block at ``addr`` to the cache, merging it with free neighbours (free_block)."""
-        size = self._alloc.pop(addr) >> _REQ_BITS
+        size = self._alloc.pop(addr) >> REQ_BITS
         self.allocated_bytes -= size
         small = size <= K_SMALL_SIZE  # allocated small-pool blocks are <= 1 MiB, large > 1 MiB
         sizes = self._sizes[small]
@@ -236,75 +235,20 @@ class CachingAllocatorModel:
 
     def segments(self) -> list[dict[str, Any]]:
         """Segments in the format of ``torch.cuda.memory._snapshot()["segments"]``, sorted by address."""
-        out: list[dict[str, Any]] = []
-        for base, (total, small) in self._segments.items():
-            out.append(self._segment_dict(base, base + total, small, False))
-        for base, (virtual, _page, small) in self._es.items():
-            # PyTorch reports one segment per contiguous mapped range of an expandable segment.
-            unmapped = self._unmapped[small]
-            addr, end = base, base + virtual
-            run_start = -1
-            while addr < end:
-                size = unmapped.get(addr)
-                if size is not None:
-                    if run_start >= 0:
-                        out.append(self._segment_dict(run_start, addr, small, True))
-                        run_start = -1
-                else:
-                    size = (self._alloc.get(addr, 0) >> _REQ_BITS) or self._free_size[addr]
-                    if run_start < 0:
-                        run_start = addr
-                addr += size
-            if run_start >= 0:
-                out.append(self._segment_dict(run_start, end, small, True))
-        out.sort(key=lambda s: s["address"])
-        return out
+        return alloc_views.segments(self)
 
     def layout(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
         """Cheap layout for heatmaps: mapped (start, size) ranges and (start, size, allocated) blocks."""
-        ranges: list[tuple[int, int]] = [(base, size) for base, (size, _) in self._segments.items()]
-        for base, (virtual, _page, small) in self._es.items():
-            unmapped = self._unmapped[small]
-            addr, end = base, base + virtual
-            for start in sorted(a for a in unmapped if base <= a < end):
-                if start > addr:
-                    ranges.append((addr, start - addr))
-                addr = start + unmapped[start]
-            if addr < end:
-                ranges.append((addr, end - addr))
-        blocks = [(a, v >> _REQ_BITS, 1) for a, v in self._alloc.items()]
-        blocks += [(a, s, 0) for a, s in self._free_size.items()]
-        return ranges, blocks
+        return alloc_views.layout(self)
 
     def check_invariants(self) -> None:
         """Assert the model's internal consistency (for tests; O(blocks))."""
-        segs = self.segments()
-        total = sum(s["total_size"] for s in segs)
-        allocated = sum(s["allocated_size"] for s in segs)
-        assert total == self.reserved_bytes, (total, self.reserved_bytes)
-        assert allocated == self.allocated_bytes, (allocated, self.allocated_bytes)
-        assert self.allocated_bytes <= self.reserved_bytes
-        for seg in segs:
-            addr = seg["address"]
-            for block in seg["blocks"]:
-                assert block["address"] == addr, "blocks must tile their segment"
-                addr += block["size"]
-            assert addr == seg["address"] + seg["total_size"]
-        for pool in (0, 1):
-            sizes, by_size = self._sizes[pool], self._by_size[pool]
-            assert sizes == sorted(set(sizes)) and set(sizes) == set(by_size)
-            for a, s in self._free_blocks(bool(pool)):
-                assert by_size[s] == sorted(by_size[s])
-                assert self._free_size[a] == s and self._free_end[a + s] == a
-                if not self._expandable:
-                    assert (s <= K_SMALL_BUFFER) if pool else (s > K_SMALL_SIZE)
-        n_free = sum(len(addrs) for by_size in self._by_size for addrs in by_size.values())
-        assert len(self._free_size) == len(self._free_end) == n_free
+        alloc_views.check_invariants(self)
 
     # -- slow paths -------------------------------------------------------------------
     def _alloc_new(self, size: int, small: bool) -> tuple[int, int]:
         """malloc after get_free_block failed: GC, cudaMalloc, release oversize, release all, OOM."""
-        alloc_size = _allocation_size(size)
+        alloc_size = allocation_size(size)
         if self._gc:
             self._garbage_collect()
         found = self._alloc_block(size, alloc_size, small, retry=False)
@@ -580,45 +524,3 @@ class CachingAllocatorModel:
             return
         unmapped[lo] = hi - lo
         unmapped_end[hi] = lo
-
-    # -- snapshot -----------------------------------------------------------------------
-    def _segment_dict(self, start: int, end: int, small: bool, expandable: bool) -> dict[str, Any]:
-        blocks = []
-        allocated = requested = 0
-        addr = start
-        while addr < end:
-            packed = self._alloc.get(addr)
-            if packed is not None:
-                size, req = packed >> _REQ_BITS, packed & _REQ_MASK
-                allocated += size
-                requested += req
-                blocks.append(
-                    {"address": addr, "size": size, "requested_size": req, "state": "active_allocated", "frames": []}
-                )
-            else:
-                size = self._free_size[addr]
-                blocks.append({"address": addr, "size": size, "requested_size": 0, "state": "inactive", "frames": []})
-            addr += size
-        return {
-            "device": self.device,
-            "address": start,
-            "total_size": end - start,
-            "allocated_size": allocated,
-            "active_size": allocated,
-            "requested_size": requested,
-            "stream": 0,
-            "segment_type": "small" if small else "large",
-            "segment_pool_id": (0, 0),
-            "is_expandable": expandable,
-            "frames": [],
-            "blocks": blocks,
-        }
-
-
-def _allocation_size(size: int) -> int:
-    """get_allocation_size: the segment cudaMalloc'd for a request of ``size`` rounded bytes."""
-    if size <= K_SMALL_SIZE:
-        return K_SMALL_BUFFER
-    if size < K_MIN_LARGE_ALLOC:
-        return K_LARGE_BUFFER
-    return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
