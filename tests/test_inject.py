@@ -142,3 +142,6 @@ def test_oom_classification() -> None:
     assert is_oom_error(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes"))
     assert not is_oom_error(RuntimeError("shape mismatch"))
     assert not is_oom_error(ValueError("out of memory"))  # only allocator error types
+    from memwarden.runtime.admission import AdmissionError
+
+    assert is_oom_error(AdmissionError("predicted peak exceeds the budget"))  # refused before allocating
