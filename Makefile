@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# torch first, alone and pinned, so pip takes the CPU build on disk, never a CUDA download
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt torch
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
-	$(PY) -m memwarden.trace.native --build
+	$(PY) -m memwarden.capture.native --build
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -15,7 +15,8 @@ import time
 
 import numpy as np
 
-from memwarden.plan.allocator import AllocatorConfig, replay
+from memwarden.plan.allocator.config import AllocatorConfig
+from memwarden.plan.replay import replay
 from memwarden.trace.model import EVENT_COLUMNS, Action, Trace
 
 

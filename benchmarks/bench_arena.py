@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_allocator import synthetic_trace  # noqa: E402
 
-from memwarden.plan.arena import lifetimes, plan_arena  # noqa: E402
+from memwarden.plan.arena.plan import lifetimes, plan_arena  # noqa: E402
 from memwarden.trace.model import EVENT_COLUMNS, Action, Trace  # noqa: E402
 
 

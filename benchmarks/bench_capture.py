@@ -20,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import memwarden
-from memwarden.demo import DemoConfig, build_deployment, run_chat
+from memwarden.models.chat import DemoConfig, build_deployment, run_chat
 
 
 def main() -> None:
@@ -76,8 +76,10 @@ def main() -> None:
         return
     print(result["workload"], f"({args.repeats} interleaved repeats, {result['torch_threads']} threads)")
     for name in modes:
-        print(f"  {name:32s} wall median {result['median_s'][name]:.3f} s ratio {result['ratio_to_untraced'][name]:.3f}"
-              f"   cpu median {result['cpu_s'][name]:.3f} s ratio {result['cpu_ratio_to_untraced'][name]:.3f}")
+        print(
+            f"  {name:32s} wall median {result['median_s'][name]:.3f} s ratio {result['ratio_to_untraced'][name]:.3f}"
+            f"   cpu median {result['cpu_s'][name]:.3f} s ratio {result['cpu_ratio_to_untraced'][name]:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_fuzz.py [--cases 10000] [--seed 0] [--json] [--only trace,snapshot,...]
 
-Loaders: the .mwtrace reader (``trace.model.loads`` and ``trace.io.load_any``), the PyTorch
+Loaders: the .mwtrace reader (``trace.format.loads`` and ``interop.files.load_any``), the PyTorch
 snapshot importer (``trace.snapshot.load_snapshot``, restricted unpickler), the config.json
 resolver of ``memwarden estimate MODEL`` (``estimate.resolve_model``), the device-profile
 parser (``models.devices.parse_profile``) and the CLI argument parsing (``cli.main``).
@@ -42,7 +42,8 @@ MARKER = Path(tempfile.gettempdir()) / f"memwarden-fuzz-executed-{os.getpid()}"
 
 
 def seed_trace() -> bytes:
-    from memwarden.trace.model import Action, TraceBuilder, dumps
+    from memwarden.trace.format import dumps
+    from memwarden.trace.model import Action, TraceBuilder
 
     b = TraceBuilder(devices=("cpu", "cuda:0"), metadata={"model": "fuzz", "nested": {"a": [1, 2]}})
     for i in range(6):
@@ -54,8 +55,9 @@ def seed_trace() -> bytes:
 
 
 def seed_snapshot() -> bytes:
-    from memwarden.trace.model import loads
-    from memwarden.trace.snapshot import PICKLE_PROTOCOL, to_snapshot
+    from memwarden.interop.snapshot import PICKLE_PROTOCOL
+    from memwarden.interop.snapshot_export import to_snapshot
+    from memwarden.trace.format import loads
 
     return pickle.dumps(to_snapshot(loads(seed_trace())), protocol=PICKLE_PROTOCOL)
 
@@ -148,26 +150,26 @@ def _accepted() -> tuple[type[BaseException], ...]:
 
 
 def target_trace(data: bytes, tmp: Path) -> None:
-    from memwarden.trace import io as trace_io
-    from memwarden.trace import model
+    from memwarden.interop.files import load_any
+    from memwarden.trace import format as trace_format
 
     try:
-        model.loads(data)
+        trace_format.loads(data)
     finally:
         path = tmp / "case.mwtrace"
         path.write_bytes(data)
         with contextlib.suppress(*_accepted()):
-            trace_io.load_any(path)  # InputError only
+            load_any(path)  # InputError only
 
 
 def target_snapshot(data: bytes, tmp: Path) -> None:
-    from memwarden.trace.snapshot import load_snapshot
+    from memwarden.interop.snapshot import load_snapshot
 
     load_snapshot(data)
 
 
 def target_config(data: bytes, tmp: Path) -> None:
-    from memwarden.estimate import resolve_model
+    from memwarden.estimate.resolve import resolve_model
 
     path = tmp / "config.json"
     path.write_bytes(data)

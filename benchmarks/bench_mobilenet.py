@@ -22,7 +22,7 @@ import torch
 from transformers import MobileNetV2Config, MobileNetV2Model
 
 import memwarden
-from memwarden.plan.arena import plan_arena
+from memwarden.plan.arena.plan import plan_arena
 from memwarden.trace.model import Action, Category, Trace
 
 MB = 1e6
@@ -65,8 +65,11 @@ def main() -> None:
         "lower_bound_mb": plan.lower_bound_bytes / MB,
         "plans": rows,
         "layer_outputs_naive_mb": layer_outputs_mb,
-        "without_kernel_temporaries": {"naive_mb": no_temps.naive_bytes / MB, "best_mb": no_temps.arena_bytes / MB,
-                                       "lower_bound_mb": no_temps.lower_bound_bytes / MB},
+        "without_kernel_temporaries": {
+            "naive_mb": no_temps.naive_bytes / MB,
+            "best_mb": no_temps.arena_bytes / MB,
+            "lower_bound_mb": no_temps.lower_bound_bytes / MB,
+        },
         "published": {"naive_mb": 26, "shared_mb": 7},
     }
     if args.json:
@@ -79,8 +82,10 @@ def main() -> None:
     print(f"  lower bound             {result['lower_bound_mb']:7.2f} MB   (TFLite write-up, shared: ~7 MB)")
     print(f"  layer outputs only (one tensor per conv, as a fused graph has them): naive {layer_outputs_mb:.2f} MB")
     w = result["without_kernel_temporaries"]
-    print(f"  without kernel temporaries (im2col, pad copies): naive {w['naive_mb']:.2f} MB, best {w['best_mb']:.2f} MB, "
-          f"lower bound {w['lower_bound_mb']:.2f} MB")
+    print(
+        f"  without kernel temporaries (im2col, pad copies): naive {w['naive_mb']:.2f} MB, best {w['best_mb']:.2f} MB, "
+        f"lower bound {w['lower_bound_mb']:.2f} MB"
+    )
 
 
 if __name__ == "__main__":

@@ -38,9 +38,9 @@ from typing import Any
 import torch
 from accelerate import dispatch_model, infer_auto_device_map
 
+from memwarden.capture.live.reference import state_bytes
 from memwarden.models import zoo
 from memwarden.runtime.offload import plan_streaming, stream_weights
-from memwarden.trace.reference import state_bytes
 
 
 def build(text_layers: int) -> torch.nn.Module:

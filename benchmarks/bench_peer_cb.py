@@ -65,7 +65,9 @@ def main() -> None:
     model.destroy_cached_continuous_batching_manager()
     print(f"Llama ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}), {args.system_tokens}-token system prompt, "
           f"{args.turns} turns, {args.new_tokens} new tokens, {args.threads} thread(s)")  # fmt: skip
-    print("| turn | plain generate | GovernedSession.chat | transformers generate_batch (paged, prefix sharing) | same tokens (governed / CB) |")
+    print(
+        "| turn | plain generate | GovernedSession.chat | transformers generate_batch (paged, prefix sharing) | same tokens (governed / CB) |"
+    )
     print("|---|---|---|---|---|")
     for i, r in enumerate(rows, 1):
         print(f"| {i} | {r['plain_s'] * 1e3:.0f} ms | {r['governed_s'] * 1e3:.0f} ms | {r['cb_s'] * 1e3:.0f} ms | "

@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 from memwarden.analyze.timeline import summary
+from memwarden.capture.live.capture import Capture
 from memwarden.models import zoo
 from memwarden.runtime.encoders import EncoderCache, LRUStore
 from memwarden.runtime.prune import METHODS, VisualTokenPruner
-from memwarden.trace.capture import Capture
 
 PRUNED = (0.25, 0.5, 0.75)  # fraction of visual tokens removed
 COST_METHODS = ("summary", "fastv")

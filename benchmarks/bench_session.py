@@ -90,7 +90,7 @@ def paged_waste(session) -> float:
 
 def dynamic_waste(model, name, inputs, new_tokens, cache_factory=None) -> tuple[float, int, int]:
     """(waste, peak live KV bytes, KV bytes in use at that peak) of one plain generate, captured."""
-    from memwarden.trace.capture import Capture
+    from memwarden.capture.live.capture import Capture
     from memwarden.trace.model import Action, Category
 
     gk = zoo.generate_kwargs(name)
@@ -116,6 +116,7 @@ def build(name: str, size: str, image_px: int):
     cfg.vision_config.image_size = image_px
     cfg.image_seq_length = (image_px // cfg.vision_config.patch_size) ** 2
     return zoo.build_from_config(name, cfg)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -169,7 +170,9 @@ def main() -> None:
     print("| turn | plain generate TTFT | GovernedSession TTFT | speed-up |")
     print("|---|---|---|---|")
     for t in per_turn:
-        print(f"| {t['turn']} | {t['plain_ttft_s'] * 1e3:.1f} ms | {t['governed_ttft_s'] * 1e3:.1f} ms | {t['speedup']:.1f}x |")
+        print(
+            f"| {t['turn']} | {t['plain_ttft_s'] * 1e3:.1f} ms | {t['governed_ttft_s'] * 1e3:.1f} ms | {t['speedup']:.1f}x |"
+        )
     print(f"KV waste: GovernedSession {result['kv_waste_governed']:.2%}, DynamicCache {dyn:.2%} "
           f"(peak live KV {dyn_peak} B vs {dyn_use} B in use)")  # fmt: skip
 

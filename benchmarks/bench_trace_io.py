@@ -1,6 +1,6 @@
 """Save / load time of a 1M-event trace (.mwtrace).
 
-    python benchmarks/bench_trace_io.py [--events 1000000] [--json]
+python benchmarks/bench_trace_io.py [--events 1000000] [--json]
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import time
 
 import numpy as np
 
-from memwarden.trace.model import EVENT_COLUMNS, Action, Trace, load, save
+from memwarden.trace.io import load, save
+from memwarden.trace.model import EVENT_COLUMNS, Action, Trace
 
 
 def synthetic_trace(n: int, seed: int = 0) -> Trace:
@@ -65,7 +66,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{args.events:,} events, {size / 2**20:.1f} MiB: save {min(saves):.3f} s, load {min(loads):.3f} s (best of {args.repeats})")
+        print(
+            f"{args.events:,} events, {size / 2**20:.1f} MiB: save {min(saves):.3f} s, load {min(loads):.3f} s (best of {args.repeats})"
+        )
 
 
 if __name__ == "__main__":

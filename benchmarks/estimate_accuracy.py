@@ -36,9 +36,9 @@ import transformers
 from torch.profiler import ProfilerActivity, profile
 
 import memwarden
+from memwarden.capture.live.reference import profiler_peak_bytes
+from memwarden.capture.live.reference import state_bytes as weights_bytes
 from memwarden.models import zoo
-from memwarden.trace.reference import profiler_peak_bytes
-from memwarden.trace.reference import state_bytes as weights_bytes
 
 COMMAND = "python benchmarks/estimate_accuracy.py --output docs/estimate-accuracy.md"
 
@@ -74,8 +74,6 @@ def requests_for(name: str) -> list[Req]:
     native = sp.native_image_size
     return [Req(native, prompt_tokens=12, new_tokens=3), Req(native, prompt_tokens=64, new_tokens=3),
             Req(native, prompt_tokens=64, new_tokens=8)]  # fmt: skip
-
-
 
 
 def accelerate_total_bytes(name: str) -> int:

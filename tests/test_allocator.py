@@ -12,15 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memwarden.plan.allocator import (
-    AllocatorConfig,
-    CachingAllocatorModel,
-    SimulatedOOM,
-    _allocator_rows,
-    _run,
-    parse_alloc_conf,
-    replay,
-)
+from memwarden.plan.allocator.config import AllocatorConfig, SimulatedOOM, parse_alloc_conf
+from memwarden.plan.allocator.model import CachingAllocatorModel
+from memwarden.plan.allocator.replay import _allocator_rows, _run
+from memwarden.plan.replay import replay
 from memwarden.trace.model import Action, TraceBuilder
 
 KiB = 1 << 10

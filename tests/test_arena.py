@@ -9,8 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memwarden.plan.allocator import AllocatorConfig, replay
-from memwarden.plan.arena import STRATEGIES, _add_span, _best_gap, _pack, lifetimes, plan_arena
+from memwarden.plan.allocator.config import AllocatorConfig
+from memwarden.plan.arena.index import _add_span, _best_gap, _pack
+from memwarden.plan.arena.plan import STRATEGIES, lifetimes, plan_arena
+from memwarden.plan.replay import replay
 from memwarden.trace.model import Action, TraceBuilder
 
 
@@ -234,7 +236,8 @@ def naive_place(order: list[int], first: np.ndarray, last: np.ndarray, sizes: np
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=random_traces())
 def test_indexed_placement_equals_the_quadratic_reference(trace):
-    from memwarden.plan.arena import _OverlapIndex, _size_order
+    from memwarden.plan.arena.index import _OverlapIndex
+    from memwarden.plan.arena.plan import _size_order
 
     life = lifetimes(trace)
     sizes = -(-life.nbytes // 64) * 64
@@ -251,7 +254,7 @@ def test_indexed_placement_equals_the_reference_on_a_long_trace():
     first[:4] = 0
     last[:4] = last.max()  # whole-trace records
     sizes = rng.integers(1, 40, n) * 64
-    from memwarden.plan.arena import _OverlapIndex
+    from memwarden.plan.arena.index import _OverlapIndex
 
     order = np.lexsort((np.arange(n), first, -sizes)).tolist()
     got = _OverlapIndex(first, last).place(order, sizes).tolist()

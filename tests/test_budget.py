@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import run_cli
 from memwarden.errors import InputError
-from memwarden.runtime.budget import (
+from memwarden.govern.budget import (
     BudgetController,
     BudgetDecision,
     BudgetPolicy,
@@ -24,8 +24,8 @@ from memwarden.runtime.budget import (
     register_policy,
     replay,
 )
-from memwarden.runtime.telemetry import TelemetrySample
-from memwarden.runtime.telemetry_log import load_log, parse_jsonl
+from memwarden.govern.telemetry import TelemetrySample
+from memwarden.govern.telemetry_log import load_log, parse_jsonl
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "telemetry"
 MIB, GIB = 1 << 20, 1 << 30
@@ -60,7 +60,9 @@ def check_invariants(
             assert d.t_s - last_change_s >= policy.hysteresis_s, (i, d)
             step = abs(d.budget_bytes - prev_budget)
             # a move is worth making from min_change_bytes (capped at a fifth of the budget) and min_change_fraction
-            assert step >= max(policy.min_change_fraction * prev_budget, min(policy.min_change_bytes, 0.2 * prev_budget))
+            assert step >= max(
+                policy.min_change_fraction * prev_budget, min(policy.min_change_bytes, 0.2 * prev_budget)
+            )
         if d.changed:
             last_change_s = d.t_s
         prev_budget = d.budget_bytes

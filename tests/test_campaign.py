@@ -155,6 +155,8 @@ def test_shipped_governed_config_keeps_under_its_limits_with_jitter() -> None:
     (shard,) = plan_shards(config, side="b", runs=4, seed=3, inject=["jitter:size=128MiB,period=15ms"])
     records = run_shard(shard)
     summary = summarize(records)
-    assert (summary["ok"], summary["worker_restarts"]) == (4, 0), [(r["error"], r["peak_rss_bytes"], r["latency_s"]) for r in records]
+    assert (summary["ok"], summary["worker_restarts"]) == (4, 0), [
+        (r["error"], r["peak_rss_bytes"], r["latency_s"]) for r in records
+    ]
     assert all(r["injected"]["jitter_touched_bytes"] >= 128 * 2**20 for r in records)
     assert summary["peak_rss_max_bytes"] < config.limits.rss_bytes - 32 * 2**20

@@ -12,10 +12,10 @@ from torch.profiler import ProfilerActivity, profile
 
 import memwarden
 from memwarden.analyze.timeline import summary
+from memwarden.capture.live.reference import profiler_peak_bytes
+from memwarden.capture.live.reference import state_bytes as model_state_bytes
 from memwarden.models import zoo
 from memwarden.trace.model import Action, Category, Modality, Phase, SpanKind
-from memwarden.trace.reference import profiler_peak_bytes
-from memwarden.trace.reference import state_bytes as model_state_bytes
 
 
 @pytest.mark.parametrize("name", zoo.NAMES)
@@ -26,7 +26,9 @@ def test_peak_matches_pytorch_profiler_and_weights_are_exact(name: str) -> None:
     with torch.inference_mode():
         model.generate(**inputs, max_new_tokens=2, **kwargs)  # warm caches of lazy kernels
     with memwarden.capture() as cap:
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        with profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+        ) as prof:
             with torch.inference_mode():
                 model.generate(**inputs, max_new_tokens=3, **kwargs)
     s = summary(cap.trace)

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from memwarden.trace.chrome import MAX_COUNTER_POINTS, save_chrome, to_chrome
+from memwarden.interop.chrome import MAX_COUNTER_POINTS, save_chrome, to_chrome
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace, TraceBuilder, enum_name
 from test_snapshot import built_trace
 

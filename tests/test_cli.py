@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from memwarden.trace.model import Action, load
+from memwarden.trace.io import load
+from memwarden.trace.model import Action
 
 SCRIPT = textwrap.dedent(
     """
@@ -134,7 +135,9 @@ def test_demo_writes_a_report_that_renders_in_chromium(tmp_path: Path, chromium:
     assert governed["outputs_equal"] is True
     assert governed["findings"] == []
     assert governed["summary"]["peak_bytes"] <= result["budget_bytes"]
-    assert all(r["reused_tokens"] > 0 and not r["decision"]["action"] == "reject" for r in governed["stats"]["requests"][1:])
+    assert all(
+        r["reused_tokens"] > 0 and not r["decision"]["action"] == "reject" for r in governed["stats"]["requests"][1:]
+    )
     assert (tmp_path / "governed.html").exists() and (tmp_path / "governed.mwtrace").exists()
     thermal = result["thermal"]  # a replayed thermal event halves the session's budget mid-conversation
     assert thermal["failed"] == 0 and thermal["outputs_equal"] is True and thermal["budget_violations"] == 0
@@ -150,8 +153,12 @@ def test_demo_writes_a_report_that_renders_in_chromium(tmp_path: Path, chromium:
         capture_output=True, text=True, timeout=120,
     ).stdout  # fmt: skip
     assert re.search(r'<body[^>]*data-rendered="1"', dom), dom[:500]
-    series = re.search(r'id="mw-status"[^>]*data-series="(\d+)"', dom) or re.search(r'data-series="(\d+)"[^>]*id="mw-status"', dom)
+    series = re.search(r'id="mw-status"[^>]*data-series="(\d+)"', dom) or re.search(
+        r'data-series="(\d+)"[^>]*id="mw-status"', dom
+    )
     assert series and int(series.group(1)) >= 3
-    markers = re.search(r'id="mw-status"[^>]*data-markers="(\d+)"', dom) or re.search(r'data-markers="(\d+)"[^>]*id="mw-status"', dom)
+    markers = re.search(r'id="mw-status"[^>]*data-markers="(\d+)"', dom) or re.search(
+        r'data-markers="(\d+)"[^>]*id="mw-status"', dom
+    )
     assert markers and int(markers.group(1)) == len(result["findings"])  # every finding is marked on the timeline
     assert "Allocator heatmap" in dom and "data:image/png;base64," in dom

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from memwarden.plan.allocator import replay
+from memwarden.plan.replay import replay
 from memwarden.trace.model import Action, TraceBuilder
 
 MiB = 1 << 20

@@ -11,7 +11,7 @@ import torch
 
 import memwarden
 from conftest import run_cli
-from memwarden.trace.model import save
+from memwarden.trace.io import save
 
 SCENARIO = Path(__file__).parent.parent / "examples" / "scenarios" / "kv-reprefill" / "chat_resend_image.py"
 
@@ -57,9 +57,7 @@ def test_html_has_the_findings(reprefill_trace: Path, tmp_path: Path) -> None:
     assert "kv-reprefill" in page and "finding-1" in page
 
 
-@pytest.mark.parametrize(
-    "config_text", ["not toml [[[", "[thresholds.no-such-pattern]\nx = 1\n", "thresholds = 3\n"]
-)
+@pytest.mark.parametrize("config_text", ["not toml [[[", "[thresholds.no-such-pattern]\nx = 1\n", "thresholds = 3\n"])
 def test_bad_thresholds_file(reprefill_trace: Path, tmp_path: Path, config_text: str) -> None:
     config = tmp_path / "bad.toml"
     config.write_text(config_text)

@@ -14,13 +14,14 @@ import pytest
 import torch
 
 import memwarden
-import memwarden.estimate as est
 from memwarden.analyze.timeline import summary
+from memwarden.capture.meta import capture as meta
 from memwarden.commands import estimate as estimate_command
 from memwarden.errors import InputError
+from memwarden.estimate import resolve
+from memwarden.estimate import run as est
+from memwarden.estimate.card import CARD_KEYS
 from memwarden.models import zoo
-from memwarden.plan.estimate import CARD_KEYS
-from memwarden.trace import meta
 from memwarden.trace.model import Action, Category
 
 # (model, request) pairs checked against a live run: every zoo model, two image sizes for the
@@ -90,9 +91,9 @@ PUBLISHED_PARAMETERS = {
 
 
 def test_real_configs_have_their_published_sizes() -> None:
-    assert set(est.model_names()["real"]) == set(PUBLISHED_PARAMETERS)
+    assert set(resolve.model_names()["real"]) == set(PUBLISHED_PARAMETERS)
     for name, published in PUBLISHED_PARAMETERS.items():
-        resolved = est.resolve_model(name)
+        resolved = resolve.resolve_model(name)
         model = meta.build_meta_model(resolved.config, torch.bfloat16, resolved.model_class)
         params = {id(p): p for p in model.parameters()}.values()
         weight_bytes = sum(p.untyped_storage().nbytes() for p in params)
@@ -101,8 +102,9 @@ def test_real_configs_have_their_published_sizes() -> None:
 
 
 MEMORY_PROBE = """
-import resource, json, memwarden.estimate as est
-est.resolve_model("llava-1.5-7b")
+import resource, json
+from memwarden.estimate import run as est, resolve
+resolve.resolve_model("llava-1.5-7b")
 import transformers, torch  # noqa: F401  (imports are the baseline)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 card = est.estimate("llava-1.5-7b", dtype="bfloat16", prompt_tokens=64, new_tokens=2)
@@ -228,19 +230,19 @@ def test_bad_input_is_one_input_error(argv: list[str], message: str) -> None:
 
 
 def test_config_paths_resolve(tmp_path: pytest.TempPathFactory) -> None:
-    source = est.CONFIG_DIR / "smolvlm-256m-instruct.json"
+    source = resolve.CONFIG_DIR / "smolvlm-256m-instruct.json"
     folder = tmp_path / "SmolVLM-256M"  # type: ignore[operator]
     folder.mkdir()
     (folder / "config.json").write_text(source.read_text())
-    by_folder = est.resolve_model(str(folder))
-    by_file = est.resolve_model(str(folder / "config.json"))
+    by_folder = resolve.resolve_model(str(folder))
+    by_file = resolve.resolve_model(str(folder / "config.json"))
     assert by_folder.family == by_file.family == "idefics3" and by_folder.name == "SmolVLM-256M"
     (folder / "config.json").write_text('{"model_type": "bert"}')
     with pytest.raises(InputError, match="not supported"):
-        est.resolve_model(str(folder))
+        resolve.resolve_model(str(folder))
     (folder / "config.json").write_text("{not json")
     with pytest.raises(InputError, match="not a readable config.json"):
-        est.resolve_model(str(folder))
+        resolve.resolve_model(str(folder))
 
 
 def test_memwarden_estimate_is_callable() -> None:

@@ -9,15 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-import memwarden.estimate as est
-from memwarden.plan.estimate import Request
-from memwarden.trace import meta_memo, meta_replay
+from memwarden.capture.meta import memo as meta_memo
+from memwarden.capture.meta import replay as meta_replay
+from memwarden.estimate import resolve
+from memwarden.estimate import run as est
+from memwarden.estimate.card import Request
 
 _COLUMNS = ("action", "nbytes", "op", "dtype", "shape", "written_bytes", "category", "phase", "module")
 
 
 def _events(model: str, req: Request) -> dict[str, np.ndarray]:
-    trace, _ = est.run_estimate(est.resolve_model(model), req)
+    trace, _ = est.run_estimate(resolve.resolve_model(model), req)
     return {k: np.asarray(trace.events[k]) for k in _COLUMNS} | {"strings": np.asarray(trace.strings)}
 
 

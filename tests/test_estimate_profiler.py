@@ -19,9 +19,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import memwarden
+from memwarden.capture.live.reference import profiler_peak_bytes
+from memwarden.capture.live.reference import state_bytes as weights_bytes
 from memwarden.models import zoo
-from memwarden.trace.reference import profiler_peak_bytes
-from memwarden.trace.reference import state_bytes as weights_bytes
 
 NATIVE = (32, 32)  # the fixed-resolution zoo models' image size (tiny)
 
@@ -60,8 +60,6 @@ CASES = [(name, req) for name in zoo.NAMES for req in _requests(name)]
 def _case_id(name: str, req: dict[str, Any]) -> str:
     media = "x".join(map(str, req["image"])) if "image" in req else f"{req['audio']}s"
     return f"{name}-{media}-p{req['prompt']}-n{req['new']}-b{req.get('batch', 1)}"
-
-
 
 
 _MODEL: dict[str, torch.nn.Module] = {}  # the model of the current name only (cases run in order)

@@ -47,21 +47,21 @@ def mutated(draw, seed: bytes) -> bytes:
 @FAST
 @given(data=mutated(TRACE) | st.binary(max_size=256))
 def test_trace_loader(data: bytes, tmp_path_factory) -> None:
-    from memwarden.trace import io as trace_io
-    from memwarden.trace.model import loads
+    from memwarden.interop.files import load_any
+    from memwarden.trace.format import loads
 
     with contextlib.suppress(TraceFormatError):
         loads(data)
     path = tmp_path_factory.mktemp("t") / "case.mwtrace"
     path.write_bytes(data)
     with contextlib.suppress(InputError):
-        trace_io.load_any(path)
+        load_any(path)
 
 
 def test_trace_header_nesting_and_huge_numbers() -> None:
     import struct
 
-    from memwarden.trace.model import FORMAT_MAGIC, loads
+    from memwarden.trace.format import FORMAT_MAGIC, loads
 
     for header in (b"[" * 100_000 + b"]" * 100_000, b'{"payload_bytes": ' + b"9" * 5000 + b"}"):
         with pytest.raises(TraceFormatError):
@@ -82,7 +82,7 @@ snapshot_like = st.fixed_dictionaries(
 @FAST
 @given(data=mutated(SNAPSHOT) | st.binary(max_size=256) | snapshot_like.map(lambda d: pickle.dumps(d, protocol=4)))
 def test_snapshot_importer(data: bytes) -> None:
-    from memwarden.trace.snapshot import load_snapshot
+    from memwarden.interop.snapshot import load_snapshot
 
     with contextlib.suppress(InputError):
         load_snapshot(data)
@@ -93,8 +93,8 @@ def test_hostile_pickles_refused_in_bounded_memory(data: bytes) -> None:
     """Resident memory stays bounded (VmHWM, reset before). A huge declared BINBYTES length makes
     CPython's unpickler reserve that much address space before reading, but never touch it: see
     docs/security.md."""
+    from memwarden.interop.snapshot import load_snapshot
     from memwarden.resilience.worker import peak_rss_bytes, reset_peak_rss
-    from memwarden.trace.snapshot import load_snapshot
 
     bench_fuzz.MARKER.unlink(missing_ok=True)
     reset_peak_rss()
@@ -106,7 +106,7 @@ def test_hostile_pickles_refused_in_bounded_memory(data: bytes) -> None:
 
 
 def test_hostile_pickle_error_names_the_callable() -> None:
-    from memwarden.trace.snapshot import load_snapshot
+    from memwarden.interop.snapshot import load_snapshot
 
     with pytest.raises(InputError, match="refused: pickle references os.system"):
         load_snapshot(bench_fuzz.hostile_pickles()[0])
@@ -126,7 +126,7 @@ config_like = st.dictionaries(
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=config_like.map(lambda d: json.dumps(d).encode()) | mutated(bench_fuzz.seed_config()))
 def test_config_loader(data: bytes, tmp_path_factory) -> None:
-    from memwarden.estimate import resolve_model
+    from memwarden.estimate.resolve import resolve_model
 
     path = tmp_path_factory.mktemp("c") / "config.json"
     path.write_bytes(data)
@@ -139,7 +139,7 @@ def test_config_loader(data: bytes, tmp_path_factory) -> None:
     b'{"model_type": "llava", "text_config": {"num_hidden_layers": 1000000000}}',
 ], ids=["deep", "digits", "list-model-type", "absurd-size"])  # fmt: skip
 def test_config_loader_known_gaps(text: bytes, tmp_path) -> None:
-    from memwarden.estimate import resolve_model
+    from memwarden.estimate.resolve import resolve_model
 
     path = tmp_path / "config.json"
     path.write_bytes(text)

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from memwarden.analyze.budget_check import check_budget
-from memwarden.demo import DemoConfig, conversation_inputs
+from memwarden.capture.live.capture import Capture
+from memwarden.govern.scaled import scaled_replay
+from memwarden.govern.telemetry_log import load_log
 from memwarden.models import zoo
-from memwarden.runtime.scaled import scaled_replay
-from memwarden.runtime.session import GovernedSession, state_bytes
-from memwarden.runtime.telemetry import load_log
-from memwarden.trace.capture import Capture
+from memwarden.models.chat import DemoConfig, conversation_inputs
+from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_memory import state_bytes
 
 THERMAL = Path(__file__).parent.parent / "examples" / "telemetry" / "thermal_event.jsonl"
 
@@ -56,8 +57,10 @@ def test_thermal_event_halves_the_budget_and_nothing_fails(name):
         from memwarden.analyze.timeline import top_sites_at
 
         i = int(np.searchsorted(cap.trace.events["time_us"], check.worst_time_us))
-        pytest.fail(f"{check.worst_over_bytes} bytes over the budget in force at {check.worst_time_us} us: "
-                    f"{top_sites_at(cap.trace, i, 0, 4)}")
+        pytest.fail(
+            f"{check.worst_over_bytes} bytes over the budget in force at {check.worst_time_us} us: "
+            f"{top_sites_at(cap.trace, i, 0, 4)}"
+        )
 
 
 def test_squeeze_shrinks_the_pool_and_keeps_recent_prefixes():
@@ -111,7 +114,7 @@ def test_telemetry_from_another_thread_never_resizes_under_a_request() -> None:
     and greedy outputs are those of model.generate()."""
     import threading
 
-    from memwarden.runtime.telemetry import TelemetrySample
+    from memwarden.govern.telemetry import TelemetrySample
 
     model = zoo.build_model("llava", "tiny")
     gen = zoo.generate_kwargs("llava")

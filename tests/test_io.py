@@ -13,15 +13,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memwarden.errors import InputError
+from memwarden.interop.files import load_any
+from memwarden.interop.snapshot import save_snapshot
+from memwarden.trace import format as trace_format
+from memwarden.trace import io as trace_io
 from memwarden.trace import model
-from memwarden.trace.io import load_any
-from memwarden.trace.snapshot import save_snapshot
 from test_snapshot import SNAPSHOT_FIXTURE, _Evil, built_trace, event_rows
 
 
 @pytest.fixture(scope="module")
 def mwtrace(tmp_path_factory) -> Path:
-    return model.save(built_trace(), tmp_path_factory.mktemp("traces") / "run.mwtrace")
+    return trace_io.save(built_trace(), tmp_path_factory.mktemp("traces") / "run.mwtrace")
 
 
 def test_load_any_reads_both_formats(mwtrace, tmp_path):
@@ -39,7 +41,7 @@ def test_load_any_reads_both_formats(mwtrace, tmp_path):
         (lambda p: p.mkdir(), "is a directory"),
         (lambda p: p.write_bytes(b""), "file is empty"),
         (lambda p: p.write_text("segments,device_traces\n"), "unknown file type"),
-        (lambda p: p.write_bytes(model.FORMAT_MAGIC + b"\x01\x00"), "bad magic|truncated"),
+        (lambda p: p.write_bytes(trace_format.FORMAT_MAGIC + b"\x01\x00"), "bad magic|truncated"),
         (lambda p: p.write_bytes(b"\x80\x04K\x07."), "top level is a int"),
     ],
 )
@@ -71,7 +73,7 @@ def test_unreadable_file(tmp_path):
 
 
 def _valid_files() -> list[bytes]:
-    return [model.dumps(built_trace()), SNAPSHOT_FIXTURE.read_bytes()]
+    return [trace_format.dumps(built_trace()), SNAPSHOT_FIXTURE.read_bytes()]
 
 
 def _mutate(data: bytes, cut: int, flips: list[tuple[int, int]]) -> bytes:
@@ -83,7 +85,7 @@ def _mutate(data: bytes, cut: int, flips: list[tuple[int, int]]) -> bytes:
 
 hostile_bytes = st.one_of(
     st.binary(max_size=512),
-    st.binary(max_size=256).map(lambda b: model.FORMAT_MAGIC + b),
+    st.binary(max_size=256).map(lambda b: trace_format.FORMAT_MAGIC + b),
     st.binary(max_size=256).map(lambda b: b"\x80" + b),
     st.builds(
         _mutate,
@@ -172,7 +174,7 @@ def test_export_allocator_needs_the_allocator_model(cli, mwtrace, tmp_path):
     out = tmp_path / "out.pickle"
     done = cli("export", str(mwtrace), "--format", "torch-snapshot", "--allocator", "pytorch", "-o", str(out))
     try:
-        import memwarden.plan.allocator  # noqa: F401
+        import memwarden.plan.allocator.model  # noqa: F401
     except ImportError:
         _assert_one_line_failure(done, out, "allocator model not available")
     else:

@@ -19,7 +19,11 @@ def _modules(package) -> list[str]:
 
 def test_analyze_and_plan_do_not_import_torch() -> None:
     names = _modules(memwarden.analyze) + _modules(memwarden.plan) + ["memwarden.trace.model", "memwarden.report.html"]
-    code = "import sys\n" + "".join(f"import {n}\n" for n in names) + "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    code = (
+        "import sys\n"
+        + "".join(f"import {n}\n" for n in names)
+        + "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"torch imported by {names}"
 

@@ -9,10 +9,10 @@ import torch
 from safetensors import safe_open
 from torch.profiler import profile
 
+from memwarden.capture.live.reference import profiler_peak_bytes, state_bytes
 from memwarden.models import zoo
 from memwarden.plan.placement import PlacementError
 from memwarden.runtime.offload import plan_streaming, stream_weights, weight_groups
-from memwarden.trace.reference import profiler_peak_bytes, state_bytes
 
 NEW_TOKENS = 4
 

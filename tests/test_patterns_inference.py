@@ -22,7 +22,8 @@ import pytest
 from memwarden.analyze.diagnose import Context, Finding, diagnose
 from memwarden.analyze.patterns import alignment_padding, kv_concat_growth, kv_reprefill, vision_token_dominance
 from memwarden.analyze.timeline import summary
-from memwarden.trace.model import Action, Category, Modality, SpanKind, Trace, TraceBuilder, load
+from memwarden.trace.io import load
+from memwarden.trace.model import Action, Category, Modality, SpanKind, Trace, TraceBuilder
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "examples" / "scenarios"
 MINE = ["alignment-padding", "kv-reprefill", "kv-concat-growth", "vision-token-dominance"]

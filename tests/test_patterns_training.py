@@ -25,7 +25,8 @@ from memwarden.analyze.diagnose import Context, diagnose
 from memwarden.analyze.patterns import dequant_temporaries, fragmentation, graph_retention, load_spike
 from memwarden.analyze.timeline import summary
 from memwarden.models import zoo
-from memwarden.plan.allocator import AllocatorConfig, replay
+from memwarden.plan.allocator.config import AllocatorConfig
+from memwarden.plan.replay import replay
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace, TraceBuilder
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "examples" / "scenarios"

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import memwarden
-import memwarden.plan.allocator
+import memwarden.plan.allocator.model
 from memwarden.analyze.timeline import summary
 from memwarden.models import zoo
-from memwarden.plan.allocator import replay
-from memwarden.plan.arena import plan_arena
+from memwarden.plan.arena.plan import plan_arena
+from memwarden.plan.replay import replay
 
 
 @pytest.fixture(scope="module", params=zoo.NAMES)
@@ -46,5 +46,7 @@ def test_replay_bounds_and_agrees_with_the_trace(real_trace) -> None:
     assert result.peak_allocated_bytes <= result.peak_reserved_bytes
     assert 0.0 <= result.fragmentation < 1.0
     assert result.oom_at_event is None
-    limited = replay(real_trace, memwarden.plan.allocator.AllocatorConfig(limit_bytes=result.peak_allocated_bytes // 2))
+    limited = replay(
+        real_trace, memwarden.plan.allocator.model.AllocatorConfig(limit_bytes=result.peak_allocated_bytes // 2)
+    )
     assert limited.oom_at_event is not None

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from memwarden.analyze.timeline import summary
+from memwarden.capture.live.capture import Capture
 from memwarden.errors import InputError
 from memwarden.models import zoo
 from memwarden.runtime.prune import (
@@ -18,7 +19,6 @@ from memwarden.runtime.prune import (
     kept_count,
     unsupported_reason,
 )
-from memwarden.trace.capture import Capture
 
 SUPPORTED = ("llava", "paligemma", "gemma3", "idefics3")
 

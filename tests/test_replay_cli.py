@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from memwarden.trace.model import Action, TraceBuilder, save
+from memwarden.trace.io import save
+from memwarden.trace.model import Action, TraceBuilder
 
 MiB = 1 << 20
 
@@ -119,7 +120,7 @@ def test_bad_input_is_one_clear_line(cli, small_trace, tmp_path, args, words):
 def test_heatmap_matrix_states():
     import numpy as np
 
-    from memwarden.plan.allocator import LayoutHistory
+    from memwarden.plan.records import LayoutHistory
     from memwarden.report.heatmap import ALLOCATED, CACHED_FREE, UNMAPPED, heatmap_matrix
 
     seg = np.array([[1000, 400]])

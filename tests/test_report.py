@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from memwarden.report.html import Section, render_html, write_html
+from memwarden.trace.io import save
 from memwarden.trace.model import (
     EVENT_COLUMNS,
     SPAN_COLUMNS,
@@ -26,7 +27,6 @@ from memwarden.trace.model import (
     SpanKind,
     Trace,
     TraceBuilder,
-    save,
 )
 
 MiB = 1024 * 1024

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from memwarden.capture.live.reference import profiler_peak_bytes
 from memwarden.models import zoo
 from memwarden.runtime.admission import AdmissionError
-from memwarden.runtime.session import BudgetError, GovernedSession, state_bytes
-from memwarden.trace.reference import profiler_peak_bytes
+from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_memory import BudgetError, state_bytes
 
 NEW = 8
 
@@ -177,8 +178,11 @@ def test_weights_twice_the_budget_are_streamed_and_outputs_stay_exact(tmp_path):
         session.predict(**turns[0], max_new_tokens=NEW)  # calibrates, outside the measurement
         replies, peaks = [], []
         for t in turns:
-            peaks.append(_profiled_peak(
-                lambda t=t: replies.append(session.chat(t["input_ids"], max_new_tokens=NEW, **_media(t), **gk))))
+            peaks.append(
+                _profiled_peak(
+                    lambda t=t: replies.append(session.chat(t["input_ids"], max_new_tokens=NEW, **_media(t), **gk))
+                )
+            )
         session.close()  # weights come back
         after = model.generate(**turns[0], max_new_tokens=NEW, **gk)
     for got, want in zip(replies, ref, strict=True):

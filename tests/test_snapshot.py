@@ -20,9 +20,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from memwarden.errors import InputError
-from memwarden.trace import model
+from memwarden.interop.snapshot import load_snapshot, save_snapshot
+from memwarden.interop.snapshot_export import to_snapshot
+from memwarden.trace import format as trace_format
 from memwarden.trace.model import Action, Category, Modality, Phase, SpanKind, Trace, TraceBuilder
-from memwarden.trace.snapshot import load_snapshot, save_snapshot, to_snapshot
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SNAPSHOT_FIXTURE = FIXTURES / "small_snapshot.pickle"
@@ -412,7 +413,7 @@ def test_export_uses_given_allocator_segments():
 
 
 def test_export_with_the_allocator_model_segments(tmp_path):
-    allocator = pytest.importorskip("memwarden.plan.allocator")
+    allocator = pytest.importorskip("memwarden.plan.allocator.model")
     trace = built_trace()
     for config in (allocator.AllocatorConfig(), allocator.AllocatorConfig(expandable_segments=True)):
         result = allocator.replay(trace, config)
@@ -615,13 +616,13 @@ def test_mutated_snapshots_raise_only_input_error(base, edits):
         trace = load_snapshot(pickle.dumps(snapshot, protocol=4))
     except InputError:
         return
-    assert event_rows(model.loads(model.dumps(trace))) == event_rows(trace)  # what loads can be saved
+    assert event_rows(trace_format.loads(trace_format.dumps(trace))) == event_rows(trace)  # what loads can be saved
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_traces(("cuda:0",)), st.booleans())
 def test_export_with_allocator_segments_for_random_traces(trace, expandable):
-    allocator = pytest.importorskip("memwarden.plan.allocator")
+    allocator = pytest.importorskip("memwarden.plan.allocator.model")
     from torch.cuda._memory_viz import segsum
 
     assume(trace.num_events > 0)  # the allocator model's own business

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memwarden.errors import InputError
-from memwarden.runtime.telemetry import (
+from memwarden.govern.telemetry import (
     FpsMeter,
     NvmlSource,
     SourceUnavailable,
@@ -27,7 +27,7 @@ from memwarden.runtime.telemetry import (
     detect_sources,
     parse_tegrastats,
 )
-from memwarden.runtime.telemetry_log import ReplaySource, load_log, parse_jsonl
+from memwarden.govern.telemetry_log import ReplaySource, load_log, parse_jsonl
 
 FIXTURES = Path(__file__).parent / "fixtures" / "telemetry"
 EXAMPLES = Path(__file__).parent.parent / "examples" / "telemetry"

@@ -7,20 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memwarden.trace.model import (
-    Action,
-    Category,
-    Modality,
-    Phase,
-    SpanKind,
-    Trace,
-    TraceBuilder,
-    TraceFormatError,
-    dumps,
-    load,
-    loads,
-    save,
-)
+from memwarden.trace.format import dumps, loads
+from memwarden.trace.io import load, save
+from memwarden.trace.model import Action, Category, Modality, Phase, SpanKind, Trace, TraceBuilder, TraceFormatError
 
 names = st.text(min_size=0, max_size=12)
 

@@ -1,43 +1,63 @@
-"""memwarden: find, predict and prevent out-of-memory failures of multimodal models."""
+"""memwarden: find, predict and prevent out-of-memory failures of multimodal models.
+
+``import memwarden`` does not import torch: the names that need it (``GovernedSession``,
+``SessionConfig``, ``quantize``) load on first use, and ``capture``/``estimate`` import their
+torch-side modules when called. Type checkers see every name with its real type.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from memwarden.analyze.diagnose import diagnose
+from memwarden.analyze.timeline import summary
+from memwarden.capture.api import capture
+from memwarden.estimate.card import MemoryCard
+from memwarden.estimate.run import estimate
+from memwarden.govern.budget import BudgetController
+from memwarden.interop.files import load_any as load
+from memwarden.report.full import write_report
+from memwarden.trace.io import save
+from memwarden.trace.model import Trace
+
+if TYPE_CHECKING:
+    from memwarden.runtime.quant import quantize
+    from memwarden.runtime.session import GovernedSession
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "BudgetController", "GovernedSession", "Trace", "capture", "estimate", "load", "quantize",
-           "save", "summary"]
+__all__ = [
+    "BudgetController",
+    "GovernedSession",
+    "MemoryCard",
+    "Trace",
+    "__version__",
+    "capture",
+    "diagnose",
+    "estimate",
+    "load",
+    "quantize",
+    "save",
+    "summary",
+    "write_report",
+]
+
+_LAZY = {
+    "GovernedSession": "memwarden.runtime.session",
+    "quantize": "memwarden.runtime.quant",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy so that `import memwarden` (and the pure analyses) never import torch.
-    if name == "capture":
-        from memwarden.trace.capture import capture
-
-        return capture
-    if name in ("Trace", "load", "save"):
-        from memwarden.trace import model
-
-        return getattr(model, name)
-    if name == "estimate":
+    # PEP 562: the torch-side names load on first use (see the module docstring).
+    if name in _LAZY:
         import importlib
 
-        return importlib.import_module("memwarden.estimate")  # a callable module: memwarden.estimate(...)
-    if name == "quantize":
-        from memwarden.runtime.quant import quantize
-
-        return quantize
-    if name == "GovernedSession":
-        from memwarden.runtime.session import GovernedSession
-
-        return GovernedSession
-    if name == "BudgetController":
-        from memwarden.runtime.budget import BudgetController
-
-        return BudgetController
-    if name == "summary":
-        from memwarden.analyze.timeline import summary
-
-        return summary
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'memwarden' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

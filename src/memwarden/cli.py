@@ -17,8 +17,19 @@ from memwarden.trace.model import TraceFormatError
 
 # Order is the order of `memwarden --help`.
 COMMANDS = [
-    "demo", "trace", "summary", "diagnose", "report", "export", "replay", "plan", "estimate", "devices",
-    "telemetry", "stress", "sweep",
+    "demo",
+    "trace",
+    "summary",
+    "diagnose",
+    "report",
+    "export",
+    "replay",
+    "plan",
+    "estimate",
+    "devices",
+    "telemetry",
+    "stress",
+    "sweep",
 ]
 
 

@@ -13,26 +13,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from memwarden.models.chat import DEFAULT_BUDGET_BYTES, DemoConfig, build_deployment, conversation_inputs, run_chat
 from memwarden.units import format_bytes
 
-# A phone or Jetson-class share of memory for this small model: weights plus a
-# few image prefills fit, a careless chat loop does not leave much headroom.
-DEFAULT_BUDGET_BYTES = 320 * 1024**2
-
-
-@dataclass(frozen=True, kw_only=True)
-class DemoConfig:
-    model: str = "llava"
-    size: str = "small"
-    turns: int = 4
-    first_prompt_tokens: int = 24
-    tokens_per_turn: int = 16
-    new_tokens: int = 24
-    budget_bytes: int = DEFAULT_BUDGET_BYTES
-    seed: int = 0
-    governed: bool = True  # end with the same turns served by a GovernedSession
-    thermal: bool = True  # ... and a replayed thermal event that halves its budget mid-conversation
-    thermal_turns: int = 6
+__all__ = [
+    "DEFAULT_BUDGET_BYTES",
+    "DemoConfig",
+    "DemoResult",
+    "GovernedResult",
+    "ThermalResult",
+    "build_deployment",
+    "conversation_inputs",
+    "run_chat",
+    "run_demo",
+]
 
 
 @dataclass
@@ -80,62 +74,16 @@ class DemoResult:
         return bool(self.summary.peak_bytes <= self.config.budget_bytes)
 
 
-def conversation_inputs(model: Any, config: DemoConfig, turn: int, seed: int | None = None) -> dict[str, Any]:
-    """The request of ``turn``: the whole conversation so far and the same image, as chat loops
-    written with transformers send it. Earlier answers appear as the app stored them (fixed
-    tokens drawn from ``seed``), so every turn's prompt extends the previous one."""
-    import torch
-
-    from memwarden.models import zoo
-
-    seed = config.seed if seed is None else seed
-    inputs = zoo.make_inputs(model, prompt_tokens=config.first_prompt_tokens, seed=seed)
-    grown = turn * (config.tokens_per_turn + config.new_tokens)
-    if grown == 0:
-        return inputs
-    g = torch.Generator().manual_seed(seed + 1)
-    history = torch.randint(zoo.FIRST_TEXT_ID, 200, (1, grown), generator=g, dtype=inputs["input_ids"].dtype)
-    ids = inputs["input_ids"]
-    for key, value in list(inputs.items()):
-        if isinstance(value, torch.Tensor) and tuple(value.shape[:2]) == tuple(ids.shape) and key != "input_ids":
-            fill = 1 if key == "attention_mask" else 0
-            inputs[key] = torch.cat([value, torch.full((1, grown), fill, dtype=value.dtype)], 1)
-    inputs["input_ids"] = torch.cat([ids, history], 1)
-    return inputs
-
-
-def build_deployment(config: DemoConfig) -> tuple[Any, Callable[[int], dict[str, Any]], dict[str, Any]]:
-    """The model, a turn -> inputs function, and generate kwargs."""
-    from memwarden.models import zoo
-
-    model = zoo.build_model(config.model, size=config.size, seed=config.seed)
-    return model, (lambda turn: conversation_inputs(model, config, turn)), zoo.generate_kwargs(config.model)
-
-
-def run_chat(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_kwargs: dict[str, Any], config: DemoConfig,
-             on_turn: Callable[[int], None] | None = None) -> list[list[int]]:  # fmt: skip
-    import torch
-
-    outputs = []
-    with torch.inference_mode():
-        for turn in range(config.turns):
-            inputs = turn_inputs(turn)
-            out = model.generate(**inputs, max_new_tokens=config.new_tokens, **gen_kwargs)
-            outputs.append(out[0, inputs["input_ids"].shape[1] :].tolist())
-            if on_turn is not None:
-                on_turn(turn)
-    return outputs
-
-
 def run_demo(
-    config: DemoConfig = DemoConfig(),
+    config: DemoConfig | None = None,
     out_dir: str | Path = ".",
     progress: Callable[[str, float], None] | None = None,
 ) -> DemoResult:
-    """Build, capture, summarise and report the built-in deployment."""
+    """Build, capture, summarise and report the built-in deployment (``DemoConfig()`` by default)."""
+    config = config or DemoConfig()
     from memwarden.analyze.timeline import summary
-    from memwarden.trace.capture import Capture
-    from memwarden.trace.model import save
+    from memwarden.capture.live.capture import Capture
+    from memwarden.trace.io import save
 
     def step(text: str, fraction: float) -> None:
         if progress is not None:
@@ -187,10 +135,11 @@ def run_thermal(model: Any, gen_kwargs: dict[str, Any], config: DemoConfig) -> T
     import torch
 
     from memwarden.analyze.budget_check import check_budget
-    from memwarden.runtime.scaled import scaled_replay
-    from memwarden.runtime.session import GovernedSession, state_bytes
-    from memwarden.runtime.telemetry import load_log
-    from memwarden.trace.capture import Capture
+    from memwarden.capture.live.capture import Capture
+    from memwarden.govern.scaled import scaled_replay
+    from memwarden.govern.telemetry_log import load_log
+    from memwarden.runtime.session import GovernedSession
+    from memwarden.runtime.session_memory import state_bytes
 
     turns = replace(config, turns=config.thermal_turns)
     # A share whose halving still holds the weights: 2.4x them, plus room for the safety margin on tiny models.
@@ -229,10 +178,10 @@ def run_governed(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_k
 
     from memwarden.analyze.diagnose import diagnose
     from memwarden.analyze.timeline import summary
+    from memwarden.capture.live.capture import Capture
     from memwarden.report.full import write_report
     from memwarden.runtime.session import GovernedSession
-    from memwarden.trace.capture import Capture
-    from memwarden.trace.model import save
+    from memwarden.trace.io import save
 
     cap = Capture(metadata={"model": f"{config.model} ({config.size})", "workload": "demo chat, GovernedSession",
                             "budget_bytes": config.budget_bytes})  # fmt: skip

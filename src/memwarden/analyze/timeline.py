@@ -267,7 +267,11 @@ def timeline(trace: Trace, by: str = "category", max_points: int = 2000, device:
         edges = np.linspace(0, m, max_points).astype(np.int64)  # max_points - 1 buckets + the first row
         cand_total = total[candidates]
         picks = np.array(
-            [candidates[lo + int(np.argmax(cand_total[lo:hi]))] for lo, hi in zip(edges[:-1], edges[1:], strict=True) if hi > lo],
+            [
+                candidates[lo + int(np.argmax(cand_total[lo:hi]))]
+                for lo, hi in zip(edges[:-1], edges[1:], strict=True)
+                if hi > lo
+            ],
             dtype=np.int64,
         )
         picks = np.unique(np.concatenate([candidates[:1], picks]))  # the plot starts where the trace starts

@@ -14,7 +14,7 @@ from memwarden.trace.model import Trace, TraceFormatError
 def load_trace(path: str) -> Trace:
     """A .mwtrace or a PyTorch memory snapshot pickle, or one clear InputError."""
     try:
-        from memwarden.trace.io import load_any
+        from memwarden.interop.files import load_any
     except ImportError:  # snapshot support not installed
         load_any = None
     if load_any is not None:
@@ -23,7 +23,7 @@ def load_trace(path: str) -> Trace:
     if not p.is_file():
         raise InputError(f"{path}: no such file")
     try:
-        from memwarden.trace.model import load
+        from memwarden.trace.io import load
 
         return load(p)
     except TraceFormatError as exc:

@@ -23,7 +23,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from memwarden.demo import DemoConfig, run_demo, verdict
+    from memwarden.demo import run_demo, verdict
+    from memwarden.models.chat import DemoConfig
     from memwarden.units import parse_bytes
 
     out = Path(args.out_dir)
@@ -77,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
         task = bar.add_task("starting", total=1.0)
         result = run_demo(config, out, progress=lambda text, f: bar.update(task, description=text, completed=f))
     out_console = Console()
-    out_console.print(render_summary(result.summary, source=f"{config.model} ({config.size}), {config.turns}-turn chat"))
+    out_console.print(
+        render_summary(result.summary, source=f"{config.model} ({config.size}), {config.turns}-turn chat")
+    )
     from memwarden.report.findings import render_findings
 
     out_console.print(render_findings(result.findings, result.summary.peak_bytes))

@@ -74,7 +74,7 @@ def _float(value: str, flag: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import print_json
-    from memwarden.estimate import estimate, load_device, parse_image, sweep
+    from memwarden.estimate.run import estimate, load_device, parse_image, sweep
 
     images = [parse_image(v) for v in args.image]
     prompts = _ints(args.prompt_tokens, "--prompt-tokens")

@@ -45,11 +45,11 @@ def register(subparsers: Any) -> None:
 def _replay_segments(trace: Any, allocator: str) -> list[dict[str, Any]]:
     """Segments at the end of a replay of each device through memwarden's caching-allocator model."""
     try:
-        module = importlib.import_module("memwarden.plan.allocator")
+        module = importlib.import_module("memwarden.plan.allocator.model")
         replay, config_cls = module.replay, module.AllocatorConfig
     except (ImportError, AttributeError):
         raise InputError("allocator model not available") from None
-    from memwarden.trace.snapshot import device_indices
+    from memwarden.interop.snapshot_export import device_indices
 
     config = config_cls(expandable_segments=allocator == "pytorch-expandable")
     index_of = device_indices(trace.devices)
@@ -70,16 +70,16 @@ def run(args: argparse.Namespace) -> int:
         if args.format != "torch-snapshot":
             raise InputError("--allocator applies only to --format torch-snapshot")
 
-    from memwarden.trace.io import load_any
+    from memwarden.interop.files import load_any
 
     trace = load_any(args.file)
     try:
         if args.format == "chrome":
-            from memwarden.trace.chrome import save_chrome
+            from memwarden.interop.chrome import save_chrome
 
             save_chrome(trace, args.output)
         else:
-            from memwarden.trace.snapshot import save_snapshot
+            from memwarden.interop.snapshot import save_snapshot
 
             if args.allocator is None:
                 save_snapshot(trace, args.output)

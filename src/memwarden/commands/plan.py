@@ -37,7 +37,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import load_trace, print_json
     from memwarden.commands.replay import pick_device
-    from memwarden.plan.arena import plan_arena
+    from memwarden.plan.arena.plan import plan_arena
 
     if args.strategy not in STRATEGIES:
         raise InputError(f"unknown --strategy {args.strategy!r} (choose from {', '.join(STRATEGIES)})")

@@ -48,7 +48,8 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import load_trace, print_json
-    from memwarden.plan.allocator import parse_alloc_conf, replay
+    from memwarden.plan.allocator.config import parse_alloc_conf
+    from memwarden.plan.replay import replay
     from memwarden.units import parse_bytes
 
     if args.allocator not in ALLOCATORS:

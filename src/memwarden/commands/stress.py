@@ -65,8 +65,9 @@ def run(args: argparse.Namespace) -> int:
         parse_inject(spec)
     config_a, config_b = load_config(args.a), load_config(args.b)
     with make_executor(args.executor, jobs=jobs, address=args.ray_address) as executor:
-        result = run_campaign(config_a, config_b, runs=runs, inject=args.inject, seed=seed, executor=executor,
-                              progress=not args.quiet)
+        result = run_campaign(
+            config_a, config_b, runs=runs, inject=args.inject, seed=seed, executor=executor, progress=not args.quiet
+        )
     data = result.to_json(records=True)
     if args.html:
         from memwarden.resilience.report import write_stress_html

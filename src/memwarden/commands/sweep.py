@@ -29,8 +29,8 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import print_json
+    from memwarden.estimate.sweep import load_grid, render_table, run_sweep
     from memwarden.resilience.executor import make_executor
-    from memwarden.resilience.sweep import load_grid, render_table, run_sweep
 
     default_jobs = min(4, os.cpu_count() or 1)
     try:

@@ -37,7 +37,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memwarden.errors import InputError
-    from memwarden.runtime.budget import BudgetController, make_policy
+    from memwarden.govern.budget import BudgetController, make_policy
 
     params: dict[str, str] = {}
     for item in args.params:
@@ -71,7 +71,7 @@ def _bytes(text: str | None) -> int | None:
 
 
 def _replay(args: argparse.Namespace, controller: Any) -> int:
-    from memwarden.runtime.telemetry_log import load_log
+    from memwarden.govern.telemetry_log import load_log
 
     samples = load_log(args.replay, interval_s=args.interval)
     rows = []
@@ -118,7 +118,7 @@ def _replay(args: argparse.Namespace, controller: Any) -> int:
 def _live(args: argparse.Namespace, controller: Any) -> int:
     import time
 
-    from memwarden.runtime.telemetry import Telemetry
+    from memwarden.govern.telemetry import Telemetry
 
     rows, origin = [], {}
     with Telemetry.detect() as telemetry:

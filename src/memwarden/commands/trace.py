@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     if out.parent and not out.parent.exists():
         raise InputError(f"{args.output}: directory {out.parent} does not exist")
 
-    from memwarden.trace.capture import Capture
-    from memwarden.trace.model import save
+    from memwarden.capture.live.capture import Capture
+    from memwarden.trace.io import save
 
     status = 0
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None

@@ -56,7 +56,9 @@ def render_summary(s: Summary, source: str = "") -> Group:
         sites.add_column("bytes", justify="right")
         sites.add_column("blocks", justify="right")
         for site in non_weight_sites[:10]:
-            sites.add_row(site.module, site.op, site.category, site.modality, format_bytes(site.nbytes), str(site.count))
+            sites.add_row(
+                site.module, site.op, site.category, site.modality, format_bytes(site.nbytes), str(site.count)
+            )
         parts.append(sites)
     return Group(*parts)  # type: ignore[arg-type]
 
@@ -90,7 +92,10 @@ def render_before_after(result: object) -> Table:
         reused = sum(r["reused_tokens"] for r in reqs[1:])
         prompt = sum(r["prompt_tokens"] for r in reqs[1:])
         table.add_row("turns 2+: prompt tokens reused", "0", f"{reused} of {prompt}")
-        table.add_row("turns 2+: median time to first token", "",
-                      f"{median(r['ttft_s'] for r in reqs[1:]) * 1e3:.0f} ms (turn 1: {reqs[0]['ttft_s'] * 1e3:.0f} ms)")
+        table.add_row(
+            "turns 2+: median time to first token",
+            "",
+            f"{median(r['ttft_s'] for r in reqs[1:]) * 1e3:.0f} ms (turn 1: {reqs[0]['ttft_s'] * 1e3:.0f} ms)",
+        )
     table.add_row("greedy outputs equal", "", "yes" if g.outputs_equal else "[bold red]no[/]")
     return table

@@ -16,7 +16,7 @@ HEATMAP_MAX_EVENTS = 2_000_000
 def heatmap_for(trace: Trace, device: int | None = None) -> bytes | None:
     """PNG of the trace replayed through the PyTorch caching-allocator model, or None if nothing to draw."""
     from memwarden.analyze.timeline import primary_device
-    from memwarden.plan.allocator import replay
+    from memwarden.plan.replay import replay
     from memwarden.report.heatmap import heatmap_png_bytes
 
     dev = primary_device(trace) if device is None else device

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from memwarden.plan.allocator import LayoutHistory, ReplayResult
+from memwarden.plan.records import LayoutHistory, ReplayResult
 
 __all__ = ["UNMAPPED", "CACHED_FREE", "ALLOCATED", "COLOURS", "heatmap_matrix", "heatmap_png_bytes", "render_heatmap"]
 

@@ -217,8 +217,12 @@ def _payload(trace: Trace, summ: Summary, markers: Sequence[dict[str, Any]] = ()
         "palette": PALETTE,
         "lanes": lanes,
         "markers": [
-            {"time_us": int(m.get("time_us", 0)), "label": str(m.get("label", "")), "severity": str(m.get("severity", "")),
-             "anchor": str(m.get("anchor", ""))}
+            {
+                "time_us": int(m.get("time_us", 0)),
+                "label": str(m.get("label", "")),
+                "severity": str(m.get("severity", "")),
+                "anchor": str(m.get("anchor", "")),
+            }
             for m in markers
         ],
     }

@@ -3,8 +3,8 @@
 ```toml
 name = "plain"                 # label in reports (default: the file name)
 [workload]
-scenario = "demo-chat"         # built-in (memwarden.demo's deployment) ...
-model = "llava"                # ... with memwarden.demo.DemoConfig fields
+scenario = "demo-chat"         # built-in (memwarden.models.chat's deployment) ...
+model = "llava"                # ... with memwarden.models.chat.DemoConfig fields
 size = "small"
 turns = 4
 # script = "my_app.py"         # ... or a Python script, run in a child per request (path relative to this file)
@@ -208,7 +208,7 @@ class _Reader:
             if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
                 self.fail("workload.args", "must be a list of strings")
             return {"script": str(script), "args": list(args)}
-        from memwarden.demo import DemoConfig
+        from memwarden.models.chat import DemoConfig
         from memwarden.resilience.serving import SCENARIOS
 
         if table["scenario"] not in SCENARIOS:

@@ -35,21 +35,21 @@ MODES = {
 
 @dataclass
 class DemoChat:
-    """``memwarden.demo``'s deployment: a small VLM answering turns about one image.
+    """The chat deployment of ``memwarden.models.chat``: a small VLM answering turns about one image.
 
     Request ``i`` is turn ``i % turns`` of conversation ``i // turns``; the conversation grows
-    each turn and the same image is sent again (demo.build_deployment's chat loop), so a
+    each turn and the same image is sent again (build_deployment's chat loop), so a
     session that reuses the image prefix has something to win. Inputs are drawn from the
     request's conversation seed; the weights from the workload's ``seed``.
     """
 
     model: Any
     gen_kwargs: dict[str, Any]
-    config: Any  # memwarden.demo.DemoConfig
+    config: Any  # memwarden.models.chat.DemoConfig
 
     @classmethod
     def build(cls, workload: dict[str, Any]) -> DemoChat:
-        from memwarden.demo import DemoConfig, build_deployment
+        from memwarden.models.chat import DemoConfig, build_deployment
 
         fields = {k: workload[k] for k in DemoConfig.__dataclass_fields__ if k in workload}
         config = DemoConfig(**fields)
@@ -62,7 +62,7 @@ class DemoChat:
         return int(self.config.new_tokens)
 
     def inputs(self, index: int, conversation_seed: int) -> dict[str, Any]:
-        from memwarden.demo import conversation_inputs
+        from memwarden.models.chat import conversation_inputs
 
         return conversation_inputs(self.model, self.config, index % self.config.turns, seed=conversation_seed)
 

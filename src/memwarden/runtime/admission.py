@@ -77,7 +77,7 @@ class PeakPredictor:
 
     def _meta_model(self) -> torch.nn.Module:
         if self._meta is None:
-            from memwarden.trace.meta import build_meta_model
+            from memwarden.capture.meta.capture import build_meta_model
 
             dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
             self._meta = build_meta_model(self.model.config, dtype=dtype, model_class=type(self.model).__name__)
@@ -86,7 +86,7 @@ class PeakPredictor:
     def _measure(self, input_ids: torch.Tensor, media: dict[str, Any], cached_tokens: int) -> int:
         """Transient bytes of one meta forward of ``input_ids`` after ``cached_tokens`` of cache."""
         from memwarden.analyze.timeline import summary
-        from memwarden.trace.meta import MetaCapture, meta_inputs
+        from memwarden.capture.meta.capture import MetaCapture, meta_inputs
 
         model = self._meta_model()
         total = cached_tokens + input_ids.shape[1]

@@ -50,9 +50,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from memwarden.capture.modality import ModalityRules
 from memwarden.models.devices import MemoryTier
 from memwarden.plan.placement import Placement, WeightGroup, place
-from memwarden.trace.modality import ModalityRules
 from memwarden.trace.model import Modality
 
 __all__ = ["StreamStats", "WeightStreamer", "default_tiers", "plan_streaming", "stream_weights", "weight_groups"]

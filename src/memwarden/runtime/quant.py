@@ -168,10 +168,14 @@ class Int4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         kernel = "fused int4 kernel" if self.fused else f"tiled dequant ({self.tile_rows} rows)"
-        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, {kernel}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, {kernel}"
+        )
 
 
-def quantize(model: nn.Module, bits: int = 4, group_size: int = 128, skip: tuple[str, ...] = (), **kwargs: Any) -> nn.Module:
+def quantize(
+    model: nn.Module, bits: int = 4, group_size: int = 128, skip: tuple[str, ...] = (), **kwargs: Any
+) -> nn.Module:
     """Replace every eligible ``nn.Linear`` (in_features divisible by ``group_size``, path not in
     ``skip``) by an ``Int4Linear``, in place; returns the model."""
     if bits != 4:

@@ -244,7 +244,9 @@ class GovernedSession(AdmissionMixin, MemoryMixin):
         for r in range(input_ids.shape[0]):
             row_inputs = _row(inputs, r, input_ids.shape)
             mask = row_inputs.get("attention_mask")
-            keep = mask[0].bool() if isinstance(mask, torch.Tensor) else torch.ones(input_ids.shape[1], dtype=torch.bool)
+            keep = (
+                mask[0].bool() if isinstance(mask, torch.Tensor) else torch.ones(input_ids.shape[1], dtype=torch.bool)
+            )
             row_inputs = {k: (v[:, keep] if k in _PER_TOKEN_KEYS and isinstance(v, torch.Tensor) else v)
                           for k, v in row_inputs.items()}  # fmt: skip
             rows.append(self._serve(input_ids[r : r + 1, keep], row_inputs, max_new_tokens))

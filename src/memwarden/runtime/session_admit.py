@@ -98,7 +98,8 @@ class AdmissionMixin:
             if self.stream_allowed and restreams < 3:
                 # Weights give way to activations: stream (more of) them, planned for what this request lacks.
                 self.activation_reserve_bytes = max(self.activation_reserve_bytes, 0) + (
-                    predicted - self._admissible(budget))
+                    predicted - self._admissible(budget)
+                )
                 self.activation_reserve_bytes += sum(t.numel() * t.element_size() for t in self._request_tensors)
                 if self._restream(budget):
                     changes.append(f"streamed weights to leave {format_bytes(self.activation_reserve_bytes)} "

@@ -124,7 +124,9 @@ class MemoryMixin:
         try:
             planned = self._admissible(budget)  # admission keeps this margin free too
             if planned <= 0:
-                raise PlacementError(f"{format_bytes(budget)} is less than the safety margin", min_budget_bytes=budget * 2)
+                raise PlacementError(
+                    f"{format_bytes(budget)} is less than the safety margin", min_budget_bytes=budget * 2
+                )
             self.streamer = stream_weights(self.model, planned, directory, kv_cache_bytes=kv_bytes,
                                            activation_bytes=reserve)  # fmt: skip
         except PlacementError as exc:
@@ -152,7 +154,7 @@ class MemoryMixin:
 
     def _note(self, kind: str, label: str, **details: Any) -> None:
         """Record a decision in the session's log and on the timeline of a running capture."""
-        from memwarden.trace.capture import annotate
+        from memwarden.capture.live.capture import annotate
 
         self.events.append({"t_s": time.monotonic(), "kind": kind, "label": label, **details})
         annotate(kind, label, **details)
@@ -176,8 +178,8 @@ class MemoryMixin:
         ``in_use_bytes``: what the session holds that the sample's available memory already
         excludes — by default all it holds (live telemetry of this process's device); pass 0
         when replaying a log recorded without this session."""
-        from memwarden.runtime.budget import BudgetController
-        from memwarden.runtime.telemetry import TelemetrySample
+        from memwarden.govern.budget import BudgetController
+        from memwarden.govern.telemetry import TelemetrySample
 
         if not isinstance(sample, TelemetrySample):  # a foreign sample: map the usual field names
             sample = TelemetrySample(

@@ -1,10 +1,11 @@
-"""Reading any trace file memwarden understands, and writing files atomically.
+"""Trace files: ``save`` and ``load`` for ``.mwtrace``, and ``atomic_write``, the one way
+memwarden writes any output file.
 
-``load_any`` sniffs the first bytes instead of trusting the file name: a
-``.mwtrace`` starts with ``MWTRACE\\0``, a PyTorch memory snapshot is a pickle
-(protocol 2+ starts with 0x80). Every way a file can be unusable (missing, a
-directory, empty, unreadable, corrupt, hostile) ends as one ``InputError``
-naming the file, so the CLI prints one line and no traceback.
+Every output (trace, snapshot, Chrome JSON, HTML report, heatmap, campaign records) goes
+through ``atomic_write``: a temp file beside the target, then a rename over it, so a crash or
+error mid-write leaves the old file or none, never a half-written one that looks complete;
+the new file gets the mode any new file gets under the process umask (``mkstemp`` alone makes
+0600).
 """
 
 from __future__ import annotations
@@ -14,21 +15,14 @@ import tempfile
 from pathlib import Path
 
 from memwarden.errors import InputError
-from memwarden.trace import model
+from memwarden.trace.format import dumps, loads
 from memwarden.trace.model import Trace, TraceFormatError
 
-__all__ = ["atomic_write", "load_any"]
-
-_PICKLE_PROTO = 0x80
-_EXPECTED = "a memwarden trace (.mwtrace) or a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot pickle)"
+__all__ = ["atomic_write", "load", "save"]
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to a temp file beside ``path``, then rename over it.
-
-    A crash or error mid-write leaves either the old file or none, never a
-    half-written one that looks complete.
-    """
+    """Write ``data`` to a temp file beside ``path``, then rename over it."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=directory)
@@ -52,39 +46,31 @@ def _umask() -> int:
     return mask
 
 
-def load_any(path: str | os.PathLike[str]) -> Trace:
-    """Load a ``.mwtrace`` or a PyTorch memory snapshot; raise ``InputError`` for anything else."""
-    path = Path(path)
+def save(trace: Trace, path: str | os.PathLike[str]) -> Path:
+    """Write ``trace`` to ``path`` as ``.mwtrace``, atomically."""
+    return atomic_write(path, dumps(trace))
+
+
+def load(path: str | os.PathLike[str]) -> Trace:
+    """Read a ``.mwtrace`` file; ``TraceFormatError`` says what is wrong with a bad one.
+
+    ``memwarden.load`` (``interop.files.load_any``) also reads PyTorch memory snapshots and
+    turns every failure into one ``InputError`` naming the file.
+    """
+    with open(path, "rb") as fh:
+        data = fh.read()
+    return loads(data)
+
+
+def load_mwtrace(path: Path) -> Trace:
+    """``load``, with every way the file can be unusable as one ``InputError`` naming it."""
     try:
-        if path.is_dir():
-            raise InputError(f"{path}: is a directory; expected {_EXPECTED}")
-        with open(path, "rb") as fh:
-            head = fh.read(len(model.FORMAT_MAGIC))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file; expected {_EXPECTED}") from None
-    except OSError as exc:
-        raise InputError(
-            f"{path}: cannot read ({exc.strerror or exc.__class__.__name__}); expected {_EXPECTED}"
-        ) from None
-    if not head:
-        raise InputError(f"{path}: file is empty; expected {_EXPECTED}")
-    if head == model.FORMAT_MAGIC:
-        return _load_mwtrace(path)
-    if head[0] == _PICKLE_PROTO:
-        from memwarden.trace.snapshot import load_snapshot  # lazy: snapshot imports this module
-
-        return load_snapshot(path)
-    raise InputError(f"{path}: unknown file type (starts with {head!r}); expected {_EXPECTED}")
-
-
-def _load_mwtrace(path: Path) -> Trace:
-    try:
-        return model.load(path)
+        return load(path)
     except TraceFormatError as exc:
         raise InputError(f"{path}: {exc}") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError, MemoryError) as exc:
-        # model.loads turns most corruption into TraceFormatError; a header with
-        # e.g. an infinite number or absurd nesting can still surface as these.
+        # loads turns most corruption into TraceFormatError; a header with e.g. an infinite
+        # number or absurd nesting can still surface as these.
         raise InputError(f"{path}: trace is corrupt ({exc.__class__.__name__})") from None

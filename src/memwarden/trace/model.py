@@ -17,28 +17,18 @@ Spans
     ``[start_us, end_us)`` intervals: module calls (with a content fingerprint
     of their tensor inputs), phases, steps and user marks.
 
-File format: see docs/trace-format.md (``save`` / ``load``).
+File format: ``memwarden.trace.format`` (bytes) and ``memwarden.trace.io`` (files); see
+docs/trace-format.md.
 """
 
 from __future__ import annotations
 
 import enum
-import json
-import os
-import struct
-import tempfile
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-FORMAT_MAGIC = b"MWTRACE\0"
-FORMAT_VERSION = 1
-_ALIGN = 64  # column payloads start on 64-byte boundaries so np.frombuffer is zero-copy
-_HEADER_LIMIT_BYTES = 256 * 1024 * 1024  # refuse absurd headers before parsing them
 
 
 class TraceFormatError(ValueError):
@@ -325,152 +315,3 @@ class TraceBuilder:
             devices=list(self.devices),
             metadata=dict(self.metadata),
         )
-
-
-# -- file format ------------------------------------------------------------------
-
-
-def _padding(offset: int) -> int:
-    return (-offset) % _ALIGN
-
-
-def dumps(trace: Trace) -> bytes:
-    """Serialise to the .mwtrace byte layout (see docs/trace-format.md)."""
-    columns: list[tuple[str, np.ndarray]] = [("events." + k, trace.events[k]) for k in EVENT_COLUMNS]
-    columns += [("spans." + k, trace.spans[k]) for k in SPAN_COLUMNS]
-    descriptors: list[dict[str, Any]] = []
-    offset = 0
-    for name, array in columns:
-        offset += _padding(offset)
-        descriptors.append({"name": name, "dtype": array.dtype.str, "length": int(len(array)), "offset": offset})
-        offset += array.nbytes
-    payload = bytearray(offset)
-    for desc, (_, array) in zip(descriptors, columns, strict=False):
-        start = int(desc["offset"])
-        payload[start : start + array.nbytes] = array.tobytes()
-    header = {
-        "version": FORMAT_VERSION,
-        "num_events": trace.num_events,
-        "num_spans": trace.num_spans,
-        "columns": descriptors,
-        "strings": trace.strings,
-        "shapes": [list(s) for s in trace.shapes],
-        "devices": trace.devices,
-        "metadata": trace.metadata,
-        "payload_bytes": len(payload),
-        "payload_crc32": zlib.crc32(payload),
-    }
-    header_bytes = json.dumps(header, separators=(",", ":")).encode()
-    prefix = FORMAT_MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(header_bytes))
-    head = prefix + header_bytes
-    head += b"\0" * _padding(len(head))
-    return bytes(head) + bytes(payload)
-
-
-def loads(data: bytes | memoryview) -> Trace:
-    """Parse .mwtrace bytes; raises TraceFormatError with a clear reason."""
-    view = memoryview(data)
-    fixed = len(FORMAT_MAGIC) + 12
-    if len(view) < fixed or bytes(view[: len(FORMAT_MAGIC)]) != FORMAT_MAGIC:
-        raise TraceFormatError("not a memwarden trace (bad magic bytes)")
-    version, header_len = struct.unpack("<IQ", view[len(FORMAT_MAGIC) : fixed])
-    if version != FORMAT_VERSION:
-        raise TraceFormatError(f"unsupported trace format version {version} (this memwarden reads {FORMAT_VERSION})")
-    if header_len > _HEADER_LIMIT_BYTES or fixed + header_len > len(view):
-        raise TraceFormatError("trace is truncated (header runs past end of file)")
-    try:
-        header = json.loads(bytes(view[fixed : fixed + header_len]))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        # ValueError: also a number longer than Python's int-conversion digit limit; RecursionError:
-        # arrays nested deeper than the JSON decoder recurses. Both are corrupt headers, not bugs.
-        raise TraceFormatError(f"trace header is corrupt ({exc.__class__.__name__})") from None
-    if not isinstance(header, dict):
-        raise TraceFormatError("trace header is corrupt (not an object)")
-    start = fixed + header_len
-    start += _padding(start)
-    try:
-        payload_bytes = int(header["payload_bytes"])
-        if start + payload_bytes != len(view):
-            raise TraceFormatError(
-                f"trace is truncated or has trailing data ({len(view) - start} payload bytes, header says {payload_bytes})"
-            )
-        payload = view[start:]
-        if zlib.crc32(payload) != int(header["payload_crc32"]):
-            raise TraceFormatError("trace payload is corrupt (checksum mismatch)")
-        arrays: dict[str, np.ndarray] = {}
-        for desc in header["columns"]:
-            dt = np.dtype(desc["dtype"])
-            name, offset, length = str(desc["name"]), int(desc["offset"]), int(desc["length"])
-            expected = EVENT_COLUMNS.get(name[7:]) if name.startswith("events.") else SPAN_COLUMNS.get(name[6:])
-            if expected is None or dt != expected or offset < 0 or length < 0:
-                raise TraceFormatError(f"trace column {name!r} is unknown or has the wrong type")
-            if offset + length * dt.itemsize > payload_bytes:
-                raise TraceFormatError(f"trace column {name!r} runs past end of payload")
-            arrays[name] = np.frombuffer(payload, dtype=dt, count=length, offset=offset)
-        events = {k: arrays["events." + k] for k in EVENT_COLUMNS if "events." + k in arrays}
-        spans = {k: arrays.get("spans." + k, np.zeros(0, dt)) for k, dt in SPAN_COLUMNS.items()}
-        strings = [str(s) for s in header["strings"]]
-        shapes = [tuple(int(d) for d in s) for s in header["shapes"]]
-        devices = [str(d) for d in header["devices"]] or ["cpu"]
-        metadata = header.get("metadata") or {}
-        if not isinstance(metadata, dict):
-            raise TraceFormatError("trace metadata is corrupt")
-    except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, TraceFormatError):
-            raise
-        raise TraceFormatError(f"trace header is corrupt ({exc.__class__.__name__}: {exc})") from None
-    trace = Trace(events=events, spans=spans, strings=strings, shapes=shapes, devices=devices, metadata=metadata)
-    _check_indices(trace)
-    return trace
-
-
-def _check_indices(trace: Trace) -> None:
-    """Reject files whose index columns point outside their tables."""
-    n_strings, n_shapes, n_devices = len(trace.strings), len(trace.shapes), len(trace.devices)
-    checks = [
-        (trace.events["module"], n_strings, "module"),
-        (trace.events["op"], n_strings, "op"),
-        (trace.events["dtype"], n_strings, "dtype"),
-        (trace.events["shape"], n_shapes, "shape"),
-        (trace.events["device"], n_devices, "device"),
-        (trace.spans["name"], n_strings, "span name"),
-        (trace.spans["fingerprint"], n_strings, "span fingerprint"),
-    ]
-    for column, limit, what in checks:
-        if len(column) and (int(column.min()) < -1 or int(column.max()) >= limit):
-            raise TraceFormatError(f"trace is corrupt ({what} index out of range)")
-    enum_checks = [
-        (trace.events["action"], len(Action), "action"),
-        (trace.events["category"], len(Category), "category"),
-        (trace.events["modality"], len(Modality), "modality"),
-        (trace.events["phase"], len(Phase), "phase"),
-        (trace.spans["kind"], len(SpanKind), "span kind"),
-    ]
-    for column, limit, what in enum_checks:
-        if len(column) and int(column.max()) >= limit:
-            raise TraceFormatError(f"trace is corrupt ({what} value out of range)")
-
-
-def save(trace: Trace, path: str | os.PathLike[str]) -> Path:
-    """Write atomically: a crash mid-write never leaves a file that looks complete."""
-    path = Path(path)
-    data = dumps(trace)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
-
-
-def load(path: str | os.PathLike[str]) -> Trace:
-    with open(path, "rb") as fh:
-        data = fh.read()
-    return loads(data)

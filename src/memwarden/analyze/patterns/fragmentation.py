@@ -9,7 +9,7 @@ climbs far above the bytes ever allocated at once, and the process hits OOM
 with memory nominally free.
 
 What the trace shows: the allocation sequence replayed through
-``memwarden.plan.allocator`` (default settings) reserves much more than it
+``memwarden.plan.allocator.model`` (default settings) reserves much more than it
 ever allocates: ``1 - peak_allocated / peak_reserved >= min_overhead_fraction``
 (0.3) and ``peak_reserved - peak_allocated >= min_unused_bytes`` (32 MiB).
 Reserved memory never shrinks without ``empty_cache()``, so peak reserved
@@ -39,7 +39,9 @@ import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
 from memwarden.analyze.timeline import primary_device
-from memwarden.plan.allocator import AllocatorConfig, ReplayResult, replay
+from memwarden.plan.allocator.config import AllocatorConfig
+from memwarden.plan.records import ReplayResult
+from memwarden.plan.replay import replay
 from memwarden.trace.model import Action, Trace
 from memwarden.units import format_bytes
 
@@ -155,7 +157,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             else "replayed through a model of the CUDA caching allocator"
         ),
         "replayed": scope,
-        "allocator": "memwarden.plan.allocator (PyTorch caching allocator model), default settings",
+        "allocator": "memwarden.plan.allocator.model (PyTorch caching allocator model), default settings",
     }
     fix = (
         f"set PYTORCH_CUDA_ALLOC_CONF={best_conf} (simulated peak reserved drops from "

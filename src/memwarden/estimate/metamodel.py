@@ -1,0 +1,168 @@
+"""The meta model of an estimate: built once per (config, dtype, quantization) and kept, with its
+quantized storage emulated, and the facts about it that the arithmetic suggestions scale.
+
+Quantized storage (see :mod:`memwarden.estimate.run` for what each option means) is emulated on the
+meta model, so the capture records the bytes and temporaries of the quantized kernels without
+any values: :class:`_QuantizedLinear` for weights, an emulated ``QuantizedLayer`` for the KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from memwarden.errors import InputError
+from memwarden.estimate.card import ModelFacts, Request
+
+if TYPE_CHECKING:
+    from memwarden.estimate.resolve import ResolvedModel
+
+__all__ = ["kv_quantizable", "model_facts", "model_for", "quantized_cache"]
+
+
+_MODELS: OrderedDict[tuple[str, str, str | None], Any] = OrderedDict()  # meta models cost no weights; keep a few
+_MODELS_KEPT = 4
+
+
+def model_for(resolved: ResolvedModel, dtype: str, weights_dtype: str | None) -> Any:
+    from memwarden.capture.meta.capture import build_meta_model
+
+    key = (resolved.source, dtype, weights_dtype)
+    model = _MODELS.get(key)
+    if model is None:
+        model = build_meta_model(resolved.config, getattr(torch, dtype), resolved.model_class)
+        if weights_dtype is not None:
+            _quantize_linears(model, weights_dtype)
+        _MODELS[key] = model
+        while len(_MODELS) > _MODELS_KEPT:
+            _MODELS.popitem(last=False)
+    _MODELS.move_to_end(key)
+    return model
+
+
+def kv_quantizable(resolved: ResolvedModel) -> bool:
+    text = resolved.config.get_text_config()
+    layer_types = getattr(text, "layer_types", None) or []
+    return all(t == "full_attention" for t in layer_types)
+
+
+# -- model facts for the arithmetic suggestions ----------------------------------------------------
+
+
+def model_facts(resolved: ResolvedModel, model: Any, req: Request) -> ModelFacts:
+    from memwarden.capture.modality import ModalityRules
+    from memwarden.trace.model import Modality
+
+    def nbytes(module: Any) -> int:
+        seen: dict[int, int] = {}
+        for t in list(module.parameters()) + list(module.buffers()):
+            st = t.untyped_storage()
+            seen[st._cdata] = st.nbytes()
+        return sum(seen.values())
+
+    head = model.get_output_embeddings()
+    linears = [m for m in model.modules() if _is_linear(m) and m is not head]
+    linear_bytes = sum(_weight_bytes(m) for m in linears)
+    largest = max((_dense_bytes(m, req.dtype) for m in linears), default=0)
+    rules = ModalityRules()
+    stacks = [
+        (path, m) for path, m in model.named_modules()
+        if isinstance(m, torch.nn.ModuleList) and len(m) > 1 and rules.modality_of(path) == Modality.TEXT
+    ]  # fmt: skip
+    layers: Any = max(stacks, key=lambda pm: nbytes(pm[1]))[1] if stacks else []
+    from memwarden.models import zoo
+
+    spec = zoo.spec(next(n for n in zoo.NAMES if zoo.spec(n).family == resolved.family))
+    return ModelFacts(
+        name=resolved.name,
+        parameters=sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
+        linear_weight_bytes=linear_bytes,
+        largest_linear_bytes=largest,
+        decoder_layers=len(layers),
+        decoder_layer_bytes=max((nbytes(layer) for layer in layers), default=0),
+        dtype_bytes=torch.empty((), dtype=getattr(torch, req.dtype)).element_size(),
+        dynamic_resolution=spec.dynamic_resolution,
+    )
+
+
+def _is_linear(module: Any) -> bool:
+    return isinstance(module, (torch.nn.Linear, _QuantizedLinear))
+
+
+def _weight_bytes(module: Any) -> int:
+    if isinstance(module, _QuantizedLinear):
+        return sum(int(b.untyped_storage().nbytes()) for b in module.buffers(recurse=False))
+    return int(module.weight.untyped_storage().nbytes())
+
+
+def _dense_bytes(module: Any, dtype: str) -> int:
+    elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return int(module.out_features * module.in_features * elem)
+
+
+# -- emulated quantized storage -------------------------------------------------------------------
+
+
+class _QuantizedLinear(torch.nn.Module):
+    """Weight-only quantized linear on meta: the bytes and temporaries of its kernel, no values."""
+
+    def __init__(self, linear: torch.nn.Linear, bits: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.bits = linear.in_features, linear.out_features, bits
+        weights = self.in_features * self.out_features
+        meta = torch.device("meta")
+        # codes: int8, or two 4-bit codes per byte; scales: fp32 per output row (int8) or per 64 weights (NF4)
+        self.register_buffer("qweight", torch.empty(math.ceil(weights * bits / 8), dtype=torch.uint8, device=meta))
+        scales = self.out_features if bits == 8 else math.ceil(weights / 64)
+        self.register_buffer("scales", torch.empty(scales, dtype=torch.float32, device=meta))
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.numel() // max(x.shape[-1], 1)
+        if self.bits == 8 or tokens == 1:  # fused kernel: the output only
+            out = x.new_empty((*x.shape[:-1], self.out_features))
+            return out.add_(self.bias) if self.bias is not None else out
+        weight = x.new_empty((self.out_features, self.in_features))  # the whole weight, dequantized
+        return torch.nn.functional.linear(x, weight, self.bias)
+
+
+def _quantize_linears(model: Any, weights_dtype: str) -> None:
+    bits = {"int8": 8, "int4": 4}[weights_dtype]
+    cls = _QuantizedLinear
+    head = model.get_output_embeddings()
+    for parent in list(model.modules()):
+        for child_name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear) and child is not head:
+                setattr(parent, child_name, cls(child, bits))
+
+
+def quantized_cache(resolved: ResolvedModel, kv_dtype: str) -> Any:
+    from transformers.cache_utils import Cache, QuantizedCache, QuantizedLayer
+
+    if not kv_quantizable(resolved):
+        raise InputError(
+            f"kv_dtype needs a model whose layers all use full attention; {resolved.name} has sliding-window layers"
+        )
+    if kv_dtype == "float8":
+        return QuantizedCache("fp8", resolved.config)
+
+    class EmulatedQuantizedLayer(QuantizedLayer):
+        """quanto/hqq storage: nbits per value plus a scale and a zero point per group, on meta."""
+
+        def _quantize(self, tensor: torch.Tensor, axis: int = 0) -> Any:  # type: ignore[override]
+            numel = tensor.numel()
+            codes = tensor.new_empty(math.ceil(numel * self.nbits / 8), dtype=torch.float8_e4m3fn)  # 1-byte stand-in
+            params = tensor.new_empty(2 * math.ceil(numel / self.q_group_size), dtype=torch.float32)
+            return codes, params, tuple(tensor.shape)
+
+        def _dequantize(self, q_tensor: Any) -> torch.Tensor:
+            codes, _params, shape = q_tensor
+            dtype = self.keys.dtype if self.keys is not None else codes.dtype
+            return codes.new_empty(shape, dtype=dtype)
+
+    text = resolved.config.get_text_config(decoder=True)
+    nbits = {"int8": 8, "int4": 4}[kv_dtype]
+    return Cache(layers=[EmulatedQuantizedLayer(nbits=nbits) for _ in range(text.num_hidden_layers)])

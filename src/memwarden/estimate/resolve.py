@@ -1,0 +1,126 @@
+"""Resolving MODEL: a zoo name (``llava``, ``qwen2-vl:small``), a named real model (a
+config.json shipped in ``memwarden/models/configs``) or the path of a config.json or of a
+folder holding one, into a transformers config and the model class that runs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from memwarden.errors import InputError
+
+__all__ = ["CONFIG_DIR", "ResolvedModel", "model_names", "resolve_model"]
+
+CONFIG_DIR = Path(__file__).parent.parent / "models" / "configs"
+
+
+# -- model names ------------------------------------------------------------------------------
+
+
+def model_names() -> dict[str, list[str]]:
+    """Valid MODEL names: zoo models and the named real models shipped with memwarden."""
+    from memwarden.models import zoo
+
+    return {"zoo": list(zoo.NAMES), "real": sorted(p.stem for p in CONFIG_DIR.glob("*.json"))}
+
+
+class ResolvedModel:
+    """A config ready to build: its name, family (transformers model_type) and model class."""
+
+    def __init__(self, name: str, config: Any, model_class: str, source: str) -> None:
+        self.name = name
+        self.config = config
+        self.model_class = model_class
+        self.source = source
+
+    @property
+    def family(self) -> str:
+        return str(self.config.model_type)
+
+
+def resolve_model(model: str) -> ResolvedModel:
+    """Zoo name (``NAME`` or ``NAME:SIZE``) | named real model | config.json path | folder; else InputError."""
+    from memwarden.models import zoo
+
+    if not isinstance(model, str) or not model.strip():
+        raise InputError(f"MODEL must be a name or a path; got {model!r}")
+    name, _, size = model.partition(":")
+    if name in zoo.NAMES:
+        size = size or "tiny"
+        if size not in zoo.SIZES:
+            raise InputError(f"unknown zoo size {size!r} for {name}; valid sizes: {', '.join(zoo.SIZES)}")
+        return ResolvedModel(
+            model, zoo.build_config(name, size), zoo.spec(name, size).model_class, f"zoo:{name}:{size}"
+        )
+    named = CONFIG_DIR / f"{model}.json"
+    if named.is_file():
+        return _from_file(named, model)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise InputError(f"{model}: the folder holds no config.json")
+    if path.is_file():
+        return _from_file(path, path.parent.name if path.name == "config.json" else path.stem)
+    names = model_names()
+    raise InputError(
+        f"unknown model {model!r}; valid names: zoo {', '.join(names['zoo'])}; real {', '.join(names['real'])}; "
+        "or the path of a config.json (or of a folder holding one)"
+    )
+
+
+_MAX_CONFIG_BYTES = 4 * 1024**2  # real config.json files are a few KiB
+# Sizes beyond any real model: a config declaring them would make the meta run take hours.
+_SIZE_LIMITS = {
+    "num_hidden_layers": 1024, "num_layers": 1024, "hidden_size": 1 << 17, "intermediate_size": 1 << 19,
+    "vocab_size": 1 << 24, "num_attention_heads": 4096, "num_key_value_heads": 4096, "image_size": 1 << 15,
+    "head_dim": 1 << 14, "num_mel_bins": 1 << 12,
+}  # fmt: skip
+
+
+def _check_sizes(data: Any, path: Path, depth: int = 0) -> None:
+    if depth > 8:
+        raise InputError(f"{path}: config nested deeper than any real one")
+    if isinstance(data, dict):
+        for key, value in data.items():
+            limit = _SIZE_LIMITS.get(key)
+            if limit is not None and value is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
+                    raise InputError(f"{path}: {key} = {str(value)[:40]} is not a size this tool accepts (1..{limit})")
+            if isinstance(value, (dict, list)):
+                _check_sizes(value, path, depth + 1)
+    elif isinstance(data, list):
+        for value in data[:4096]:
+            _check_sizes(value, path, depth + 1)
+
+
+def _from_file(path: Path, name: str) -> ResolvedModel:
+    import transformers
+
+    from memwarden.models import zoo
+
+    try:
+        if path.stat().st_size > _MAX_CONFIG_BYTES:
+            raise InputError(f"{path}: {path.stat().st_size} bytes is not a config.json (limit {_MAX_CONFIG_BYTES})")
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSON, huge ints
+        raise InputError(f"{path}: not a readable config.json ({exc.__class__.__name__}: {str(exc)[:200]})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a config.json (the top level is not an object)")
+    data = {k: v for k, v in data.items() if not k.startswith("_memwarden")}
+    family = data.get("model_type")
+    families = {zoo.spec(n).family: zoo.spec(n).model_class for n in zoo.NAMES}
+    if not isinstance(family, str) or family not in families:
+        raise InputError(f"{path}: model_type {family!r} is not supported; supported: {', '.join(sorted(families))}")
+    _check_sizes(data, path)
+    try:
+        config = transformers.CONFIG_MAPPING[family].from_dict(data)
+    except Exception as exc:  # a config transformers rejects
+        raise InputError(
+            f"{path}: transformers cannot read this config ({exc.__class__.__name__}: {str(exc)[:200]})"
+        ) from None
+    archs = data.get("architectures")
+    archs = archs if isinstance(archs, list) and all(isinstance(a, str) for a in archs) else []
+    model_class = archs[0] if archs and hasattr(transformers, archs[0]) else families[family]
+    return ResolvedModel(name, config, model_class, str(path))

@@ -1,0 +1,46 @@
+"""``load_any``: read any trace file memwarden understands (this is ``memwarden.load``).
+
+It sniffs the first bytes instead of trusting the file name: a ``.mwtrace`` starts with
+``MWTRACE\\0``, a PyTorch memory snapshot is a pickle (protocol 2+ starts with 0x80). Every way
+a file can be unusable (missing, a directory, empty, unreadable, corrupt, hostile) ends as one
+``InputError`` naming the file, so the CLI prints one line and no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from memwarden.errors import InputError
+from memwarden.interop.snapshot import load_snapshot
+from memwarden.trace.format import FORMAT_MAGIC
+from memwarden.trace.io import load_mwtrace
+from memwarden.trace.model import Trace
+
+__all__ = ["load_any"]
+
+_PICKLE_PROTO = 0x80
+_EXPECTED = "a memwarden trace (.mwtrace) or a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot pickle)"
+
+
+def load_any(path: str | os.PathLike[str]) -> Trace:
+    """Load a ``.mwtrace`` or a PyTorch memory snapshot; raise ``InputError`` for anything else."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise InputError(f"{path}: is a directory; expected {_EXPECTED}")
+        with open(path, "rb") as fh:
+            head = fh.read(len(FORMAT_MAGIC))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file; expected {_EXPECTED}") from None
+    except OSError as exc:
+        raise InputError(
+            f"{path}: cannot read ({exc.strerror or exc.__class__.__name__}); expected {_EXPECTED}"
+        ) from None
+    if not head:
+        raise InputError(f"{path}: file is empty; expected {_EXPECTED}")
+    if head == FORMAT_MAGIC:
+        return load_mwtrace(path)
+    if head[0] == _PICKLE_PROTO:
+        return load_snapshot(path)
+    raise InputError(f"{path}: unknown file type (starts with {head!r}); expected {_EXPECTED}")
