@@ -23,8 +23,10 @@ demo: install
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider
 
+# The quality gates .ci/run applies: lint, formatting, types (zero errors over src/memwarden).
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 	$(VENV)/bin/mypy
 
 bench: install

@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from memwarden.errors import InputError
 from memwarden.interop.snapshot import load_snapshot, save_snapshot
 from memwarden.interop.snapshot_export import to_snapshot
+from memwarden.plan.allocator.config import AllocatorConfig
+from memwarden.plan.replay import replay
 from memwarden.trace import format as trace_format
 from memwarden.trace.model import Action, Category, Modality, Phase, SpanKind, Trace, TraceBuilder
 
@@ -413,10 +415,9 @@ def test_export_uses_given_allocator_segments():
 
 
 def test_export_with_the_allocator_model_segments(tmp_path):
-    allocator = pytest.importorskip("memwarden.plan.allocator.model")
     trace = built_trace()
-    for config in (allocator.AllocatorConfig(), allocator.AllocatorConfig(expandable_segments=True)):
-        result = allocator.replay(trace, config)
+    for config in (AllocatorConfig(), AllocatorConfig(expandable_segments=True)):
+        result = replay(trace, config)
         snapshot = to_snapshot(trace, result.segments_at_end_snapshot)
         replay_viewer(snapshot)
         from torch.cuda._memory_viz import segsum
@@ -622,11 +623,10 @@ def test_mutated_snapshots_raise_only_input_error(base, edits):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_traces(("cuda:0",)), st.booleans())
 def test_export_with_allocator_segments_for_random_traces(trace, expandable):
-    allocator = pytest.importorskip("memwarden.plan.allocator.model")
     from torch.cuda._memory_viz import segsum
 
     assume(trace.num_events > 0)  # the allocator model's own business
-    result = allocator.replay(trace, allocator.AllocatorConfig(expandable_segments=expandable))
+    result = replay(trace, AllocatorConfig(expandable_segments=expandable))
     snapshot = to_snapshot(trace, result.segments_at_end_snapshot)
     replay_viewer(snapshot)
     segsum(snapshot)

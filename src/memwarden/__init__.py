@@ -23,6 +23,7 @@ from memwarden.trace.model import Trace
 if TYPE_CHECKING:
     from memwarden.runtime.quant import quantize
     from memwarden.runtime.session import GovernedSession
+    from memwarden.runtime.session_config import SessionConfig
 
 __version__ = "0.1.0"
 
@@ -30,6 +31,7 @@ __all__ = [
     "BudgetController",
     "GovernedSession",
     "MemoryCard",
+    "SessionConfig",
     "Trace",
     "__version__",
     "capture",
@@ -44,6 +46,7 @@ __all__ = [
 
 _LAZY = {
     "GovernedSession": "memwarden.runtime.session",
+    "SessionConfig": "memwarden.runtime.session_config",
     "quantize": "memwarden.runtime.quant",
 }
 

@@ -112,15 +112,15 @@ def _describe(raw: dict[str, Any]) -> str:
 
 def estimate_point(spec: dict[str, Any]) -> dict[str, Any]:
     """Executor task: one model x request; errors a user caused come back as data, not exceptions."""
-    import memwarden
     from memwarden.errors import MemwardenError
+    from memwarden.estimate.run import estimate
 
     kwargs = {k: v for k, v in spec["request"].items() if k != "name"}
     if "images" in kwargs:
         kwargs["images"] = [tuple(wh) for wh in kwargs["images"]]
     out: dict[str, Any] = {"model": spec["model"], "request": spec["request"]["name"]}
     try:
-        card = memwarden.estimate(spec["model"], suggest=False, **kwargs)
+        card = estimate(spec["model"], suggest=False, **kwargs)
     except MemwardenError as exc:
         return {**out, "error": str(exc)}
     except TypeError as exc:  # a request key estimate() does not take, or a value of the wrong type

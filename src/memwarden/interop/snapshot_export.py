@@ -185,9 +185,9 @@ def _place(
         for slots in free_slots.values():
             slots.reverse()  # pop() hands out the lowest address first
         for tensor, (_, device, nbytes) in first.items():
-            slots = free_slots.get((device, nbytes))
-            if tensor not in freed and slots:
-                address[tensor] = slots.pop()
+            found = free_slots.get((device, nbytes))
+            if tensor not in freed and found:
+                address[tensor] = found.pop()
     for tensor, (_, _, nbytes) in first.items():
         if tensor not in address:
             address[tensor] = cursor
@@ -278,10 +278,11 @@ def to_snapshot(
             live[t] = (d, addr, n, frames)
             if a == Action.PREEXISTING:
                 continue  # alive before the trace: a block in the segments with no alloc entry
-            kinds = ("segment_alloc", "alloc") if owns(t) else ("alloc",)
+            kinds: tuple[str, ...] = ("segment_alloc", "alloc") if owns(t) else ("alloc",)
             traces[d].extend(_entry(kind, addr, n, ts, frames) for kind in kinds)
         else:  # a free repeats what its alloc said, on the alloc's device
-            d, addr, n, frames = live.pop(t, None) or (d, place.address[t], n, frames)
+            held = live.pop(t, None)
+            d, addr, n, frames = held or (d, place.address[t], n, frames)
             kinds = ("free_requested", "free_completed") + (("segment_free",) if owns(t) else ())
             traces[d].extend(_entry(kind, addr, n, ts, frames) for kind in kinds)
 

@@ -250,8 +250,9 @@ class _Importer:
             for t, act, tensor, addr, n, dev, a in self.early + self.rows
         ]
         skeleton = b.build()  # strings, shapes, devices, spans and metadata
-        names = ("time_us", "action", "tensor", "address", "nbytes", "device")  # each row's layout
-        names += ("category", "modality", "phase", "module", "op", "dtype", "shape")  # Trace fills other columns
+        # each row's layout; the Trace fills the other columns
+        names: tuple[str, ...] = ("time_us", "action", "tensor", "address", "nbytes", "device")
+        names += ("category", "modality", "phase", "module", "op", "dtype", "shape")
         columns = zip(*rows, strict=True) if rows else [()] * len(names)
         events = {k: np.asarray(v, dtype=EVENT_COLUMNS[k]) for k, v in zip(names, columns, strict=True)}
         order = np.argsort(events["time_us"], kind="stable")  # as TraceBuilder.build does
@@ -303,7 +304,8 @@ class _Importer:
                 block = live.get(addr) or self.preexisting(live, addr, size, dev, a)
                 block.free_requested_us = t
             elif action == "free_completed":
-                block = live.pop(addr, None) or self.preexisting({}, addr, size, dev, a)
+                popped = live.pop(addr, None)
+                block = popped or self.preexisting({}, addr, size, dev, a)
                 self.close(block, addr, dev, t, completed=True)
             elif self.synthetic_segments and action.startswith("segment_"):
                 continue
@@ -393,14 +395,15 @@ def snapshot_to_trace(obj: Any, data_bytes: int) -> Trace:
     if isinstance(marker, dict) and isinstance(marker.get("devices"), list):
         names = {i: n for i, n in enumerate(marker["devices"]) if isinstance(n, str) and n}
     ours = isinstance(marker, dict)
-    imp = _Importer(ours=ours, synthetic_segments=ours and marker.get("segments") == "per-block", device_names=names)
+    per_block = isinstance(marker, dict) and marker.get("segments") == "per-block"
+    imp = _Importer(ours=ours, synthetic_segments=per_block, device_names=names)
     times = [
         e["time_us"]
         for entries in device_traces
         for e in entries
         if isinstance(e, dict) and type(e.get("time_us")) is int
     ]
-    if ours and type(marker.get("start_us")) is int:
+    if isinstance(marker, dict) and type(marker.get("start_us")) is int:
         times.append(marker["start_us"])  # a PREEXISTING block may predate every entry
     imp.start_us = min(times, default=0)
     used = sorted({i for i, entries in enumerate(device_traces) if entries})

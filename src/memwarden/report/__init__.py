@@ -1,0 +1,2 @@
+"""Rendering: terminal tables, the self-contained HTML report, the allocator heatmap. No torch.
+"""

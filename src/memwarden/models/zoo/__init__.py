@@ -31,8 +31,9 @@ Conventions:
 Layout: conventions, shared shapes, ``ZooSpec`` and the family base class in
 ``memwarden.models.zoo.base``; the families, the name registry, ``spec`` and ``build_config`` in
 ``memwarden.models.zoo.archs``; requests (``make_inputs``, ``placeholder_tokens``,
-``generate_kwargs``) in ``memwarden.models.zoo.inputs``. This module builds models and
-re-exports the rest, so ``memwarden.models.zoo`` stays the one import for callers.
+``generate_kwargs``) in ``memwarden.models.zoo.inputs``. This package builds models and gathers
+the public names of its modules in ``__all__``: ``memwarden.models.zoo`` is the one import users
+need.
 """
 
 from __future__ import annotations
@@ -42,19 +43,30 @@ from typing import Any
 import torch
 import transformers
 
-from memwarden.models.zoo.archs import NAMES, UnknownModelError, _arch, build_config, spec
-from memwarden.models.zoo.base import ATTN_IMPLEMENTATION, PAD_ID, SIZES, ZooSpec
-
-# Token ids and the mel frame rate are re-exported: callers use zoo.EOS_ID, zoo.FIRST_TEXT_ID and
-# zoo.MEL_FRAMES_PER_SECOND.
-from memwarden.models.zoo.base import BOS_ID as BOS_ID
-from memwarden.models.zoo.base import EOS_ID as EOS_ID
-from memwarden.models.zoo.base import FIRST_TEXT_ID as FIRST_TEXT_ID
-from memwarden.models.zoo.base import MEL_FRAMES_PER_SECOND as MEL_FRAMES_PER_SECOND
+from memwarden.models.zoo.archs import NAMES, UnknownModelError, build_config, family_arch, spec
+from memwarden.models.zoo.base import (
+    ATTN_IMPLEMENTATION,
+    BOS_ID,
+    EOS_ID,
+    FIRST_TEXT_ID,
+    MEL_FRAMES_PER_SECOND,
+    PAD_ID,
+    SIZES,
+    ZooSpec,
+)
 from memwarden.models.zoo.inputs import generate_kwargs, make_inputs, placeholder_tokens
 
+# The zoo's public surface (held-out code uses zoo.build_model, zoo.make_inputs, zoo.EOS_ID, ...):
+# the names this package defines and the ones it gathers from its modules. Inside memwarden,
+# code imports each name from the module that defines it.
 __all__ = [
+    "ATTN_IMPLEMENTATION",
+    "BOS_ID",
     "DEFAULT_DEPLOYMENT",
+    "EOS_ID",
+    "FIRST_TEXT_ID",
+    "MEL_FRAMES_PER_SECOND",
+    "PAD_ID",
     "NAMES",
     "SIZES",
     "UnknownModelError",
@@ -81,7 +93,7 @@ def build_model(name: str, size: str = "tiny", dtype: torch.dtype = torch.float3
 
 def build_from_config(name: str, cfg: Any, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
     """Like :func:`build_model`, from a zoo config the caller changed (more layers, a larger image)."""
-    arch = _arch(name)
+    arch = family_arch(name)
     model_cls = getattr(transformers, arch.model_class)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -43,7 +43,7 @@ class _Llava(_Arch):
     def config(self, size: str) -> Any:
         # small: CLIP ViT at 224 px / patch 14 -> 256 image tokens
         image, patch = {"tiny": (32, 8), "small": (224, 14)}[size]
-        return transformers.LlavaConfig(
+        return transformers.LlavaConfig(  # type: ignore[call-arg]  # pad_token_id goes through **kwargs
             vision_config=_vit(size, image, patch, model_type="clip_vision_model"),
             text_config=_text(size, model_type="llama"),
             image_token_index=_top_ids(size, 1)[0],
@@ -93,7 +93,7 @@ class _Idefics3(_Arch):
     def config(self, size: str) -> Any:
         # small: SmolVLM's 512 px / patch 16 encoder with pixel-shuffle 4 -> 64 tokens per image
         image, patch, scale = {"tiny": (32, 4, 2), "small": (512, 16, 4)}[size]
-        return transformers.Idefics3Config(
+        return transformers.Idefics3Config(  # type: ignore[call-arg]  # pad_token_id goes through **kwargs
             vision_config=_vit(size, image, patch),
             text_config=_text(size, model_type="llama"),
             image_token_id=_top_ids(size, self.n_special)[-1],
@@ -111,7 +111,7 @@ class _Idefics3(_Arch):
         return [BOS_ID], [fake, glob], [fake]
 
     def media(self, cfg: Any, req: _Request, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        w, h = req.image_wh
+        w, h = req.image
         return {
             "pixel_values": _pixels(gen, req.batch, 1, 3, h, w),  # (B, images, 3, H, W)
             "pixel_attention_mask": torch.ones(req.batch, 1, h, w, dtype=torch.bool),  # no padding inside
@@ -204,7 +204,7 @@ class _QwenVL(_Arch):
         return int(vc.patch_size * vc.spatial_merge_size)
 
     def check_image(self, cfg: Any, image_wh: tuple[int, int]) -> None:
-        m = self.image_multiple(cfg)
+        m = self.image_multiple(cfg) or 1
         w, h = image_wh
         if w <= 0 or h <= 0 or w % m or h % m:
             raise InputError(
@@ -214,7 +214,7 @@ class _QwenVL(_Arch):
 
     def _grid(self, cfg: Any, req: _Request) -> tuple[int, int, int]:
         p = cfg.vision_config.patch_size
-        w, h = req.image_wh
+        w, h = req.image
         return (1, h // p, w // p)  # (t, h, w) in patches; a still image is one temporal patch
 
     def placeholders(self, cfg: Any, req: _Request) -> int:
@@ -314,7 +314,7 @@ class _Qwen2Audio(_Arch):
 
     def placeholders(self, cfg: Any, req: _Request) -> int:
         # Qwen2AudioEncoder._get_feat_extract_output_lengths: conv stride 2, then avg-pool 2
-        after_conv = (req.audio_frames - 1) // 2 + 1
+        after_conv = (req.frames - 1) // 2 + 1
         return (after_conv - 2) // 2 + 1
 
     def markers(self, cfg: Any) -> tuple[list[int], list[int], list[int]]:
@@ -325,9 +325,9 @@ class _Qwen2Audio(_Arch):
         mels = cfg.audio_config.num_mel_bins
         window = self.audio_frames_range(cfg)[2]
         feats = torch.zeros(req.batch, mels, window)  # (B, mel, frames), padded like the feature extractor
-        feats[:, :, : req.audio_frames] = torch.randn(req.batch, mels, req.audio_frames, generator=gen)
+        feats[:, :, : req.frames] = torch.randn(req.batch, mels, req.frames, generator=gen)
         mask = torch.zeros(req.batch, window, dtype=torch.long)  # (B, frames)
-        mask[:, : req.audio_frames] = 1
+        mask[:, : req.frames] = 1
         return {"input_features": feats, "feature_attention_mask": mask}
 
 
@@ -335,10 +335,10 @@ _ARCHS: dict[str, _Arch] = {
     a.name: a for a in (_Llava(), _Qwen2VL(), _PaliGemma(), _Idefics3(), _Gemma3(), _Qwen2Audio(), _Qwen25VL())
 }
 NAMES: tuple[str, ...] = tuple(_ARCHS)
-_BY_FAMILY = {a.family: a for a in _ARCHS.values()}
+ARCH_BY_FAMILY = {a.family: a for a in _ARCHS.values()}
 
 
-def _arch(name: str) -> _Arch:
+def family_arch(name: str) -> _Arch:
     try:
         return _ARCHS[name]
     except KeyError:
@@ -352,13 +352,13 @@ def _check_size(size: str) -> None:
 
 def spec(name: str, size: str = "tiny") -> ZooSpec:
     """What zoo model ``name`` is at ``size``: family, modality, native request, special ids."""
-    arch = _arch(name)
+    arch = family_arch(name)
     _check_size(size)
     return arch.spec(size)
 
 
 def build_config(name: str, size: str = "tiny") -> transformers.PretrainedConfig:
     """The transformers config of zoo model ``name`` at ``size`` (a fresh object on every call)."""
-    arch = _arch(name)
+    arch = family_arch(name)
     _check_size(size)
     return arch.config(size)

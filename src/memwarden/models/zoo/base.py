@@ -100,6 +100,20 @@ class _Request:
     image_wh: tuple[int, int] | None  # (W, H) px
     audio_frames: int | None  # mel frames carrying audio (the rest of the window is padding)
 
+    @property
+    def image(self) -> tuple[int, int]:
+        """(W, H) of a vision request (a vision family's code only runs for one)."""
+        if self.image_wh is None:
+            raise InputError("this request carries no image")
+        return self.image_wh
+
+    @property
+    def frames(self) -> int:
+        """Mel frames of an audio request."""
+        if self.audio_frames is None:
+            raise InputError("this request carries no audio")
+        return self.audio_frames
+
 
 def _pixels(gen: torch.Generator, *shape: int) -> torch.Tensor:
     # Processor output is mean/std normalised: roughly zero-mean, unit-variance.
@@ -135,7 +149,7 @@ class _Arch:
         return [BOS_ID], [], []
 
     def media(self, cfg: Any, req: _Request, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        w, h = req.image_wh
+        w, h = req.image
         return {"pixel_values": _pixels(gen, req.batch, 3, h, w)}  # (B, 3, H, W)
 
     def extra_text_tensors(self, cfg: Any, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -154,6 +168,8 @@ class _Arch:
 
     def check_image(self, cfg: Any, image_wh: tuple[int, int]) -> None:
         native = self.native_image_size(cfg)
+        if native is None:
+            return
         if image_wh != native:
             raise InputError(
                 f"{self.name} takes images of exactly {native[0]}x{native[1]} px (its vision tower has a "

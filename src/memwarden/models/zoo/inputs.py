@@ -11,19 +11,19 @@ from typing import Any
 import torch
 
 from memwarden.errors import InputError
-from memwarden.models.zoo.archs import _BY_FAMILY, _arch, build_config
+from memwarden.models.zoo.archs import ARCH_BY_FAMILY, build_config, family_arch
 from memwarden.models.zoo.base import FIRST_TEXT_ID, MEL_FRAMES_PER_SECOND, PAD_ID, _Arch, _Request
 
 
 def _resolve(model_or_name: Any, size: str) -> tuple[_Arch, Any]:
     """(family, config) of a zoo name, a zoo model or its config."""
     if isinstance(model_or_name, str):
-        return _arch(model_or_name), build_config(model_or_name, size)
+        return family_arch(model_or_name), build_config(model_or_name, size)
     cfg = getattr(model_or_name, "config", model_or_name)
     family = getattr(cfg, "model_type", None)
-    if family not in _BY_FAMILY:
-        raise InputError(f"not a zoo model family: {family!r}; zoo families: {', '.join(sorted(_BY_FAMILY))}")
-    return _BY_FAMILY[family], cfg
+    if family not in ARCH_BY_FAMILY:
+        raise InputError(f"not a zoo model family: {family!r}; zoo families: {', '.join(sorted(ARCH_BY_FAMILY))}")
+    return ARCH_BY_FAMILY[family], cfg
 
 
 def _request(
@@ -35,7 +35,7 @@ def _request(
         if audio_seconds is not None:
             raise InputError(f"{arch.name} is a vision model; it takes image_size, not audio_seconds")
         wh = tuple(image_size) if image_size is not None else arch.native_image_size(cfg)
-        if len(wh) != 2:
+        if wh is None or len(wh) != 2:
             raise InputError(f"image_size must be (width, height) in px; got {image_size!r}")
         image_wh = (int(wh[0]), int(wh[1]))
         arch.check_image(cfg, image_wh)
@@ -118,5 +118,5 @@ def generate_kwargs(name: str) -> dict[str, Any]:
     ``eos_token_id=None`` overrides the generation config's EOS, so the length criterion is the
     only stopping criterion; the pad id is set so that transformers does not pick one.
     """
-    _arch(name)
+    family_arch(name)
     return {"do_sample": False, "num_beams": 1, "eos_token_id": None, "pad_token_id": PAD_ID}

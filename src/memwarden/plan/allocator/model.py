@@ -9,16 +9,7 @@ parsing and the allocator's constants live in ``memwarden.plan.allocator.config`
 trace replay through the model in ``memwarden.plan.allocator.replay``. The model's read-only
 views (``segments``, ``layout``, ``check_invariants``) are in ``memwarden.plan.allocator.views``.
 
-Speed: a replay is one dict/bisect pass, no objects per event. A pool keeps
-its free blocks as a sorted list of the distinct sizes plus, per size, the
-sorted addresses: ``bisect_left(sizes, size)`` then the first address is
-exactly the allocator's ``lower_bound`` on (size, address), best fit with the
-lowest address among equals, and an exact-size hit costs one dict lookup. The
-lists stay short (tens of sizes), so ``insort`` is a short memmove: faster
-than a SortedList, and no extra dependency. Neighbours are found through
-``_free_size`` (start -> size) and ``_free_end`` (end -> start); segments are
-placed with gaps between them, so blocks that touch in address space always
-belong to the same segment.
+Why it is fast: see the package docstring (``memwarden.plan.allocator``).
 
 ``limit_bytes`` plays both parts a real limit can: the
 ``set_per_process_memory_fraction`` check before every cudaMalloc/mapping
