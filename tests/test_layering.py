@@ -32,7 +32,8 @@ LAYERS: list[set[str]] = [
     {"errors", "units"},
     {"trace"},
     {"models"},
-    {"capture", "interop", "plan", "govern"},
+    {"interop"},
+    {"capture", "plan", "govern", "edge"},
     {"analyze"},
     {"estimate"},
     {"runtime"},
@@ -44,7 +45,7 @@ LAYERS: list[set[str]] = [
     {"cli"},
     {"__main__"},
 ]
-TORCH_FREE = {"trace", "interop", "plan", "analyze", "govern", "report", "errors", "units"}
+TORCH_FREE = {"trace", "interop", "plan", "analyze", "govern", "report", "edge", "errors", "units"}
 PUBLIC_API = [
     "BudgetController",
     "GovernedSession",

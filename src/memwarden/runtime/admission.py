@@ -88,7 +88,7 @@ class PeakPredictor:
         from memwarden.analyze.timeline import summary
         from memwarden.capture.meta.capture import MetaCapture, meta_inputs
 
-        model = self._meta_model()
+        model: Any = self._meta_model()  # a transformers model: generate() is not nn.Module's
         total = cached_tokens + input_ids.shape[1]
         pool = KVPool(self.spec, num_blocks=max(1, math.ceil(total / self.spec.block_size)), device="meta")
         blocks = pool.blocks.allocate("calibration", [0] * total, register=False)
@@ -102,6 +102,7 @@ class PeakPredictor:
         with MetaCapture(model, inputs) as cap, torch.inference_mode():
             model.generate(**inputs, cache=PagedCache(seq), max_new_tokens=1, **kwargs)
         self.meta_runs += 1
+        assert cap.trace is not None  # set when the capture exits
         s = summary(cap.trace)
         held = s.by_category_at_peak.get("weight", 0) + s.by_category_at_peak.get("buffer", 0)
         held += s.by_category_at_peak.get("input", 0)

@@ -149,7 +149,7 @@ class EncoderCache:
             return out
 
         module._memwarden_encoder_name = name  # type: ignore[assignment]
-        module.forward = forward  # type: ignore[method-assign]
+        module.forward = forward
         self._wrapped.append(module)
 
     def remove(self) -> None:

@@ -61,7 +61,7 @@ def positions_are_media_dependent(config: Any) -> bool:
 
 def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
     runs, start = [], None
-    for i, tok in enumerate(ids + [None]):  # type: ignore[operator]
+    for i, tok in enumerate(ids + [None]):
         if tok == token and start is None:
             start = i
         elif tok != token and start is not None:

@@ -98,6 +98,14 @@ def _pack_pairs(codes: torch.Tensor) -> torch.Tensor:
 class Int4Linear(nn.Module):
     """y = x · dequant(W)ᵀ + b with W stored as int4 codes; see the module docstring."""
 
+    # Buffers registered in __init__, declared so that type checkers see tensors (nn.Module's
+    # __getattr__ is typed Tensor | Module).
+    codes: torch.Tensor | None
+    packed: torch.Tensor
+    scales_and_zeros: torch.Tensor
+    _scales: torch.Tensor
+    _zeros: torch.Tensor
+
     def __init__(self, linear: nn.Linear, group_size: int = 128, tile_rows: int = 256, fused: bool | None = None):
         super().__init__()
         n, k = linear.weight.shape

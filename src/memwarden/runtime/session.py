@@ -9,9 +9,14 @@ The session owns the memory a plain ``model.generate()`` would grow without limi
   re-prefilled;
 - an encoder output cache (``runtime/encoders.py``) for the same media after a different
   prefix;
-- admission control (``runtime/admission.py``): before a request runs its peak is predicted
-  on a meta twin of the model; a request that does not fit waits for the budget to come back
-  or is degraded, and the decision is recorded.
+- admission control (``runtime/admission.py``, ``runtime/session_admit.py``): before a request
+  runs its peak is predicted on a meta twin of the model; a request that does not fit waits for
+  the budget to come back or is degraded, and the decision is recorded.
+
+The session is composed, not mixed in: it holds a :class:`SessionMemory` (budget, held bytes,
+pool sizing, weight streaming) and an :class:`Admission` (the predictor and the ladder), asks
+them questions, and acts on the answers — an admission step returns an ``AdmissionDecision``
+value and the serving loop below carries it out. Each request's state is its own ``Request``.
 
 Generation itself is the model's own ``generate()`` on the session's cache, so decoding
 (logits processors, stopping criteria, greedy) is exactly transformers'. Greedy outputs equal
@@ -33,69 +38,16 @@ import torch
 from memwarden.runtime import media as media_mod
 from memwarden.runtime.admission import AdmissionError, Decision, PeakPredictor
 from memwarden.runtime.degrade import Ladder, LadderConfig
-from memwarden.runtime.encoders import EncoderCache, LRUStore
+from memwarden.runtime.encoders import EncoderCache
 from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence
-from memwarden.runtime.session_admit import AdmissionMixin
-from memwarden.runtime.session_memory import (
-    BudgetError,
-    MemoryMixin,
-    _fix_mmap_threshold,
-    _return_freed_memory,
-    state_bytes,
-)
-from memwarden.units import format_bytes, parse_bytes
+from memwarden.runtime.session_admit import Admission, AdmissionDecision
+from memwarden.runtime.session_config import UNSET, SessionConfig, Unset, resolve_config
+from memwarden.runtime.session_log import EventLog
+from memwarden.runtime.session_memory import SessionMemory, _fix_mmap_threshold, _return_freed_memory
+from memwarden.runtime.session_request import FirstTokenStreamer, Request, RequestPlan, RequestRecord
+from memwarden.units import format_bytes
 
 _PER_TOKEN_KEYS = ("attention_mask", "token_type_ids", "mm_token_type_ids")
-
-
-@dataclass
-class RequestRecord:
-    """One served sequence: what was reused, what admission decided, how long it took."""
-
-    prompt_tokens: int
-    reused_tokens: int
-    new_tokens: int
-    media_items: int
-    media_reencoded: bool
-    decision: Decision
-    prefill_s: float = 0.0  # time to first token
-    total_s: float = 0.0
-    rung: int = 0  # degradation rung the request was served at (0: none)
-    encoder_s: float = 0.0  # time in media encoders
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "reused_tokens": self.reused_tokens,
-            "new_tokens": self.new_tokens,
-            "media_items": self.media_items,
-            "media_reencoded": self.media_reencoded,
-            "decision": self.decision.to_json(),
-            "ttft_s": round(self.prefill_s, 6),
-            "rung": self.rung,
-            "encoder_s": round(self.encoder_s, 6),
-            "total_s": round(self.total_s, 6),
-        }
-
-
-class _FirstToken:
-    """A generate() streamer that only notes when the first new token arrives."""
-
-    def __init__(self, inner: Any = None) -> None:
-        self.inner = inner
-        self.calls = 0
-        self.first_token_at: float | None = None
-
-    def put(self, value: Any) -> None:
-        self.calls += 1
-        if self.calls == 2 and self.first_token_at is None:  # call 1 is the prompt
-            self.first_token_at = time.perf_counter()
-        if self.inner is not None:
-            self.inner.put(value)
-
-    def end(self) -> None:
-        if self.inner is not None:
-            self.inner.end()
 
 
 @dataclass
@@ -105,7 +57,7 @@ class _Conversation:
     per_token: dict[str, list[int]] = field(default_factory=dict)
 
 
-class GovernedSession(AdmissionMixin, MemoryMixin):
+class GovernedSession:
     """Serve ``model`` under ``budget`` bytes (``"6GiB"``, an int, or a budget controller).
 
     ``budget`` may also be any object with a ``budget_bytes`` attribute (a
@@ -114,125 +66,175 @@ class GovernedSession(AdmissionMixin, MemoryMixin):
     ``num_kv_blocks`` is given), the rest to activations. On CPU the session fixes glibc's mmap
     threshold at ``heap_mmap_threshold`` bytes (process-wide; ``None`` leaves it alone) so that
     freed activations leave the resident set that a device's memory killer watches.
+
+    The knobs (budget, block_size, kv_fraction, ...) are those of :class:`SessionConfig`: pass them
+    as keywords or as ``config=``; a keyword beside ``config=`` must agree with it. With a budget
+    source and ``config=``, ``config.budget`` caps the source (None: no cap). ``encoder_cache`` may
+    also be a store object (``get``/``put``/``clear``/``nbytes``) to cache encoder outputs in.
     """
 
     def __init__(
         self,
         model: torch.nn.Module,
         processor: Any = None,
-        budget: str | int | Any = "6GiB",
+        budget: str | int | Any = UNSET,
         device_profile: Any = None,
-        block_size: int = 16,
+        block_size: int | Unset = UNSET,
         *,
-        num_kv_blocks: int | None = None,
-        kv_fraction: float = 0.5,
-        prefix_reuse: bool = True,
-        encoder_cache: bool | Any = True,
-        encoder_cache_bytes: int = 64 * 1024**2,
-        max_wait_s: float = 30.0,
-        swap_dir: str | None = None,
-        stream: bool | str = "auto",
-        offload_dir: str | None = None,
-        activation_reserve_bytes: int | None = None,
-        min_kv_tokens: int = 1024,
-        safety_fraction: float = 0.03,
-        quantize: int | None = None,
-        group_size: int = 128,
+        config: SessionConfig | None = None,
+        num_kv_blocks: int | None | Unset = UNSET,
+        kv_fraction: float | Unset = UNSET,
+        prefix_reuse: bool | Unset = UNSET,
+        encoder_cache: bool | Any = UNSET,
+        encoder_cache_bytes: int | Unset = UNSET,
+        max_wait_s: float | Unset = UNSET,
+        swap_dir: str | None | Unset = UNSET,
+        stream: bool | str | Unset = UNSET,
+        offload_dir: str | None | Unset = UNSET,
+        activation_reserve_bytes: int | None | Unset = UNSET,
+        min_kv_tokens: int | Unset = UNSET,
+        safety_fraction: float | Unset = UNSET,
+        quantize: int | None | Unset = UNSET,
+        group_size: int | Unset = UNSET,
         example_inputs: dict[str, Any] | None = None,
-        ladder: LadderConfig | None = None,
+        ladder: LadderConfig | None | Unset = UNSET,
         lower_resolution: Callable[[dict[str, Any], float], dict[str, Any]] | None = None,
         fallback: GovernedSession | None = None,
         on_decision: Callable[[Decision], None] | None = None,
-        heap_mmap_threshold: int | None = 128 * 1024,
+        heap_mmap_threshold: int | None | Unset = UNSET,
     ) -> None:
-        self.model = model
+        # Objects are not knobs: a budget source moves the budget, an encoder store holds the cache.
+        budget_source = None if budget is UNSET or isinstance(budget, (str, int)) else budget
+        if budget_source is not None:
+            budget = None if config is None else UNSET  # no fixed cap of its own; config.budget caps it
+        encoder_store = None if encoder_cache is UNSET or isinstance(encoder_cache, bool) else encoder_cache
+        if encoder_store is not None:
+            encoder_cache = True
+        self.config = config = resolve_config(config, {
+            "budget": budget, "block_size": block_size, "num_kv_blocks": num_kv_blocks, "kv_fraction": kv_fraction,
+            "prefix_reuse": prefix_reuse, "encoder_cache": encoder_cache, "encoder_cache_bytes": encoder_cache_bytes,
+            "max_wait_s": max_wait_s, "swap_dir": swap_dir, "stream": stream, "offload_dir": offload_dir,
+            "activation_reserve_bytes": activation_reserve_bytes, "min_kv_tokens": min_kv_tokens,
+            "safety_fraction": safety_fraction, "quantize": quantize, "group_size": group_size, "ladder": ladder,
+            "heap_mmap_threshold": heap_mmap_threshold,
+        })  # fmt: skip
+        self.model: Any = model  # a transformers model: generate(), config, generation_config are not nn.Module's
         self.processor = processor
         self.device_profile = device_profile
-        self._budget_source = None if isinstance(budget, (str, int)) else budget
-        self._fixed_budget = parse_bytes(budget) if isinstance(budget, (str, int)) else None
-        self._initial_budget = self._fixed_budget if self._fixed_budget is not None else 2**62
-        self._budget_lowered = False
-        self.kv_fraction = kv_fraction
-        self.safety_fraction = safety_fraction
-        self._user_blocks = num_kv_blocks
-        self.swap_dir = swap_dir
-        self.events: list[dict[str, Any]] = []  # budget changes, pool resizes, degradations: what and why
-        self.prefix_reuse = prefix_reuse
-        self.max_wait_s = max_wait_s
-        self.ladder = Ladder(model, ladder, lower_resolution)
+        self.log = EventLog()  # budget changes, pool resizes, degradations: what and why
+        self.ladder = Ladder(model, config.ladder, lower_resolution)
         self.fallback = fallback  # rung 4: a session over a smaller language model the user registered
         self.on_decision = on_decision
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one request admitted and served at a time; pool resizes wait for it
         self._ids = itertools.count()
         self.records: list[RequestRecord] = []
-        self._request_tensors: list[torch.Tensor] = []
-        self._media_tag = ""  # added to media fingerprints of a degraded request: its KV differs
-        self._unpruned: tuple[torch.Tensor, int] | None = None  # (original ids, tokens pruned) of this request
-        self._want_rung = False
-        self._use_fallback = False
         self.conversations: dict[str, _Conversation] = {}
 
         on_cpu = all(p.device.type in ("cpu", "meta") for p in model.parameters())
-        if heap_mmap_threshold is not None and on_cpu:
-            _fix_mmap_threshold(heap_mmap_threshold)  # freed tensors leave the resident set (see the function)
-        if quantize is not None:  # int4 weight-only linears, in place (runtime/quant.py)
+        if config.heap_mmap_threshold is not None and on_cpu:
+            _fix_mmap_threshold(config.heap_mmap_threshold)  # freed tensors leave the resident set (see the function)
+        if config.quantize is not None:  # int4 weight-only linears, in place (runtime/quant.py)
             from memwarden.runtime.quant import quantize as quantize_model
 
-            quantize_model(model, bits=quantize, group_size=group_size)
+            quantize_model(model, bits=config.quantize, group_size=config.group_size)
             _return_freed_memory()  # the fp32 weights just freed stay in glibc's heap otherwise (RSS)
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
-        self.spec = KVSpec.from_config(model.config, dtype=dtype, block_size=block_size)
+        self.spec = KVSpec.from_config(model.config, dtype=dtype, block_size=config.block_size)
         self.predictor = PeakPredictor(model, self.spec)
-        self.streamer: Any = None
-        self.weights_bytes = state_bytes(model)
-        budget_now = self.budget_bytes
-        if example_inputs and "input_ids" in example_inputs:  # the pool must hold a request like it
-            example_tokens = example_inputs["input_ids"].shape[1] + int(example_inputs.get("max_new_tokens", 32))
-            min_kv_tokens = max(min_kv_tokens, example_tokens)
-        min_pool = self.spec.page_size_bytes * self.pool_blocks_for_tokens(min_kv_tokens)
-        self._min_pool_bytes = min_pool
-        self.stream_allowed = stream is not False
-        self._offload_dir = offload_dir
-        reserve = activation_reserve_bytes if activation_reserve_bytes is not None else budget_now // 10
-        if stream is True or (stream == "auto" and self.weights_bytes + min_pool > budget_now * 0.6):
-            if activation_reserve_bytes is None:  # room for a request like example_inputs, or a 512-token prefill
-                reserve = max(reserve, self._reserve_for(example_inputs))
-            if stream is True or self.weights_bytes + min_pool + reserve > budget_now:
-                try:
-                    self._stream(budget_now, min_pool, reserve, offload_dir)
-                except BudgetError:
-                    if stream is True:
-                        raise  # asked for; "auto" goes on resident and lets admission size the pool
-        self.activation_reserve_bytes = reserve
-        if num_kv_blocks is None:
-            num_kv_blocks = self._pool_blocks_for(budget_now)
-        if num_kv_blocks < 1:
-            raise BudgetError(
-                f"a budget of {format_bytes(budget_now)} does not hold the weights ({format_bytes(self.weights_bytes)}) "
-                f"and one KV block ({format_bytes(self.spec.page_size_bytes)}): raise the budget, quantize the "
-                "weights (memwarden.quantize) or stream them (runtime.offload)"
-            )
-        self.pool = KVPool(self.spec, num_kv_blocks, device=self.device)
-        self.encoder_cache: EncoderCache | None = None
-        if encoder_cache:
-            store = encoder_cache if not isinstance(encoder_cache, bool) else LRUStore(encoder_cache_bytes)
-            self.encoder_cache = EncoderCache(model, store)
+        self.memory = SessionMemory(model, self.spec, self.predictor, config, self.log, device=self.device,
+                                    budget_source=budget_source, example_inputs=example_inputs,
+                                    encoder_store=encoder_store)  # fmt: skip
+        self.admission = Admission(self.predictor, self.memory, self.ladder, has_fallback=fallback is not None,
+                                   max_wait_s=config.max_wait_s)  # fmt: skip
 
     def close(self) -> None:
         """Restore the model: encoder wrappers removed, streamed weights brought back."""
-        if self.encoder_cache is not None:
-            self.encoder_cache.remove()
-            self.encoder_cache = None
-        if self.streamer is not None:
-            self.streamer.detach()
-            self.streamer = None
+        self.memory.close()
 
     def __enter__(self) -> GovernedSession:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    # -- what the session holds (asked of its memory) -------------------------------------
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return self.log.events
+
+    @property
+    def pool(self) -> KVPool:
+        return self.memory.pool
+
+    @property
+    def encoder_cache(self) -> EncoderCache | None:
+        return self.memory.encoder_cache
+
+    @property
+    def streamer(self) -> Any:
+        return self.memory.streamer
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.memory.weights_bytes
+
+    @property
+    def activation_reserve_bytes(self) -> int:
+        return self.memory.activation_reserve_bytes
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.memory.budget_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the session holds between requests: weights, the KV pool, cached encoder outputs."""
+        return self.memory.held_bytes
+
+    @property
+    def working_set_bytes(self) -> int:
+        """The least the session serves with: its weights, the smallest KV pool and the activation reserve."""
+        return self.memory.working_set_bytes
+
+    def pool_blocks_for_tokens(self, num_tokens: int) -> int:
+        return self.memory.pool_blocks_for_tokens(num_tokens)
+
+    # -- the budget -----------------------------------------------------------------------
+
+    def set_budget(self, budget: str | int, *, temporary: bool = False) -> None:
+        """A new fixed budget; the pool follows before the next request.
+
+        ``temporary=True`` (a squeeze that will end): the session makes no allocation while the
+        budget is below what it holds — requests wait for it to come back (up to ``max_wait_s``)
+        rather than resize under a limit that may refuse even the resize."""
+        if self.memory.set_budget(budget, temporary=temporary):
+            self.follow_budget()
+
+    def on_telemetry(self, sample: Any, *, in_use_bytes: int | None = None) -> int:
+        """Feed one telemetry sample to the session's budget controller (created on first use,
+        capped at the fixed budget); returns the budget it implies.
+
+        ``in_use_bytes``: what the session holds that the sample's available memory already
+        excludes — by default all it holds (live telemetry of this process's device); pass 0
+        when replaying a log recorded without this session."""
+        before, after = self.memory.apply_telemetry(sample, in_use_bytes=in_use_bytes)
+        if after != before:
+            self.follow_budget()
+        return after
+
+    def follow_budget(self) -> None:
+        """Resize the KV pool to the current budget (between requests), through the swap tier.
+
+        Telemetry may call this from another thread: the resize holds the session's lock, so a
+        request never starts on a pool that is half swapped out."""
+        if not self._lock.acquire(blocking=False):
+            return  # a request is being admitted or served (its admission shrinks the pool itself); the next re-checks
+        try:
+            self.memory.follow_budget()
+        finally:
+            self._lock.release()
 
     # -- serving --------------------------------------------------------------------------
 
@@ -284,122 +286,157 @@ class GovernedSession(AdmissionMixin, MemoryMixin):
 
     def predict(self, input_ids: torch.Tensor, max_new_tokens: int = 20, **inputs: Any) -> int:
         """Predicted peak bytes of ``generate(input_ids, ...)`` now (cache state included), without running it."""
-        ids = input_ids[0].tolist()
-        items, reuse, media_in = self._plan_reuse(ids, inputs)
-        self._request_tensors = [input_ids] + [v for v in inputs.values() if isinstance(v, torch.Tensor)]
-        try:
-            return self._predict(input_ids[:, reuse:], media_in, reuse, max_new_tokens)
-        finally:
-            self._request_tensors = []  # never keep a caller's tensors alive
+        return self.admission.predict(self._plan(input_ids, inputs, rung=0), max_new_tokens)
 
-    def _plan_reuse(self, ids: list[int], inputs: dict[str, Any]) -> tuple[list[Any], int, dict[str, Any]]:
-        """(media items, reused prefix tokens, media tensors the model must still see)."""
+    def admission_step(self, input_ids: torch.Tensor, max_new_tokens: int = 20, **inputs: Any) -> AdmissionDecision:
+        """What admission would answer for ``generate(input_ids, ...)`` now, as a first step; changes nothing."""
+        request = Request(input_ids, inputs, max_new_tokens, rung=self.ladder.latency.level)
+        with self._lock:
+            return self.admission.step(request, self._plan(input_ids, inputs, request.rung))
+
+    def _plan(self, input_ids: torch.Tensor, inputs: dict[str, Any], rung: int) -> RequestPlan:
+        """The request at quality ``rung`` (its media pruned or downscaled) and the prefix it reuses."""
+        pruned = unpruned = None
+        if rung > 0 and self._has_media(input_ids, inputs):
+            call_inputs, pruned = self.ladder.apply(self.ladder.rungs[rung - 1], {"input_ids": input_ids, **inputs})
+            if pruned is not None:
+                unpruned = (input_ids, input_ids.shape[1] - call_inputs["input_ids"].shape[1])
+            input_ids = call_inputs.pop("input_ids")
+            inputs = call_inputs
+        # a pruned or downscaled image makes other KV than the original: its fingerprints differ, never mix them
+        media_tag = f"|{self.ladder.rungs[rung - 1]}" if rung > 0 and pruned is not None else ""
+        ids = input_ids[0].tolist()
         bs = self.spec.block_size
         config = self.model.config
         items = media_mod.media_items(config, ids, inputs)
-        if self._media_tag:  # a pruned or downscaled image makes other KV than the original: never mix them
-            items = [dataclasses.replace(it, fingerprint=it.fingerprint + self._media_tag) for it in items]
+        if media_tag:
+            items = [dataclasses.replace(it, fingerprint=it.fingerprint + media_tag) for it in items]
         reuse = 0
-        if self.prefix_reuse:
+        if self.config.prefix_reuse:
             hit_blocks = self.pool.blocks.cached_prefix_blocks(ids, media_mod.block_extras(items, len(ids), bs))
             hit_blocks = min(hit_blocks, (len(ids) - 1) // bs)  # at least one token is prefilled
             reuse = media_mod.reuse_boundary(items, hit_blocks * bs, bs, config, inputs)
         media_in = media_mod.inputs_after(inputs, items, reuse) if items else {}
-        return items, reuse, media_in
+        return RequestPlan(input_ids=input_ids, inputs=inputs, items=items, reuse_tokens=reuse, media_in=media_in,
+                           pruned=pruned, unpruned=unpruned)  # fmt: skip
 
     def _serve(self, input_ids: torch.Tensor, inputs: dict[str, Any], max_new_tokens: int) -> torch.Tensor:
-        poll = getattr(self._budget_source, "poll", None)
-        if callable(poll):
-            poll()
+        self.memory.poll()
         self._wait_while_squeezed()
         self.follow_budget()
+        inputs = dict(inputs)
+        streamer = FirstTokenStreamer(inputs.pop("streamer", None))
         with self._lock:
-            return self._serve_locked(input_ids, inputs, max_new_tokens)
+            request = Request(input_ids, inputs, max_new_tokens, rung=self.ladder.latency.level)
+            if self._admit(request).kind == "admit":
+                return self._run(request, streamer)
+        # Rung 4: the fallback session serves it whole, through its own entry point (and its own lock).
+        self.log.note("degrade", "served by the fallback model", reason="; ".join(request.changes))
+        assert self.fallback is not None  # admission hands over only when there is one
+        if streamer.inner is not None:
+            inputs["streamer"] = streamer.inner
+        return self.fallback.generate(input_ids, max_new_tokens, **inputs)
 
     def _wait_while_squeezed(self) -> None:
         """A budget lowered below what the session already holds (a squeeze) may come back: wait for it
         before doing anything, since under a squeezed limit even planning could fail to allocate."""
         start = time.perf_counter()
-        while self._budget_lowered and self.held_bytes > self.budget_bytes:
-            if time.perf_counter() - start > self.max_wait_s:
+        while self.memory.squeezed:
+            if time.perf_counter() - start > self.config.max_wait_s:
                 return  # admission decides (shrink, degrade, or refuse with the reason)
             time.sleep(0.01)
 
-    def _serve_locked(self, input_ids: torch.Tensor, inputs: dict[str, Any], max_new_tokens: int) -> torch.Tensor:
-        t0 = time.perf_counter()
-        inputs = dict(inputs)
-        streamer = _FirstToken(inputs.pop("streamer", None))
-        original = (input_ids, inputs)
-        changes: list[str] = []
-        start = time.perf_counter()
-        rung = self.ladder.latency.level  # a latency level persists across requests; memory rungs are per request
-        pruned = None
-        while True:  # admission: each pass either admits or makes one change and plans again
-            input_ids, inputs = original
-            pruned = None
-            self._unpruned = None
-            if rung > 0 and self._has_media(input_ids, inputs):
-                step = self.ladder.rungs[rung - 1]
-                call_inputs, pruned = self.ladder.apply(step, {"input_ids": input_ids, **inputs})
-                if pruned is not None:
-                    self._unpruned = (input_ids, input_ids.shape[1] - call_inputs["input_ids"].shape[1])
-                input_ids = call_inputs.pop("input_ids")
-                inputs = call_inputs
-            self._media_tag = f"|{self.ladder.rungs[rung - 1]}" if rung > 0 and pruned is not None else ""
-            ids = input_ids[0].tolist()
-            self._request_tensors = [input_ids] + [v for v in inputs.values() if isinstance(v, torch.Tensor)]
-            items, reuse, media_in = self._plan_reuse(ids, inputs)
-            self._want_rung = False
-            decision = self._admit(input_ids[:, reuse:], media_in, reuse, max_new_tokens, changes, start)
-            if decision is not None:
-                break
-            if self._want_rung:
-                rung += 1
-                changes.append(f"{self.ladder.rungs[rung - 1][0]} {self.ladder.rungs[rung - 1][1]}")
-            if self._use_fallback:
-                self._use_fallback = False
-                self._request_tensors = []
-                self._note("degrade", "served by the fallback model", reason="; ".join(changes))
-                return self.fallback._serve_locked(original[0], {**original[1], "streamer": streamer.inner},
-                                                   max_new_tokens)  # fmt: skip
-        if changes:
-            self._note("degrade", "; ".join(changes), rung=rung)
+    def _admit(self, request: Request) -> AdmissionDecision:
+        """Plan, ask admission, act on its answer, until it admits (or hands over to the fallback).
+        Raises ``AdmissionError`` with admission's reason when it refuses."""
+        while True:
+            plan = self._plan(request.input_ids, request.inputs, request.rung)
+            decision = self.admission.step(request, plan)
+            tried_streaming = False
+            if decision.kind == "admit":
+                assert decision.record is not None
+                request.plan, request.decision = plan, decision.record
+                record, changes = decision.record, request.changes
+                self.log.note("admit", f"{record.action}: predicted {format_bytes(record.predicted_peak_bytes)} of "
+                              f"{format_bytes(record.budget_bytes)}", budget_bytes=record.budget_bytes,
+                              predicted_peak_bytes=record.predicted_peak_bytes, changes=list(changes))  # fmt: skip
+                if self.on_decision is not None:
+                    self.on_decision(record)
+                if changes:
+                    self.log.note("degrade", "; ".join(changes), rung=request.rung)
+                return decision
+            if decision.kind == "refuse":
+                raise AdmissionError(decision.reason)
+            if decision.kind == "wait":
+                time.sleep(decision.wait_s)
+                self.memory.poll()
+                if "waited for the budget" not in request.changes:
+                    request.changes.append("waited for the budget")
+            elif decision.change == "fallback":
+                request.changes.append(decision.label)
+                return decision
+            elif decision.change == "resize_pool":
+                assert decision.pool_blocks is not None
+                self.memory.resize_pool(decision.pool_blocks, decision.budget_bytes, decision.reason)
+                request.changes.append(decision.label)
+            elif decision.change == "drop_encoder_outputs":
+                self.memory.drop_encoder_outputs()
+                request.changes.append(decision.label)
+            elif decision.change == "stream_weights":
+                assert decision.reserve_bytes is not None
+                tried_streaming = True
+                self.memory.activation_reserve_bytes = decision.reserve_bytes
+                if self.memory.restream(decision.budget_bytes):
+                    request.changes.append(decision.label)
+                    tried_streaming = False
+            elif decision.change == "rung":
+                assert decision.rung is not None
+                request.rung = decision.rung
+                request.changes.append(decision.label)
+            request.streaming_failed = tried_streaming  # admission skips streaming only right after it freed nothing
+
+    def _run(self, request: Request, streamer: FirstTokenStreamer) -> torch.Tensor:
+        """Generate an admitted request on its plan; its KV blocks are committed for reuse, then freed."""
+        plan, decision = request.plan, request.decision
+        assert plan is not None and decision is not None
+        input_ids, ids, items, reuse = plan.input_ids, plan.ids, plan.items, plan.reuse_tokens
         bs = self.spec.block_size
         media_keys = {k for m in media_mod.MEDIA_KEYS.values() for k in m}
-        passthrough = {k: v for k, v in inputs.items() if k not in media_keys and k != "attention_mask"}
+        passthrough = {k: v for k, v in plan.inputs.items() if k not in media_keys and k != "attention_mask"}
         extras = media_mod.block_extras(items, len(ids), bs)
         seq_id = f"seq-{next(self._ids)}"
-        alloc = self.pool.blocks.allocate(seq_id, ids, extras, register=False, max_hit_blocks=reuse // bs)
-        seq = Sequence(self.pool, seq_id, alloc.block_ids, alloc.num_cached_tokens)
-        encoder_before = self.encoder_cache.encoder_s if self.encoder_cache is not None else 0.0
+        pool = self.pool
+        alloc = pool.blocks.allocate(seq_id, ids, extras, register=False, max_hit_blocks=reuse // bs)
+        seq = Sequence(pool, seq_id, alloc.block_ids, alloc.num_cached_tokens)
+        encoder = self.encoder_cache
+        encoder_before = encoder.encoder_s if encoder is not None else 0.0
         try:
-            with self.ladder.installed(pruned):
+            with self.ladder.installed(plan.pruned):
                 out = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=torch.ones_like(input_ids),
                     cache=PagedCache(seq),
-                    max_new_tokens=max_new_tokens,
+                    max_new_tokens=request.max_new_tokens,
                     streamer=streamer,
-                    **media_in,
+                    **plan.media_in,
                     **passthrough,
                 )
             written = out[0, : seq.length].tolist()
-            self.pool.blocks.commit(seq_id, written, media_mod.block_extras(items, len(written), bs))
+            pool.blocks.commit(seq_id, written, media_mod.block_extras(items, len(written), bs))
         finally:
-            self.pool.blocks.free_sequence(seq_id)
-            self._request_tensors = []
-            self._media_tag = ""
-        t1 = time.perf_counter()
-        encoder_s = (self.encoder_cache.encoder_s if self.encoder_cache is not None else 0.0) - encoder_before
+            pool.blocks.free_sequence(seq_id)
+            request.plan = None  # never keep a caller's tensors alive past the request
+        t0, t1 = request.start_s, time.perf_counter()
+        encoder_s = (encoder.encoder_s if encoder is not None else 0.0) - encoder_before
         self.records.append(RequestRecord(
             prompt_tokens=len(ids), reused_tokens=reuse, new_tokens=out.shape[1] - len(ids), media_items=len(items),
-            media_reencoded=bool(media_in), decision=decision,
-            prefill_s=(streamer.first_token_at or t1) - t0, total_s=t1 - t0, rung=rung,
+            media_reencoded=bool(plan.media_in), decision=decision,
+            prefill_s=(streamer.first_token_at or t1) - t0, total_s=t1 - t0, rung=request.rung,
             encoder_s=encoder_s,
         ))  # fmt: skip
         step = self.ladder.latency.observe(encoder_s, max(0.0, t1 - t0 - encoder_s))
         if step is not None:
-            self._note("degrade", f"latency level {step.setting}: {step.reason}", rung=step.setting)
+            self.log.note("degrade", f"latency level {step.setting}: {step.reason}", rung=step.setting)
         return out
 
     def _has_media(self, input_ids: torch.Tensor, inputs: dict[str, Any]) -> bool:
@@ -443,4 +480,4 @@ def _row(inputs: dict[str, Any], r: int, ids_shape: torch.Size) -> dict[str, Any
     return out
 
 
-__all__ = ["AdmissionError", "BudgetError", "GovernedSession", "RequestRecord", "state_bytes"]
+__all__ = ["GovernedSession"]

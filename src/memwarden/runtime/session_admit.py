@@ -1,138 +1,158 @@
-"""The admission side of a GovernedSession: predict a request's peak and walk the ladder.
+"""Admission of one request in a GovernedSession: predict its peak, and decide.
 
-A mixin of :class:`~memwarden.runtime.session.GovernedSession`: ``_predict`` adds what the session
-holds and the request's own tensors to the meta-twin prediction; ``_admit`` either admits or makes
-one change (drop cached encoder outputs, move KV blocks to the swap tier, stream weights, ask for
-a quality rung, fall back, wait for a budget that may rise) and asks to be planned again, or
-refuses with the reason.
+:class:`Admission` holds the peak predictor and asks the session's memory what it holds and what
+the budget is. :meth:`Admission.step` looks at a request's current plan and returns one
+:class:`AdmissionDecision`; it changes nothing. The serving loop acts on the answer (resizes the
+pool, drops cached encoder outputs, streams weights, moves to a quality rung, hands the request to
+the fallback, waits, or raises ``AdmissionError``) and, unless it admitted or handed over, plans
+the request again and asks again.
+
+The ladder, cheapest first: drop cached encoder outputs; move cached KV blocks the request does
+not need to the swap tier (shrink the pool); stream (more of) the weights; a quality rung (fewer
+visual tokens, a smaller image); the fallback model; wait for a moving budget to rise; refuse with
+the reason — never start a request predicted not to fit.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal
 
-import torch
-
-from memwarden.runtime.admission import AdmissionError, Decision
+from memwarden.runtime.admission import Decision, PeakPredictor
+from memwarden.runtime.degrade import Ladder
+from memwarden.runtime.session_memory import SessionMemory
+from memwarden.runtime.session_request import Request, RequestPlan
 from memwarden.units import format_bytes
 
+DecisionKind = Literal["admit", "change", "wait", "refuse"]
+Change = Literal["resize_pool", "drop_encoder_outputs", "stream_weights", "rung", "fallback"]
 
-class AdmissionMixin:
-    """``_predict`` and ``_admit`` of a GovernedSession (state set by its ``__init__``)."""
+_WAIT_S = 0.01  # between two looks at a budget that may rise
 
-    model: Any
-    spec: Any
-    pool: Any
-    predictor: Any
-    encoder_cache: Any
-    ladder: Any
-    fallback: Any
-    on_decision: Any
-    max_wait_s: float
-    stream_allowed: bool
-    activation_reserve_bytes: int
-    held_bytes: int
+
+@dataclass(frozen=True, kw_only=True)
+class AdmissionDecision:
+    """One admission step's answer for one request.
+
+    - ``admit``: run it; ``record`` is what the session reports for it;
+    - ``change``: change the plan (``change`` says how: resize the pool to ``pool_blocks``, drop
+      cached encoder outputs, stream weights leaving ``reserve_bytes`` for activations, serve at
+      quality ``rung``, or hand it to the fallback), then plan again; ``label`` is the change as the
+      request's record lists it;
+    - ``wait``: look again after ``wait_s`` (the budget may rise);
+    - ``refuse``: ``reason`` is the ``AdmissionError`` message.
+    """
+
+    kind: DecisionKind
+    reason: str
     budget_bytes: int
-    _user_blocks: int | None
-    _request_tensors: list[torch.Tensor]
-    _unpruned: tuple[torch.Tensor, int] | None
-    _want_rung: bool
-    _use_fallback: bool
-    _budget_source: Any
-    _budget_lowered: bool
+    predicted_peak_bytes: int | None = None  # None where the step refused before predicting
+    change: Change | None = None
+    label: str = ""
+    pool_blocks: int | None = None
+    reserve_bytes: int | None = None
+    rung: int | None = None
+    wait_s: float = 0.0
+    record: Decision | None = None
 
-    def _predict(self, new_ids: torch.Tensor, media_in: dict[str, Any], reuse: int, max_new_tokens: int) -> int:
-        # The request's own tensors (ids, pixels, audio features) are alive throughout: count them.
-        request_bytes = sum(t.numel() * t.element_size() for t in self._request_tensors)
-        if self._unpruned is not None and media_in:
+
+class Admission:
+    """Peak prediction and the admission ladder of one session; see the module docstring."""
+
+    def __init__(self, predictor: PeakPredictor, memory: SessionMemory, ladder: Ladder, *, has_fallback: bool,
+                 max_wait_s: float) -> None:  # fmt: skip
+        self.predictor = predictor
+        self.memory = memory
+        self.ladder = ladder
+        self.has_fallback = has_fallback
+        self.max_wait_s = max_wait_s
+
+    def predict(self, plan: RequestPlan, max_new_tokens: int) -> int:
+        """Predicted peak bytes of serving ``plan`` now: what the session holds, the request's own
+        tensors, and the transient bytes of its prefill and decode."""
+        held = self.memory.held_bytes + plan.tensor_bytes
+        if plan.unpruned is not None and plan.media_in:
             # A pruned request: the meta twin has no pruner, so predict the unpruned prefill (the encoder
             # still sees the whole image) less the language model's per-token cost of the removed tokens.
-            full_ids, removed = self._unpruned
-            full = self.predictor.request_bytes(full_ids[:, reuse:], media_in, reuse, max_new_tokens)
-            return self.held_bytes + request_bytes + max(0, full - self.predictor.per_token_bytes * removed)
-        return self.held_bytes + request_bytes + self.predictor.request_bytes(new_ids, media_in, reuse, max_new_tokens)
+            full_ids, removed = plan.unpruned
+            reuse = plan.reuse_tokens
+            full = self.predictor.request_bytes(full_ids[:, reuse:], plan.media_in, reuse, max_new_tokens)
+            return held + max(0, int(full - self.predictor.per_token_bytes * removed))
+        return held + self.predictor.request_bytes(plan.new_ids, plan.media_in, plan.reuse_tokens, max_new_tokens)
 
-    def _admit(self, new_ids: torch.Tensor, media_in: dict[str, Any], reuse: int, max_new_tokens: int,
-               changes: list[str], start: float) -> Decision | None:  # fmt: skip
-        """A decision, or None after one change that needs the request planned again.
-
-        The ladder, cheapest first: drop cached encoder outputs; move cached KV blocks the
-        request does not need to the swap tier (shrink the pool); wait for a moving budget to
-        rise; refuse with the reason — never start a request predicted not to fit.
-        """
-        total_tokens = reuse + new_ids.shape[1] + max_new_tokens
-        need_blocks = self.pool.blocks.blocks_needed(total_tokens)
-        if need_blocks > self.pool.num_blocks and self._user_blocks is not None:
-            raise AdmissionError(
+    def step(self, request: Request, plan: RequestPlan) -> AdmissionDecision:
+        """The decision for ``request`` served as ``plan``, given what the session holds now."""
+        memory, pool, spec = self.memory, self.memory.pool, self.memory.spec
+        total_tokens = plan.reuse_tokens + plan.new_ids.shape[1] + request.max_new_tokens
+        need_blocks = pool.blocks.blocks_needed(total_tokens)
+        budget = memory.budget_bytes
+        if need_blocks > pool.num_blocks and memory.config.num_kv_blocks is not None:
+            return AdmissionDecision(kind="refuse", budget_bytes=budget, reason=(
                 f"the request needs {total_tokens} tokens of KV cache, the pool holds "
-                f"{self.pool.num_blocks * self.spec.block_size}: shorten it or give the session more KV blocks"
-            )
-        budget = self.budget_bytes
-        predicted = self._predict(new_ids, media_in, reuse, max_new_tokens)
-        if need_blocks > self.pool.num_blocks:  # a long request on a pool sized for less: grow it if the budget allows
-            grown = predicted + (need_blocks - self.pool.num_blocks) * self.spec.page_size_bytes
+                f"{pool.num_blocks * spec.block_size}: shorten it or give the session more KV blocks"
+            ))  # fmt: skip
+        predicted = self.predict(plan, request.max_new_tokens)
+        if need_blocks > pool.num_blocks:  # a long request on a pool sized for less: grow it if the budget allows
+            grown = predicted + (need_blocks - pool.num_blocks) * spec.page_size_bytes
             if grown <= budget:
-                self._resize_pool(need_blocks, budget, "grow the KV pool to hold the request")
-                changes.append(f"grew the KV pool to {need_blocks} blocks")
-                return None
-            raise AdmissionError(
+                return AdmissionDecision(kind="change", change="resize_pool", pool_blocks=need_blocks,
+                                         reason="grow the KV pool to hold the request",
+                                         label=f"grew the KV pool to {need_blocks} blocks",
+                                         budget_bytes=budget, predicted_peak_bytes=predicted)  # fmt: skip
+            return AdmissionDecision(kind="refuse", budget_bytes=budget, predicted_peak_bytes=predicted, reason=(
                 f"the request needs {total_tokens} tokens of KV cache ({format_bytes(grown - predicted)} more than the "
                 f"pool holds) and the budget {format_bytes(budget)} has no room for them"
-            )
+            ))  # fmt: skip
         # Admission keeps a safety margin: the session's own bookkeeping (fingerprints, slot tables) and
         # the allocator's rounding are not in the prediction.
-        if predicted > self._admissible(budget):
-            if self.encoder_cache is not None and getattr(self.encoder_cache.store, "nbytes", 0):
-                self.encoder_cache.store.clear()
-                changes.append("dropped cached encoder outputs")
-                return None
-            spare_blocks = self.pool.num_blocks - need_blocks
-            if spare_blocks > 0:
-                page = self.spec.page_size_bytes
-                drop = min(spare_blocks, -(-(predicted - self._admissible(budget)) // page))
-                self._resize_pool(self.pool.num_blocks - drop, budget, "predicted peak above the budget")
-                changes.append(f"moved {drop} KV blocks' worth of cache to the swap tier")
-                return None
-            restreams = sum(c.startswith("streamed weights") for c in changes)
-            if self.stream_allowed and restreams < 3:
-                # Weights give way to activations: stream (more of) them, planned for what this request lacks.
-                self.activation_reserve_bytes = max(self.activation_reserve_bytes, 0) + (
-                    predicted - self._admissible(budget)
-                )
-                self.activation_reserve_bytes += sum(t.numel() * t.element_size() for t in self._request_tensors)
-                if self._restream(budget):
-                    changes.append(f"streamed weights to leave {format_bytes(self.activation_reserve_bytes)} "
-                                   "for activations")  # fmt: skip
-                    return None
-            rung_now = sum(1 for c in changes if c.split(" ")[0] in ("prune", "resolution"))
-            if media_in and self.ladder.latency.level + rung_now < len(self.ladder.rungs):
-                self._want_rung = True  # the next quality rung: fewer visual tokens, a smaller image
-                return None
-            if self.fallback is not None:
-                self._use_fallback = True
-                changes.append("fallback model")
-                return None
-            budget_may_rise = self._budget_source is not None or self._budget_lowered
-            if budget_may_rise and time.perf_counter() - start < self.max_wait_s:
-                time.sleep(0.01)
-                poll = getattr(self._budget_source, "poll", None)
-                if callable(poll):
-                    poll()
-                if "waited for the budget" not in changes:
-                    changes.append("waited for the budget")
-                return None
-            raise AdmissionError(
-                f"predicted peak {format_bytes(predicted)} exceeds the budget {format_bytes(budget)} less its safety "
-                f"margin ({format_bytes(self._admissible(budget))}) even with the "
-                "KV pool at the request's size: raise the budget, quantize (memwarden.quantize) or stream the weights"
-            )
+        admissible = memory.admissible(budget)
+        if predicted <= admissible:
+            return self._admit(request, predicted, budget)
+        over = predicted - admissible
+
+        def change(what: Change, label: str, *, pool_blocks: int | None = None, reserve_bytes: int | None = None,
+                   rung: int | None = None) -> AdmissionDecision:  # fmt: skip
+            return AdmissionDecision(kind="change", change=what, label=label, reason="predicted peak above the budget",
+                                     budget_bytes=budget, predicted_peak_bytes=predicted, pool_blocks=pool_blocks,
+                                     reserve_bytes=reserve_bytes, rung=rung)  # fmt: skip
+
+        if memory.encoder_outputs_bytes:
+            return change("drop_encoder_outputs", "dropped cached encoder outputs")
+        spare_blocks = pool.num_blocks - need_blocks
+        if spare_blocks > 0:
+            drop = min(spare_blocks, -(-over // spec.page_size_bytes))
+            return change("resize_pool", f"moved {drop} KV blocks' worth of cache to the swap tier",
+                          pool_blocks=pool.num_blocks - drop)  # fmt: skip
+        if memory.stream_allowed and request.restreams < 3 and not request.streaming_failed:
+            # Weights give way to activations: stream (more of) them, planned for what this request lacks.
+            reserve = max(memory.activation_reserve_bytes, 0) + over + plan.tensor_bytes
+            return change("stream_weights", f"streamed weights to leave {format_bytes(reserve)} for activations",
+                          reserve_bytes=reserve)  # fmt: skip
+        if plan.media_in and self.ladder.latency.level + request.rungs_taken < len(self.ladder.rungs):
+            kind, setting = self.ladder.rungs[
+                request.rung
+            ]  # the next quality rung: fewer visual tokens, a smaller image
+            return change("rung", f"{kind} {setting}", rung=request.rung + 1)
+        if self.has_fallback:
+            return change("fallback", "fallback model")
+        if memory.budget_may_rise and time.perf_counter() - request.start_s < self.max_wait_s:
+            return AdmissionDecision(kind="wait", wait_s=_WAIT_S, budget_bytes=budget, predicted_peak_bytes=predicted,
+                                     reason="the budget may rise: waiting for it")  # fmt: skip
+        return AdmissionDecision(kind="refuse", budget_bytes=budget, predicted_peak_bytes=predicted, reason=(
+            f"predicted peak {format_bytes(predicted)} exceeds the budget {format_bytes(budget)} less its safety "
+            f"margin ({format_bytes(admissible)}) even with the "
+            "KV pool at the request's size: raise the budget, quantize (memwarden.quantize) or stream the weights"
+        ))  # fmt: skip
+
+    def _admit(self, request: Request, predicted: int, budget: int) -> AdmissionDecision:
+        changes = request.changes
         action = "wait" if "waited for the budget" in changes else ("degrade" if changes else "admit")
         reason = "predicted peak within the budget" + (" after: " + "; ".join(changes) if changes else "")
-        decision = Decision(action=action, predicted_peak_bytes=predicted, budget_bytes=budget, reason=reason,
-                            changes=list(changes), waited_s=time.perf_counter() - start)  # fmt: skip
-        self._note("admit", f"{action}: predicted {format_bytes(predicted)} of {format_bytes(budget)}",
-                   budget_bytes=budget, predicted_peak_bytes=predicted, changes=list(changes))  # fmt: skip
-        if self.on_decision is not None:
-            self.on_decision(decision)
-        return decision
+        record = Decision(action=action, predicted_peak_bytes=predicted, budget_bytes=budget, reason=reason,
+                          changes=list(changes), waited_s=time.perf_counter() - request.start_s)  # fmt: skip
+        return AdmissionDecision(kind="admit", reason=reason, budget_bytes=budget, predicted_peak_bytes=predicted,
+                                 record=record)  # fmt: skip
+
+
+__all__ = ["Admission", "AdmissionDecision"]

@@ -1,21 +1,31 @@
 """The memory side of a GovernedSession: its budget, what it holds, and how it makes room.
 
-A mixin of :class:`~memwarden.runtime.session.GovernedSession` (kept apart so that each module
-holds one idea): the budget in force (fixed, squeezed, or following telemetry), the bytes the
-session holds, the KV pool's size under a budget and its resizes through the swap file, weight
-streaming when the weights do not fit, and the decision log every change goes to.
+:class:`SessionMemory` is an object the session holds and asks: the budget in force (fixed,
+squeezed, or following telemetry), the bytes the session holds (weights, the KV pool, cached
+encoder outputs), the KV pool's size under a budget and its resizes through the swap file, and
+weight streaming when the weights do not fit. Every change it makes goes to the session's log.
+Callers that change the pool hold the session's lock (the memory has none of its own: one lock
+orders serving and resizing).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from memwarden.runtime import media as media_mod
+from memwarden.runtime.admission import PeakPredictor
+from memwarden.runtime.encoders import EncoderCache, LRUStore
+from memwarden.runtime.kvcache import KVPool, KVSpec
+from memwarden.runtime.session_config import SessionConfig
+from memwarden.runtime.session_log import EventLog
 from memwarden.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from memwarden.runtime.offload import WeightStreamer
 
 _MIN_SAFETY_BYTES = 256 * 1024  # per-thread kernel workspaces seen on CPU (SDPA) are this order
 _POOL_SEQUENCES = 4  # default pool cap: this many sequences of the model's full context
@@ -75,19 +85,140 @@ def _fix_mmap_threshold(threshold_bytes: int) -> bool:
     return bool(libc is not None and hasattr(libc, "mallopt") and libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
 
 
-class MemoryMixin:
-    """Budget, held bytes, KV-pool sizing and weight streaming of a GovernedSession."""
+class SessionMemory:
+    """Budget, held bytes, KV-pool sizing and weight streaming of one GovernedSession.
 
-    # Set by GovernedSession.__init__.
-    model: Any
-    spec: Any
-    pool: Any
-    predictor: Any
-    streamer: Any
-    encoder_cache: Any
-    events: list[dict[str, Any]]
+    Built with the session: it counts the weights, streams them when they do not fit beside the
+    smallest pool and the activation reserve, and sizes the KV pool; ``BudgetError`` when the
+    budget cannot hold even that."""
 
-    def _reserve_for(self, example: dict[str, Any] | None) -> int:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        spec: KVSpec,
+        predictor: PeakPredictor,
+        config: SessionConfig,
+        log: EventLog,
+        *,
+        device: torch.device,
+        budget_source: Any = None,
+        example_inputs: dict[str, Any] | None = None,
+        encoder_store: Any = None,
+    ) -> None:
+        self.model = model
+        self.spec = spec
+        self.predictor = predictor
+        self.config = config
+        self.log = log
+        self.budget_source = budget_source  # an object with budget_bytes (a telemetry controller), read each time
+        self.fixed_budget: int | None = config.fixed_budget_bytes
+        self.initial_budget = self.fixed_budget if self.fixed_budget is not None else 2**62
+        self.budget_lowered = False  # a temporary squeeze (set_budget(..., temporary=True)) is in force
+        self.streamer: WeightStreamer | None = None
+        self.encoder_cache: EncoderCache | None = None
+        self.weights_bytes = state_bytes(model)
+        self.stream_allowed = config.stream is not False
+        self.activation_reserve_bytes = 0  # set below, once the weights are placed
+        budget_now = self.budget_bytes
+        min_kv_tokens = config.min_kv_tokens
+        if example_inputs and "input_ids" in example_inputs:  # the pool must hold a request like it
+            example_tokens = example_inputs["input_ids"].shape[1] + int(example_inputs.get("max_new_tokens", 32))
+            min_kv_tokens = max(min_kv_tokens, example_tokens)
+        min_pool = self.spec.page_size_bytes * self.pool_blocks_for_tokens(min_kv_tokens)
+        self.min_pool_bytes = min_pool
+        stream = config.stream
+        reserve = config.activation_reserve_bytes
+        if reserve is None:
+            reserve = budget_now // 10
+        if stream is True or (stream == "auto" and self.weights_bytes + min_pool > budget_now * 0.6):
+            if (
+                config.activation_reserve_bytes is None
+            ):  # room for a request like example_inputs, or a 512-token prefill
+                reserve = max(reserve, self.reserve_for(example_inputs))
+            if stream is True or self.weights_bytes + min_pool + reserve > budget_now:
+                try:
+                    self._stream(budget_now, min_pool, reserve)
+                except BudgetError:
+                    if stream is True:
+                        raise  # asked for; "auto" goes on resident and lets admission size the pool
+        self.activation_reserve_bytes = reserve
+        num_kv_blocks = config.num_kv_blocks
+        if num_kv_blocks is None:
+            num_kv_blocks = self.pool_blocks_for(budget_now)
+        if num_kv_blocks < 1:
+            raise BudgetError(
+                f"a budget of {format_bytes(budget_now)} does not hold the weights ({format_bytes(self.weights_bytes)}) "
+                f"and one KV block ({format_bytes(self.spec.page_size_bytes)}): raise the budget, quantize the "
+                "weights (memwarden.quantize) or stream them (runtime.offload)"
+            )
+        self.pool = KVPool(self.spec, num_kv_blocks, device=device)
+        if config.encoder_cache:
+            store = encoder_store if encoder_store is not None else LRUStore(config.encoder_cache_bytes)
+            self.encoder_cache = EncoderCache(model, store)
+
+    def close(self) -> None:
+        """Restore the model: encoder wrappers removed, streamed weights brought back."""
+        if self.encoder_cache is not None:
+            self.encoder_cache.remove()
+            self.encoder_cache = None
+        if self.streamer is not None:
+            self.streamer.detach()
+            self.streamer = None
+
+    # -- what the session holds -----------------------------------------------------------
+
+    @property
+    def budget_bytes(self) -> int:
+        source = getattr(self.budget_source, "budget_bytes", None)
+        limits = [b for b in (self.fixed_budget, source) if b is not None]
+        return int(min(limits)) if limits else 2**62
+
+    @property
+    def budget_may_rise(self) -> bool:
+        """A budget source may raise the budget, and so may the end of a temporary squeeze."""
+        return self.budget_source is not None or self.budget_lowered
+
+    @property
+    def squeezed(self) -> bool:
+        """A temporary squeeze holds the budget below what the session already holds."""
+        return self.budget_lowered and self.held_bytes > self.budget_bytes
+
+    @property
+    def encoder_outputs_bytes(self) -> int:
+        store = self.encoder_cache.store if self.encoder_cache is not None else None
+        return int(getattr(store, "nbytes", 0) or 0)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the session holds between requests: weights, the KV pool, cached encoder outputs."""
+        return self.weights_bytes + self.pool.nbytes + self.encoder_outputs_bytes
+
+    @property
+    def working_set_bytes(self) -> int:
+        """The least the session serves with: its weights, the smallest KV pool and the activation reserve."""
+        return self.weights_bytes + self.min_pool_bytes + max(0, self.activation_reserve_bytes)
+
+    def admissible(self, budget: int) -> int:
+        """The most a request may be predicted to use: the budget less the safety margin (kernel
+        workspaces, per-thread buffers and the session's bookkeeping are not in the prediction)."""
+        return budget - max(int(budget * self.config.safety_fraction), _MIN_SAFETY_BYTES)
+
+    def pool_blocks_for_tokens(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.spec.block_size)
+
+    def pool_blocks_for(self, budget_bytes: int) -> int:
+        """Default pool size under a budget: ``kv_fraction`` of what the weights leave, capped at a
+        few sequences of the model's full context (more is memory no request can use)."""
+        spare = budget_bytes - self.weights_bytes
+        # With streamed weights the placement kept exactly the activation reserve free: never give it to KV.
+        reserve = self.activation_reserve_bytes if self.streamer is not None else 0
+        blocks = self.spec.blocks_for_bytes(int(min(spare * self.config.kv_fraction, spare - reserve)))
+        model_config: Any = self.model.config  # a transformers config (nn.Module types attributes as Tensor | Module)
+        text = model_config.get_text_config(decoder=True)
+        max_tokens = _POOL_SEQUENCES * int(getattr(text, "max_position_embeddings", 0) or 4096)
+        return min(blocks, self.pool_blocks_for_tokens(max_tokens))
+
+    def reserve_for(self, example: dict[str, Any] | None) -> int:
         """Activation bytes to keep free: a request like ``example`` (prefill and decode, its tensors
         included), else a 512-token text prefill."""
         if not example or "input_ids" not in example:
@@ -98,21 +229,37 @@ class MemoryMixin:
         tensors = sum(t.numel() * t.element_size() for t in example.values() if isinstance(t, torch.Tensor))
         return tensors + self.predictor.request_bytes(ids, media, 0, int(example.get("max_new_tokens", 32)))
 
-    def _restream(self, budget: int) -> bool:
-        """Stream the weights now, for the current pool and activation reserve. Only from resident
-        weights: re-planning a running streamer would bring every weight back first."""
+    # -- making room (the caller holds the session's lock) --------------------------------
+
+    def drop_encoder_outputs(self) -> None:
+        if self.encoder_cache is not None:
+            self.encoder_cache.store.clear()
+
+    def resize_pool(self, blocks: int, budget: int, why: str) -> None:
+        """Resize the KV pool through the swap tier: cached blocks that no longer fit go to disk."""
+        import tempfile
+
+        have = self.pool.num_blocks
+        self.pool = self.pool.resized(blocks, self.config.swap_dir or tempfile.gettempdir())
+        self.log.note("kv-pool", f"KV pool {have} -> {blocks} blocks ({format_bytes(self.pool.nbytes)}): {why}",
+                      budget_bytes=budget, blocks=blocks, kept_cached_blocks=len(self.pool.blocks.cached))  # fmt: skip
+
+    def restream(self, budget: int) -> bool:
+        """Stream the weights now, for the current pool and activation reserve; whether that freed
+        anything. Only from resident weights: re-planning a running streamer would bring every
+        weight back first."""
         from memwarden.plan.placement import PlacementError
 
         if self.streamer is not None:
             return False
         before = self.weights_bytes
         try:
-            self._stream(budget, self.pool.nbytes, self.activation_reserve_bytes, self._offload_dir)
+            self._stream(budget, self.pool.nbytes, self.activation_reserve_bytes)
         except (BudgetError, PlacementError):
-            self._stream(budget, self.pool.nbytes, 0, self._offload_dir)  # the most that can be streamed
+            self._stream(budget, self.pool.nbytes, 0)  # the most that can be streamed
         return self.weights_bytes < before
 
-    def _stream(self, budget: int, kv_bytes: int, reserve: int, offload_dir: str | None) -> None:
+    def _stream(self, budget: int, kv_bytes: int, reserve: int) -> None:
         """Weights that do not fit stay in safetensors files, memory-mapped, and stream through two
         staging slots (``runtime/offload.py``); what the session holds is recounted after."""
         import tempfile
@@ -120,64 +267,44 @@ class MemoryMixin:
         from memwarden.plan.placement import PlacementError
         from memwarden.runtime.offload import stream_weights
 
-        directory = offload_dir or tempfile.mkdtemp(prefix="memwarden-offload-")
+        directory = self.config.offload_dir or tempfile.mkdtemp(prefix="memwarden-offload-")
         try:
-            planned = self._admissible(budget)  # admission keeps this margin free too
+            planned = self.admissible(budget)  # admission keeps this margin free too
             if planned <= 0:
                 raise PlacementError(
                     f"{format_bytes(budget)} is less than the safety margin", min_budget_bytes=budget * 2
                 )
-            self.streamer = stream_weights(self.model, planned, directory, kv_cache_bytes=kv_bytes,
-                                           activation_bytes=reserve)  # fmt: skip
+            streamer = stream_weights(self.model, planned, directory, kv_cache_bytes=kv_bytes,
+                                      activation_bytes=reserve)  # fmt: skip
         except PlacementError as exc:
             raise BudgetError(
                 f"a budget of {format_bytes(budget)} does not hold the weights ({format_bytes(self.weights_bytes)}) "
                 f"even streamed ({exc}): raise the budget or quantize the weights (memwarden.quantize)"
             ) from None
-        self.weights_bytes = state_bytes(self.model) + self.streamer.staging_bytes
-        self._note("stream", f"weights streamed from {directory}: {format_bytes(self.weights_bytes)} resident",
-                   budget_bytes=budget, resident_bytes=self.weights_bytes)  # fmt: skip
+        self.streamer = streamer
+        self.weights_bytes = state_bytes(self.model) + streamer.staging_bytes
+        self.log.note("stream", f"weights streamed from {directory}: {format_bytes(self.weights_bytes)} resident",
+                      budget_bytes=budget, resident_bytes=self.weights_bytes)  # fmt: skip
 
-    def pool_blocks_for_tokens(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.spec.block_size)
+    # -- following the budget -------------------------------------------------------------
 
-    def _pool_blocks_for(self, budget_bytes: int) -> int:
-        """Default pool size under a budget: ``kv_fraction`` of what the weights leave, capped at a
-        few sequences of the model's full context (more is memory no request can use)."""
-        spare = budget_bytes - self.weights_bytes
-        # With streamed weights the placement kept exactly the activation reserve free: never give it to KV.
-        reserve = self.activation_reserve_bytes if getattr(self, "streamer", None) is not None else 0
-        blocks = self.spec.blocks_for_bytes(int(min(spare * self.kv_fraction, spare - reserve)))
-        text = self.model.config.get_text_config(decoder=True)
-        max_tokens = _POOL_SEQUENCES * int(getattr(text, "max_position_embeddings", 0) or 4096)
-        return min(blocks, self.pool_blocks_for_tokens(max_tokens))
+    def poll(self) -> None:
+        """Let a budget source that samples on demand take a fresh reading."""
+        poll = getattr(self.budget_source, "poll", None)
+        if callable(poll):
+            poll()
 
-    def _note(self, kind: str, label: str, **details: Any) -> None:
-        """Record a decision in the session's log and on the timeline of a running capture."""
-        from memwarden.capture.live.capture import annotate
+    def set_budget(self, budget: str | int, *, temporary: bool = False) -> bool:
+        """A new fixed budget; returns whether the pool should follow it now (not under a squeeze,
+        where allocating a new pool could itself fail: requests wait it out instead)."""
+        self.fixed_budget = parse_bytes(budget)
+        self.budget_lowered = temporary and self.fixed_budget < self.initial_budget
+        self.log.note("budget", f"budget set to {format_bytes(self.fixed_budget)}", budget_bytes=self.fixed_budget)
+        return not self.budget_lowered
 
-        self.events.append({"t_s": time.monotonic(), "kind": kind, "label": label, **details})
-        annotate(kind, label, **details)
-
-    def set_budget(self, budget: str | int, *, temporary: bool = False) -> None:
-        """A new fixed budget; the pool follows before the next request.
-
-        ``temporary=True`` (a squeeze that will end): the session makes no allocation while the
-        budget is below what it holds — requests wait for it to come back (up to ``max_wait_s``)
-        rather than resize under a limit that may refuse even the resize."""
-        self._fixed_budget = parse_bytes(budget)
-        self._budget_lowered = temporary and self._fixed_budget < self._initial_budget
-        self._note("budget", f"budget set to {format_bytes(self._fixed_budget)}", budget_bytes=self._fixed_budget)
-        if not self._budget_lowered:  # under a squeeze, allocating a new pool could itself fail: wait it out
-            self.follow_budget()
-
-    def on_telemetry(self, sample: Any, *, in_use_bytes: int | None = None) -> int:
-        """Feed one telemetry sample to the session's budget controller (created on first use,
-        capped at the fixed budget); returns the budget it implies.
-
-        ``in_use_bytes``: what the session holds that the sample's available memory already
-        excludes — by default all it holds (live telemetry of this process's device); pass 0
-        when replaying a log recorded without this session."""
+    def apply_telemetry(self, sample: Any, *, in_use_bytes: int | None = None) -> tuple[int, int]:
+        """Feed one telemetry sample to the budget controller (created on first use, capped at the
+        fixed budget); returns the budget before and after it."""
         from memwarden.govern.budget import BudgetController
         from memwarden.govern.telemetry import TelemetrySample
 
@@ -190,77 +317,39 @@ class MemoryMixin:
                 power_w=getattr(sample, "power_w", None),
                 fps=getattr(sample, "fps", None),
             )
-        if self._budget_source is None or not hasattr(self._budget_source, "update"):
-            self._budget_source = BudgetController(cap_bytes=self._fixed_budget)
+        if self.budget_source is None or not hasattr(self.budget_source, "update"):
+            controller = BudgetController(cap_bytes=self.fixed_budget)
             # heat / power / fps never push the budget below what serving needs at all
-            self._budget_source.floor_bytes = self.working_set_bytes
+            controller.floor_bytes = self.working_set_bytes
+            self.budget_source = controller
         before = self.budget_bytes
-        self._budget_source.update(sample, in_use_bytes=self.held_bytes if in_use_bytes is None else in_use_bytes)
+        self.budget_source.update(sample, in_use_bytes=self.held_bytes if in_use_bytes is None else in_use_bytes)
         after = self.budget_bytes
         if after != before:
-            self._note("budget", f"telemetry: budget {format_bytes(before)} -> {format_bytes(after)}",
-                       budget_bytes=after, temp_c=sample.temp_c, power_w=sample.power_w, fps=sample.fps)  # fmt: skip
-            self.follow_budget()
-        return after
+            self.log.note("budget", f"telemetry: budget {format_bytes(before)} -> {format_bytes(after)}",
+                          budget_bytes=after, temp_c=sample.temp_c, power_w=sample.power_w, fps=sample.fps)  # fmt: skip
+        return before, after
 
     def follow_budget(self) -> None:
-        """Resize the KV pool to the current budget (between requests), through the swap tier.
-
-        Telemetry may call this from another thread: the resize holds the session's lock, so a
-        request never starts on a pool that is half swapped out."""
-        if not self._lock.acquire(blocking=False):
-            return  # a request is being admitted or served (its admission shrinks the pool itself); the next re-checks
-        try:
-            self._follow_budget_locked()
-        finally:
-            self._lock.release()
-
-    def _follow_budget_locked(self) -> None:
+        """Resize the KV pool to the current budget, between requests (the caller holds the lock)."""
         budget = self.budget_bytes
-        want = self._pool_blocks_for(budget) if self._user_blocks is None else self._user_blocks
+        user_blocks = self.config.num_kv_blocks
+        want = self.pool_blocks_for(budget) if user_blocks is None else user_blocks
         have = self.pool.num_blocks
         over = self.held_bytes > budget
-        if self._user_blocks is not None and not over:
+        if user_blocks is not None and not over:
             return
         if over:  # shrink until what the session holds fits, keeping room for activations
-            want = min(want, self._pool_blocks_for(budget))
+            want = min(want, self.pool_blocks_for(budget))
         if want < 1:
-            self._note("degrade", "budget below the weights plus one KV block: nothing left to shrink",
-                       budget_bytes=budget, weights_bytes=self.weights_bytes)  # fmt: skip
+            self.log.note("degrade", "budget below the weights plus one KV block: nothing left to shrink",
+                          budget_bytes=budget, weights_bytes=self.weights_bytes)  # fmt: skip
             return
         if want == have or (not over and abs(want - have) < max(1, have // 10)):
             return  # within 10%: not worth a resize
         if self.encoder_cache is not None and over:
             self.encoder_cache.store.clear()
-        self._resize_pool(want, budget, "follow the budget")
+        self.resize_pool(want, budget, "follow the budget")
 
-    # -- budget ---------------------------------------------------------------------------
 
-    @property
-    def budget_bytes(self) -> int:
-        limits = [b for b in (self._fixed_budget, getattr(self._budget_source, "budget_bytes", None)) if b is not None]
-        return int(min(limits)) if limits else 2**62
-
-    @property
-    def held_bytes(self) -> int:
-        """Bytes the session holds between requests: weights, the KV pool, cached encoder outputs."""
-        store = self.encoder_cache.store if self.encoder_cache is not None else None
-        return self.weights_bytes + self.pool.nbytes + int(getattr(store, "nbytes", 0) or 0)
-
-    @property
-    def working_set_bytes(self) -> int:
-        """The least the session serves with: its weights, the smallest KV pool and the activation reserve."""
-        return self.weights_bytes + self._min_pool_bytes + max(0, self.activation_reserve_bytes)
-
-    def _admissible(self, budget: int) -> int:
-        """The most a request may be predicted to use: the budget less the safety margin (kernel
-        workspaces, per-thread buffers and the session's bookkeeping are not in the prediction)."""
-        return budget - max(int(budget * self.safety_fraction), _MIN_SAFETY_BYTES)
-
-    def _resize_pool(self, blocks: int, budget: int, why: str) -> None:
-        import tempfile
-
-        have = self.pool.num_blocks
-        self.pool = self.pool.resized(blocks, self.swap_dir or tempfile.gettempdir())
-        self._note("kv-pool", f"KV pool {have} -> {blocks} blocks ({format_bytes(self.pool.nbytes)}): {why}",
-                   budget_bytes=budget, blocks=blocks, kept_cached_blocks=len(self.pool.blocks.cached))  # fmt: skip
+__all__ = ["BudgetError", "SessionMemory", "state_bytes"]
