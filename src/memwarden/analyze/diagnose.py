@@ -16,12 +16,12 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from functools import cached_property
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memwarden.analyze.timeline import Summary, summary
+from memwarden.analyze.analysis import Analysis
+from memwarden.analyze.timeline import Summary
 from memwarden.trace.model import Trace
 
 SEVERITIES = ("high", "medium", "low")
@@ -58,14 +58,25 @@ class Finding:
 
 @dataclass
 class Context:
-    """What every detector may need, computed once: the summary and the user's thresholds."""
+    """What every detector may need: the trace's shared ``Analysis`` (summary, device, free index,
+    steps, replays, each computed once for all detectors and the report) and the user's thresholds.
+
+    ``shared``: an Analysis already built for ``trace`` (the report's); without one, one is made.
+    """
 
     trace: Trace
     thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    shared: InitVar[Analysis | None] = None
+    analysis: Analysis = field(init=False)
 
-    @cached_property
+    def __post_init__(self, shared: Analysis | None) -> None:
+        if shared is not None and shared.trace is not self.trace:
+            raise ValueError("the Analysis given belongs to another trace")
+        self.analysis = shared if shared is not None else Analysis(self.trace)
+
+    @property
     def summary(self) -> Summary:
-        return summary(self.trace)
+        return self.analysis.summary
 
     def threshold(self, pattern: str, name: str, default: Any) -> Any:
         return self.thresholds.get(pattern, {}).get(name, default)
@@ -92,14 +103,22 @@ def load_thresholds(path: str | Path) -> dict[str, dict[str, Any]]:
 
 def _detector(pattern: str) -> Callable[[Trace, Context], list[Finding]]:
     module = importlib.import_module(f"memwarden.analyze.patterns.{PATTERNS[pattern]}")
-    return module.detect  # type: ignore[no-any-return]
+    return module.detect
 
 
 def diagnose(
-    trace: Trace, thresholds: dict[str, dict[str, Any]] | None = None, patterns: list[str] | None = None
+    trace: Trace,
+    thresholds: dict[str, dict[str, Any]] | None = None,
+    patterns: list[str] | None = None,
+    *,
+    analysis: Analysis | None = None,
 ) -> list[Finding]:
-    """Run the detectors and return their findings, largest waste first."""
-    ctx = Context(trace=trace, thresholds=thresholds or {})
+    """Run the detectors and return their findings, largest waste first.
+
+    ``analysis``: the trace's Analysis when the caller goes on to use it (a report), so nothing
+    the detectors compute is computed again.
+    """
+    ctx = Context(trace=trace, thresholds=thresholds or {}, shared=analysis)
     peak = ctx.summary.peak_bytes
     min_fraction = float(ctx.threshold("all", "min_waste_fraction", DEFAULT_MIN_WASTE_FRACTION))
     findings: list[Finding] = []
@@ -118,5 +137,6 @@ def diagnose(
     return findings
 
 
-def report_json(trace: Trace, findings: list[Finding]) -> dict[str, Any]:
-    return {"peak_bytes": summary(trace).peak_bytes, "findings": [f.to_json() for f in findings]}
+def report_json(analysis: Analysis, findings: list[Finding]) -> dict[str, Any]:
+    """``diagnose --json``: the peak and the findings."""
+    return {"peak_bytes": analysis.summary.peak_bytes, "findings": [f.to_json() for f in findings]}

@@ -92,21 +92,30 @@ class Site:
     count: int
 
 
-def live_blocks_at(trace: Trace, index: int, device: int) -> np.ndarray:
-    """Rows of the ALLOC/PREEXISTING/MAP events whose blocks are live just after ``index``."""
+def live_blocks_at(trace: Trace, index: int, device: int, free_rows: np.ndarray | None = None) -> np.ndarray:
+    """Rows of the ALLOC/PREEXISTING/MAP events whose blocks are live just after ``index``.
+
+    ``free_rows``: the trace's ``free_index`` when the caller already has it (it is the costly part).
+    """
     action = trace.events["action"]
     starts = (action == Action.ALLOC) | (action == Action.PREEXISTING) | (action == Action.MAP)
     rows = np.flatnonzero(starts[: index + 1] & _device_mask(trace, device)[: index + 1])
-    return rows[free_index(trace)[rows] > index]
+    freed_at = free_index(trace) if free_rows is None else free_rows
+    return rows[freed_at[rows] > index]
 
 
 def top_sites_at(
-    trace: Trace, index: int, device: int, limit: int = 15, exclude: tuple[Category, ...] = ()
+    trace: Trace,
+    index: int,
+    device: int,
+    limit: int = 15,
+    exclude: tuple[Category, ...] = (),
+    free_rows: np.ndarray | None = None,
 ) -> list[Site]:
     """The allocation sites (module, op) holding the most bytes just after ``index``."""
     if index < 0:
         return []
-    rows = live_blocks_at(trace, index, device)
+    rows = live_blocks_at(trace, index, device, free_rows)
     e = trace.events
     if exclude:
         rows = rows[~np.isin(e["category"][rows], np.array(exclude, dtype=np.uint8))]
@@ -160,17 +169,21 @@ def _file_backed_at(trace: Trace, index: int, device: int) -> int:
     return int(nb[(a == Action.MAP) & on].sum() - nb[(a == Action.UNMAP) & on].sum())
 
 
-def _top_sites(trace: Trace, index: int, device: int, top: int) -> list[Site]:
+def _top_sites(trace: Trace, index: int, device: int, top: int, free_rows: np.ndarray | None) -> list[Site]:
     """The heaviest sites overall plus the heaviest that are not weights (one weight per
     parameter would otherwise fill the list on any real model)."""
-    overall = top_sites_at(trace, index, device, top)
-    others = top_sites_at(trace, index, device, top, exclude=(Category.WEIGHT, Category.BUFFER))
+    free_rows = free_index(trace) if free_rows is None else free_rows  # both lists read it: pair once
+    overall = top_sites_at(trace, index, device, top, free_rows=free_rows)
+    others = top_sites_at(trace, index, device, top, exclude=(Category.WEIGHT, Category.BUFFER), free_rows=free_rows)
     merged = {(x.module, x.op, x.category, x.modality): x for x in overall + others}
     return sorted(merged.values(), key=lambda x: -x.nbytes)
 
 
-def summary(trace: Trace, device: int | None = None, top: int = 15) -> Summary:
-    """Peak, breakdowns at peak, per-phase peaks and weight bytes of a Trace."""
+def summary(trace: Trace, device: int | None = None, top: int = 15, free_rows: np.ndarray | None = None) -> Summary:
+    """Peak, breakdowns at peak, per-phase peaks and weight bytes of a Trace.
+
+    ``free_rows``: the trace's ``free_index`` when the caller already has it (``Analysis`` does).
+    """
     dev = primary_device(trace) if device is None else device
     n = trace.num_events
     live = trace.live_bytes(dev) if n else np.zeros(0, np.int64)
@@ -212,7 +225,7 @@ def summary(trace: Trace, device: int | None = None, top: int = 15) -> Summary:
         file_backed_bytes_at_peak=_file_backed_at(trace, peak_index, dev),
         anonymous_peak_bytes=int(anon.max(initial=0)),
         duration_us=int(times[-1] - times[0]) if n else 0,
-        top_sites_at_peak=_top_sites(trace, peak_index, dev, top),
+        top_sites_at_peak=_top_sites(trace, peak_index, dev, top, free_rows) if n else [],
         metadata=dict(trace.metadata),
     )
 

@@ -1,2 +1,1 @@
-"""One module per CLI command: parse arguments, call the API, print. Nothing else.
-"""
+"""One module per CLI command: parse arguments, call the API, print. Nothing else."""

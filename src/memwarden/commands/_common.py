@@ -16,9 +16,11 @@ def load_trace(path: str) -> Trace:
     try:
         from memwarden.interop.files import load_any
     except ImportError:  # snapshot support not installed
-        load_any = None
-    if load_any is not None:
-        return load_any(path)
+        return _load_mwtrace(path)
+    return load_any(path)
+
+
+def _load_mwtrace(path: str) -> Trace:
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{path}: no such file")
@@ -30,6 +32,24 @@ def load_trace(path: str) -> Trace:
         raise InputError(f"{path}: {exc}") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def pick_device(trace: Trace, wanted: str | None) -> int:
+    """A device index from ``--device`` (index or name), else the trace's primary device: the
+    one rule (``Analysis.device``) that summary, diagnose and report use too."""
+    if wanted is None:
+        from memwarden.analyze.analysis import Analysis
+
+        return Analysis(trace).device
+    if wanted in trace.devices:
+        return trace.devices.index(wanted)
+    try:
+        index = int(wanted)
+    except ValueError:
+        index = -1
+    if not 0 <= index < len(trace.devices):
+        raise InputError(f"--device {wanted!r} is not in this trace (devices: {', '.join(trace.devices)})")
+    return index
 
 
 def print_json(data: Any) -> None:

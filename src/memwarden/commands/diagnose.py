@@ -19,8 +19,10 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from memwarden.analyze.analysis import Analysis
     from memwarden.analyze.diagnose import PATTERNS, diagnose, load_thresholds, report_json
     from memwarden.commands._common import load_trace, print_json
+    from memwarden.report.full import HEATMAP_COLUMNS, write_report
 
     thresholds = {}
     if args.config:
@@ -34,12 +36,12 @@ def run(args: argparse.Namespace) -> int:
         if pattern not in PATTERNS:
             raise InputError(f"unknown pattern {pattern!r} (known: {', '.join(PATTERNS)})")
     trace = load_trace(args.file)
-    findings = diagnose(trace, thresholds, args.pattern)
-    data = report_json(trace, findings)
+    # With --html the detectors' allocator replay records the heatmap's layout too: one replay.
+    analysis = Analysis(trace, replay_history_columns=HEATMAP_COLUMNS if args.html else 0)
+    findings = diagnose(trace, thresholds, args.pattern, analysis=analysis)
+    data = report_json(analysis, findings)
     if args.html:
-        from memwarden.report.diagnosis import write_diagnosis_html
-
-        write_diagnosis_html(trace, findings, args.html)
+        write_report(trace, args.html, findings=findings, analysis=analysis)
     if args.json:
         print_json(data)
         return 0

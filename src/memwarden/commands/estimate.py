@@ -75,6 +75,7 @@ def _float(value: str, flag: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import print_json
     from memwarden.estimate.run import estimate, load_device, parse_image, sweep
+    from memwarden.report.estimate import card_text, sweep_text
 
     images = [parse_image(v) for v in args.image]
     prompts = _ints(args.prompt_tokens, "--prompt-tokens")
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         if fmt == "json":
             print_json(result.to_json())
         else:
-            print(_render_sweep(result, markdown=fmt == "md"))
+            print(sweep_text(result, markdown=fmt == "md"))
         return 0
     if len(prompts) > 1:
         raise InputError("several --prompt-tokens values need --sweep")
@@ -114,43 +115,5 @@ def run(args: argparse.Namespace) -> int:
     elif fmt == "md":
         print(card.to_markdown(devices[1:]))
     else:
-        print(card.to_text())
-        for d in devices[1:]:
-            print(f"  {d.name}: usable {d.usable_bytes / 2**30:.1f} GiB, {card.verdict(d.usable_bytes)}")
+        print(card_text(card, devices[1:]), end="")
     return 0
-
-
-def _render_sweep(result: Any, markdown: bool) -> str:
-    from memwarden.units import format_bytes
-
-    lines = [f"{'### ' if markdown else ''}Where {result.model} stops fitting", ""]
-    names = [d.name for d in result.devices]
-    for axis, points in result.axes.items():
-        label = {"image": "image (px)", "prompt_tokens": "prompt tokens", "audio_seconds": "audio (s)"}[axis]
-        header = [label, "peak", *names]
-        rows = []
-        for value, card in points:
-            shown = f"{value[0]}x{value[1]}" if isinstance(value, tuple) else f"{value:g}"
-            cells = ["fits" if card.peak_bytes <= d.usable_bytes else "no" for d in result.devices]
-            rows.append([shown, format_bytes(card.peak_bytes), *cells])
-        if markdown:
-            lines.append("| " + " | ".join(header) + " |")
-            lines.append("|" + "---|" * len(header))
-            lines += ["| " + " | ".join(r) + " |" for r in rows]
-        else:
-            widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
-            lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-            lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-        lines.append("")
-    for dev_id, axes in result.limits().items():
-        name = next(d.name for d in result.devices if d.id == dev_id)
-        parts = []
-        for axis, value in axes.items():
-            if value is None:
-                parts.append(f"no {axis.replace('_', ' ')} fits")
-            elif isinstance(value, tuple):
-                parts.append(f"largest image {value[0]}x{value[1]}")
-            else:
-                parts.append(f"longest {axis.replace('_', ' ')} {value:g}")
-        lines.append(f"{'- ' if markdown else ''}{name}: " + "; ".join(parts))
-    return "\n".join(lines).rstrip() + "\n"

@@ -13,7 +13,6 @@ line on stderr, like every other user error.
 from __future__ import annotations
 
 import argparse
-import importlib
 from typing import Any
 
 import numpy as np
@@ -44,14 +43,11 @@ def register(subparsers: Any) -> None:
 
 def _replay_segments(trace: Any, allocator: str) -> list[dict[str, Any]]:
     """Segments at the end of a replay of each device through memwarden's caching-allocator model."""
-    try:
-        module = importlib.import_module("memwarden.plan.allocator.model")
-        replay, config_cls = module.replay, module.AllocatorConfig
-    except (ImportError, AttributeError):
-        raise InputError("allocator model not available") from None
     from memwarden.interop.snapshot_export import device_indices
+    from memwarden.plan.allocator.config import AllocatorConfig
+    from memwarden.plan.replay import replay
 
-    config = config_cls(expandable_segments=allocator == "pytorch-expandable")
+    config = AllocatorConfig(expandable_segments=allocator == "pytorch-expandable")
     index_of = device_indices(trace.devices)
     segments: list[dict[str, Any]] = []
     allocations = np.isin(trace.events["action"], [Action.ALLOC, Action.PREEXISTING, Action.FREE])

@@ -28,15 +28,17 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--alignment", default="64", metavar="BYTES", help="offset and size alignment (default 64)")
     p.add_argument(
-        "--device", default=None, metavar="DEVICE", help="device index or name (default: the first with allocations)"
+        "--device",
+        default=None,
+        metavar="DEVICE",
+        help="device index or name (default: the trace's primary device, as summary shows it)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON, with every tensor's offset")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from memwarden.commands._common import load_trace, print_json
-    from memwarden.commands.replay import pick_device
+    from memwarden.commands._common import load_trace, pick_device, print_json
     from memwarden.plan.arena.plan import plan_arena
 
     if args.strategy not in STRATEGIES:
@@ -55,19 +57,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from rich.console import Console
-    from rich.table import Table
 
-    from memwarden.units import format_bytes
+    from memwarden.report.allocators import arena_table
 
-    table = Table(title=f"{args.file}: static arena for {trace.devices[device]}")
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
-    table.add_row("strategy", plan.strategy + (" (best of all)" if args.strategy == "best" else ""))
-    table.add_row("tensors", str(len(plan.tensor_ids)))
-    table.add_row("arena", format_bytes(plan.arena_bytes))
-    table.add_row("lower bound (peak live bytes)", format_bytes(plan.lower_bound_bytes))
-    over = plan.arena_bytes / plan.lower_bound_bytes - 1 if plan.lower_bound_bytes else 0.0
-    table.add_row("above the lower bound", f"{over:.1%}")
-    table.add_row("no sharing (sum of all tensors)", format_bytes(plan.naive_bytes))
-    Console().print(table)
+    best_of_all = args.strategy == "best"
+    Console().print(arena_table(plan, source=args.file, device_name=trace.devices[device], best_of_all=best_of_all))
     return 0

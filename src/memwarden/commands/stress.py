@@ -93,7 +93,7 @@ def _render(data: dict[str, Any]) -> str:
     def s(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}s"
 
-    rows = [("", "A: " + data["a"]["name"], "B: " + data["b"]["name"])]
+    rows: list[tuple[str, ...]] = [("", "A: " + data["a"]["name"], "B: " + data["b"]["name"])]
     for key in ("mode", "requests", "ok", "oom", "crash", "lost", "worker_restarts"):
         rows.append((key, str(data["a"][key]), str(data["b"][key])))
     for key in ("p50_latency_s", "p95_latency_s", "recovery_p50_s"):

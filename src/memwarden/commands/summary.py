@@ -14,11 +14,11 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memwarden.analyze.timeline import summary
+    from memwarden.analyze.analysis import Analysis
     from memwarden.commands._common import load_trace, print_json
 
     trace = load_trace(args.file)
-    result = summary(trace)
+    result = Analysis(trace).summary
     if args.json:
         data = result.to_json()
         print_json(data)

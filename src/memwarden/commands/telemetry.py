@@ -102,16 +102,13 @@ def _replay(args: argparse.Namespace, controller: Any) -> int:
         return 0
     from rich.console import Console
 
-    from memwarden.units import format_bytes
+    from memwarden.report.telemetry import budget_table, policy_line, replay_totals_line
 
     console = Console()
-    console.print(_policy_line(controller))
+    console.print(policy_line(controller))
     shown = [r for i, r in enumerate(rows) if r["changed"] or i == len(rows) - 1]
-    console.print(_table(shown, title=f"{args.replay}: the budget where it changes ({len(rows)} samples)"))
-    console.print(
-        f"{summary['changes']} changes ({summary['forced_drops']} forced by the headroom), budget "
-        f"{format_bytes(summary['min_budget_bytes'])} .. {format_bytes(summary['max_budget_bytes'])}"
-    )
+    console.print(budget_table(shown, title=f"{args.replay}: the budget where it changes ({len(rows)} samples)"))
+    console.print(replay_totals_line(summary))
     return 0
 
 
@@ -147,62 +144,12 @@ def _live(args: argparse.Namespace, controller: Any) -> int:
         return 0
     from rich.console import Console
 
+    from memwarden.report.telemetry import budget_table, policy_line
+
     console = Console()
     console.print(f"sources: {', '.join(names) or 'none found'}")
     for name, error in errors.items():
         console.print(f"[yellow]{name} failed: {error}[/yellow]")
-    console.print(_policy_line(controller))
-    console.print(_table(rows, title="Live telemetry (t from the first sample)", origin=origin, relative_t=True))
+    console.print(policy_line(controller))
+    console.print(budget_table(rows, title="Live telemetry (t from the first sample)", origin=origin, relative_t=True))
     return 0
-
-
-def _policy_line(controller: Any) -> str:
-    from memwarden.units import format_bytes
-
-    p = controller.policy
-    cap = "" if controller.cap_bytes is None else f", cap {format_bytes(controller.cap_bytes)}"
-    return (
-        f"policy {p.name}: min headroom {format_bytes(p.min_headroom_bytes)}, hysteresis {p.hysteresis_s:g} s, "
-        f"window {p.window_s:g} s{cap}"
-    )
-
-
-def _table(
-    rows: list[dict[str, Any]], *, title: str, origin: dict[str, str] | None = None, relative_t: bool = False
-) -> Any:
-    from rich.table import Table
-
-    from memwarden.units import format_bytes
-
-    origin = origin or {}
-
-    def head(label: str, key: str) -> str:
-        return f"{label}\n({origin[key]})" if key in origin else label
-
-    t0 = rows[0]["t"] if rows and relative_t else 0.0
-    table = Table(title=title)
-    table.add_column("t (s)", justify="right")
-    table.add_column(head("available", "mem_available_bytes"), justify="right")
-    table.add_column(head("total", "mem_total_bytes"), justify="right")
-    table.add_column(head("temp", "temp_c"), justify="right")
-    table.add_column(head("power", "power_w"), justify="right")
-    table.add_column(head("fps", "fps"), justify="right")
-    table.add_column("budget", justify="right", style="bold")
-    table.add_column("weights", no_wrap=True)
-
-    def fmt(row: dict[str, Any], key: str, render: Any) -> str:
-        return "-" if row.get(key) is None else render(row[key])
-
-    for r in rows:
-        budget = format_bytes(r["budget_bytes"]) + (" (forced)" if r["forced"] else "")
-        table.add_row(
-            f"{r['t'] - t0:g}",
-            fmt(r, "mem_available_bytes", format_bytes),
-            fmt(r, "mem_total_bytes", format_bytes),
-            fmt(r, "temp_c", lambda v: f"{v:.1f} °C"),
-            fmt(r, "power_w", lambda v: f"{v:.1f} W"),
-            fmt(r, "fps", lambda v: f"{v:.1f}"),
-            budget,
-            " ".join(f"{k} {v:.2f}" for k, v in r["weights"].items() if v < 1) or "-",
-        )
-    return table

@@ -71,10 +71,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("capture produced no trace")
     trace.metadata["exit_status"] = status
     save(trace, out)
-    from memwarden.analyze.timeline import summary
+    from memwarden.analyze.analysis import Analysis
     from memwarden.units import format_bytes
 
-    s = summary(trace)
+    s = Analysis(trace).summary
     state = "completed" if status == 0 else f"failed (exit status {status}); trace saved up to the failure"
     print(
         f"memwarden: {script.name} {state}. Wrote {out}: {s.events:,} events, peak {format_bytes(s.peak_bytes)}, "

@@ -35,6 +35,7 @@ import numpy as np
 
 from memwarden.analyze.timeline import breakdown_at, primary_device, summary
 from memwarden.trace.model import Category, Phase, SpanKind, Trace, enum_name
+from memwarden.trace.steps import steps_of
 from memwarden.units import format_bytes
 
 __all__ = [
@@ -319,19 +320,18 @@ def _kv_at_end(trace: Trace, device: int) -> int:
         return 0
     kv = np.where(trace.events["category"] == Category.KV_CACHE, trace.signed_bytes(device), 0)
     live_kv = np.cumsum(kv)
-    steps = trace.metadata.get("steps") or []
+    steps = steps_of(trace)
     if not steps:
         return int(live_kv[-1])
-    last = int(np.searchsorted(trace.events["time_us"], int(steps[-1]["end_us"]), side="right")) - 1
+    last = int(np.searchsorted(trace.events["time_us"], steps[-1].end_us, side="right")) - 1
     return int(live_kv[last]) if last >= 0 else 0
 
 
 def _tokens(trace: Trace) -> dict[str, int]:
-    steps = trace.metadata.get("steps") or []
-    for step in steps:
-        if step.get("phase") == "prefill" and isinstance(step.get("tokens"), dict):
-            t = step["tokens"]
-            return {"vision": int(t.get("vision", 0)), "audio": int(t.get("audio", 0)), "text": int(t.get("text", 0))}
+    for step in steps_of(trace):
+        if step.phase == "prefill" and step.tokens:
+            t = step.tokens
+            return {"vision": t.get("vision", 0), "audio": t.get("audio", 0), "text": t.get("text", 0)}
     return {"vision": 0, "audio": 0, "text": 0}
 
 

@@ -1,2 +1,1 @@
-"""Rendering: terminal tables, the self-contained HTML report, the allocator heatmap. No torch.
-"""
+"""Rendering: terminal tables, the self-contained HTML report, the allocator heatmap. No torch."""

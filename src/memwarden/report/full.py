@@ -1,5 +1,6 @@
-"""The full HTML report: summary, findings marked on the timeline, and the simulated
-caching-allocator heatmap. Used by `memwarden report` and `memwarden demo`."""
+"""The one HTML report of a trace: summary, findings marked on the timeline, and the simulated
+caching-allocator heatmap. `memwarden report`, `memwarden diagnose --html` and `memwarden demo`
+all write it with ``write_report``, so the same trace gives the same page from each."""
 
 from __future__ import annotations
 
@@ -7,24 +8,42 @@ import os
 from pathlib import Path
 from typing import Any
 
+from memwarden.analyze.analysis import Analysis
+from memwarden.analyze.diagnose import Finding, diagnose
+from memwarden.report.findings import finding_markers, findings_html
+from memwarden.report.html import Section, write_html
 from memwarden.trace.model import Action, Trace
+
+__all__ = ["HEATMAP_COLUMNS", "HEATMAP_MAX_EVENTS", "heatmap_for", "write_report"]
 
 # Replaying a very long trace for the picture alone is not worth minutes of waiting.
 HEATMAP_MAX_EVENTS = 2_000_000
+HEATMAP_COLUMNS = 400  # layout columns recorded by the replay the heatmap draws
 
 
-def heatmap_for(trace: Trace, device: int | None = None) -> bytes | None:
+def heatmap_for(analysis: Analysis) -> bytes | None:
     """PNG of the trace replayed through the PyTorch caching-allocator model, or None if nothing to draw."""
-    from memwarden.analyze.timeline import primary_device
-    from memwarden.plan.replay import replay
-    from memwarden.report.heatmap import heatmap_png_bytes
+    from memwarden.report.heatmap import heatmap_png_bytes  # matplotlib: only when a heatmap is drawn
 
-    dev = primary_device(trace) if device is None else device
-    allocs = (trace.events["action"] == Action.ALLOC) & (trace.events["device"] == dev)
+    trace = analysis.trace
+    allocs = (trace.events["action"] == Action.ALLOC) & (trace.events["device"] == analysis.device)
     if not allocs.any() or trace.num_events > HEATMAP_MAX_EVENTS:
         return None
-    result = replay(trace, device=dev, history_columns=400)
+    result = analysis.replay(history_columns=HEATMAP_COLUMNS)
     return heatmap_png_bytes(result, title="Simulated PyTorch caching allocator (default settings)")
+
+
+def _findings_section(analysis: Analysis, findings: list[Finding]) -> tuple[Section, list[dict[str, Any]]]:
+    s = analysis.summary
+    return Section("Findings", findings_html(findings, s.peak_bytes)), finding_markers(findings, s.peak_time_us)
+
+
+def _annotation_markers(trace: Trace) -> list[dict[str, Any]]:
+    """Governor decisions and budget changes noted during the capture."""
+    return [
+        {"time_us": a.get("time_us", 0), "label": f"{a.get('kind', '')}: {a.get('label', '')}", "severity": "info"}
+        for a in trace.metadata.get("annotations", []) if isinstance(a, dict)
+    ]  # fmt: skip
 
 
 def write_report(
@@ -32,21 +51,29 @@ def write_report(
     path: str | os.PathLike[str],
     *,
     title: str | None = None,
-    findings: list[Any] | None = None,
+    findings: list[Finding] | None = None,
     diagnose_trace: bool = True,
     heatmap: bool = True,
+    analysis: Analysis | None = None,
 ) -> Path:
-    from memwarden.report.diagnosis import diagnosis_sections
-    from memwarden.report.html import write_html
+    """Write the report of ``trace`` to ``path`` (atomically) and return the path.
 
+    ``findings``: already diagnosed (with the caller's thresholds or patterns); else the trace is
+    diagnosed here unless ``diagnose_trace`` is false (then the page has no findings section).
+    ``analysis``: the trace's shared Analysis, when the caller already has one.
+    """
+    if analysis is None:  # replays record the heatmap's layout: the detectors' replay is the picture's
+        analysis = Analysis(trace, replay_history_columns=HEATMAP_COLUMNS if heatmap else 0)
+    # The heatmap first: a replay with layout history answers the fragmentation detector's too.
+    png = heatmap_for(analysis) if heatmap else None
     if findings is None and diagnose_trace:
-        from memwarden.analyze.diagnose import diagnose
-
-        findings = diagnose(trace)
-    sections, markers = diagnosis_sections(trace, findings) if findings is not None else ([], [])
-    markers = list(markers) + [  # governor decisions and budget changes noted during the capture
-        {"time_us": a.get("time_us", 0), "label": f"{a.get('kind', '')}: {a.get('label', '')}", "severity": "info"}
-        for a in trace.metadata.get("annotations", []) if isinstance(a, dict)
-    ]  # fmt: skip
-    png = heatmap_for(trace) if heatmap else None
-    return write_html(trace, path, title=title, extra_sections=sections, markers=markers, heatmap_png=png)
+        findings = diagnose(trace, analysis=analysis)
+    sections: list[Section] = []
+    markers: list[dict[str, Any]] = []
+    if findings is not None:
+        section, markers = _findings_section(analysis, findings)
+        sections.append(section)
+    markers += _annotation_markers(trace)
+    return write_html(
+        trace, path, title=title, extra_sections=sections, markers=markers, heatmap_png=png, analysis=analysis
+    )

@@ -1,7 +1,7 @@
 """A self-contained HTML report of a Trace: one file, every asset inline.
 
-``render_html`` is pure (Trace in, string out); ``write_html`` is the only
-I/O. The page works air-gapped: the stylesheet and the plotting script ship
+``render_html`` is pure (Trace, or its shared ``Analysis``, in; string out); ``write_html`` is the
+only I/O. The page works air-gapped: the stylesheet and the plotting script ship
 in ``report/assets`` and are inlined, images are data: URIs, and a
 Content-Security-Policy forbids every fetch (``default-src 'none'``) and lets
 only our own script run (pinned by its sha256), so a report cannot phone home
@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from memwarden.analyze.timeline import Summary, summary, timeline
+from memwarden.analyze.analysis import Analysis
+from memwarden.analyze.timeline import Summary
 from memwarden.trace.model import Modality, Phase, SpanKind, Trace, enum_name
 from memwarden.units import format_bytes, format_us
 
@@ -41,7 +42,6 @@ MAX_LANE_SPANS = 4000  # longest module calls drawn in the lane view; the rest o
 MAX_LANE_DEPTH = 12  # deeper module calls are too thin to read next to a whole run
 MAX_PHASE_SPANS = 500
 TOP_MODULES = 25
-TOP_SITES = 15
 
 # Tableau-10 based, one fixed colour per label so a label looks the same in every chart and table.
 PALETTE: dict[str, dict[str, str]] = {
@@ -145,8 +145,8 @@ def _time_origin_us(trace: Trace) -> int:
     return 0
 
 
-def _timeline_payload(trace: Trace, by: str) -> dict[str, Any]:
-    tl = timeline(trace, by=by, max_points=TIMELINE_MAX_POINTS)
+def _timeline_payload(analysis: Analysis, by: str) -> dict[str, Any]:
+    tl = analysis.timeline(by, max_points=TIMELINE_MAX_POINTS)
     return {
         "time_us": tl.time_us.tolist(),
         "total": tl.total.tolist(),
@@ -206,14 +206,15 @@ def _lane_payload(trace: Trace, t0_us: int) -> dict[str, Any]:
     }
 
 
-def _payload(trace: Trace, summ: Summary, markers: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+def _payload(analysis: Analysis, markers: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    trace, summ = analysis.trace, analysis.summary
     t0 = _time_origin_us(trace)
     lanes = _lane_payload(trace, t0)
     span_end = max(lanes["modules"]["end"] + [p["end"] for p in lanes["phases"]] + [0])
     return {
         "peak": {"bytes": summ.peak_bytes, "time_us": summ.peak_time_us},
         "duration_us": max(summ.duration_us, span_end),
-        "timelines": {by: _timeline_payload(trace, by) for by in ("category", "modality", "phase")},
+        "timelines": {by: _timeline_payload(analysis, by) for by in ("category", "modality", "phase")},
         "palette": PALETTE,
         "lanes": lanes,
         "markers": [
@@ -389,13 +390,19 @@ def render_html(
     extra_sections: Sequence[Section] = (),
     heatmap_png: bytes | None = None,
     markers: Sequence[dict[str, Any]] = (),
+    analysis: Analysis | None = None,
 ) -> str:
     """The whole report as one HTML string; no file or network access.
 
     ``markers``: points on the timeline (``time_us``, ``label``, ``severity``,
     ``anchor`` = id of the section element they link to), e.g. diagnose findings.
+    ``analysis``: the trace's shared Analysis, when the caller has one (else one is made).
     """
-    summ = summary(trace, top=TOP_SITES)
+    if analysis is None:
+        analysis = Analysis(trace)
+    elif analysis.trace is not trace:
+        raise ValueError("the Analysis given belongs to another trace")
+    summ = analysis.summary
     model = trace.metadata.get("model") or trace.metadata.get("model_name")
     page_title = title or (f"memwarden report: {model}" if model else "memwarden report")
     script = _asset("report.js")
@@ -450,7 +457,7 @@ def render_html(
 <div id="mw-tooltip" class="mw-tooltip" hidden></div>
 <div id="mw-status" data-series="0" data-points="0" data-spans="0" hidden></div>
 <footer class="mw-footer">memwarden · self-contained report, works offline</footer>
-<script type="application/json" id="mw-data">{_json_for_script(_payload(trace, summ, markers))}</script>
+<script type="application/json" id="mw-data">{_json_for_script(_payload(analysis, markers))}</script>
 <script>{script}</script>
 </body>
 </html>

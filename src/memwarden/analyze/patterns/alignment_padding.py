@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
-from memwarden.analyze.timeline import free_index, primary_device
 from memwarden.trace.model import Action, Category, Trace
 from memwarden.units import format_bytes
 
@@ -151,8 +150,8 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         return []
     min_ratio = float(ctx.threshold(PATTERN, "min_ratio", 1.5))
     e = trace.events
-    dev = primary_device(trace)
-    live = trace.live_bytes(dev)
+    dev = ctx.analysis.device
+    live = ctx.analysis.live_bytes
     p = int(np.argmax(live))
     peak_bytes = int(live[p])
 
@@ -162,7 +161,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     scanned = on & np.isin(e["category"], _SCANNED)
     if not np.any(scanned & (kinds != _KIND_NONE)):
         return []
-    fi = free_index(trace)
+    fi = ctx.analysis.free_index
     written = e["written_bytes"]
     nbytes = e["nbytes"]
 

@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
-from memwarden.analyze.timeline import free_index, primary_device
 from memwarden.trace.model import Action, Category, SpanKind, Trace
 from memwarden.units import format_bytes
 
@@ -78,7 +77,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     if n == 0:
         return []
     ev = trace.events
-    dev = primary_device(trace)
+    dev = ctx.analysis.device
     on_dev = ev["device"] == dev
     action, category = ev["action"], ev["category"]
     strings = trace.strings
@@ -97,7 +96,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     w_module = ev["module"][w_rows].astype(np.int64)
 
     # Candidate copies: blocks made during the run (not weights), freed again.
-    fidx = free_index(trace)
+    fidx = ctx.analysis.free_index
     c_rows = np.flatnonzero((action == Action.ALLOC) & on_dev & ~is_weight & (fidx < n))
     c_rows = c_rows[np.isin(category[c_rows], (Category.TEMPORARY, Category.ACTIVATION, Category.OTHER))]
     if len(c_rows) == 0:
@@ -141,7 +140,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     if len(m_rows) == 0:
         return []
 
-    live = np.cumsum(np.where(on_dev, trace.signed_bytes(), 0))
+    live = ctx.analysis.live_bytes
     peak_row = int(np.argmax(live))
     peak_bytes = int(live[peak_row])
     at_peak = (m_rows <= peak_row) & (fidx[m_rows] > peak_row)

@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
-from memwarden.analyze.timeline import primary_device
 from memwarden.plan.allocator.config import AllocatorConfig
 from memwarden.plan.records import ReplayResult
 from memwarden.plan.replay import replay
@@ -119,9 +118,10 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     max_events = int(ctx.threshold(PATTERN, "max_replay_events", 50_000))
     if trace.num_events == 0:
         return []
-    dev = primary_device(trace)
+    dev = ctx.analysis.device
     sub, sub_dev, scope = _replayable(trace, dev, max_events)
-    base = replay(sub, AllocatorConfig(), device=sub_dev)
+    # The whole trace's default replay is the one the report's heatmap draws: share it.
+    base = ctx.analysis.replay() if sub is trace else replay(sub, AllocatorConfig(), device=sub_dev)
     reserved, allocated = base.peak_reserved_bytes, base.peak_allocated_bytes
     if reserved <= 0:
         return []
@@ -157,7 +157,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             else "replayed through a model of the CUDA caching allocator"
         ),
         "replayed": scope,
-        "allocator": "memwarden.plan.allocator.model (PyTorch caching allocator model), default settings",
+        "allocator": "memwarden.plan.allocator (PyTorch caching allocator model), default settings",
     }
     fix = (
         f"set PYTORCH_CUDA_ALLOC_CONF={best_conf} (simulated peak reserved drops from "

@@ -26,23 +26,25 @@ except the newest one (the graph the current step needs anyway).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
-from memwarden.analyze.timeline import free_index, primary_device
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
+from memwarden.trace.steps import Step
 from memwarden.units import format_bytes
 
 PATTERN = "graph-retention"
 _EVIDENCE_STEPS = 64  # per-step lists in the evidence are cut to this many entries
 
 
-def _step_table(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+def _step_table(trace: Trace, steps: Sequence[Step]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """(start_us, end_us, group id, group names) of the root calls, in start order.
 
     Steps of different root modules (a model run as two separately called
     halves) never count as each other's extra graphs, so they are grouped by
-    the root module named in ``metadata["steps"]`` when it lines up with the spans.
+    the root module named in the trace's ``steps`` when they line up with the spans.
     """
     kind = trace.spans["kind"]
     rows = np.flatnonzero(kind == SpanKind.STEP)
@@ -50,11 +52,9 @@ def _step_table(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[
     order = np.argsort(starts, kind="stable")
     rows = rows[order]
     starts, ends = trace.spans["start_us"][rows], trace.spans["end_us"][rows]
-    meta = trace.metadata.get("steps")
     names = ["model"] * len(rows)
-    if isinstance(meta, list) and len(meta) == len(rows):
-        by_start = sorted(meta, key=lambda s: s.get("start_us", 0) if isinstance(s, dict) else 0)
-        names = [str(s.get("module", "model")) if isinstance(s, dict) else "model" for s in by_start]
+    if len(steps) == len(rows):
+        names = [st.module for st in steps]  # both in start order
     uniq = sorted(set(names))
     group = np.array([uniq.index(n) for n in names], dtype=np.int64)
     return starts.astype(np.int64), ends.astype(np.int64), group, uniq
@@ -64,12 +64,12 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     fraction = float(ctx.threshold(PATTERN, "retained_fraction", 0.5))
     min_graphs = int(ctx.threshold(PATTERN, "min_graphs_alive", 2))
     min_modules = int(ctx.threshold(PATTERN, "min_modules_without_backward", 3))
-    starts, ends, group, group_names = _step_table(trace)
+    starts, ends, group, group_names = _step_table(trace, ctx.analysis.steps)
     n = trace.num_events
     if len(starts) < 2 or n == 0:
         return []
     ev = trace.events
-    dev = primary_device(trace)
+    dev = ctx.analysis.device
     on_dev = ev["device"] == dev
     times = ev["time_us"]
 
@@ -84,7 +84,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     act_rows, step, t_alloc = act_rows[inside], step[inside], t_alloc[inside]
     if len(act_rows) == 0:
         return []
-    fidx = free_index(trace)[act_rows]
+    fidx = ctx.analysis.free_index[act_rows]
     never = np.iinfo(np.int64).max
     t_free = np.where(fidx < n, times[np.minimum(fidx, n - 1)], never)
     nbytes = ev["nbytes"][act_rows]
@@ -136,7 +136,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             return []
 
     # Waste at the peak: live activations of alive graphs other than the newest one.
-    live = np.cumsum(np.where(on_dev, trace.signed_bytes(), 0))
+    live = ctx.analysis.live_bytes
     peak_row = int(np.argmax(live))
     peak_bytes = int(live[peak_row])
     t_peak = int(times[peak_row])

@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
-from memwarden.analyze.timeline import free_index, primary_device
 from memwarden.trace.model import Action, Category, Trace
 from memwarden.units import format_bytes
 
@@ -108,7 +107,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     high = float(ctx.threshold(PATTERN, "high", 0.2))
     medium = float(ctx.threshold(PATTERN, "medium", 0.05))
     e = trace.events
-    dev = primary_device(trace)
+    dev = ctx.analysis.device
     is_cat = np.zeros(len(trace.strings) + 1, dtype=bool)
     for i, name in enumerate(trace.strings):
         is_cat[i] = name in CAT_OPS
@@ -122,10 +121,10 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     runs = _chains(trace, rows, min_steps)
     if not runs:
         return []
-    live = trace.live_bytes(dev)
+    live = ctx.analysis.live_bytes
     p = int(np.argmax(live))
     peak_bytes = int(live[p])
-    fi = free_index(trace)
+    fi = ctx.analysis.free_index
     nbytes = e["nbytes"]
 
     by_where: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)

@@ -10,7 +10,7 @@ Evidence from the trace:
 - encodes: the outermost vision/audio MODULE spans (and outermost projector spans)
   carry a content fingerprint of their inputs; equal (module, fingerprint) twice or
   more is a repeated encode. Bytes per encode = ALLOC bytes inside the span.
-- prefixes: ``metadata["steps"]`` holds each root call's input ids. A request's
+- prefixes: the trace's steps (``Analysis.steps``) hold each root call's input ids. A request's
   sequence is its prefill ids plus the ids its decode steps fed. A later prefill
   whose ids share a prefix of at least ``min_prefix_tokens`` with an earlier
   request's sequence re-prefilled that prefix. Placeholder (image/audio) tokens
@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
-from memwarden.analyze.timeline import primary_device
 from memwarden.trace.model import Action, Category, Modality, SpanKind, Trace
 from memwarden.units import format_bytes, format_us
 
@@ -109,7 +108,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     high = float(ctx.threshold(PATTERN, "high", 0.5))
     medium = float(ctx.threshold(PATTERN, "medium", 0.05))
     e, s = trace.events, trace.spans
-    dev = primary_device(trace)
+    dev = ctx.analysis.device
     peak_bytes = ctx.summary.peak_bytes
 
     # -- repeated encodes ------------------------------------------------------------------------
@@ -138,8 +137,8 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         )
 
     # -- re-prefilled prefixes ---------------------------------------------------------------------
-    steps = [st for st in trace.metadata.get("steps") or [] if isinstance(st, dict)]
-    prefills = [i for i, st in enumerate(steps) if st.get("phase") == "prefill" and st.get("input_ids")]
+    steps = ctx.analysis.steps
+    prefills = [i for i, st in enumerate(steps) if st.phase == "prefill" and st.input_ids]
     enc_start = s["start_us"][enc]
     enc_fp = s["fingerprint"][enc]
     enc_media = np.isin(s["modality"][enc], _MEDIA)
@@ -149,19 +148,18 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     kv_alloc = _alloc_bytes_between(
         trace,
         dev,
-        np.array([int(steps[i]["start_us"]) for i in prefills], dtype=np.int64),
-        np.array([int(steps[i]["end_us"]) for i in prefills], dtype=np.int64),
+        np.array([steps[i].start_us for i in prefills], dtype=np.int64),
+        np.array([steps[i].end_us for i in prefills], dtype=np.int64),
         e["category"] == Category.KV_CACHE,
     )
     bounds = [*prefills[1:], len(steps)]
     for n_req, i in enumerate(prefills):
         st = steps[i]
-        prev_end = int(steps[i - 1]["end_us"]) if i > 0 else -1
-        in_window = enc_media & (enc_start > prev_end) & (enc_start <= int(st["end_us"]))
+        prev_end = steps[i - 1].end_us if i > 0 else -1
+        in_window = enc_media & (enc_start > prev_end) & (enc_start <= st.end_us)
         fps = tuple(int(f) for f in enc_fp[in_window])
-        ids = [int(t) for t in st["input_ids"]]
-        tokens = st.get("tokens") or {}
-        media = _media_ids(ids, int(tokens.get("vision", 0)) + int(tokens.get("audio", 0)))
+        ids = list(st.input_ids)
+        media = _media_ids(ids, st.tokens.get("vision", 0) + st.tokens.get("audio", 0))
         x = np.asarray(ids, dtype=np.int64)
         best, best_req = 0, -1
         # a shared prefix of min_prefix tokens or more starts with the same min_prefix ids
@@ -170,7 +168,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             shared = _shared_prefix(x, req["ids"], media | req["media"], fps, req["fps"])
             if shared > best:
                 best, best_req = shared, r
-        seq_len = int(st.get("seq_len") or len(ids))
+        seq_len = st.seq_len or len(ids)
         kv_per_token = int(kv_alloc[n_req]) // seq_len if seq_len else 0
         if best >= min_prefix:
             reprefills.append(
@@ -180,15 +178,11 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
                     "seq_len": seq_len,
                     "with_request": best_req,
                     "kv_bytes_per_token": kv_per_token,
-                    "prefill_us": int(st["end_us"]) - int(st["start_us"]),
+                    "prefill_us": st.end_us - st.start_us,
                 }
             )
         # what this request's KV covers: the prefill ids, then one id per decode step
-        fed = ids + [
-            int((st2.get("input_ids") or [0])[0])
-            for st2 in steps[i + 1 : bounds[n_req]]
-            if st2.get("phase") == "decode"
-        ]
+        fed = ids + [(st2.input_ids or (0,))[0] for st2 in steps[i + 1 : bounds[n_req]] if st2.phase == "decode"]
         if len(fed) >= min_prefix:
             by_head[tuple(fed[:min_prefix])].append(len(requests))
         requests.append({"ids": np.asarray(fed, dtype=np.int64), "fps": fps, "media": media})
@@ -205,7 +199,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     wasted = repeated_encode_bytes + recomputed_kv
 
     encoders = sorted({r["module"] for r in repeats if r["modality"] in ("vision", "audio")})
-    root = next((steps[i].get("module") for i in prefills), None) or "(model)"
+    root = next((steps[i].module for i in prefills), None) or "(model)"
     where = ", ".join(encoders) if encoders else str(root)
     evidence: dict[str, Any] = {
         "repeated_encodes": repeated_encodes,

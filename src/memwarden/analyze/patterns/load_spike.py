@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
-from memwarden.analyze.timeline import free_index, primary_device
 from memwarden.trace.model import Action, Category, SpanKind, Trace
 from memwarden.units import format_bytes
 
@@ -57,10 +56,10 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     if n == 0 or end == 0:
         return []
     ev = trace.events
-    dev = primary_device(trace)
+    dev = ctx.analysis.device
     on_dev = ev["device"] == dev
     action, category = ev["action"], ev["category"]
-    fidx = free_index(trace)
+    fidx = ctx.analysis.free_index
     is_start = ((action == Action.ALLOC) | (action == Action.PREEXISTING) | (action == Action.MAP)) & on_dev
     in_window = np.zeros(n, dtype=bool)
     in_window[:end] = True
@@ -82,8 +81,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     if len(dup_rows) == 0:
         return []
 
-    signed = np.where(on_dev, trace.signed_bytes(), 0)
-    live = np.cumsum(signed)
+    live = ctx.analysis.live_bytes
     load_peak_row = int(np.argmax(live[:end]))
     load_peak = int(live[load_peak_row])
     dup_at_load_peak = (dup_rows <= load_peak_row) & (fidx[dup_rows] > load_peak_row)

@@ -8,7 +8,7 @@ At the peak, the bytes that belong to media tokens are:
   modality) live at the peak, all of them media;
 - the language model's activations, temporaries and KV cache (text/shared
   modality) live at the peak, times the media share of the sequence being
-  processed (``metadata["steps"]`` token counts of the prefill that the peak
+  processed (the token counts of the step, ``Analysis.steps``, of the prefill that the peak
   belongs to; an encode that runs before its prefill belongs to that prefill).
 
 The pattern holds when that is at least ``min_share`` (0.5) of the activation +
@@ -26,13 +26,14 @@ they scale with the pixels too, but are not counted in the share.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
-from memwarden.analyze.timeline import primary_device
 from memwarden.trace.model import Category, Modality, SpanKind, Trace
+from memwarden.trace.steps import Step
 from memwarden.units import format_bytes
 
 PATTERN = "vision-token-dominance"
@@ -42,34 +43,33 @@ _MEDIA = (int(Modality.VISION), int(Modality.AUDIO))
 _QWEN_PX_PER_TOKEN = 28 * 28  # Qwen2-VL: 14 px patches merged 2x2 -> one token per 28x28 px
 
 
-def _context_at(steps: list[dict[str, Any]], t_us: int) -> dict[str, Any] | None:
+def _context_at(steps: Sequence[Step], t_us: int) -> dict[str, Any] | None:
     """Token counts of the sequence the model works on at ``t_us``: the prefill of the request the
     moment belongs to, plus the tokens its decode steps have fed so far."""
     if not steps:
         return None
-    starts = [int(st.get("start_us", 0)) for st in steps]
-    k = next((i for i, st in enumerate(steps) if starts[i] <= t_us <= int(st.get("end_us", 0))), None)
+    k = next((i for i, st in enumerate(steps) if st.start_us <= t_us <= st.end_us), None)
     if k is None:  # between calls: an encode feeds the next prefill; otherwise the request so far
-        nxt = next((i for i in range(len(steps)) if starts[i] > t_us), None)
-        if nxt is not None and steps[nxt].get("phase") == "prefill":
+        nxt = next((i for i, st in enumerate(steps) if st.start_us > t_us), None)
+        if nxt is not None and steps[nxt].phase == "prefill":
             k = nxt
         else:
-            k = max((i for i in range(len(steps)) if starts[i] <= t_us), default=None)
+            k = max((i for i, st in enumerate(steps) if st.start_us <= t_us), default=None)
     if k is None:
         return None
-    prefill = next((i for i in range(k, -1, -1) if steps[i].get("phase") == "prefill"), None)
+    prefill = next((i for i in range(k, -1, -1) if steps[i].phase == "prefill"), None)
     if prefill is None:
         return None
-    tokens = dict(steps[prefill].get("tokens") or {})
+    tokens = dict(steps[prefill].tokens)
     if not tokens:
         return None
-    decoded = sum(1 for st in steps[prefill + 1 : k + 1] if st.get("phase") == "decode")
-    tokens["text"] = int(tokens.get("text", 0)) + decoded
+    decoded = sum(1 for st in steps[prefill + 1 : k + 1] if st.phase == "decode")
+    tokens["text"] = tokens.get("text", 0) + decoded
     return {
         "step": prefill,
         "tokens": tokens,
-        "batch": steps[prefill].get("batch"),
-        "module": steps[prefill].get("module"),
+        "batch": steps[prefill].batch,
+        "module": steps[prefill].module,
     }
 
 
@@ -87,15 +87,14 @@ def _encoder_names(trace: Trace) -> list[str]:
 
 def detect(trace: Trace, ctx: Context) -> list[Finding]:
     n = trace.num_events
-    steps = [st for st in trace.metadata.get("steps") or [] if isinstance(st, dict)]
+    steps = ctx.analysis.steps
     if n == 0 or not steps:
         return []
     min_share = float(ctx.threshold(PATTERN, "min_share", 0.5))
     min_tokens = int(ctx.threshold(PATTERN, "min_media_tokens", 256))
     e = trace.events
-    dev = primary_device(trace)
-    signed = trace.signed_bytes(dev)
-    live = np.cumsum(signed)
+    signed = ctx.analysis.signed_bytes
+    live = ctx.analysis.live_bytes
     p = int(np.argmax(live))
     peak_bytes = int(live[p])
 
