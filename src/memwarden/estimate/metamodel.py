@@ -73,9 +73,11 @@ def model_facts(resolved: ResolvedModel, model: Any, req: Request) -> ModelFacts
         if isinstance(m, torch.nn.ModuleList) and len(m) > 1 and rules.modality_of(path) == Modality.TEXT
     ]  # fmt: skip
     layers: Any = max(stacks, key=lambda pm: nbytes(pm[1]))[1] if stacks else []
-    from memwarden.models import zoo
-
-    spec = zoo.spec(next(n for n in zoo.NAMES if zoo.spec(n).family == resolved.family))
+    vc = getattr(resolved.config, "vision_config", None)
+    merge = getattr(vc, "spatial_merge_size", None)
+    patch = getattr(vc, "patch_size", None)
+    # Dynamic resolution: a patch merger that takes any multiple of patch x merge (Qwen-VL style).
+    multiple = patch * merge if isinstance(merge, int) and isinstance(patch, int) else None
     return ModelFacts(
         name=resolved.name,
         parameters=sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
@@ -84,7 +86,8 @@ def model_facts(resolved: ResolvedModel, model: Any, req: Request) -> ModelFacts
         decoder_layers=len(layers),
         decoder_layer_bytes=max((nbytes(layer) for layer in layers), default=0),
         dtype_bytes=torch.empty((), dtype=getattr(torch, req.dtype)).element_size(),
-        dynamic_resolution=spec.dynamic_resolution,
+        dynamic_resolution=multiple is not None,
+        image_multiple_px=multiple,
     )
 
 
@@ -152,7 +155,7 @@ def quantized_cache(resolved: ResolvedModel, kv_dtype: str) -> Any:
     class EmulatedQuantizedLayer(QuantizedLayer):
         """quanto/hqq storage: nbits per value plus a scale and a zero point per group, on meta."""
 
-        def _quantize(self, tensor: torch.Tensor, axis: int = 0) -> Any:  # type: ignore[override]
+        def _quantize(self, tensor: torch.Tensor, axis: int = 0) -> Any:
             numel = tensor.numel()
             codes = tensor.new_empty(math.ceil(numel * self.nbits / 8), dtype=torch.float8_e4m3fn)  # 1-byte stand-in
             params = tensor.new_empty(2 * math.ceil(numel / self.q_group_size), dtype=torch.float32)

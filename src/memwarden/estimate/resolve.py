@@ -28,11 +28,19 @@ def model_names() -> dict[str, list[str]]:
 class ResolvedModel:
     """A config ready to build: its name, family (transformers model_type) and model class."""
 
-    def __init__(self, name: str, config: Any, model_class: str, source: str) -> None:
+    def __init__(
+        self, name: str, config: Any, model_class: str, source: str, checkpoint_dtype: str | None = None
+    ) -> None:
         self.name = name
         self.config = config
         self.model_class = model_class
         self.source = source
+        self.checkpoint_dtype = checkpoint_dtype  # torch_dtype / dtype of config.json; None: not stated
+
+    @property
+    def default_dtype(self) -> str:
+        """The dtype an estimate runs in unless told: the checkpoint's, float32 when it states none."""
+        return self.checkpoint_dtype or "float32"
 
     @property
     def family(self) -> str:
@@ -75,8 +83,9 @@ _MAX_CONFIG_BYTES = 4 * 1024**2  # real config.json files are a few KiB
 _SIZE_LIMITS = {
     "num_hidden_layers": 1024, "num_layers": 1024, "hidden_size": 1 << 17, "intermediate_size": 1 << 19,
     "vocab_size": 1 << 24, "num_attention_heads": 4096, "num_key_value_heads": 4096, "image_size": 1 << 15,
-    "head_dim": 1 << 14, "num_mel_bins": 1 << 12,
+    "head_dim": 1 << 14, "num_mel_bins": 1 << 12, "mm_tokens_per_image": 1 << 16, "max_position_embeddings": 1 << 23,
 }  # fmt: skip
+_SIZE_FLOORS = {"patch_size": 2}  # a 1-pixel patch makes an image hundreds of thousands of tokens
 
 
 def _check_sizes(data: Any, path: Path, depth: int = 0) -> None:
@@ -84,11 +93,15 @@ def _check_sizes(data: Any, path: Path, depth: int = 0) -> None:
         raise InputError(f"{path}: config nested deeper than any real one")
     if isinstance(data, dict):
         for key, value in data.items():
-            limit = _SIZE_LIMITS.get(key)
+            limit = _SIZE_LIMITS.get(key, 1 << 15 if key in _SIZE_FLOORS else None)
             if limit is not None and value is not None:
-                if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
-                    raise InputError(f"{path}: {key} = {str(value)[:40]} is not a size this tool accepts (1..{limit})")
-            if isinstance(value, (dict, list)):
+                floor = _SIZE_FLOORS.get(key, 1)
+                sizes = value if isinstance(value, list) and 0 < len(value) <= 3 else [value]  # [448, 448]
+                if any(isinstance(v, bool) or not isinstance(v, int) or not floor <= v <= limit for v in sizes):
+                    raise InputError(
+                        f"{path}: {key} = {str(value)[:40]} is not a size this tool accepts ({floor}..{limit})"
+                    )
+            if isinstance(value, (dict, list)) and key not in _SIZE_LIMITS and key not in _SIZE_FLOORS:
                 _check_sizes(value, path, depth + 1)
     elif isinstance(data, list):
         for value in data[:4096]:
@@ -98,7 +111,7 @@ def _check_sizes(data: Any, path: Path, depth: int = 0) -> None:
 def _from_file(path: Path, name: str) -> ResolvedModel:
     import transformers
 
-    from memwarden.models import zoo
+    from memwarden.estimate.families import model_class_for
 
     try:
         if path.stat().st_size > _MAX_CONFIG_BYTES:
@@ -108,11 +121,13 @@ def _from_file(path: Path, name: str) -> ResolvedModel:
         raise InputError(f"{path}: not a readable config.json ({exc.__class__.__name__}: {str(exc)[:200]})") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: not a config.json (the top level is not an object)")
-    data = {k: v for k, v in data.items() if not k.startswith("_memwarden")}
+    # "_source"/"_memwarden..." keys are memwarden's notes (where a shipped config comes from)
+    data = {k: v for k, v in data.items() if not k.startswith(("_memwarden", "_source"))}
     family = data.get("model_type")
-    families = {zoo.spec(n).family: zoo.spec(n).model_class for n in zoo.NAMES}
-    if not isinstance(family, str) or family not in families:
-        raise InputError(f"{path}: model_type {family!r} is not supported; supported: {', '.join(sorted(families))}")
+    if not isinstance(family, str) or family not in transformers.CONFIG_MAPPING:
+        raise InputError(
+            f"{path}: model_type {str(family)[:80]!r} is not a transformers {transformers.__version__} model type"
+        )
     _check_sizes(data, path)
     try:
         config = transformers.CONFIG_MAPPING[family].from_dict(data)
@@ -120,7 +135,20 @@ def _from_file(path: Path, name: str) -> ResolvedModel:
         raise InputError(
             f"{path}: transformers cannot read this config ({exc.__class__.__name__}: {str(exc)[:200]})"
         ) from None
-    archs = data.get("architectures")
-    archs = archs if isinstance(archs, list) and all(isinstance(a, str) for a in archs) else []
-    model_class = archs[0] if archs and hasattr(transformers, archs[0]) else families[family]
-    return ResolvedModel(name, config, model_class, str(path))
+    model_class = model_class_for(family, data.get("architectures"), str(path))
+    return ResolvedModel(name, config, model_class, str(path), _checkpoint_dtype(data))
+
+
+_DTYPE_NAMES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16",
+                "bfloat16": "bfloat16"}  # fmt: skip
+
+
+def _checkpoint_dtype(data: dict[str, Any]) -> str | None:
+    """The dtype config.json says the weights are stored in (``torch_dtype``, ``dtype`` in newer files)."""
+    text = data.get("text_config")
+    for source in (data, text if isinstance(text, dict) else {}):
+        for key in ("dtype", "torch_dtype"):
+            value = source.get(key)
+            if isinstance(value, str) and value.removeprefix("torch.") in _DTYPE_NAMES:
+                return _DTYPE_NAMES[value.removeprefix("torch.")]
+    return None

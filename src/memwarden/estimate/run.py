@@ -74,8 +74,6 @@ def _check_request(req: Request) -> None:
         )
     if req.kv_dtype is not None and req.kv_dtype not in KV_DTYPES:
         raise InputError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} (or omitted); got {req.kv_dtype!r}")
-    if len(req.images) > 1:
-        raise InputError(f"one image per request is supported; got {len(req.images)} (use a sweep to compare sizes)")
     for wh in req.images:
         if len(wh) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in wh):
             raise InputError(f"an image size is (width, height) in positive pixels; got {wh!r}")
@@ -98,10 +96,27 @@ def parse_image(text: str) -> tuple[int, int]:
 # -- running an estimate ----------------------------------------------------------------------
 
 
-def _inputs(resolved: ResolvedModel, req: Request) -> dict[str, Any]:
-    from memwarden.capture.meta.capture import meta_inputs
+def zoo_family(resolved: ResolvedModel) -> bool:
+    """Whether the zoo's request builder knows this family (its requests stay exactly as before)."""
     from memwarden.models import zoo
 
+    return any(zoo.spec(n).family == resolved.family for n in zoo.NAMES)
+
+
+def _inputs(resolved: ResolvedModel, req: Request, model: Any) -> tuple[dict[str, Any], dict[str, int]]:
+    from memwarden.capture.meta.capture import meta_inputs
+    from memwarden.estimate.request import build_request
+    from memwarden.models import zoo
+
+    if req.audio_seconds is not None and not zoo_family(resolved):
+        raise InputError(f"audio requests for model_type {resolved.family!r} are not supported yet")
+    if not zoo_family(resolved) or (not req.images and req.audio_seconds is None):
+        return build_request(
+            model, resolved.config, images=req.images, prompt_tokens=req.prompt_tokens,
+            new_tokens=req.new_tokens, batch=req.batch, max_pixels=getattr(req, "max_pixels", None),
+        )  # fmt: skip
+    if len(req.images) > 1:
+        raise InputError(f"{resolved.family} requests take one image each here; got {len(req.images)}")
     config = resolved.config
     if not resolved.source.startswith("zoo:"):
         # Prompt text is drawn below the lowest special id, so that no random word is a placeholder.
@@ -120,7 +135,7 @@ def _inputs(resolved: ResolvedModel, req: Request) -> dict[str, Any]:
         prompt_tokens=req.prompt_tokens,
         batch=req.batch,
     )
-    return meta_inputs(inputs)
+    return meta_inputs(inputs), {}
 
 
 def run_estimate(resolved: ResolvedModel, req: Request) -> tuple[Any, Any]:
@@ -131,8 +146,14 @@ def run_estimate(resolved: ResolvedModel, req: Request) -> tuple[Any, Any]:
     from memwarden.estimate.metamodel import model_for, quantized_cache
 
     _check_request(req)
+    context = getattr(resolved.config.get_text_config(), "max_position_embeddings", None)
+    if isinstance(context, int) and req.prompt_tokens + req.new_tokens > context:
+        raise InputError(
+            f"{req.prompt_tokens} prompt tokens + {req.new_tokens} new tokens exceed {resolved.name}'s context of "
+            f"{context} (max_position_embeddings)"
+        )
     model = model_for(resolved, req.dtype, req.weights_dtype)
-    inputs = _inputs(resolved, req)
+    inputs, _tokens = _inputs(resolved, req, model)
     kwargs: dict[str, Any] = {"do_sample": False, "num_beams": 1, "eos_token_id": None, "pad_token_id": 0}
     if req.kv_dtype is not None:
         kwargs["cache"] = quantized_cache(resolved, req.kv_dtype)
@@ -150,7 +171,7 @@ def estimate(
     prompt_tokens: int = 128,
     new_tokens: int = 16,
     batch: int = 1,
-    dtype: str = "float32",
+    dtype: str | None = None,
     weights_dtype: str | None = None,
     kv_dtype: str | None = None,
     device: Any = None,
@@ -159,6 +180,7 @@ def estimate(
     """Peak memory of ``model`` serving one request, per phase; with ``device`` (a profile id, a
     TOML path or a DeviceProfile) the verdict and, when it does not fit, ranked changes that do."""
     resolved = resolve_model(model)
+    dtype = dtype or resolved.default_dtype
     req = Request(
         images=tuple(tuple(wh) for wh in (images or ())),  # type: ignore[misc]
         audio_seconds=audio_seconds,
@@ -205,6 +227,14 @@ def _rerun_suggestions(resolved: ResolvedModel, req: Request, card: MemoryCard, 
     """Exact predictions: quantized weights and KV cache (emulated), and the largest image that fits."""
     out: list[Suggestion] = []
     usable = int(device.usable_bytes)
+    wide = {"float32": 4, "float16": 2, "bfloat16": 2}
+    checkpoint = resolved.checkpoint_dtype
+    if checkpoint is not None and wide[req.dtype] > wide[checkpoint]:
+        peak = card_for(resolved, _replace(req, dtype=checkpoint)).peak_bytes
+        out.append(Suggestion(change=f"use the checkpoint's dtype ({checkpoint}; the request ran in {req.dtype})",
+                              setting={"dtype": checkpoint}, kind="dtype", predicted_peak_bytes=peak,
+                              fits=peak <= usable, headroom_bytes=usable - peak, method="rerun",
+                              note="meta estimate re-run in the dtype config.json states"))  # fmt: skip
 
     def suggestion(kind: str, change: str, setting: dict[str, Any], peak: int, note: str) -> Suggestion:
         return Suggestion(change=change, setting=setting, kind=kind, predicted_peak_bytes=peak, fits=peak <= usable,
@@ -232,6 +262,15 @@ def _rerun_suggestions(resolved: ResolvedModel, req: Request, card: MemoryCard, 
     return out
 
 
+def image_multiple(resolved: ResolvedModel) -> int | None:
+    """patch x merge of a dynamic-resolution (Qwen-VL style) vision tower; None for a fixed or tiled one."""
+    vc = getattr(resolved.config, "vision_config", None)
+    patch, merge = getattr(vc, "patch_size", None), getattr(vc, "spatial_merge_size", None)
+    if not isinstance(patch, int) or not isinstance(merge, int) or not hasattr(vc, "temporal_patch_size"):
+        return None
+    return patch * merge
+
+
 def _replace(req: Request, **changes: Any) -> Request:
     data = {k: getattr(req, k) for k in req.__dataclass_fields__}
     data.update(changes)
@@ -240,15 +279,9 @@ def _replace(req: Request, **changes: Any) -> Request:
 
 def _largest_image(resolved: ResolvedModel, req: Request, usable: int) -> tuple[tuple[int, int], int] | None:
     """Binary search over the request's image scaled down in steps of the model's image multiple."""
-    from memwarden.models import zoo
-
-    if not req.images:
+    if not req.images or image_multiple(resolved) is None:
         return None
-    spec = zoo.spec(next(n for n in zoo.NAMES if zoo.spec(n).family == resolved.family))
-    if not spec.dynamic_resolution:
-        return None
-    vc = resolved.config.vision_config
-    multiple = int(vc.patch_size * vc.spatial_merge_size)
+    multiple = int(image_multiple(resolved) or 1)
     w, h = req.images[0]
     top = max(w, h) // multiple  # size in multiples along the long side
     lo, hi, best = 1, top, None
@@ -318,7 +351,7 @@ def sweep(
     audio_seconds: list[float] | None = None,
     new_tokens: int = 16,
     batch: int = 1,
-    dtype: str = "float32",
+    dtype: str | None = None,
     weights_dtype: str | None = None,
     kv_dtype: str | None = None,
     devices: list[Any] | None = None,
@@ -330,14 +363,18 @@ def sweep(
     from memwarden.models import zoo
 
     resolved = resolve_model(model)
-    spec = zoo.spec(next(n for n in zoo.NAMES if zoo.spec(n).family == resolved.family))
+    dtype = dtype or resolved.default_dtype
+    audio_config = getattr(resolved.config, "audio_config", None)
+    modality = (
+        "audio" if audio_config is not None and getattr(resolved.config, "vision_config", None) is None else "vision"
+    )
     profiles = [load_device(d) for d in devices or []]
     context = int(getattr(resolved.config.get_text_config(), "max_position_embeddings", 4096) or 4096)
     axes: dict[str, list[Any]] = {}
-    if spec.modality == "vision":
+    if modality == "vision":
         if images and len(images) > 1:
             axes["image"] = [tuple(wh) for wh in images]
-        elif spec.dynamic_resolution:
+        elif image_multiple(resolved) is not None:
             axes["image"] = [(side, side) for side in _SWEEP_IMAGE_SIDES]
     else:
         if audio_seconds and len(audio_seconds) > 1:

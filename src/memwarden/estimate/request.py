@@ -1,0 +1,249 @@
+"""The request of any transformers config, built from the model itself: no per-family token table.
+
+- Images go through the family's own image processor class (transformers' auto mapping, the PIL
+  backend: no torchvision needed), constructed from its defaults plus the sizes the config
+  states (vision ``image_size``, ``patch_size``, ``spatial_merge_size``, ``image_grid_pinpoints``,
+  tile counts), so tiling, splitting and pixel limits are exactly the processor's. It runs on a
+  blank uint8 image of the requested size (one image at a time; sizes are checked first) and
+  only the shapes of its float outputs are kept: they go to the meta device.
+- The placeholder count of an image is what the model's own ``get_image_features`` returns for
+  that processor output, run on the meta model (so it includes tiles, newline tokens, pooling).
+- Text is ids below the lowest special id; markers (BOS, image start/end, row/column tokens)
+  are ordinary text tokens and count towards ``prompt_tokens``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from memwarden.errors import InputError
+
+__all__ = ["MAX_IMAGE_PIXELS", "build_request", "image_processor", "placeholder_counts"]
+
+MAX_IMAGE_PIXELS = 64 * 1024**2  # 8192 x 8192: larger than any camera image a processor is fed
+_MAX_PATCHES_PER_IMAGE = 1 << 18  # 4x Qwen2-VL's largest (3584^2 / 14^2); beyond it a config is broken
+_FIRST_TEXT_ID = 3  # 0 pad, 1 BOS, 2 EOS in most vocabularies
+
+
+def _vision(config: Any) -> Any:
+    return getattr(config, "vision_config", None)
+
+
+def _image_side(vc: Any) -> int | None:
+    side = getattr(vc, "image_size", None)
+    if isinstance(side, (list, tuple)) and side:
+        side = side[0]
+    return int(side) if isinstance(side, int) and not isinstance(side, bool) else None
+
+
+def _size_dict(value: Any) -> dict[str, Any]:
+    """A processor's size (a dict or transformers' SizeDict) as a dict of the keys it sets."""
+    if isinstance(value, dict):
+        return {k: v for k, v in value.items() if v is not None}
+    fields = getattr(value, "__dataclass_fields__", None)
+    return {k: getattr(value, k) for k in fields if getattr(value, k) is not None} if fields else {}
+
+
+def _processor_kwargs(cls: Any, config: Any, max_pixels: int | None) -> dict[str, Any]:
+    """Sizes the config states, given to the processor under the names the processor uses."""
+    proc = cls()
+    vc = _vision(config)
+    side = _image_side(vc) if vc is not None else None
+    patch = getattr(vc, "patch_size", None)
+    kw: dict[str, Any] = {}
+    merge = getattr(vc, "spatial_merge_size", None)
+    if hasattr(proc, "merge_size") and isinstance(merge, int):
+        kw["merge_size"] = merge
+    if hasattr(proc, "temporal_patch_size") and isinstance(getattr(vc, "temporal_patch_size", None), int):
+        kw["temporal_patch_size"] = vc.temporal_patch_size
+    if isinstance(getattr(proc, "patch_size", None), int) and isinstance(patch, int):
+        kw["patch_size"] = patch
+    pinpoints = getattr(config, "image_grid_pinpoints", None)
+    if hasattr(proc, "image_grid_pinpoints") and pinpoints:
+        kw["image_grid_pinpoints"] = pinpoints
+    tiles = getattr(vc, "max_num_tiles", None)
+    if hasattr(proc, "max_image_tiles") and isinstance(tiles, int):
+        kw["max_image_tiles"] = tiles
+    dynamic = hasattr(proc, "merge_size")  # Qwen-style: size is a pixel budget, not a side
+    size = _size_dict(getattr(proc, "size", None))
+    if max_pixels is not None:
+        if not dynamic:
+            raise InputError(f"max_pixels applies to dynamic-resolution processors; {cls.__name__} resizes to a size")
+        size["longest_edge"] = max_pixels  # Qwen2-VL's max_pixels (shortest_edge is min_pixels)
+        kw["size"] = size
+    if side is not None and not dynamic:
+        max_image = _size_dict(getattr(proc, "max_image_size", None))
+        if max_image.get("longest_edge"):  # Idefics3 / SmolVLM: tiles of max_image_size, whole image <= size
+            scale = side / max_image["longest_edge"]
+            kw["max_image_size"] = {"longest_edge": side}
+            if size.get("longest_edge"):
+                kw["size"] = {"longest_edge": round(size["longest_edge"] * scale)}
+        elif "shortest_edge" in size and "longest_edge" in size:  # Idefics2: longest side = the tower's
+            scale = side / size["longest_edge"]
+            kw["size"] = {"shortest_edge": round(size["shortest_edge"] * scale), "longest_edge": side}
+        elif "height" in size and "width" in size:
+            kw["size"] = {"height": side, "width": side}
+        elif "shortest_edge" in size:
+            kw["size"] = {"shortest_edge": side}
+        elif "longest_edge" in size:
+            kw["size"] = {"longest_edge": side}
+        crop = _size_dict(getattr(proc, "crop_size", None))
+        if "height" in crop:
+            kw["crop_size"] = {"height": side, "width": side}
+    return kw
+
+
+def image_processor(family: str, config: Any, max_pixels: int | None = None) -> Any:
+    """The family's image processor (PIL backend) for ``config``; InputError when transformers has none."""
+    import transformers
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(family) or {}
+    name = names.get("pil") if isinstance(names, dict) else None
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    if not isinstance(cls, type) or not issubclass(cls, transformers.image_processing_utils.BaseImageProcessor):
+        raise InputError(f"transformers has no image processor for model_type {family!r}; send a text-only request")
+    return cls(**_processor_kwargs(cls, config, max_pixels))
+
+
+def _check_image(config: Any, wh: tuple[int, int]) -> None:
+    w, h = wh
+    if w * h > MAX_IMAGE_PIXELS:
+        raise InputError(f"an image of {w}x{h} px is over {MAX_IMAGE_PIXELS // 1024**2} MPx; no processor takes it")
+    vc = _vision(config)
+    patch = getattr(vc, "patch_size", None)
+    if isinstance(patch, int) and patch > 0:
+        side = _image_side(vc) or max(w, h)
+        patches = max(w * h, side * side) // (patch * patch)
+        if patches > _MAX_PATCHES_PER_IMAGE:
+            raise InputError(
+                f"vision patch_size = {patch} makes {patches} patches per image (limit {_MAX_PATCHES_PER_IMAGE}); "
+                "the config is not a real model's"
+            )
+
+
+def _processed(processor: Any, images: list[tuple[int, int]], copies: int) -> dict[str, Any]:
+    import numpy as np
+
+    blanks = [np.zeros((h, w, 3), dtype=np.uint8) for w, h in images]
+    out = processor(images=[list(blanks) for _ in range(copies)], return_tensors="pt")
+    return dict(out.items())
+
+
+def _accepted(fn: Any, values: dict[str, Any]) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters
+    return {k: v for k, v in values.items() if k in params}
+
+
+def _to_meta(values: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    return {
+        k: (torch.empty_like(v, device="meta") if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+        for k, v in values.items()
+    }
+
+
+def _feature_tokens(output: Any) -> int:
+    import torch
+
+    features = getattr(output, "pooler_output", None)
+    if features is None:
+        features = (
+            output[0] if isinstance(output, (tuple, list)) and not isinstance(output[0], torch.Tensor) else output
+        )
+    parts = [features] if isinstance(features, torch.Tensor) else list(features)
+    return sum(int(p.numel() // max(p.shape[-1], 1)) for p in parts)
+
+
+def placeholder_counts(model: Any, processor: Any, images: list[tuple[int, int]]) -> list[int]:
+    """Tokens the model's ``get_image_features`` makes of each image, run on the meta model."""
+    import torch
+
+    from memwarden.capture.meta.capture import placement
+
+    encode = getattr(model, "get_image_features", None) or getattr(
+        getattr(model, "model", None), "get_image_features", None
+    )
+    if encode is None:
+        raise InputError(f"{type(model).__name__} has no get_image_features; send a text-only request")
+    counts = []
+    for wh in images:
+        media = _to_meta(_processed(processor, [wh], 1))
+        with placement(), torch.inference_mode():
+            out = encode(**_accepted(encode, media), return_dict=True)
+        counts.append(_feature_tokens(out))
+    return counts
+
+
+def _specials(config: Any) -> list[int]:
+    ids: list[int] = []
+    for cfg in (config, config.get_text_config()):
+        for key, value in vars(cfg).items():
+            if key.endswith(("token_id", "token_index")) and isinstance(value, int) and not isinstance(value, bool):
+                ids.append(value)
+    return ids
+
+
+def image_token_id(config: Any) -> int:
+    for key in ("image_token_id", "image_token_index"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    raise InputError(f"model_type {config.model_type!r} names no image token; send a text-only request")
+
+
+def build_request(
+    model: Any,
+    config: Any,
+    *,
+    images: tuple[tuple[int, int], ...],
+    prompt_tokens: int,
+    new_tokens: int,
+    batch: int,
+    max_pixels: int | None = None,
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """(generate() inputs with float tensors on meta, token counts per sequence)."""
+    import torch
+
+    text = config.get_text_config()
+    context = getattr(text, "max_position_embeddings", None)
+    counts: list[int] = []
+    media: dict[str, Any] = {}
+    if images:
+        for wh in images:
+            _check_image(config, wh)
+        processor = image_processor(config.model_type, config, max_pixels)
+        counts = placeholder_counts(model, processor, list(images))
+        media = _to_meta(_processed(processor, list(images), batch))
+    total = prompt_tokens + sum(counts)
+    if isinstance(context, int) and total + new_tokens > context:
+        raise InputError(
+            f"{total} prompt tokens ({sum(counts)} image) + {new_tokens} new tokens exceed the model's "
+            f"context of {context} (max_position_embeddings)"
+        )
+    bos = getattr(text, "bos_token_id", None)
+    lead = [bos] if isinstance(bos, int) and 0 <= bos < text.vocab_size else []
+    if len(lead) > prompt_tokens:
+        lead = []
+    specials = [i for i in _specials(config) if i >= _FIRST_TEXT_ID]
+    top = min([text.vocab_size, *specials])
+    if top <= _FIRST_TEXT_ID:
+        raise InputError(f"model_type {config.model_type!r}: no ordinary text ids below its special tokens")
+    n_text = prompt_tokens - len(lead)
+    words = (torch.arange(n_text, dtype=torch.long) % (top - _FIRST_TEXT_ID) + _FIRST_TEXT_ID).tolist()
+    ids = list(lead)
+    if counts:
+        placeholder = image_token_id(config)
+        for n in counts:
+            ids += [placeholder] * n
+    ids += words
+    input_ids = torch.tensor([ids] * batch, dtype=torch.long)
+    inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    accepted = inspect.signature(model.forward).parameters
+    inputs.update({k: v for k, v in media.items() if k in accepted})
+    if counts and "mm_token_type_ids" in accepted:
+        inputs["mm_token_type_ids"] = (input_ids == image_token_id(config)).int()
+    tokens = {"vision": sum(counts), "audio": 0, "text": prompt_tokens}
+    return inputs, tokens

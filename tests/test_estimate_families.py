@@ -1,0 +1,105 @@
+"""estimate on transformers families beyond the zoo: each shipped config, shrunk to a tiny
+random-weight model of the same architecture, is estimated on meta within 1% of a live capture
+(text-only and image requests), and the model class comes only from transformers' auto mappings."""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import memwarden
+from _shrink import tiny_config
+from memwarden.analyze.timeline import summary
+from memwarden.capture.meta import capture as meta
+from memwarden.errors import InputError
+from memwarden.estimate.families import model_class_for
+from memwarden.estimate.request import build_request
+from memwarden.estimate.resolve import CONFIG_DIR, resolve_model
+
+# shipped config -> image side of its tiny twin (a multiple of the patch that its pooling divides)
+FAMILIES = {
+    "llava-v1.6-mistral-7b": 56,
+    "llava-next-video-7b": 56,
+    "llava-onevision-qwen2-0.5b-ov": 56,
+    "mistral-small-3.1-24b-instruct": 56,
+    "internvl3-1b": 56,
+    "aya-vision-8b": 56,
+    "idefics2-8b": 56,
+    "smolvlm2-2.2b-instruct": 84,  # pixel shuffle 3: 6 x 6 patches
+    "qwen3-vl-2b-instruct": 64,
+    "ovis2-1b": 56,
+    "llama-3.2-1b": None,  # text-only causal LMs
+    "qwen2.5-0.5b-instruct": None,
+}
+
+
+def _tiny(name: str) -> tuple[dict, int | None]:
+    data = {k: v for k, v in json.loads((CONFIG_DIR / f"{name}.json").read_text()).items() if not k.startswith("_")}
+    side = FAMILIES[name]
+    return tiny_config(data, side), side
+
+
+def _meta_and_live(data: dict, images: tuple, prompt: int = 12, new: int = 3) -> tuple[int, int, dict]:
+    cfg = transformers.CONFIG_MAPPING[data["model_type"]].from_dict(data)
+    name = model_class_for(data["model_type"], data.get("architectures"), "test")
+    meta_model = meta.build_meta_model(cfg, torch.float32, name)
+    inputs, tokens = build_request(meta_model, cfg, images=images, prompt_tokens=prompt, new_tokens=new, batch=1)
+    kwargs = {"do_sample": False, "num_beams": 1, "eos_token_id": None, "pad_token_id": 0}
+    with meta.MetaCapture(meta_model, inputs) as mcap, torch.inference_mode():
+        meta_model.generate(**inputs, max_new_tokens=new, min_new_tokens=new, **kwargs)
+    torch.manual_seed(0)
+    live = getattr(transformers, name)._from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").eval()
+    # the same request with real pixels: the live forward checks placeholders == image features
+    live_inputs = {k: (torch.randn(v.shape) if v.is_floating_point() else v) for k, v in inputs.items()}
+    with torch.inference_mode():
+        live.generate(**live_inputs, max_new_tokens=1, min_new_tokens=1, **kwargs)  # lazy kernels warmed
+    gc.collect()
+    with memwarden.capture() as cap, torch.inference_mode():
+        live.generate(**live_inputs, max_new_tokens=new, min_new_tokens=new, **kwargs)
+    return summary(mcap.trace).peak_bytes, summary(cap.trace).peak_bytes, tokens
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_meta_estimate_matches_live(name: str) -> None:
+    data, side = _tiny(name)
+    requests: list[tuple] = [()]
+    if side is not None:
+        requests.append(((side, side),))
+    for images in requests:
+        est, live, tokens = _meta_and_live(data, images)
+        assert abs(est - live) <= 0.01 * live, (name, images, est, live)
+        assert (tokens["vision"] > 0) == bool(images)
+
+
+def test_two_images_place_both_runs_of_placeholders() -> None:
+    data, side = _tiny("llava-v1.6-mistral-7b")
+    assert side is not None
+    one = _meta_and_live(data, ((side, side),))
+    two = _meta_and_live(data, ((side, side), (2 * side, side)))
+    assert two[2]["vision"] > 2 * one[2]["vision"] - 1  # the wide image is tiled into more crops
+    assert abs(two[0] - two[1]) <= 0.01 * two[1]
+
+
+def test_shipped_configs_resolve_to_their_architecture_class() -> None:
+    for name in FAMILIES:
+        resolved = resolve_model(name)
+        data = json.loads((CONFIG_DIR / f"{name}.json").read_text())
+        assert resolved.model_class == data["architectures"][0]
+        assert resolved.checkpoint_dtype in ("float16", "bfloat16", "float32")
+        assert data["_memwarden_source"]
+
+
+def test_architectures_outside_the_auto_mappings_are_never_used(tmp_path: Path) -> None:
+    data = json.loads((CONFIG_DIR / "qwen2.5-0.5b-instruct.json").read_text())
+    for bogus in (["os.system"], ["AutoTokenizer"], ["LlavaForConditionalGeneration"], "Qwen2Model"):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({**data, "architectures": bogus}))
+        assert resolve_model(str(path)).model_class == "Qwen2ForCausalLM"
+    path.write_text(json.dumps({**data, "model_type": "not_a_family"}))
+    with pytest.raises(InputError, match="not a transformers"):
+        resolve_model(str(path))

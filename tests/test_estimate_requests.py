@@ -1,0 +1,83 @@
+"""Requests as users send them: text-only, tiled and pixel-limited images give the processor's
+token counts; bad sizes fail fast with one clear error; the checkpoint's dtype is the default."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from memwarden.capture.meta import capture as meta
+from memwarden.errors import InputError
+from memwarden.estimate import run as est
+from memwarden.estimate.request import image_processor, placeholder_counts
+from memwarden.estimate.resolve import CONFIG_DIR, resolve_model
+
+
+def _meta(name: str) -> tuple[object, object]:
+    resolved = resolve_model(name)
+    return resolved, meta.build_meta_model(resolved.config, torch.bfloat16, resolved.model_class)
+
+
+def test_smolvlm_large_image_is_tiled_like_the_processor() -> None:
+    resolved, model = _meta("smolvlm2-2.2b-instruct")
+    proc = image_processor("smolvlm", resolved.config)
+    vc = resolved.config.vision_config
+    per_tile = (vc.image_size // vc.patch_size) ** 2 // resolved.config.scale_factor**2
+    for w, h in ((1536, 1536), (384, 384), (1000, 600)):
+        tiles = proc.get_number_of_image_patches(h, w, {})[0]  # (tiles + the global image, rows, cols)
+        assert placeholder_counts(model, proc, [(w, h)]) == [tiles * per_tile]
+    # the processor resizes the longest edge to 4 tiles: a wide image makes fewer rows of tiles
+    assert placeholder_counts(model, proc, [(1000, 600)])[0] < placeholder_counts(model, proc, [(1536, 1536)])[0]
+
+
+def test_qwen2_vl_max_pixels_like_the_processor() -> None:
+    for max_pixels in (None, 200_000):
+        proc = image_processor("qwen2_vl", resolve_model("qwen2-vl-2b-instruct").config, max_pixels)
+        reference = transformers.Qwen2VLImageProcessorPil(
+            **({"size": {"shortest_edge": 56 * 56, "longest_edge": max_pixels}} if max_pixels else {})
+        )
+        for w, h in ((448, 448), (1920, 1080)):
+            patches = reference.get_number_of_image_patches(h, w, {})
+            assert proc.get_number_of_image_patches(h, w, {}) == patches
+    card = est.estimate("qwen2-vl-2b-instruct", images=[(448, 448)], prompt_tokens=4, new_tokens=1)
+    assert card.tokens["vision"] == 448 * 448 // (28 * 28)
+
+
+def test_text_only_request_has_no_image_and_one_token_works() -> None:
+    card = est.estimate("qwen2-vl-2b-instruct", prompt_tokens=1, new_tokens=2)
+    assert card.tokens == {"vision": 0, "audio": 0, "text": 1}
+    assert "encode" not in card.phases
+
+
+@dataclass(frozen=True)
+class _Device:
+    id: str = "small"
+    name: str = "a 1.5 GiB device"
+    usable_bytes: int = 3 * 2**29
+
+
+def test_checkpoint_dtype_is_the_default_and_a_wider_one_is_priced() -> None:
+    card = est.estimate("qwen2.5-0.5b-instruct", prompt_tokens=4, new_tokens=1)
+    assert card.request is not None and card.request.dtype == "bfloat16"
+    wide = est.estimate("qwen2.5-0.5b-instruct", prompt_tokens=4, new_tokens=1, dtype="float32", device=_Device())
+    assert not wide.fits
+    change = [s for s in wide.suggestions if s.kind == "dtype"]
+    assert change and change[0].setting == {"dtype": "bfloat16"} and change[0].predicted_peak_bytes < wide.peak_bytes
+
+
+def test_sizes_are_validated_before_anything_is_built(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="context"):
+        est.estimate("qwen2-vl-7b-instruct", prompt_tokens=200_000_000)
+    data = json.loads((CONFIG_DIR / "qwen2-vl-2b-instruct.json").read_text())
+    data["vision_config"]["patch_size"] = 1
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match="patch_size"):
+        est.estimate(str(path), images=[(448, 448)])
+    with pytest.raises(InputError, match="MPx"):
+        est.estimate("llava-v1.6-mistral-7b", images=[(20000, 20000)])
