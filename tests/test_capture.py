@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 
+import numpy as np
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -14,6 +15,7 @@ import memwarden
 from memwarden.analyze.timeline import summary
 from memwarden.capture.live.reference import profiler_peak_bytes
 from memwarden.capture.live.reference import state_bytes as model_state_bytes
+from memwarden.capture.modality import ModalityRules
 from memwarden.models import zoo
 from memwarden.trace.model import Action, Category, Modality, Phase, SpanKind
 
@@ -63,6 +65,39 @@ def test_encoder_spans_carry_content_fingerprints() -> None:
         if t.spans["kind"][i] == SpanKind.MODULE and t.string(int(t.spans["name"][i])) == "model.vision_tower"
     ]
     assert len(fps) == 3 and fps[0] == fps[1] != fps[2]
+
+
+def test_a_users_modality_rule_moves_parameters_and_activations_alike() -> None:
+    # The projector is fusion by default; a user's rule makes it audio (a modality LLaVA has
+    # nowhere else, so every audio byte must come from the projector).
+    model = zoo.build_model("llava", size="tiny")
+    inputs = zoo.make_inputs(model, prompt_tokens=12)
+    rules = ModalityRules().with_rules({"multi_modal_projector": "audio"})
+    with memwarden.capture(modality_rules=rules) as cap, torch.inference_mode():
+        model.generate(**inputs, max_new_tokens=2, **zoo.generate_kwargs("llava"))
+    t = cap.trace
+    e = t.events
+    module = [t.string(int(i)) if i >= 0 else "" for i in e["module"].tolist()]
+    in_projector = np.array([m.startswith("model.multi_modal_projector") for m in module])
+    audio = e["modality"] == Modality.AUDIO
+
+    weights = np.isin(e["action"], [Action.PREEXISTING, Action.ALLOC]) & (e["category"] == Category.WEIGHT)
+    projector_bytes = sum(p.nbytes for p in model.model.multi_modal_projector.parameters())
+    assert int(e["nbytes"][weights & in_projector].sum()) == projector_bytes
+    assert set(e["modality"][weights & in_projector].tolist()) == {Modality.AUDIO}
+
+    made = (e["action"] == Action.ALLOC) & np.isin(e["category"], [Category.ACTIVATION, Category.TEMPORARY])
+    assert (made & in_projector & (e["category"] == Category.ACTIVATION)).any()
+    assert set(e["modality"][made & in_projector].tolist()) == {Modality.AUDIO}
+    assert set(e["phase"][made & in_projector].tolist()) == {Phase.ENCODE}  # audio is an encoder's modality
+    assert not (audio & ~in_projector).any()
+
+    spans = [
+        int(t.spans["modality"][i])
+        for i in range(t.num_spans)
+        if t.spans["kind"][i] == SpanKind.MODULE and t.string(int(t.spans["name"][i])) == "model.multi_modal_projector"
+    ]
+    assert spans and set(spans) == {Modality.AUDIO}
 
 
 def test_mmap_weights_are_file_backed(tmp_path) -> None:

@@ -8,6 +8,7 @@ cpp_extension tooling; ``make install`` builds it ahead of time with
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -23,6 +24,21 @@ _CFLAGS = [
     "-std=c++17",
     "-DNDEBUG",
 ]  # NDEBUG: torch's headers assert debug-only state that release libtorch never sets
+
+
+class NativeRecord(enum.IntEnum):
+    """What a row of the recorder's log is (its ``action`` column), numbered as native.cpp's
+    ``enum { kAlloc, kFree, kEnter, kExit }``; the meta recorder logs the same codes.
+
+    ENTER and EXIT mark module calls, not memory: their codes equal the trace's ``Action.MAP`` and
+    ``Action.UNMAP``, so a recorder row never goes into a Trace without passing through
+    attribution, which keeps only ALLOC and FREE rows.
+    """
+
+    ALLOC = 0
+    FREE = 1
+    ENTER = 2  # a module call starts; the row's id is the module's context
+    EXIT = 3
 
 
 class NativeUnavailable(RuntimeError):

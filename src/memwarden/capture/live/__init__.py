@@ -1,2 +1,1 @@
-"""Live capture of a real run: the native CPU allocator hook plus module hooks (``Capture``).
-"""
+"""Live capture of a real run: the native CPU allocator hook plus module hooks (``Capture``)."""

@@ -30,7 +30,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from memwarden.capture import native
-from memwarden.capture.attribution import Attributor, CaptureLog
+from memwarden.capture.attribution.attributor import Attributor
+from memwarden.capture.attribution.log import CaptureLog
 from memwarden.capture.inputs import (
     DigestCache,
     _cache_in,
@@ -59,7 +60,8 @@ def _all_subclasses(root: type) -> set[type]:
     found = {root}
     stack = [root]
     while stack:
-        for sub in type.__subclasses__(stack.pop()):
+        subs: list[type] = type.__subclasses__(stack.pop())
+        for sub in subs:
             if sub not in found:
                 found.add(sub)
                 stack.append(sub)
@@ -367,6 +369,7 @@ class Capture:
             t0_ns=self._t0,
             end_ns=end,
             metadata=self.metadata,
+            rules=self.rules,
         )
         self.trace = attributor.build(drained)
         return self.trace

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from memwarden.capture.native import NativeRecord
+
 aten = torch.ops.aten
 META = torch.device("meta")
 CPU = torch.device("cpu")
@@ -45,7 +47,7 @@ def tensors(values: Any) -> list[torch.Tensor]:
         if cls is list or cls is tuple:
             stack.extend(v)
         elif isinstance(v, _TENSOR):
-            found.append(v)
+            found.append(v)  # type: ignore[arg-type]  # a TensorBase here is a torch.Tensor (tested at C speed)
         elif isinstance(v, (list, tuple)):
             stack.extend(v)
         elif isinstance(v, dict):
@@ -435,17 +437,17 @@ def _probe_conv(x: tuple[int, ...], w: tuple[int, ...], has_bias: bool, geometry
     action, nbytes, ident = (np.asarray(drained[k]) for k in ("action", "nbytes", "id"))
     out_bytes = out.untyped_storage().nbytes()
     del out
-    freed = set(ident[action == 1].tolist())
+    freed = set(ident[action == NativeRecord.FREE].tolist())
     by_size = {sizes["out"]: "output", sizes["input"]: "input", sizes["weight"]: "weight", sizes["columns"]: "columns"}
     pattern: list[tuple[bool, int, str]] = []
     returned = False
     for a, nb, i in zip(action.tolist(), nbytes.tolist(), ident.tolist(), strict=True):
-        if a == 0 and i not in freed and nb == out_bytes and not returned:
+        if a == NativeRecord.ALLOC and i not in freed and nb == out_bytes and not returned:
             pattern.append((True, i, "out"))
             returned = True
-        elif a in (0, 1):
+        elif a in (NativeRecord.ALLOC, NativeRecord.FREE):
             # a size none of the tensors has (a weight padded to oneDNN's channel blocking) is kept as is
-            pattern.append((a == 0, i, by_size.get(nb, f"bytes:{nb}")))
+            pattern.append((a == NativeRecord.ALLOC, i, by_size.get(nb, f"bytes:{nb}")))
     if not returned:
         pattern.append((True, -1, "out"))
     return tuple(pattern)

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from memwarden.capture.attribution import CaptureLog, StorageRecord
+from memwarden.capture.attribution.log import CaptureLog, StorageRecord
 from memwarden.capture.meta.ops import Block, storage_key
+from memwarden.capture.native import NativeRecord
 
 __all__ = ["MetaLog", "Recorder"]
 
-_ENTER, _EXIT, _ALLOC, _FREE = 2, 3, 0, 1
 _FAKE_BASE = 1 << 44  # fake addresses of allocated blocks; preexisting ones sit above _PRE_BASE
 _PRE_BASE = 1 << 52
 _ALIGN = 64
@@ -73,7 +73,7 @@ class Recorder:
 
     def enter(self, ctx: int) -> None:
         if self.recording:
-            self._push(_ENTER, 0, 0, ctx, None)
+            self._push(NativeRecord.ENTER, 0, 0, ctx, None)
             self._ctx.append(int(ctx))
 
     def exit(self, ctx: int) -> None:
@@ -82,7 +82,7 @@ class Recorder:
         while self._ctx:
             if self._ctx.pop() == ctx:
                 break
-        self._push(_EXIT, 0, 0, ctx, None)
+        self._push(NativeRecord.EXIT, 0, 0, ctx, None)
 
     def scalar_type_names(self) -> list[str]:
         return list(self._dtypes)
@@ -101,7 +101,7 @@ class Recorder:
         return out
 
     # events
-    def _push(self, action: int, ptr: int, nbytes: int, ident: int, op: str | None, dtype: int = -1,
+    def _push(self, action: NativeRecord, ptr: int, nbytes: int, ident: int, op: str | None, dtype: int = -1,
               shape_off: int = -1, ndim: int = 0, written: int = -1) -> int:  # fmt: skip
         row = len(self._events)
         name = op or self.op
@@ -136,12 +136,12 @@ class Recorder:
         if shape is not None:
             shape_off, ndim = len(self._shapes), len(shape)
             self._shapes.extend(int(d) for d in shape)
-        row = self._push(_ALLOC, ptr, nbytes, ident, op, dtype_id, shape_off, ndim, written)
+        row = self._push(NativeRecord.ALLOC, ptr, nbytes, ident, op, dtype_id, shape_off, ndim, written)
         return Block(ident, ptr, nbytes, row)
 
     def free(self, block: Block) -> None:
         if self.recording:
-            self._push(_FREE, block.ptr, block.nbytes, block.id, None)
+            self._push(NativeRecord.FREE, block.ptr, block.nbytes, block.id, None)
 
     def note_storage(self, t: torch.Tensor, inputs: list[torch.Tensor], op: str | None) -> None:
         """Record the storage behind op output ``t`` if it is new (or was resized)."""

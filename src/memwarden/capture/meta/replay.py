@@ -23,13 +23,13 @@ from typing import Any
 import torch
 
 from memwarden.capture.meta.memo import key_of
+from memwarden.capture.native import NativeRecord
 
 __all__ = ["Replay"]
 
 _TENSOR = torch._C.TensorBase
 _META = torch.device("meta")
 _NOT_KEPT = object()
-_ALLOC, _FREE = 0, 1
 _NBYTES, _ID, _OP, _SHAPE_OFF, _NDIM, _DTYPE, _ACTION = 2, 3, 5, 7, 8, 9, 10  # event tuple fields
 
 
@@ -85,11 +85,11 @@ def _entry(rec: Any, out: Any, operands: list[Any], first_row: int, first_id: in
         e = rec._events[row]
         if e[_OP] != op_id or e[_ID] < first_id:
             return None
-        if e[_ACTION] == _ALLOC:
+        if e[_ACTION] == NativeRecord.ALLOC:
             shape = tuple(rec._shapes[e[_SHAPE_OFF] : e[_SHAPE_OFF] + e[_NDIM]]) if e[_SHAPE_OFF] >= 0 else None
             index_of[e[_ID]] = len(index_of)
             events.append((True, e[_NBYTES], dtypes.get(e[_DTYPE]), shape, rec._written[row]))
-        elif e[_ACTION] == _FREE and e[_ID] in index_of:
+        elif e[_ACTION] == NativeRecord.FREE and e[_ID] in index_of:
             events.append((False, index_of[e[_ID]]))
         else:
             return None

@@ -1,0 +1,151 @@
+"""What the Python side sees during a capture, in the recorder's clock (ns).
+
+The hooks fill a ``CaptureLog`` on the hot path, so each observation is a tuple or a small
+record appended to a list; attribution reads it once, when the capture stops.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memwarden.trace.model import Phase
+
+__all__ = ["CaptureLog", "StepRecord", "StorageRecord", "storage_of"]
+
+
+def storage_of(tensor: Any) -> tuple[int, int] | None:
+    """(data pointer, bytes) of a CPU tensor's storage; None for tensors without one
+    (meta, functorch batched, sparse, nested, wrapper subclasses)."""
+    try:
+        if tensor.device.type != "cpu" or tensor.is_meta:
+            return None
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        return (ptr, storage.nbytes()) if ptr else None
+    except (NotImplementedError, RuntimeError, TypeError, AttributeError):
+        return None
+
+
+@dataclass
+class StorageRecord:
+    """A storage that the allocator recorder does not see: alive before the capture, or mapped
+    from a file. ``freed_ns`` is set by a finalizer when the storage dies."""
+
+    ptr: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    file: str | None
+    t_ns: int
+    freed_ns: int | None = None
+
+
+@dataclass
+class StepRecord:
+    """A root call while it runs: mutable, because its end (and, for a model first seen inside
+    its own call, its phase and inputs) is known only after the call returns."""
+
+    start_ns: int
+    ctx: int  # the root module's context
+    phase: Phase
+    seq_len: int | None
+    end_ns: int | None = None
+    tokens: dict[str, int] = field(default_factory=dict)  # tokens fed, by modality
+    batch: int | None = None
+    input_ids: tuple[int, ...] = ()  # the first ids of the first row
+
+    def set_inputs(self, phase: Phase, seq_len: int | None, info: dict[str, Any] | None) -> None:
+        """``info`` as ``memwarden.capture.inputs.step_tokens`` returns it (None: no input_ids)."""
+        info = info or {}
+        self.phase, self.seq_len = phase, seq_len
+        self.tokens = dict(info.get("tokens", {}))
+        self.batch = info.get("batch")
+        self.input_ids = tuple(info.get("input_ids", ()))
+
+
+@dataclass
+class CaptureLog:
+    """What the Python side saw during the run, in the recorder's clock (ns)."""
+
+    tags: list[tuple[int, int, str, str]] = field(default_factory=list)  # (t_ns, ptr, kind, module path)
+    fingerprints: list[str | None] = field(default_factory=list)  # one per ENTER marker, in order
+    steps: list[StepRecord] = field(default_factory=list)
+    optimizer_spans: list[list[int]] = field(default_factory=list)  # [start_ns, end_ns], end -1 while running
+    preexisting_storages: dict[int, StorageRecord] = field(default_factory=dict)
+    mapped_storages: dict[int, StorageRecord] = field(default_factory=dict)
+    clock: Callable[[], int] | None = None
+
+    def tag(self, t_ns: int, tensor: Any, kind: str, path: str) -> None:
+        found = storage_of(tensor)
+        if found is not None:
+            self.tags.append((t_ns, found[0], kind, path))
+
+    def enter(self, ctx: int, fingerprint: str | None) -> None:
+        self.fingerprints.append(fingerprint)
+
+    def step_start(
+        self, t_ns: int, ctx: int, phase: Phase, seq_len: int | None, info: dict[str, Any] | None = None
+    ) -> None:
+        step = StepRecord(start_ns=t_ns, ctx=ctx, phase=phase, seq_len=seq_len)
+        step.set_inputs(phase, seq_len, info)
+        self.steps.append(step)
+
+    def fix_step(self, phase: Phase, seq_len: int | None, info: dict[str, Any] | None) -> None:
+        if self.steps:
+            self.steps[-1].set_inputs(phase, seq_len, info)
+
+    def step_end(self, t_ns: int) -> None:
+        if self.steps and self.steps[-1].end_ns is None:
+            self.steps[-1].end_ns = t_ns
+
+    def optimizer_start(self, t_ns: int) -> None:
+        self.optimizer_spans.append([t_ns, -1])
+
+    def optimizer_end(self, t_ns: int) -> None:
+        if self.optimizer_spans and self.optimizer_spans[-1][1] < 0:
+            self.optimizer_spans[-1][1] = t_ns
+
+    def _record(self, tensor: Any, t_ns: int, file: str | None) -> StorageRecord | None:
+        found = storage_of(tensor)
+        if found is None or found[1] == 0:
+            return None
+        storage = tensor.untyped_storage()
+        ptr = found[0]
+        rec = StorageRecord(ptr, found[1], str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape), file, t_ns)
+        if self.clock is not None:
+            clock = self.clock
+
+            def _freed(rec: StorageRecord = rec) -> None:
+                rec.freed_ns = clock()
+
+            weakref.finalize(storage, _freed)
+        return rec
+
+    def preexisting(self, tensor: Any, maps: Any) -> None:
+        found = storage_of(tensor)
+        if found is None:
+            return
+        ptr = found[0]
+        if ptr in self.preexisting_storages:
+            return
+        rec = self._record(tensor, 0, maps.file_of(ptr))
+        if rec is not None:
+            self.preexisting_storages[ptr] = rec
+
+    def file_backed(self, t_ns: int, tensor: Any, maps: Any) -> None:
+        """A storage that lies in a mapped file, first seen at ``t_ns``."""
+        found = storage_of(tensor)
+        if found is None:
+            return
+        ptr = found[0]
+        if ptr in self.preexisting_storages or ptr in self.mapped_storages:
+            return
+        path = maps.file_of(ptr)
+        if path is None:
+            return
+        rec = self._record(tensor, t_ns, path)
+        if rec is not None:
+            self.mapped_storages[ptr] = rec

@@ -1,0 +1,137 @@
+"""Stage 4: the Python side's tags (this storage is a weight, a gradient, the KV cache, an
+input) matched to the blocks they name, and what they decide.
+
+A tag is (t_ns, ptr, kind, module path). Its block is the one at that address alive at that
+time; a tag that names no block names a storage alive before the capture (a preexisting
+weight) or nothing the capture holds. When several tags name one block, the strongest kind wins:
+weight/buffer > optimizer_state > gradient > kv_cache > input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from memwarden.capture.attribution.log import StorageRecord
+from memwarden.capture.attribution.recorded import Blocks
+from memwarden.capture.modality import ModalityRules
+from memwarden.trace.model import Category, Modality
+
+__all__ = ["KIND_CATEGORY", "KIND_PRIORITY", "UNTAGGED", "PreexistingTag", "Tagged", "apply_tags", "match_tags"]
+
+Tag = tuple[int, int, str, str]  # (t_ns, ptr, kind, module path)
+
+KIND_PRIORITY = {"weight": 6, "buffer": 6, "optimizer_state": 5, "gradient": 4, "kv_cache": 3, "input": 2}
+KIND_CATEGORY = {
+    "weight": Category.WEIGHT,
+    "buffer": Category.BUFFER,
+    "optimizer_state": Category.OPTIMIZER_STATE,
+    "gradient": Category.GRADIENT,
+    "kv_cache": Category.KV_CACHE,
+    "input": Category.INPUT,
+}
+_OWNED = ("weight", "buffer", "gradient", "optimizer_state")  # kinds whose block belongs to the tag's module
+_PARAMETER = ("weight", "buffer")
+
+
+@dataclass(frozen=True)
+class PreexistingTag:
+    """What a storage alive before the capture is, from the strongest tag that named it."""
+
+    category: Category
+    modality: Modality
+    module: str | None  # the owning module's path, for a weight or buffer
+
+
+UNTAGGED = PreexistingTag(category=Category.OTHER, modality=Modality.SHARED, module=None)
+
+
+@dataclass(frozen=True)
+class Tagged:
+    """The stage's decisions: per-block arrays with the tags applied, and the preexisting storages' attribution."""
+
+    category: np.ndarray  # int64 Category per block
+    modality: np.ndarray  # int64 Modality per block
+    module_paths: dict[int, str]  # block index -> the module owning it (parameters, grads, optimizer state)
+    preexisting: dict[int, PreexistingTag]  # ptr -> attribution; a storage no tag named is absent
+
+
+def match_tags(tags: Sequence[Tag], blocks: Blocks) -> list[int | None]:
+    """Per tag, the index of the block at its address allocated last at or before its time, if
+    that block is still alive then; None otherwise."""
+    if not tags:
+        return []
+    # Blocks sorted by (address, alloc time): binary search the address, then the time.
+    by_ptr = np.lexsort((blocks.alloc_ns, blocks.ptr))
+    sorted_ptrs, sorted_t = blocks.ptr[by_ptr], blocks.alloc_ns[by_ptr]
+    tag_t = np.array([tg[0] for tg in tags], dtype=np.int64)
+    tag_p = np.array([tg[1] for tg in tags], dtype=np.int64)
+    lo = np.searchsorted(sorted_ptrs, tag_p, side="left")
+    hi = np.searchsorted(sorted_ptrs, tag_p, side="right")
+    hits: list[int | None] = []
+    for i in range(len(tag_t)):
+        if lo[i] == hi[i]:
+            hits.append(None)
+            continue
+        j = int(lo[i]) + int(np.searchsorted(sorted_t[lo[i] : hi[i]], tag_t[i], side="right")) - 1
+        k = int(by_ptr[j]) if j >= lo[i] else -1
+        hits.append(k if k >= 0 and tag_t[i] <= blocks.free_ns[k] else None)
+    return hits
+
+
+def _strongest_preexisting(
+    tags: Sequence[Tag], hits: Sequence[int | None], preexisting: Mapping[int, StorageRecord]
+) -> dict[int, tuple[int, str, str]]:
+    """ptr -> (rank, kind, path) of the strongest tag naming each preexisting storage while alive."""
+    found: dict[int, tuple[int, str, str]] = {}
+    for (t, p, kind, path), hit in zip(tags, hits, strict=True):
+        rec = preexisting.get(p) if hit is None else None
+        if rec is None or (rec.freed_ns is not None and t > rec.freed_ns):
+            continue
+        if KIND_PRIORITY[kind] > found.get(p, (0, "", ""))[0]:
+            found[p] = (KIND_PRIORITY[kind], kind, path)
+    return found
+
+
+def _preexisting_tag(kind: str, path: str, rules: ModalityRules) -> PreexistingTag:
+    if kind in _PARAMETER:
+        return PreexistingTag(category=KIND_CATEGORY[kind], modality=rules.modality_of(path), module=path or None)
+    return PreexistingTag(category=KIND_CATEGORY[kind], modality=Modality.SHARED, module=None)
+
+
+def apply_tags(
+    tags: Sequence[Tag],
+    hits: Sequence[int | None],
+    blocks: Blocks,
+    category: np.ndarray,
+    modality: np.ndarray,
+    preexisting: Mapping[int, StorageRecord],
+    rules: ModalityRules,
+) -> Tagged:
+    """Apply each block's strongest tag to copies of ``category`` and ``modality``. An ``input`` tag
+    on a block made inside a module is ignored (the model made it, not the program). A block a
+    module owns takes its modality from the owner's path by ``rules``, the capture's rules, so
+    a user's rule moves parameters as it moves the activations."""
+    category, modality = category.copy(), modality.copy()
+    rank = np.zeros(len(blocks), dtype=np.int64)
+    paths: dict[int, str] = {}
+    for (_t, _p, kind, path), hit in zip(tags, hits, strict=True):
+        if hit is None or (kind == "input" and blocks.ctx[hit] >= 0) or KIND_PRIORITY[kind] <= rank[hit]:
+            continue
+        rank[hit] = KIND_PRIORITY[kind]
+        category[hit] = int(KIND_CATEGORY[kind])
+        if kind in _OWNED:
+            paths[hit] = path
+        if kind == "kv_cache":
+            modality[hit] = int(Modality.TEXT)
+    for k, path in paths.items():
+        modality[k] = int(rules.modality_of(path))
+    pre = _strongest_preexisting(tags, hits, preexisting)
+    return Tagged(
+        category=category,
+        modality=modality,
+        module_paths=paths,
+        preexisting={p: _preexisting_tag(kind, path, rules) for p, (_rank, kind, path) in pre.items()},
+    )
