@@ -2,15 +2,26 @@
 
 Marked `cuda`: skipped where no CUDA device is present (conftest). Replays recorded
 alloc/free sequences on the real allocator and compares torch.cuda.max_memory_reserved()
-with the model's prediction: exact for the default configuration.
+with the model's prediction: exact for the default configuration. The second pair of tests
+replays what the allocator's own memory history captured (``_record_memory_history``, turned
+into a Trace by ``snapshot_to_trace``), with and without ``expandable_segments``; the latter
+runs in a child process because the setting is read once, when CUDA initialises.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
 import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from memwarden.interop.snapshot import load_snapshot
 from memwarden.plan.replay import replay
 from memwarden.trace.model import Action, TraceBuilder
 
@@ -64,3 +75,54 @@ def test_real_allocator_reserves_what_the_model_predicts(name: str, seq: list[tu
     torch.cuda.empty_cache()
     predicted = replay(builder.build(), device=0)
     assert predicted.peak_reserved_bytes == real_reserved, name
+
+
+def _run_captured(seq: list[tuple[str, int, int]], snapshot_path: str) -> int:
+    """Run ``seq`` on the real allocator with its memory history on; write the history; peak reserved."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=100_000)
+    tensors: dict[int, Any] = {}
+    for op, tid, size in seq:
+        if op == "a":
+            tensors[tid] = torch.empty(size, dtype=torch.uint8, device="cuda")
+        else:
+            del tensors[tid]
+    torch.cuda.synchronize()
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    real_reserved = torch.cuda.max_memory_reserved()
+    tensors.clear()
+    torch.cuda.empty_cache()
+    Path(snapshot_path).write_bytes(pickle.dumps(snapshot))
+    return real_reserved
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("expandable", [False, True], ids=["default", "expandable_segments"])
+@pytest.mark.parametrize(("name", "seq"), sequences())
+def test_captured_cuda_trace_replays_to_the_real_reserved_bytes(
+    name: str, seq: list[tuple[str, int, int]], expandable: bool, tmp_path: Path
+) -> None:
+    snapshot_path = str(tmp_path / "history.pickle")
+    if expandable:  # PYTORCH_CUDA_ALLOC_CONF is read at CUDA init: a fresh process
+        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+        code = f"import test_cuda_allocator as t; t._child({name!r}, {snapshot_path!r})"
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        real_reserved = json.loads(out.stdout.strip().splitlines()[-1])["max_memory_reserved"]
+    else:
+        real_reserved = _run_captured(seq, snapshot_path)
+    trace = load_snapshot(snapshot_path)
+    allocator = "pytorch-expandable" if expandable else "pytorch"
+    predicted = replay(trace, device=trace.device_index("cuda:0"), allocator=allocator)
+    assert predicted.peak_reserved_bytes == real_reserved, (name, allocator)
+
+
+def _child(name: str, snapshot_path: str) -> None:
+    seq = dict(sequences())[name]
+    print(json.dumps({"max_memory_reserved": _run_captured(seq, snapshot_path)}))

@@ -9,13 +9,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from memwarden.capture.cuda.capture import CudaCapture
     from memwarden.capture.live.capture import Capture
 
 __all__ = ["capture"]
 
 
-def capture(**kwargs: Any) -> Capture:
-    """``with memwarden.capture() as cap: ...`` then ``cap.trace``; keywords as ``Capture``'s."""
-    from memwarden.capture.live.capture import Capture
+def capture(*, device: str = "cpu", **kwargs: Any) -> Capture | CudaCapture:
+    """``with memwarden.capture() as cap: ...`` then ``cap.trace``; keywords as ``Capture``'s.
 
-    return Capture(**kwargs)
+    ``device="cuda"`` also records the CUDA caching allocator (PyTorch's memory history, segments
+    included) and merges it with the hooks' attribution into one trace with a device column.
+    """
+    if device == "cpu":
+        from memwarden.capture.live.capture import Capture
+
+        return Capture(**kwargs)
+    if device == "cuda" or device.startswith("cuda:"):
+        from memwarden.capture.cuda.capture import capture_cuda
+
+        return capture_cuda(**kwargs)
+    raise ValueError(f"capture(device=...) takes 'cpu' or 'cuda'; got {device!r}")

@@ -20,7 +20,7 @@ of cached blocks. Modelled on vLLM v1's KV cache manager:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NewType
 
@@ -89,7 +89,7 @@ class FreeQueue:
         self.remove(block)
         return block
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Block]:
         b = self.head
         while b is not None:
             yield b

@@ -73,12 +73,13 @@ class KVPool:
         if num_blocks < 1:
             raise ValueError("the KV pool needs at least one block")
         self.spec = spec
-        self.blocks = BlockPool(num_blocks, spec.block_size)
         num_slots = num_blocks * spec.block_size
-        # (2, layers, kv_heads, slots, head_dim): one allocation, made once.
+        # (2, layers, kv_heads, slots, head_dim): one allocation, made once, before any bookkeeping
+        # (a pool the device cannot hold fails here, having cost nothing).
         self.data = torch.empty(
             (2, spec.num_layers, spec.num_kv_heads, num_slots, spec.head_dim), dtype=spec.dtype, device=device
         )
+        self.blocks = BlockPool(num_blocks, spec.block_size)
 
     @property
     def num_blocks(self) -> int:
@@ -97,10 +98,16 @@ class KVPool:
     def resized(self, num_blocks: int, swap_dir: str) -> KVPool:
         """A pool of ``num_blocks`` keeping the most recently used cached blocks that fit.
 
-        Between requests only (no sequence holds blocks). The kept blocks go through a file
+        Between requests only (no sequence holds blocks). Every cached block goes through a file
         in ``swap_dir`` — the lower tier — so that the old and the new pool are never in memory
-        together: the peak of a resize is the larger pool plus one block, which is what lets
-        the session shrink under a budget that just fell below old + new.
+        together: the peak of a resize is the larger pool plus one staging block, which is what
+        lets the session shrink under a budget that just fell below old + new. On a GPU the
+        blocks are staged through one host buffer (pinned, so the copies are plain DMA).
+
+        The swap file outlives the old pool until the new one is allocated and filled: if the new
+        pool cannot be allocated, this pool is rebuilt from the file at its old size, unchanged,
+        and the error propagates. Only if that fails too is the file left on disk (its path is in
+        the error) instead of being lost with the data.
         """
         import os
         import tempfile
@@ -108,28 +115,66 @@ class KVPool:
         if self.blocks.tables:
             raise RuntimeError("cannot resize the KV pool while sequences hold blocks")
         keep = self.blocks.cached_by_recency()[-num_blocks:] if num_blocks > 0 else []
-        ids = [self.blocks.cached[h].block_id for h in keep]
-        bs = self.spec.block_size
+        cached_ids = sorted(b.block_id for b in self.blocks.cached.values())
+        kept_ids = [self.blocks.cached[h].block_id for h in keep]
+        device = self.data.device
+        old_num_blocks = self.num_blocks
         fd, path = tempfile.mkstemp(prefix="kv-swap-", suffix=".bin", dir=swap_dir)
+        swap = _SwapFile(path, self.spec, device)
         try:
             with os.fdopen(fd, "wb") as f:
-                for i in ids:  # one block's (2, L, H, bs, D) at a time
-                    f.write(self.data[:, :, :, i * bs : (i + 1) * bs].contiguous().view(torch.uint8).numpy().tobytes())
-            device = self.data.device
-            old_blocks = self.blocks
-            del self.data  # the old pool is gone before the new one exists
-            new = KVPool(self.spec, max(1, num_blocks), device=device)
-            shape = (2, self.spec.num_layers, self.spec.num_kv_heads, bs, self.spec.head_dim)
-            block_bytes = new.data[:, :, :, :bs].numel() * new.data.element_size()
-            with open(path, "rb") as f:
-                for j in range(len(ids)):
-                    raw = torch.frombuffer(bytearray(f.read(block_bytes)), dtype=torch.uint8)
-                    new.data[:, :, :, j * bs : (j + 1) * bs].copy_(raw.view(self.spec.dtype).view(shape))
-            new.blocks.restore(keep, stats_from=old_blocks)
-            new.blocks.evictions += len(old_blocks.cached) - len(keep)
-            return new
-        finally:
+                for i in cached_ids:
+                    swap.write_block(f, self.block(i))
+            self.data = self.data.new_empty(0)  # the old pool goes; its blocks are safe in the file
+            try:
+                new = KVPool(self.spec, max(1, num_blocks), device=device)
+            except BaseException:
+                self.data = KVPool(self.spec, old_num_blocks, device=device).data
+                swap.read_into(self, cached_ids, cached_ids)
+                raise
+            swap.read_into(new, cached_ids, kept_ids)
+        except BaseException as exc:
+            if self.data.numel() == 0:  # neither pool exists: the file is all that is left of the blocks
+                exc.add_note(f"the KV pool could not be rebuilt; its cached blocks are kept in {path}")
+                raise
             os.unlink(path)
+            raise
+        os.unlink(path)
+        new.blocks.restore(keep, stats_from=self.blocks)
+        new.blocks.evictions += len(self.blocks.cached) - len(keep)
+        return new
+
+    def block(self, block_id: int) -> torch.Tensor:
+        """One block of every layer: a view ``(2, layers, kv_heads, block_size, head_dim)``."""
+        bs = self.spec.block_size
+        return self.data[:, :, :, block_id * bs : (block_id + 1) * bs]
+
+
+class _SwapFile:
+    """Blocks of a pool in a file, in the order written, staged through one host buffer."""
+
+    def __init__(self, path: str, spec: KVSpec, device: torch.device) -> None:
+        self.path = path
+        shape = (2, spec.num_layers, spec.num_kv_heads, spec.block_size, spec.head_dim)
+        pinned = device.type == "cuda"
+        # (2, layers, kv_heads, block_size, head_dim) on the host: the only copy of a block in flight
+        self.host = torch.empty(shape, dtype=spec.dtype, pin_memory=pinned)
+        self.host_bytes = self.host.reshape(-1).view(torch.uint8)
+
+    def write_block(self, f: Any, block: torch.Tensor) -> None:
+        self.host.copy_(block)  # device -> host (synchronous: the buffer is reused next block)
+        f.write(self.host_bytes.numpy().data)
+
+    def read_into(self, pool: KVPool, written_ids: list[int], wanted_ids: list[int]) -> None:
+        """Copy the blocks ``wanted_ids`` (a subset of ``written_ids``, in any order) into ``pool``'s
+        blocks ``0..len(wanted_ids)``, or into the same ids when the lists are equal (a rebuild)."""
+        position = {block_id: k for k, block_id in enumerate(written_ids)}
+        same_ids = wanted_ids == written_ids
+        with open(self.path, "rb") as f:
+            for j, block_id in enumerate(wanted_ids):
+                f.seek(position[block_id] * len(self.host_bytes))
+                f.readinto(self.host_bytes.numpy().data)
+                pool.block(block_id if same_ids else j).copy_(self.host)
 
 
 class Sequence:
