@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"trace"},
     {"models"},
     {"interop"},
-    {"capture", "plan", "govern", "edge"},
+    {"capture", "plan", "govern", "edge", "align"},
     {"analyze"},
     {"estimate"},
     {"runtime"},
@@ -45,7 +45,7 @@ LAYERS: list[set[str]] = [
     {"cli"},
     {"__main__"},
 ]
-TORCH_FREE = {"trace", "interop", "plan", "analyze", "govern", "report", "edge", "errors", "units"}
+TORCH_FREE = {"trace", "interop", "plan", "analyze", "govern", "report", "edge", "align", "errors", "units"}
 PUBLIC_API = [
     "BudgetController",
     "GovernedSession",

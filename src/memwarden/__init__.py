@@ -52,7 +52,12 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    # PEP 562: the torch-side names load on first use (see the module docstring).
+    # PEP 562: the torch-side names load on first use (see the module docstring); memwarden.align
+    # (the sensor-stream aligner, a package) on first use too.
+    if name == "align":
+        import importlib
+
+        return importlib.import_module("memwarden.align")
     if name in _LAZY:
         import importlib
 
@@ -63,4 +68,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"align"})

@@ -30,6 +30,8 @@ COMMANDS = [
     "telemetry",
     "stress",
     "sweep",
+    "doctor",
+    "align_check",
 ]
 
 
