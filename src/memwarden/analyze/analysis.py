@@ -76,6 +76,12 @@ class Analysis:
         """The root calls (prefill, decode, training steps) in start order, validated once."""
         return tuple(steps_of(self.trace))
 
+    @cached_property
+    def step_grad(self) -> tuple[bool | None, ...]:
+        """Per step of ``steps`` (start order): whether autograd was recording when the call began,
+        None where the trace does not say (traces from before it was recorded, snapshots)."""
+        return tuple(step.grad for step in self.steps)
+
     def timeline(self, by: str = "category", max_points: int = 2000) -> Timeline:
         key = (by, max_points)
         if key not in self._timelines:

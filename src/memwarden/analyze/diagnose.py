@@ -51,6 +51,10 @@ class Finding:
     where: str  # module path / op
     evidence: dict[str, Any]  # the numbers that prove it
     fix: str  # a concrete change, naming the setting or memwarden feature, with the predicted saving
+    # The waste as two numbers a user can act on: bytes the pattern adds to the run's peak, and
+    # bytes it allocates over the run (repeated copies, recomputed work). -1: the detector does not say.
+    peak_added_bytes: int = -1
+    allocated_bytes: int = -1
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,7 +134,9 @@ def diagnose(
         except ModuleNotFoundError:
             continue  # detector not built yet
         for f in detect(trace, ctx):
-            if peak and f.wasted_bytes < min_fraction * peak:
+            # Negligible at the peak and not heavy over the run either: not reported. A finding that
+            # allocates at least the peak over the run stays, as the hint its severity says.
+            if peak and f.wasted_bytes < min_fraction * peak and f.allocated_bytes < peak:
                 continue
             findings.append(f)
     findings.sort(key=lambda f: (-f.wasted_bytes, SEVERITIES.index(f.severity), f.pattern))

@@ -4,6 +4,7 @@ root (model) calls, the KV cache in their outputs. Used by live and meta capture
 from __future__ import annotations
 
 import hashlib
+import inspect
 import weakref
 from typing import Any
 
@@ -75,6 +76,30 @@ def fingerprint(values: Any, cache: DigestCache | None = None) -> str | None:
         elif isinstance(v, dict):
             stack.extend(v[k] for k in sorted(v, key=str) if k not in _CACHE_KEYS)
     return h.hexdigest() if seen else None
+
+
+_SIGNATURES: dict[type, inspect.Signature | None] = {}
+
+
+def bound_inputs(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by the names its ``forward`` gives them: ``model(ids)`` reads as
+    ``input_ids=ids``, as the callee reads it. Keywords win; arguments that cannot be bound (a
+    forward taking ``*args``, a signature that cannot be read) are left out."""
+    if not args:
+        return kwargs
+    cls = type(module)
+    if cls not in _SIGNATURES:
+        try:
+            _SIGNATURES[cls] = inspect.signature(module.forward)
+        except (TypeError, ValueError):
+            _SIGNATURES[cls] = None
+    sig = _SIGNATURES[cls]
+    if sig is None:
+        return kwargs
+    names = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    bound = dict(zip(names, args, strict=False))
+    bound.update(kwargs)
+    return bound
 
 
 def _sequence_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:

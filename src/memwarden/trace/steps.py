@@ -28,6 +28,7 @@ class Step:
     batch: int | None = None
     tokens: dict[str, int] = field(default_factory=dict)  # tokens fed, by modality: {"vision": n, "text": m}
     input_ids: tuple[int, ...] = ()  # the first ids of the first row (a prefix, for re-prefill detection)
+    grad: bool | None = None  # autograd recording when the call began (None: the trace does not say)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"phase": self.phase, "start_us": self.start_us, "end_us": self.end_us,
@@ -38,6 +39,8 @@ class Step:
             out["batch"] = self.batch
         if self.input_ids:
             out["input_ids"] = list(self.input_ids)
+        if self.grad is not None:
+            out["grad"] = self.grad
         return out
 
 
@@ -82,6 +85,7 @@ def _parse(item: Any) -> Step | None:
         parsed = [_int(x) for x in ids_raw]
         ids = tuple(x for x in parsed if x is not None)
     module = item.get("module")
+    grad = item.get("grad")
     return Step(
         phase=phase,
         start_us=start,
@@ -91,4 +95,5 @@ def _parse(item: Any) -> Step | None:
         batch=_int(item.get("batch")),
         tokens=tokens,
         input_ids=ids,
+        grad=grad if isinstance(grad, bool) else None,
     )

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
-from memwarden.trace.model import Action, Category, SpanKind, Trace
+from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
 from memwarden.units import format_bytes
 
 PATTERN = "dequant-temporaries"
@@ -191,19 +191,43 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         "peak_bytes": peak_bytes,
         "weights": per_weight[:_EVIDENCE_WEIGHTS],
     }
-    fix = (
-        f"keep the weights quantised while computing: use a fused kernel ({kernel}) or dequantise tile by tile "
-        f"(memwarden.quantize's tiled kernel) instead of materialising the whole float weight per call: saves "
-        f"{format_bytes(wasted)} at the peak ({format_bytes(total_allocated)} allocated in {len(m_rows)} copies)"
+    # Copies alive across a backward allocation were saved for backward (F.linear(x, W.to(dtype)) with x
+    # requiring grad): they live from forward to backward, the costliest case.
+    backward_t = np.sort(ev["time_us"][(ev["action"] == Action.ALLOC) & (ev["phase"] == Phase.BACKWARD)])
+    t_alloc = ev["time_us"][m_rows]
+    t_free = np.where(fidx[m_rows] < n, ev["time_us"][np.minimum(fidx[m_rows], n - 1)], np.iinfo(np.int64).max)
+    saved = np.searchsorted(backward_t, t_free, side="right") > np.searchsorted(backward_t, t_alloc, side="right")
+    evidence["saved_for_backward_copies"] = int(saved.sum())
+    evidence["saved_for_backward_bytes_at_peak"] = int(m_bytes[saved & at_peak].sum())
+    both = (
+        f"saves {format_bytes(wasted)} at the peak ({format_bytes(total_allocated)} allocated in {len(m_rows)} copies)"
     )
+    if saved.any():
+        fix = (
+            f"{int(saved.sum())} float copies of quantised weights are saved for backward (F.linear on a "
+            "dequantised weight with an input that requires grad): wrap the matmul in a torch.autograd.Function "
+            "that saves only the quantised weight and dequantises again in backward (what bitsandbytes' "
+            f"MatMul8bitLt does), or use a fused kernel ({kernel}): {both}"
+        )
+    else:
+        fix = (
+            f"the float weight is materialised on every call ({len(m_rows)} copies): keep the weights quantised "
+            f"while computing with a fused kernel ({kernel}) or dequantise tile by tile (memwarden.quantize's "
+            f"tiled kernel): {both}"
+        )
+    severity = severity_for(wasted, peak_bytes)
+    if wasted < 0.01 * peak_bytes and total_allocated >= peak_bytes:
+        severity = "low"  # heavy over the run but not at its peak: a hint
     return [
         Finding(
             pattern=PATTERN,
-            severity=severity_for(wasted, peak_bytes),
+            severity=severity,
             bytes_at_peak=wasted,
             wasted_bytes=wasted,
             where=str(worst["module"]),
             evidence=evidence,
             fix=fix,
+            peak_added_bytes=wasted,
+            allocated_bytes=total_allocated,
         )
     ]

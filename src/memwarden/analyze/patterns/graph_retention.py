@@ -60,6 +60,24 @@ def _step_table(trace: Trace, steps: Sequence[Step]) -> tuple[np.ndarray, np.nda
     return starts.astype(np.int64), ends.astype(np.int64), group, uniq
 
 
+def _alive_at(starts: np.ndarray, alive_until: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+    """Graphs alive at the start of each step: its own, plus earlier steps of the same root module
+    whose graph outlives that start. Each graph j covers the steps (j, k_end_j): a difference array."""
+    alive_at = np.ones(len(starts), dtype=np.int64)  # the current step's own graph
+    for g in range(n_groups):
+        idx = np.flatnonzero(group == g)
+        if len(idx) < 2:
+            continue
+        k_end = np.searchsorted(starts[idx], alive_until[idx], side="left")  # first step starting at/after it
+        k_begin = np.arange(len(idx)) + 1
+        cover = k_end > k_begin
+        diff = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.add.at(diff, k_begin[cover], 1)
+        np.add.at(diff, k_end[cover], -1)
+        alive_at[idx] += np.cumsum(diff)[:-1]
+    return alive_at
+
+
 def detect(trace: Trace, ctx: Context) -> list[Finding]:
     fraction = float(ctx.threshold(PATTERN, "retained_fraction", 0.5))
     min_graphs = int(ctx.threshold(PATTERN, "min_graphs_alive", 2))
@@ -111,24 +129,26 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
 
     # Graphs alive at the start of each step: earlier steps of the same root module whose
     # graph outlives that start. Each graph j covers the steps (j, k_end_j): a difference array.
-    alive_at = np.ones(n_steps, dtype=np.int64)  # the current step's own graph
-    for g in range(len(group_names)):
-        idx = np.flatnonzero(group == g)
-        if len(idx) < 2:
-            continue
-        k_end = np.searchsorted(starts[idx], alive_until[idx], side="left")  # first step starting at/after it
-        k_begin = np.arange(len(idx)) + 1
-        cover = k_end > k_begin
-        diff = np.zeros(len(idx) + 1, dtype=np.int64)
-        np.add.at(diff, k_begin[cover], 1)
-        np.add.at(diff, k_end[cover], -1)
-        alive_at[idx] += np.cumsum(diff)[:-1]
+    alive_at = _alive_at(starts, alive_until, group, len(group_names))
     most = int(alive_at.max())
     if most < min_graphs:
         return []
 
-    # Was autograd at work? Backward allocations, or retention spread over many modules.
+    # Was autograd at work? Where the capture recorded grad mode per step, a graph needs a step
+    # that ran with autograd on: outputs kept from no_grad/inference_mode calls (a LLaVA output, a
+    # generation loop's KV tuple) hold no graph. Older traces: backward allocations, or retention
+    # spread over many modules.
     retaining = np.flatnonzero(alive_until > np.concatenate([starts[1:], [never]]))  # steps kept past the next start
+    grad = ctx.analysis.step_grad
+    if len(grad) == n_steps and all(g is not None for g in grad):
+        recording = np.array(grad, dtype=bool)
+        if not recording[retaining].any():
+            return []
+        alive_until = np.where(recording, alive_until, -1)
+        alive_at = _alive_at(starts, alive_until, group, len(group_names))
+        most = int(alive_at.max())
+        if most < min_graphs:
+            return []
     has_backward = bool(np.any((ev["phase"] == Phase.BACKWARD) & on_dev))
     if not has_backward:
         kept = np.isin(step_s, retaining) & (free_s >= alive_until[step_s])
@@ -194,10 +214,20 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             f"loss tensor, run evaluation under torch.no_grad(), and with gradient accumulation call "
             f"(loss / n).backward() per micro-batch: {saving}"
         )
+    severity = severity_for(wasted, peak_bytes)
+    if most < 3:
+        # One previous graph, not a growing chain: a local (loss, output) still bound to the last
+        # step's graph while the next forward runs. Real, bounded, and the usual loop shape.
+        severity = "low"
+        fix = (
+            f"the previous step's graph is still referenced (by a local such as loss or output) while the "
+            f"next forward runs: del those locals at the end of the step or run the step in a function; "
+            f"{saving}"
+        )
     return [
         Finding(
             pattern=PATTERN,
-            severity=severity_for(wasted, peak_bytes),
+            severity=severity,
             bytes_at_peak=int(per_step_at_peak[graphs_at_peak].sum()),
             wasted_bytes=wasted,
             where=root,

@@ -152,6 +152,12 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         np.array([steps[i].end_us for i in prefills], dtype=np.int64),
         e["category"] == Category.KV_CACHE,
     )
+    step_alloc = _alloc_bytes_between(  # everything a prefill allocates: a cache-less loop's recomputed work
+        trace,
+        dev,
+        np.array([steps[i].start_us for i in prefills], dtype=np.int64),
+        np.array([steps[i].end_us for i in prefills], dtype=np.int64),
+    )
     bounds = [*prefills[1:], len(steps)]
     for n_req, i in enumerate(prefills):
         st = steps[i]
@@ -178,6 +184,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
                     "seq_len": seq_len,
                     "with_request": best_req,
                     "kv_bytes_per_token": kv_per_token,
+                    "bytes_per_token": int(step_alloc[n_req]) // seq_len if seq_len else 0,
                     "prefill_us": st.end_us - st.start_us,
                 }
             )
@@ -195,8 +202,11 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     reprefilled_tokens = sum(r["shared_prefix_tokens"] for r in reprefills)
     kv_per_token = max((r["kv_bytes_per_token"] for r in reprefills), default=0)
     recomputed_kv = sum(r["shared_prefix_tokens"] * r["kv_bytes_per_token"] for r in reprefills)
+    # A loop that keeps no cache at all recomputes every activation of the re-fed prefix: count those.
+    cacheless = bool(reprefills) and recomputed_kv == 0
+    recomputed_bytes = sum(r["shared_prefix_tokens"] * r["bytes_per_token"] for r in reprefills)
     reprefill_us = sum(r["prefill_us"] * r["shared_prefix_tokens"] // max(r["seq_len"], 1) for r in reprefills)
-    wasted = repeated_encode_bytes + recomputed_kv
+    wasted = repeated_encode_bytes + (recomputed_bytes if cacheless else recomputed_kv)
 
     encoders = sorted({r["module"] for r in repeats if r["modality"] in ("vision", "audio")})
     root = next((steps[i].module for i in prefills), None) or "(model)"
@@ -208,6 +218,8 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         "encodes": repeats[:8],
         "reprefilled_tokens": reprefilled_tokens,
         "recomputed_kv_bytes": recomputed_kv,
+        "recomputed_bytes": recomputed_bytes,
+        "cacheless": cacheless,
         "kv_bytes_per_token": kv_per_token,
         "reprefill_ms": round(reprefill_us / 1000, 2),
         "prefills": len(prefills),
@@ -223,14 +235,16 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         saves.append(
             f"{reprefilled_tokens} re-prefilled tokens ({format_us(reprefill_us)}, {format_bytes(recomputed_kv)} of KV recomputed)"
         )
-    fix = (
-        "Keep the KV cache between turns: pass the previous generate()'s cache back (return_dict_in_generate=True, "
-        "then generate(..., cache=out.cache) -- past_key_values in transformers 4 -- with the full ids and without "
-        "resending pixel_values/input_features for media already in the cache; for several questions on one "
-        "image, prefill the shared prefix once and copy.deepcopy its cache per question), or serve with memwarden "
-        "GovernedSession (paged KV with content-hash prefix reuse and an encoder cache keyed by image "
-        f"fingerprint): saves {' and '.join(saves)}."
-    )
+    if cacheless:
+        fix = (
+            f"Each call re-feeds the whole sequence to {root} with no KV cache ({len(reprefills)} re-prefills of a "
+            "prefix already computed): feed only the new token(s) and pass the cache back -- "
+            "out = model(input_ids=new_ids, past_key_values=past, use_cache=True); past = out.past_key_values -- "
+            "or make one model.generate(max_new_tokens=N) call (a TextStreamer prints as it goes): saves "
+            f"{reprefilled_tokens} re-fed tokens ({format_us(reprefill_us)}, {format_bytes(recomputed_bytes)} allocated)."
+        )
+    else:
+        fix = _fix_keep_cache(saves)
     return [
         Finding(
             pattern=PATTERN,
@@ -242,3 +256,14 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             fix=fix,
         )
     ]
+
+
+def _fix_keep_cache(saves: list[str]) -> str:
+    return (
+        "Keep the KV cache between turns: pass the previous generate()'s cache back (return_dict_in_generate=True, "
+        "then generate(..., cache=out.cache) -- past_key_values in transformers 4 -- with the full ids and without "
+        "resending pixel_values/input_features for media already in the cache; for several questions on one "
+        "image, prefill the shared prefix once and copy.deepcopy its cache per question), or serve with memwarden "
+        "GovernedSession (paged KV with content-hash prefix reuse and an encoder cache keyed by image "
+        f"fingerprint): saves {' and '.join(saves)}."
+    )

@@ -51,6 +51,7 @@ def _load_end_row(trace: Trace) -> int:
 
 def detect(trace: Trace, ctx: Context) -> list[Finding]:
     min_ratio = float(ctx.threshold(PATTERN, "min_ratio", 1.5))
+    min_share_of_weights = float(ctx.threshold(PATTERN, "min_share_of_weights", 0.5))
     n = trace.num_events
     end = _load_end_row(trace)
     if n == 0 or end == 0:
@@ -78,6 +79,15 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     dup_rows = np.flatnonzero(
         anon_start & in_window & ~is_weight & (category != Category.INPUT) & np.isin(ev["shape"], weight_shapes)
     )
+    # A duplicate must coexist with the weight it duplicates: one freed before any final weight of
+    # its shape existed belongs to an earlier model that lived alone (built, saved or used, deleted,
+    # then reloaded in another dtype), which costs nothing a reload could save.
+    shape_col = ev["shape"]
+    first_final: dict[int, int] = {}
+    for row, shape in zip(final_rows.tolist(), shape_col[final_rows].tolist(), strict=True):
+        first_final.setdefault(shape, row)
+    replaced_after = np.array([first_final.get(s, n) for s in shape_col[dup_rows].tolist()], dtype=np.int64)
+    dup_rows = dup_rows[fidx[dup_rows] > replaced_after]
     if len(dup_rows) == 0:
         return []
 
@@ -90,6 +100,11 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     weights_at_load_peak = int(ev["nbytes"][final_rows[final_at_load_peak]].sum()) + dup_bytes
     ratio = weights_at_load_peak / final_bytes
     if ratio < min_ratio:
+        return []
+    # The model materialised twice means most of its weights duplicated at once, not a layer at a
+    # time (quantising a float checkpoint layer by layer keeps one float layer alive).
+    dupable = int(np.isin(shape_col[final_rows], shape_col[dup_rows]).sum())
+    if int(dup_at_load_peak.sum()) < max(2, min_share_of_weights * dupable):
         return []
 
     # The run without the duplicates: subtract their own live-bytes curve.

@@ -78,6 +78,7 @@ def step_records(steps: StepTable, labels: Sequence[str], capture_end_ns: int, c
             batch=s.batch,
             tokens=dict(s.tokens),
             input_ids=s.input_ids,
+            grad=s.grad,  # autograd recording during the call: graph-retention's evidence
         )
         for s in steps.steps
     ]

@@ -56,6 +56,7 @@ class StepRecord:
     tokens: dict[str, int] = field(default_factory=dict)  # tokens fed, by modality
     batch: int | None = None
     input_ids: tuple[int, ...] = ()  # the first ids of the first row
+    grad: bool | None = None  # autograd recording when the call began (grad mode on, not inference mode)
 
     def set_inputs(self, phase: Phase, seq_len: int | None, info: dict[str, Any] | None) -> None:
         """``info`` as ``memwarden.capture.inputs.step_tokens`` returns it (None: no input_ids)."""

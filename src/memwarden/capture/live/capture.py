@@ -38,6 +38,7 @@ from memwarden.capture.inputs import (
     _cache_is_empty,
     _sequence_length,
     _tensors_in,
+    bound_inputs,
     cache_tensors,
     fingerprint,
     step_tokens,
@@ -180,11 +181,13 @@ class Capture:
         if self.fingerprints and info.is_boundary:
             fp = fingerprint((args, kwargs), self._digests)
         if is_step:
-            seq = _sequence_length(args, kwargs)
+            named = bound_inputs(module, args, kwargs)  # model(ids) reads as input_ids=ids
+            seq = _sequence_length(args, named)
             # A step is a decode step when it feeds one token into a non-empty cache.
-            prefill = not (seq == 1 and not _cache_is_empty(kwargs))
+            prefill = not (seq == 1 and not _cache_is_empty(named))
             phase = Phase.PREFILL if prefill else Phase.DECODE
-            self._log.step_start(self._now(), ctx, phase, seq, step_tokens(module, kwargs))
+            self._log.step_start(self._now(), ctx, phase, seq, step_tokens(module, named))
+            self._log.steps[-1].grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
         if not self._stack:  # whatever the program feeds into a model from outside is its input
             now = self._now()
             for t in _tensors_in((args, kwargs)):
@@ -226,6 +229,7 @@ class Capture:
         for t in _tensors_in((args, kwargs)):
             self._log.tag(now, t, "input", self._modules[ctx].path)
         if is_step:
+            kwargs = bound_inputs(module, args, kwargs)
             seq = _sequence_length(args, kwargs)
             cache = _cache_in(kwargs)
             try:  # after the call the cache holds this step's tokens too

@@ -1,0 +1,133 @@
+"""Run every real-world case under capture, diagnose it, and score recall and precision per pattern.
+
+A case is a script in this folder that sets ``EXPECT`` (the pattern id it plants, or ``None`` for a
+fixed twin or a correct library path) and, when it plants one, ``FIX_WORDS`` (words the finding's fix
+must contain, at least one of them). A planted case counts as found when a finding of its pattern
+(any severity) names one of the fix words; a clean case is clean when no finding is medium or high.
+
+Run: ``python examples/realworld/accuracy.py`` (add ``--json`` for the per-case results). Each case
+runs as ``memwarden trace case.py`` runs it (as ``__main__``, its folder on ``sys.path``) and is
+diagnosed as ``memwarden diagnose --json`` does.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import runpy
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Case:
+    path: Path
+    expect: str | None
+    fix_words: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+
+def cases() -> list[Case]:
+    """Every script of this folder that declares ``EXPECT``, by name."""
+    found = []
+    for path in sorted(HERE.glob("*.py")):
+        values: dict[str, Any] = {}
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                if node.targets[0].id in ("EXPECT", "FIX_WORDS"):
+                    values[node.targets[0].id] = ast.literal_eval(node.value)
+        if "EXPECT" in values:
+            found.append(Case(path, values["EXPECT"], tuple(values.get("FIX_WORDS", ()))))
+    return found
+
+
+@contextlib.contextmanager
+def _as_main(path: Path) -> Iterator[None]:
+    import torch
+
+    saved_argv, saved_threads = sys.argv[:], torch.get_num_threads()
+    sys.argv = [str(path)]
+    sys.path.insert(0, str(path.parent))
+    torch.set_num_threads(1)  # tiny models: a thread pool costs more than the work; allocations are the same
+    try:
+        yield
+    finally:
+        sys.argv = saved_argv
+        sys.path.remove(str(path.parent))
+        torch.set_num_threads(saved_threads)
+
+
+def diagnose_case(case: Case) -> list[dict[str, Any]]:
+    """The findings of ``memwarden diagnose --json`` on a capture of the case."""
+    import memwarden
+    from memwarden.analyze.diagnose import diagnose
+
+    with _as_main(case.path), memwarden.capture() as cap:
+        runpy.run_path(str(case.path), run_name="__main__")
+    assert cap.trace is not None
+    return [f.to_json() for f in diagnose(cap.trace)]
+
+
+def verdict(case: Case, findings: list[dict[str, Any]]) -> dict[str, Any]:
+    loud = [f["pattern"] for f in findings if f["severity"] in ("high", "medium")]
+    out: dict[str, Any] = {"case": case.name, "expect": case.expect, "loud": loud,
+                           "found": [f"{f['pattern']}:{f['severity']}" for f in findings]}  # fmt: skip
+    if case.expect is None:
+        out["ok"] = not loud
+    else:
+        mine = [f for f in findings if f["pattern"] == case.expect]
+        out["named"] = bool(mine)
+        out["fix_ok"] = any(w in f["fix"] for f in mine for w in case.fix_words) if case.fix_words else bool(mine)
+        out["ok"] = out["named"] and out["fix_ok"]
+    return out
+
+
+def score(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per pattern: planted cases found (recall) and medium/high findings that were right (precision)."""
+    table: dict[str, dict[str, Any]] = {}
+    for r in results:
+        for pattern in {r["expect"], *r["loud"]} - {None}:
+            row = table.setdefault(pattern, {"planted": 0, "found": 0, "loud": 0, "loud_right": 0})
+            if r["expect"] == pattern:
+                row["planted"] += 1
+                row["found"] += int(r["ok"])
+            if pattern in r["loud"]:
+                row["loud"] += 1
+                row["loud_right"] += int(r["expect"] == pattern)
+    return table
+
+
+def main() -> None:
+    results = []
+    for case in cases():
+        results.append(verdict(case, diagnose_case(case)))
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    table = score(results)
+    if "--json" in sys.argv:
+        print(json.dumps({"cases": results, "patterns": table}, indent=2))
+        return
+    print("| pattern | planted | found | recall | medium/high findings | right | precision |")
+    print("|---|---|---|---|---|---|---|")
+    for pattern, row in sorted(table.items()):
+        recall = f"{row['found'] / row['planted']:.0%}" if row["planted"] else "-"
+        precision = f"{row['loud_right'] / row['loud']:.0%}" if row["loud"] else "-"
+        print(
+            f"| {pattern} | {row['planted']} | {row['found']} | {recall} | {row['loud']} | {row['loud_right']} | {precision} |"
+        )
+    planted = [r for r in results if r["expect"]]
+    clean = [r for r in results if not r["expect"]]
+    print(f"\nrecall {sum(r['ok'] for r in planted)}/{len(planted)}; "
+          f"clean cases without a medium/high finding {sum(r['ok'] for r in clean)}/{len(clean)}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
