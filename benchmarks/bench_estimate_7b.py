@@ -18,13 +18,16 @@ CASES = [
     ("llava-1.5-7b", "--image 336x336 --prompt-tokens 128 --new-tokens 16 --dtype bfloat16"),
     ("qwen2-vl-7b-instruct", "--image 672x672 --prompt-tokens 128 --new-tokens 16 --dtype bfloat16"),
     ("qwen2-audio-7b-instruct", "--audio-seconds 10 --prompt-tokens 128 --new-tokens 16 --dtype bfloat16"),
+    # Qwen2-VL's own speed/memory benchmark request: 2048 new tokens cost about what 16 do (issue 15)
+    ("qwen2-vl-7b-instruct", "--image 448x448 --prompt-tokens 2 --new-tokens 16 --dtype bfloat16"),
+    ("qwen2-vl-7b-instruct", "--image 448x448 --prompt-tokens 2 --new-tokens 2048 --dtype bfloat16"),
 ]
 
 CHILD = """
 import resource, sys, time
 t0 = time.perf_counter()
 from memwarden.cli import main
-code = main(["estimate", *sys.argv[1:], "--json"])
+code = main(["estimate", *sys.argv[1:], "--json", "--quiet"])
 elapsed = time.perf_counter() - t0
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(f"@@ {elapsed:.3f} {usage.ru_maxrss * 1024} {usage.ru_utime + usage.ru_stime:.3f}", file=sys.stderr)

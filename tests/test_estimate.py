@@ -117,7 +117,7 @@ from memwarden.estimate import run as est, resolve
 resolve.resolve_model("llava-1.5-7b")
 import transformers, torch  # noqa: F401  (imports are the baseline)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-card = est.estimate("llava-1.5-7b", dtype="bfloat16", prompt_tokens=64, new_tokens=2)
+card = est.estimate("llava-1.5-7b", images=[(336, 336)], dtype="bfloat16", prompt_tokens=64, new_tokens=2)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"growth_kib": after - before, "card": card.to_json()}))
 """
@@ -137,11 +137,13 @@ def test_7b_estimate_costs_little_memory() -> None:
 
 
 def test_card_json_has_exactly_the_card_keys_and_markdown_a_table() -> None:
-    card = est.estimate("llava", prompt_tokens=12, new_tokens=2, device="jetson-orin-nano-8gb")
+    card = est.estimate("llava", images=[(32, 32)], prompt_tokens=12, new_tokens=2, device="jetson-orin-nano-8gb")
     data = json.loads(json.dumps(card.to_json()))
     assert tuple(data) == CARD_KEYS
     assert data["fits"] is True and data["headroom_bytes"] == data["usable_bytes"] - data["peak_bytes"]
-    assert set(data["phases"]) == {"load", "encode", "prefill", "decode"}
+    assert set(data["phases"]) == {"load", "input", "encode", "prefill", "decode"}
+    assert set(data["phases"]["load"]["by_category"]) <= {"weight", "buffer"}  # the request is its own phase
+    assert data["logits"] == "last" and set(data["versions"]) == {"transformers", "torch"}
     assert max(p["peak_bytes"] for p in data["phases"].values()) == data["peak_bytes"]
     assert data["tokens"] == {"vision": 16, "audio": 0, "text": 12}
     md = card.to_markdown()
@@ -226,7 +228,7 @@ def test_cli_card_and_sweep(capsys: pytest.CaptureFixture[str]) -> None:
         (["llava", "--batch", "0"], "batch must be an integer >= 1"),
         (["llava", "--dtype", "int3"], "dtype must be one of"),
         (["llava", "--weights-dtype", "int3"], "weights_dtype must be one of"),
-        (["llava", "--image", "32x32", "--image", "32x32"], "one image per request"),
+        (["qwen2-vl", "--image", "56x56", "--image", "56x56", "--prompt-tokens", "4"], "needs prompt_tokens >= 5"),
         (["llava", "--audio-seconds", "3"], "vision model"),
         (["qwen2-audio", "--audio-seconds", "99"], "takes 0.07 to 2 s of audio"),
         (["llava", "--device", "no-such-device"], "no-such-device"),
@@ -247,12 +249,32 @@ def test_config_paths_resolve(tmp_path: pytest.TempPathFactory) -> None:
     by_folder = resolve.resolve_model(str(folder))
     by_file = resolve.resolve_model(str(folder / "config.json"))
     assert by_folder.family == by_file.family == "idefics3" and by_folder.name == "SmolVLM-256M"
-    (folder / "config.json").write_text('{"model_type": "bert"}')
-    with pytest.raises(InputError, match="not supported"):
+    (folder / "config.json").write_text('{"model_type": "bert"}')  # a text model transformers can generate with
+    assert resolve.resolve_model(str(folder)).model_class == "BertLMHeadModel"
+    (folder / "config.json").write_text('{"model_type": "no_such_type"}')
+    with pytest.raises(InputError, match="'no_such_type' is not a transformers"):
         resolve.resolve_model(str(folder))
+    (folder / "config.json").write_text('{"model_type": "bert", "architectures": ["os.system"]}')
+    assert resolve.resolve_model(str(folder)).model_class == "BertLMHeadModel"  # a name outside the mappings is ignored
     (folder / "config.json").write_text("{not json")
     with pytest.raises(InputError, match="not a readable config.json"):
         resolve.resolve_model(str(folder))
+
+
+def test_several_images_and_no_image(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        _cli("llava", "--image", "32x32", "--image", "32x32", "--prompt-tokens", "12", "--new-tokens", "1", "--json")
+        == 0
+    )
+    two = json.loads(capsys.readouterr().out)
+    one = est.estimate("llava", images=[(32, 32)], prompt_tokens=12, new_tokens=1)
+    assert two["tokens"] == {"vision": 2 * one.tokens["vision"], "audio": 0, "text": 12}
+    assert two["peak_bytes"] > one.peak_bytes
+    none = est.estimate("llava", prompt_tokens=12, new_tokens=1)
+    assert none.tokens == {"vision": 0, "audio": 0, "text": 12} and "encode" not in none.phases
+    # Qwen-VL finds images as runs of placeholders: two images are two runs, each in its markers
+    card = est.estimate("qwen2-vl", images=[(56, 56), (112, 56)], prompt_tokens=12, new_tokens=1)
+    assert card.tokens["vision"] == (56 * 56 + 112 * 56) // (28 * 28)
 
 
 def test_memwarden_estimate_is_callable() -> None:

@@ -11,15 +11,14 @@ import torch
 
 from memwarden.capture.meta import memo as meta_memo
 from memwarden.capture.meta import replay as meta_replay
-from memwarden.estimate import resolve
-from memwarden.estimate import run as est
+from memwarden.estimate import measure, resolve
 from memwarden.estimate.card import Request
 
 _COLUMNS = ("action", "nbytes", "op", "dtype", "shape", "written_bytes", "category", "phase", "module")
 
 
 def _events(model: str, req: Request) -> dict[str, np.ndarray]:
-    trace, _ = est.run_estimate(resolve.resolve_model(model), req)
+    trace, _ = measure.run_estimate(resolve.resolve_model(model), req)
     return {k: np.asarray(trace.events[k]) for k in _COLUMNS} | {"strings": np.asarray(trace.strings)}
 
 

@@ -12,6 +12,7 @@ here because benchmarks/ is not importable from tests.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -63,6 +64,14 @@ def _case_id(name: str, req: dict[str, Any]) -> str:
 
 
 _MODEL: dict[str, torch.nn.Module] = {}  # the model of the current name only (cases run in order)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_models() -> Iterator[None]:
+    """Free the last model when the module ends: a live capture counts every CPU tensor alive."""
+    yield
+    _MODEL.clear()
+    gc.collect()
 
 
 def _model(name: str) -> torch.nn.Module:

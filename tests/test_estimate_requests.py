@@ -81,3 +81,42 @@ def test_sizes_are_validated_before_anything_is_built(tmp_path: Path) -> None:
         est.estimate(str(path), images=[(448, 448)])
     with pytest.raises(InputError, match="MPx"):
         est.estimate("llava-v1.6-mistral-7b", images=[(20000, 20000)])
+
+
+def _cli(*argv: str) -> int:
+    import argparse
+
+    from memwarden.commands import estimate as estimate_command
+
+    parser = argparse.ArgumentParser(prog="memwarden")
+    estimate_command.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["estimate", *argv])
+    return int(args.func(args))
+
+
+def test_cli_max_pixels_and_checkpoint_dtype(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["qwen2-vl-2b-instruct", "--image", "1920x1080", "--prompt-tokens", "4", "--new-tokens", "1", "--json"]
+    assert _cli(*argv, "--max-pixels", "200000", "--quiet") == 0
+    card = json.loads(capsys.readouterr().out)
+    reference = transformers.Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 200_000})
+    assert card["tokens"]["vision"] == reference.get_number_of_image_patches(1080, 1920, {}) // 4
+    assert card["versions"]["transformers"] == transformers.__version__
+    assert _cli(*argv) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"]["vision"] > card["tokens"]["vision"]
+    with pytest.raises(SystemExit):
+        _cli("--help")
+    assert "checkpoint's dtype" in capsys.readouterr().out.replace("\n", " ").replace("  ", " ")
+    with pytest.raises(InputError, match="max_pixels applies to dynamic-resolution"):
+        est.estimate("llava-1.5-7b", images=[(336, 336)], max_pixels=100_000)
+
+
+def test_full_logits_cost_every_prompt_position_in_float32() -> None:
+    prompt = 512
+    last = est.estimate("qwen2.5-0.5b-instruct", prompt_tokens=prompt, new_tokens=2)
+    full = est.estimate("qwen2.5-0.5b-instruct", prompt_tokens=prompt, new_tokens=2, logits="full")
+    vocab = resolve_model("qwen2.5-0.5b-instruct").config.vocab_size
+    assert full.logits == "full" and full.to_json()["logits"] == "full"
+    grown = full.phases["prefill"]["peak_bytes"] - last.phases["prefill"]["peak_bytes"]
+    assert grown >= 4 * (prompt - 1) * vocab  # at least the float32 copy of every position's logits
+    assert "logits: every prompt position" in full.to_text()
+    assert full.weights_bytes == last.weights_bytes

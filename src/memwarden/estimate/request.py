@@ -186,6 +186,15 @@ def _specials(config: Any) -> list[int]:
     return ids
 
 
+def _media_markers(config: Any) -> tuple[list[int], list[int]]:
+    """The begin/end-of-image ids the processor wraps each image in (Qwen-VL, GLM-4V); none elsewhere."""
+    for prefix in ("vision", "image"):
+        start, end = getattr(config, f"{prefix}_start_token_id", None), getattr(config, f"{prefix}_end_token_id", None)
+        if isinstance(start, int) and isinstance(end, int) and not isinstance(start, bool):
+            return [start], [end]
+    return [], []
+
+
 def image_token_id(config: Any) -> int:
     for key in ("image_token_id", "image_token_index"):
         value = getattr(config, key, None)
@@ -231,13 +240,24 @@ def build_request(
     top = min([text.vocab_size, *specials])
     if top <= _FIRST_TEXT_ID:
         raise InputError(f"model_type {config.model_type!r}: no ordinary text ids below its special tokens")
-    n_text = prompt_tokens - len(lead)
+    opening, closing = _media_markers(config) if counts else ([], [])
+    n_markers = len(lead) + len(counts) * (len(opening) + len(closing))
+    if prompt_tokens < n_markers:
+        raise InputError(
+            f"model_type {config.model_type!r} needs prompt_tokens >= {n_markers} for {len(counts)} image(s) "
+            f"(its BOS and begin/end-of-image markers); got {prompt_tokens}"
+        )
+    n_text = prompt_tokens - n_markers
     words = (torch.arange(n_text, dtype=torch.long) % (top - _FIRST_TEXT_ID) + _FIRST_TEXT_ID).tolist()
     ids = list(lead)
     if counts:
         placeholder = image_token_id(config)
-        for n in counts:
-            ids += [placeholder] * n
+        for i, n in enumerate(counts):
+            ids += opening + [placeholder] * n + closing
+            # Models that find images as runs of placeholders (Qwen-VL's rope index) need a text token
+            # between two images, as every chat template puts one.
+            if i + 1 < len(counts) and words:
+                ids.append(words.pop())
     ids += words
     input_ids = torch.tensor([ids] * batch, dtype=torch.long)
     inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}

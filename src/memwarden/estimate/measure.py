@@ -1,0 +1,220 @@
+"""Running one request on the meta model: the checks, the inputs, ``generate()`` under
+:class:`memwarden.capture.meta.capture.MetaCapture`, and the card of the run.
+
+A long generation is not run step by step: two runs of ``_MEASURED_NEW_TOKENS`` and one more new
+tokens give the steady-state decode step (:mod:`memwarden.estimate.steady`), extrapolated to the
+requested length. Where the steps are not steady (a quantized KV cache re-quantizes every 128
+tokens; a sliding window fills up later than the measured steps reach) every step is run.
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from memwarden.errors import InputError
+from memwarden.estimate.build import card_from_trace
+from memwarden.estimate.card import MemoryCard, ModelFacts, Request
+from memwarden.estimate.resolve import ResolvedModel
+from memwarden.estimate.steady import Extrapolated, extrapolate_decode
+
+__all__ = ["DTYPES", "KV_DTYPES", "LOGITS", "WEIGHT_DTYPES", "card_for", "check_request", "measure", "run_estimate"]
+
+DTYPES = ("float32", "float16", "bfloat16")
+WEIGHT_DTYPES = ("int8", "int4")
+KV_DTYPES = ("float8", "int8", "int4")
+LOGITS = ("last", "full")
+_MEASURED_NEW_TOKENS = 8  # the shorter of the two runs a long generation is extrapolated from
+_STEADY_MARGIN = 4  # decode steps run past a sliding window's filling before steps count as steady
+
+Progress = Callable[..., None]  # progress(text, fraction=None)
+
+
+def _quiet(text: str, fraction: float | None = None) -> None:
+    return None
+
+
+def check_request(req: Request) -> None:
+    for label, value, low in (
+        ("prompt_tokens", req.prompt_tokens, 1),
+        ("new_tokens", req.new_tokens, 1),
+        ("batch", req.batch, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InputError(f"{label} must be an integer >= {low}; got {value!r}")
+    if req.dtype not in DTYPES:
+        raise InputError(f"dtype must be one of {', '.join(DTYPES)}; got {req.dtype!r}")
+    if req.weights_dtype is not None and req.weights_dtype not in WEIGHT_DTYPES:
+        raise InputError(
+            f"weights_dtype must be one of {', '.join(WEIGHT_DTYPES)} (or omitted); got {req.weights_dtype!r}"
+        )
+    if req.kv_dtype is not None and req.kv_dtype not in KV_DTYPES:
+        raise InputError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} (or omitted); got {req.kv_dtype!r}")
+    if req.logits not in LOGITS:
+        raise InputError(f"logits must be one of {', '.join(LOGITS)}; got {req.logits!r}")
+    for wh in req.images:
+        if len(wh) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in wh):
+            raise InputError(f"an image size is (width, height) in positive pixels; got {wh!r}")
+    if req.audio_seconds is not None and (not isinstance(req.audio_seconds, (int, float)) or not req.audio_seconds > 0):
+        raise InputError(f"audio_seconds must be a positive number; got {req.audio_seconds!r}")
+    if req.max_pixels is not None and (
+        isinstance(req.max_pixels, bool) or not isinstance(req.max_pixels, int) or not 1 <= req.max_pixels <= 1 << 26
+    ):
+        raise InputError(f"max_pixels must be an integer from 1 to {1 << 26}; got {req.max_pixels!r}")
+
+
+def zoo_family(resolved: ResolvedModel) -> bool:
+    """Whether the zoo's request builder knows this family (its requests stay exactly as before)."""
+    from memwarden.models import zoo
+
+    return any(zoo.spec(n).family == resolved.family for n in zoo.NAMES)
+
+
+def _inputs(resolved: ResolvedModel, req: Request, model: Any) -> tuple[dict[str, Any], dict[str, int]]:
+    from memwarden.capture.meta.capture import meta_inputs
+    from memwarden.estimate.request import build_request
+    from memwarden.models import zoo
+
+    if req.audio_seconds is not None and not zoo_family(resolved):
+        raise InputError(f"audio requests for model_type {resolved.family!r} are not supported yet")
+    # The zoo's tiny models keep the zoo's builder (one image per row, exactly the native size);
+    # real configs' images go through the family's own processor, resized and tiled as it does.
+    if not resolved.source.startswith("zoo:") and req.audio_seconds is None:
+        zoo_request = False
+    else:
+        zoo_request = zoo_family(resolved) and len(req.images) <= 1 and req.max_pixels is None
+    if not zoo_request or (not req.images and req.audio_seconds is None):
+        return build_request(
+            model, resolved.config, images=req.images, prompt_tokens=req.prompt_tokens,
+            new_tokens=req.new_tokens, batch=req.batch, max_pixels=req.max_pixels,
+        )  # fmt: skip
+    config = resolved.config
+    if not resolved.source.startswith("zoo:"):
+        # Prompt text is drawn below the lowest special id, so that no random word is a placeholder.
+        config = copy.deepcopy(config)
+        specials = [
+            v for k, v in vars(resolved.config).items()
+            if k.endswith(("token_id", "token_index")) and isinstance(v, int) and v > 1000
+        ]  # fmt: skip
+        text = config.get_text_config()
+        if specials:
+            text.vocab_size = min(min(specials), text.vocab_size)
+    inputs = zoo.make_inputs(
+        config,
+        image_size=req.images[0] if req.images else None,
+        audio_seconds=req.audio_seconds,
+        prompt_tokens=req.prompt_tokens,
+        batch=req.batch,
+    )
+    return meta_inputs(inputs), {}
+
+
+def _prepare(resolved: ResolvedModel, req: Request) -> tuple[Any, dict[str, Any]]:
+    from memwarden.estimate.metamodel import model_for
+
+    check_request(req)
+    context = getattr(resolved.config.get_text_config(), "max_position_embeddings", None)
+    if isinstance(context, int) and req.prompt_tokens + req.new_tokens > context:
+        raise InputError(
+            f"{req.prompt_tokens} prompt tokens + {req.new_tokens} new tokens exceed {resolved.name}'s context of "
+            f"{context} (max_position_embeddings)"
+        )
+    model = model_for(resolved, req.dtype, req.weights_dtype)
+    inputs, _tokens = _inputs(resolved, req, model)
+    return model, inputs
+
+
+def _generate(resolved: ResolvedModel, req: Request, model: Any, inputs: dict[str, Any], new_tokens: int) -> Any:
+    """The meta Trace of ``generate()`` making ``new_tokens`` tokens greedily."""
+    import torch
+
+    from memwarden.capture.meta.capture import MetaCapture
+    from memwarden.estimate.metamodel import quantized_cache
+
+    kwargs: dict[str, Any] = {"do_sample": False, "num_beams": 1, "eos_token_id": None, "pad_token_id": 0}
+    if req.kv_dtype is not None:
+        kwargs["cache"] = quantized_cache(resolved, req.kv_dtype)
+    hook = None
+    if req.logits == "full":
+        # transformers before 4.45 computed every prompt position's logits in prefill and upcast them
+        # to float32 in the model's forward (``logits = logits.float()``); 0 keeps them all.
+        kwargs["logits_to_keep"] = 0
+        head = model.get_output_embeddings()
+        if head is not None and req.dtype != "float32":
+            hook = head.register_forward_hook(lambda _module, _args, out: out.float())
+    metadata = {"model": resolved.name, "request": req.to_json(), "new_tokens_run": new_tokens}
+    try:
+        with MetaCapture(model, inputs, metadata=metadata) as cap, torch.inference_mode():
+            model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
+    finally:
+        if hook is not None:
+            hook.remove()
+    return cap.trace
+
+
+def run_estimate(resolved: ResolvedModel, req: Request) -> tuple[Any, Any]:
+    """(meta Trace, meta model) of one request, every decode step run."""
+    model, inputs = _prepare(resolved, req)
+    return _generate(resolved, req, model, inputs, req.new_tokens), model
+
+
+def _steady_from(resolved: ResolvedModel, prompt_length: int) -> int | None:
+    """Decode steps after which every step is alike; None when not known (run every step)."""
+    text = resolved.config.get_text_config(decoder=True)
+    layer_types = [t for t in getattr(text, "layer_types", None) or [] if t != "full_attention"]
+    if not layer_types:
+        return 0
+    window = getattr(text, "sliding_window", None) or getattr(text, "attention_chunk_size", None)
+    if set(layer_types) <= {"sliding_attention", "chunked_attention"} and isinstance(window, int):
+        return max(0, window - prompt_length) + _STEADY_MARGIN
+    return None
+
+
+def measure(resolved: ResolvedModel, req: Request, progress: Progress = _quiet) -> tuple[Any, Any, Extrapolated | None]:
+    """(meta Trace, meta model, the decode phase extrapolated to ``req.new_tokens`` or None when
+    the Trace ran every step)."""
+    progress("building the meta model", 0.05)
+    model, inputs = _prepare(resolved, req)
+    prompt_length = int(inputs["input_ids"].shape[-1])
+    steady = _steady_from(resolved, prompt_length) if req.kv_dtype is None else None
+    short = None if steady is None else max(_MEASURED_NEW_TOKENS, steady + 4)
+    if short is not None and req.new_tokens > short + 1:
+        progress(f"running {short} and {short + 1} of {req.new_tokens} new tokens", 0.2)
+        first = _generate(resolved, req, model, inputs, short)
+        progress(f"running {short + 1} of {req.new_tokens} new tokens", 0.5)
+        longer = _generate(resolved, req, model, inputs, short + 1)
+        decode = extrapolate_decode(first, longer, req.new_tokens)
+        if decode is not None:
+            return longer, model, decode
+    progress(f"running {req.new_tokens} new tokens step by step", 0.3)
+    return _generate(resolved, req, model, inputs, req.new_tokens), model, None
+
+
+def versions() -> dict[str, str]:
+    """The versions whose code the estimate ran."""
+    import torch
+    import transformers
+
+    return {"transformers": transformers.__version__, "torch": torch.__version__}
+
+
+def card_for(
+    resolved: ResolvedModel,
+    req: Request,
+    device: Any = None,
+    *,
+    facts: bool = False,
+    progress: Progress = _quiet,
+) -> tuple[MemoryCard, ModelFacts | None]:
+    """The card of one request (without rerun suggestions) and, with ``facts``, the model's facts;
+    with a device (and facts) its verdict and arithmetic suggestions."""
+    from memwarden.estimate.metamodel import model_facts
+
+    trace, meta_model, decode = measure(resolved, req, progress)
+    progress("reading the trace", 0.8)
+    model_facts_ = model_facts(resolved, meta_model, req) if facts else None
+    card = card_from_trace(trace, model=resolved.name, request=req, facts=model_facts_, device=device,
+                           decode=decode, versions=versions())  # fmt: skip
+    return card, model_facts_
