@@ -35,7 +35,17 @@ def test_json_shape_and_sorting(reprefill_trace: Path) -> None:
     assert set(data) == {"peak_bytes", "findings"}
     assert data["findings"], "the scenario's pattern must be found"
     for f in data["findings"]:
-        assert set(f) == {"pattern", "severity", "bytes_at_peak", "wasted_bytes", "where", "evidence", "fix"}
+        assert set(f) == {
+            "pattern",
+            "severity",
+            "bytes_at_peak",
+            "wasted_bytes",
+            "where",
+            "evidence",
+            "fix",
+            "peak_added_bytes",
+            "allocated_bytes",
+        }
         assert f["severity"] in ("high", "medium", "low")
     wasted = [f["wasted_bytes"] for f in data["findings"]]
     assert wasted == sorted(wasted, reverse=True)

@@ -527,3 +527,46 @@ def test_cli_errors_are_one_line(tmp_path: Path, trace: Trace, what: str):
     assert (name if what != "bad-output-dir" else "out.html") in lines[0]
     assert not (tmp_path / "out.html").exists()
     assert not list(tmp_path.rglob("*.partial"))
+
+
+# -- the stress page --------------------------------------------------------------------------
+
+
+def _side(name: str, ok: int, requests: int) -> dict:
+    return {"name": name, "mode": "plain", "requests": requests, "ok": ok, "oom": requests - ok, "crash": 0, "lost": 0,
+            "failure_rate": 1 - ok / requests, "p50_latency_s": 1.0, "p95_latency_s": 1.0, "p50_latency_ci_s": None,
+            "recovery_p50_s": None, "recoveries": 0, "peak_rss_p50_bytes": MiB, "peak_rss_max_bytes": MiB,
+            "worker_restarts": 0}  # fmt: skip
+
+
+def test_stress_latency_chart_draws_one_answer_and_has_real_axes():
+    from memwarden.resilience.report import render_stress_html
+
+    def rec(i: int, status: str, latency: float | None) -> dict:
+        return {"index": i, "status": status, "latency_s": latency, "recovery_s": None, "peak_rss_bytes": MiB,
+                "output_sha": None, "error": None if status == "ok" else "out of memory"}  # fmt: skip
+
+    result = {"a": _side("plain", 1, 3), "b": _side("governed", 3, 3), "failure_rate_p_value": 0.4,
+              "p50_latency_diff_ci_s": None, "outputs_compared": 1, "outputs_equal": 1, "runs": 3, "seed": 0,
+              "inject": [], "executor": "local",
+              "records": {"a": [rec(0, "ok", 2.0), rec(1, "oom", None), rec(2, "oom", None)],
+                          "b": [rec(0, "ok", 1.0), rec(1, "ok", 3.0), rec(2, "ok", 8.3)]}}  # fmt: skip
+    page = render_stress_html(result)
+    svg = page.split('aria-label="latency CDF">')[1].split("</svg>")[0]
+    a_path = re.search(r'<path d="([^"]+)" fill="none" stroke="#4e79a7"', svg)
+    assert a_path and a_path.group(1).count("L") >= 3, "one answered request is one visible step"
+    assert "answered in 2.00 s" in svg  # a dot with its own tooltip
+    for label in ("0%", "50%", "100%", "latency of answered requests", "share answered within"):
+        assert label in svg, label
+    assert len(re.findall(r">\d+(?:\.\d+)? (?:s|ms)</text>", svg)) >= 4  # ticks along the time axis
+
+
+def test_heatmap_shares_the_timeline_time_axis(trace: Trace):
+    from memwarden.analyze.analysis import Analysis
+    from memwarden.report.heatmap import _figure
+
+    result = Analysis(trace).replay(history_columns=50)
+    times_s = (trace.events["time_us"] - trace.events["time_us"][0]) / 1e6
+    ax = _figure(result, None, 100, times_s).axes[0]
+    assert ax.get_xlabel().startswith("time (s")
+    assert ax.get_xlim() == pytest.approx((0.0, float(times_s[-1])))

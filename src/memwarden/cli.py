@@ -8,10 +8,13 @@ callable ``(args) -> int`` (the exit status).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
+from memwarden.commands._help import describe, flag_names
 from memwarden.errors import MemwardenError
 from memwarden.trace.model import TraceFormatError
 
@@ -50,7 +53,35 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # command not built yet
             raise
         module.register(sub)
+    helps = {choice.dest: choice.help for choice in sub._choices_actions}
+    for name, subparser in sub.choices.items():
+        describe(name, subparser, helps.get(name))
     return parser
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
+    return None
+
+
+def _parse(parser: argparse.ArgumentParser, raw: list[str]) -> argparse.Namespace:
+    """``parse_args``, except that an unknown option is reported by the subcommand's parser (its
+    usage, not the top-level one) with the closest options it does know."""
+    args, extras = parser.parse_known_args(raw)
+    if not extras:
+        return args
+    owner = _subparser(parser, getattr(args, "command", None)) or parser
+    known = [o for action in owner._actions for o in action.option_strings]
+    hints = []
+    for extra in extras:
+        flag = extra.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag.startswith("-") else []
+        if close:
+            hints.append(f"did you mean {close[0]}?")
+    owner.error(f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else ""))
 
 
 def _version() -> str:
@@ -64,14 +95,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     if any("\x00" in a for a in raw):
         parser.error("arguments may not contain NUL bytes")
-    args = parser.parse_args(raw)
+    args = _parse(parser, raw)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away (`| head`) shows up here, inside the handler
+        return status
+    except BrokenPipeError:
+        return _closed_pipe()
     except (MemwardenError, TraceFormatError) as exc:
-        print(f"memwarden {args.command}: error: {exc}", file=sys.stderr)
+        message = flag_names(str(exc)) if args.command == "estimate" else str(exc)  # the API's names, as flags
+        print(f"memwarden {args.command}: error: {message}", file=sys.stderr)
         return getattr(exc, "exit_code", 2)
     except OSError as exc:  # a path the system refuses (too long, unreadable, a directory): the user's to fix
         name = str(exc.filename or "")
@@ -81,8 +117,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"memwarden {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (``memwarden summary --json | head -2``): end quietly, as
+    Unix tools do. Point stdout at /dev/null so the interpreter's final flush cannot fail too."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # stdout replaced by an in-memory stream: nothing to close
         return 0
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memwarden.models.chat import DEFAULT_BUDGET_BYTES, DemoConfig, build_deployment, conversation_inputs, run_chat
+from memwarden.trace.model import Trace
 from memwarden.units import format_bytes
 
 __all__ = [
@@ -97,29 +98,29 @@ def run_demo(
     with cap:
         outputs = run_chat(
             model, turn_inputs, gen_kwargs, config,
-            on_turn=lambda t: step(f"turn {t + 1}/{config.turns} answered", 0.1 + 0.7 * (t + 1) / config.turns),
+            on_turn=lambda t: step(f"turn {t + 1}/{config.turns} answered", 0.05 + 0.55 * (t + 1) / config.turns),
         )  # fmt: skip
-    trace = cap.trace
-    step("summarising", 0.82)
+    trace = _trace_of(cap)
+    step("summarising", 0.62)
     result = summary(trace)
-    step("diagnosing", 0.86)
+    step("diagnosing", 0.64)
     from memwarden.analyze.diagnose import diagnose
     from memwarden.report.full import write_report
 
     findings = diagnose(trace)
     trace_path = save(trace, out / "demo.mwtrace")
-    step("writing report.html", 0.92)
+    step("writing report.html", 0.68)
     report_path = out / "report.html"
     title = f"memwarden demo: {config.model} ({config.size}), {config.turns}-turn chat"
     write_report(trace, report_path, title=title, findings=findings)
     governed = None
     if config.governed:
-        step("serving the same turns with a GovernedSession", 0.94)
-        governed = run_governed(model, turn_inputs, gen_kwargs, config, outputs, out)
+        step("serving the same turns with a GovernedSession", 0.72)
+        governed = run_governed(model, turn_inputs, gen_kwargs, config, outputs, out, on_step=step)
     thermal = None
     if config.governed and config.thermal:
-        step("replaying a thermal event against the session", 0.97)
-        thermal = run_thermal(model, gen_kwargs, config)
+        step("replaying a thermal event against the session", 0.8)
+        thermal = run_thermal(model, gen_kwargs, config, on_step=step)
     step("done", 1.0)
     return DemoResult(trace, result, report_path, trace_path, config, outputs, findings, governed, thermal)
 
@@ -127,7 +128,9 @@ def run_demo(
 THERMAL_LOG = Path(__file__).resolve().parent / "data" / "thermal_event.jsonl"
 
 
-def run_thermal(model: Any, gen_kwargs: dict[str, Any], config: DemoConfig) -> ThermalResult:
+def run_thermal(
+    model: Any, gen_kwargs: dict[str, Any], config: DemoConfig, on_step: Callable[[str, float], None] | None = None
+) -> ThermalResult:
     """A conversation served while a recorded thermal event (an 8 GB board heating past 70 °C,
     scaled to this model's share) halves the session's budget and gives it back: telemetry is
     fed between turns; no request may fail, outputs must stay exact, and the live bytes must
@@ -146,13 +149,23 @@ def run_thermal(model: Any, gen_kwargs: dict[str, Any], config: DemoConfig) -> T
     samples, controller = scaled_replay(load_log(THERMAL_LOG), int(2.4 * state_bytes(model)) + 2 * 1024**2)
     controller.update(samples[0])
     per_turn = max(1, len(samples) // turns.turns)
+
+    def step(text: str, done: float) -> None:  # the reference answers, then the session's: 0.8 .. 0.99 of the demo
+        if on_step is not None:
+            on_step(text, 0.8 + 0.19 * done)
+
+    expected = []
     with torch.inference_mode():
-        expected = [model.generate(**conversation_inputs(model, turns, t), max_new_tokens=turns.new_tokens, **gen_kwargs)
-                    for t in range(turns.turns)]  # fmt: skip
+        for t in range(turns.turns):
+            step(f"thermal event: reference answer {t + 1}/{turns.turns}", t / (2 * turns.turns))
+            expected.append(
+                model.generate(**conversation_inputs(model, turns, t), max_new_tokens=turns.new_tokens, **gen_kwargs)
+            )
     budgets, equal, failed = [controller.budget_bytes], True, 0
     with Capture(metadata={"workload": "demo thermal event"}) as cap, torch.inference_mode():
         session = GovernedSession(model, budget=controller)
         for t in range(turns.turns):
+            step(f"thermal event: session turn {t + 1}/{turns.turns}", (turns.turns + t) / (2 * turns.turns))
             for sample in samples[t * per_turn : (t + 1) * per_turn]:
                 session.on_telemetry(sample, in_use_bytes=0)  # a recorded log never saw this session
             budgets.append(session.budget_bytes)
@@ -167,11 +180,12 @@ def run_thermal(model: Any, gen_kwargs: dict[str, Any], config: DemoConfig) -> T
         session.close()
     return ThermalResult(log=THERMAL_LOG.name, requests=turns.turns, failed=failed, outputs_equal=equal,
                          start_budget_bytes=budgets[0], min_budget_bytes=min(budgets), end_budget_bytes=budgets[-1],
-                         check=check_budget(cap.trace, model_state_bytes=state_bytes(model)), decisions=decisions)  # fmt: skip
+                         check=check_budget(_trace_of(cap), model_state_bytes=state_bytes(model)), decisions=decisions)  # fmt: skip
 
 
 def run_governed(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_kwargs: dict[str, Any],
-                 config: DemoConfig, naive_outputs: list[list[int]], out: Path) -> GovernedResult:  # fmt: skip
+                 config: DemoConfig, naive_outputs: list[list[int]], out: Path,
+                 on_step: Callable[[str, float], None] | None = None) -> GovernedResult:  # fmt: skip
     """Serve the demo's turns through a GovernedSession under ``config.budget_bytes``, captured the
     same way as the naive run (the session, its KV pool included, is created inside the capture)."""
     import torch
@@ -189,18 +203,28 @@ def run_governed(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_k
     with cap, torch.inference_mode():
         session = GovernedSession(model, budget=config.budget_bytes)
         for turn in range(config.turns):
+            if on_step is not None:
+                on_step(f"GovernedSession: turn {turn + 1}/{config.turns}", 0.72 + 0.06 * turn / config.turns)
             inputs = turn_inputs(turn)
             ids = session.generate(**inputs, max_new_tokens=config.new_tokens, **gen_kwargs)
             outputs.append(ids[0, inputs["input_ids"].shape[1] :].tolist())
         stats = session.stats()
         session.close()
-    trace = cap.trace
+    trace = _trace_of(cap)
     findings = diagnose(trace)
     trace_path = save(trace, out / "governed.mwtrace")
     report_path = out / "governed.html"
     title = f"memwarden demo: {config.model} ({config.size}), {config.turns}-turn chat, GovernedSession"
     write_report(trace, report_path, title=title, findings=findings)
     return GovernedResult(trace, summary(trace), findings, outputs == naive_outputs, report_path, trace_path, stats)
+
+
+def _trace_of(cap: Any) -> Trace:
+    """The trace a finished capture recorded (every capture here ran to its end)."""
+    trace = cap.trace
+    if trace is None:
+        raise RuntimeError("the capture recorded no trace")
+    return trace
 
 
 def verdict(result: DemoResult) -> str:

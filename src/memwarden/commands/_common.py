@@ -53,8 +53,27 @@ def pick_device(trace: Trace, wanted: str | None) -> int:
 
 
 def print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, default=_default)
+    """``data`` as JSON on stdout, always valid JSON: a non-finite number (which ``json`` would print as
+    a bare ``Infinity``/``NaN``) is written as ``null``."""
+    json.dump(_finite(data), sys.stdout, indent=2, default=_default, allow_nan=False)
     sys.stdout.write("\n")
+
+
+def _finite(value: Any, depth: int = 0) -> Any:
+    """``value`` with every non-finite float replaced by None (objects through their JSON form)."""
+    if depth > 200:  # json itself refuses deeper nesting; let it say so
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, dict):
+        return {k: _finite(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v, depth + 1) for v in value]
+    if isinstance(value, str | int | bool) or value is None:
+        return value
+    if hasattr(value, "to_json") or hasattr(value, "tolist"):
+        return _finite(_default(value), depth + 1)
+    return value
 
 
 def _default(value: Any) -> Any:
@@ -63,3 +82,11 @@ def _default(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def wrote(path: object, detail: str = "") -> None:
+    """The one success line of every command that writes a file: ``wrote PATH (detail)``. On
+    stdout, unless stdout carries the data itself (``-o -``), then on stderr."""
+    text = str(path)
+    line = f"wrote {'stdout' if text == '-' else text}" + (f" ({detail})" if detail else "")
+    print(line, file=sys.stderr if text == "-" else sys.stdout)

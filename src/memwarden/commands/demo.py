@@ -17,6 +17,7 @@ def register(sub: Any) -> None:
     p.add_argument("--budget", default=None, help="simulated device budget, e.g. 320MiB")
     p.add_argument("--naive-only", action="store_true", help="skip the GovernedSession part (before only)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
 
@@ -68,15 +69,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from memwarden.report.console import render_summary
+    from memwarden.report.progress import progress
 
-    console = Console(stderr=True)
-    with Progress(TextColumn("[bold]memwarden demo[/]"), BarColumn(), TextColumn("{task.description}"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:  # fmt: skip
-        task = bar.add_task("starting", total=1.0)
-        result = run_demo(config, out, progress=lambda text, f: bar.update(task, description=text, completed=f))
+    with progress("memwarden demo", enabled=not args.quiet) as step:
+        result = run_demo(config, out, progress=step)
     out_console = Console()
     out_console.print(
         render_summary(result.summary, source=f"{config.model} ({config.size}), {config.turns}-turn chat")
@@ -103,8 +101,24 @@ def run(args: argparse.Namespace) -> int:
                 f"{'always under' if th.check.ok else 'OVER'} the budget in force "
                 f"({len([d for d in th.decisions if d['kind'] == 'kv-pool'])} KV-pool resizes).[/]"
             )  # fmt: skip
-        out_console.print(f"Wrote {result.report_path}, {result.trace_path} (before) and "
+        out_console.print(f"wrote {result.report_path}, {result.trace_path} (before) and "
                           f"{result.governed.report_path}, {result.governed.trace_path} (after)")  # fmt: skip
     else:
-        out_console.print(f"Wrote {result.report_path} and {result.trace_path}")
+        out_console.print(f"wrote {result.report_path} and {result.trace_path}")
+    out_console.print(what_next(result.report_path, result.trace_path))
     return 0
+
+
+def what_next(report: Any, trace: Any) -> str:
+    """Where to look and what to try after the demo (commands on lines of their own: copyable)."""
+    return (
+        f"\n[bold]Next[/]: open {report} in a browser; it starts with the answer (the peak, its cause, the fix).\n"
+        "Then try:\n"
+        f"  memwarden diagnose {trace}\n"
+        "      [dim]the findings, with full fixes and evidence[/]\n"
+        "  memwarden trace -o run.mwtrace your_script.py\n"
+        "      [dim]your own model; then: memwarden summary run.mwtrace[/]\n"
+        "  memwarden estimate llava-1.5-7b --device-profile jetson-orin-nano-8gb\n"
+        "      [dim]will a real model fit a device? (no weights needed)[/]\n"
+        'More: examples/scenarios/, one folder per overflow pattern (README: "Learn by example").'
+    )

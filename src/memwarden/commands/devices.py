@@ -33,10 +33,12 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from memwarden.report.devices import profile_details, profiles_table
+    from memwarden.report.devices import profile_details, profile_header, profiles_table
 
     console = Console()
-    console.print(profiles_table(profiles))
     if one:
+        console.print(profile_header(profiles[0]))
         console.print(profile_details(profiles[0]))
+    else:
+        console.print(profiles_table(profiles))
     return 0

@@ -12,7 +12,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser("diagnose", help="name the overflow patterns in a trace, with evidence and a fix")
     p.add_argument("file", help=".mwtrace file or PyTorch memory snapshot pickle")
     p.add_argument("--json", action="store_true", help="print JSON: {peak_bytes, findings: [...]}")
-    p.add_argument("--html", metavar="OUT.html", help="also write the HTML report with a findings section")
+    p.add_argument(
+        "--html", metavar="OUT.html", help="also write the HTML report with a findings section (- for stdout)"
+    )
     p.add_argument("--config", metavar="TOML", help="thresholds: [thresholds.<pattern-id>] name = value")
     p.add_argument("--pattern", action="append", help="run only this detector (repeatable)")
     p.set_defaults(func=run)
@@ -21,8 +23,12 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from memwarden.analyze.analysis import Analysis
     from memwarden.analyze.diagnose import PATTERNS, diagnose, load_thresholds, report_json
-    from memwarden.commands._common import load_trace, print_json
+    from memwarden.commands._common import load_trace, print_json, wrote
     from memwarden.report.full import HEATMAP_COLUMNS, write_report
+    from memwarden.trace.io import check_output
+
+    if args.html:
+        check_output(args.html, flag="--html", allow_stdout=not args.json)
 
     thresholds = {}
     if args.config:
@@ -49,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
 
     from memwarden.report.findings import render_findings
 
-    console = Console()
-    console.print(render_findings(findings, data["peak_bytes"]))
+    if args.html == "-":
+        wrote(args.html)
+        return 0  # stdout carries the page; the findings are in it
+    Console().print(render_findings(findings, data["peak_bytes"]))
     if args.html:
-        console.print(f"Wrote {args.html}")
+        wrote(args.html)
     return 0

@@ -1,11 +1,13 @@
 """memwarden estimate MODEL [--image WxH]... [--audio-seconds S] [--prompt-tokens N] [--new-tokens N]
-[--batch B] [--dtype D] [--weights-dtype D] [--kv-dtype D] [--device PROFILE]... [--json | --format md] [--sweep]"""
+[--batch B] [--dtype D] [--weights-dtype D] [--kv-dtype D] [--max-pixels N] [--logits last|full]
+[--device-profile PROFILE]... [--json | --format md] [--sweep] [--quiet]"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from memwarden.commands._help import renamed
 from memwarden.errors import InputError
 
 
@@ -24,7 +26,12 @@ def register(sub: Any) -> None:
     p.add_argument("model", metavar="MODEL", help="zoo name, named real model, config.json or its folder")
     p.add_argument(
         "--image", action="append", default=[], metavar="WxH",
-        help="an image already resized to W x H px (no tiling); repeat with --sweep to compare sizes",
+        help="an image of W x H px, resized, tiled or pixel-limited as the model's own processor does; repeat for "
+        "several images (with --sweep: sizes to compare)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-pixels", default=None, metavar="N",
+        help="pixel limit per image of a dynamic-resolution processor (Qwen2-VL's max_pixels; default the processor's)",
     )  # fmt: skip
     p.add_argument("--audio-seconds", default=None, metavar="S", help="audio length in seconds (mel frames at 100/s)")
     p.add_argument(
@@ -35,12 +42,20 @@ def register(sub: Any) -> None:
     p.add_argument("--new-tokens", default="16", metavar="N", help="tokens generated greedily (default 16)")
     p.add_argument("--batch", default="1", metavar="B", help="sequences per request (default 1)")
     p.add_argument(
-        "--dtype", default="float32", metavar="D", help="weights and activations: float32, float16, bfloat16"
-    )
+        "--dtype", default=None, metavar="D",
+        help="weights and activations: float32, float16, bfloat16 (default: the checkpoint's dtype, torch_dtype in "
+        "config.json; float32 when it states none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--logits", choices=("last", "full"), default="last",
+        help="prefill logits: last position only (transformers >= 4.45, default) or every prompt position in float32 "
+        "(older transformers, as many published tables were measured)",
+    )  # fmt: skip
     p.add_argument("--weights-dtype", default=None, metavar="D", help="quantized weights: int8 or int4 (NF4)")
     p.add_argument("--kv-dtype", default=None, metavar="D", help="quantized KV cache: float8, int8 or int4")
     p.add_argument(
-        "--device", action="append", default=[], metavar="PROFILE",
+        "--device-profile", "--device", dest="device", default=[], metavar="PROFILE",
+        action=renamed(argparse._AppendAction, "--device", "--device-profile"),
         help="device profile id or TOML path (repeatable; the first one gets the suggestions)",
     )  # fmt: skip
     fmt = p.add_mutually_exclusive_group()
@@ -51,6 +66,7 @@ def register(sub: Any) -> None:
         help="estimate over image sizes, prompt lengths (or audio lengths) and print where the model stops fitting",
     )  # fmt: skip
     p.add_argument("--no-suggest", action="store_true", help="skip the re-runs that price the suggested changes")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
 
 
@@ -76,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import print_json
     from memwarden.estimate.run import estimate, load_device, parse_image, sweep
     from memwarden.report.estimate import card_text, sweep_text
+    from memwarden.report.progress import progress
 
     images = [parse_image(v) for v in args.image]
     prompts = _ints(args.prompt_tokens, "--prompt-tokens")
@@ -101,15 +118,20 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("several --prompt-tokens values need --sweep")
     if audio is not None and len(audio) > 1:
         raise InputError("several --audio-seconds values need --sweep")
-    card = estimate(
-        args.model,
-        images=images,
-        audio_seconds=audio[0] if audio else None,
-        prompt_tokens=prompts[0],
-        device=devices[0] if devices else None,
-        suggest=not args.no_suggest,
-        **common,
-    )
+    max_pixels = _int(args.max_pixels, "--max-pixels") if args.max_pixels is not None else None
+    with progress("estimate", enabled=fmt != "json" and not args.quiet) as step:
+        card = estimate(
+            args.model,
+            images=images,
+            audio_seconds=audio[0] if audio else None,
+            prompt_tokens=prompts[0],
+            device=devices[0] if devices else None,
+            suggest=not args.no_suggest,
+            max_pixels=max_pixels,
+            logits=args.logits,
+            progress=step,
+            **common,
+        )
     if fmt == "json":
         print_json(card.to_json())
     elif fmt == "md":

@@ -32,7 +32,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("file", metavar="FILE", help="a .mwtrace file or a PyTorch memory snapshot")
     parser.add_argument("--format", required=True, metavar="{" + ",".join(FORMATS) + "}", help="output format")
-    parser.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write (replaced atomically)")
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="OUT", help="file to write (replaced atomically); - for stdout"
+    )
     parser.add_argument(
         "--allocator",
         metavar="{" + ",".join(ALLOCATORS) + "}",
@@ -66,8 +68,11 @@ def run(args: argparse.Namespace) -> int:
         if args.format != "torch-snapshot":
             raise InputError("--allocator applies only to --format torch-snapshot")
 
+    from memwarden.commands._common import wrote
     from memwarden.interop.files import load_any
+    from memwarden.trace.io import check_output
 
+    check_output(args.output, flag="-o")
     trace = load_any(args.file)
     try:
         if args.format == "chrome":
@@ -85,5 +90,5 @@ def run(args: argparse.Namespace) -> int:
                 save_snapshot(trace, args.output, segments, allocator_settings=settings)
     except OSError as exc:
         raise InputError(f"cannot write {args.output}: {exc.strerror or exc.__class__.__name__}") from None
-    print(f"wrote {args.output} ({args.format}, {trace.num_events} events, {trace.num_spans} spans)")
+    wrote(args.output, f"{args.format}, {trace.num_events} events, {trace.num_spans} spans")
     return 0

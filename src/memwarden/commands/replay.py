@@ -45,14 +45,17 @@ def register(sub: Any) -> None:
         help="device index or name (default: the trace's primary device, as summary shows it)",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--heatmap", metavar="OUT.png", help="also draw the memory layout over time to this PNG")
+    p.add_argument(
+        "--heatmap", metavar="OUT.png", help="also draw the memory layout over time to this PNG (- for stdout)"
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from memwarden.commands._common import load_trace, pick_device, print_json
+    from memwarden.commands._common import load_trace, pick_device, print_json, wrote
     from memwarden.plan.allocator.config import parse_alloc_conf
     from memwarden.plan.replay import replay
+    from memwarden.trace.io import check_output
     from memwarden.units import parse_bytes
 
     if args.allocator not in ALLOCATORS:
@@ -67,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         config = parse_alloc_conf(args.alloc_conf, limit_bytes=limit)
     except ValueError as exc:
         raise InputError(f"--alloc-conf: {exc}") from None
+    if args.heatmap:
+        check_output(args.heatmap, flag="--heatmap", allow_stdout=not args.json)
     trace = load_trace(args.file)
     device = pick_device(trace, args.device)
     result = replay(trace, config, device, allocator=args.allocator, history_columns=400 if args.heatmap else 0)
@@ -74,18 +79,21 @@ def run(args: argparse.Namespace) -> int:
         from memwarden.report.heatmap import render_heatmap
 
         try:
-            render_heatmap(result, args.heatmap)
+            times_s = (trace.events["time_us"] - trace.events["time_us"][0]) / 1e6
+            render_heatmap(result, args.heatmap, times_s=times_s)
         except OSError as exc:
             raise InputError(f"--heatmap: cannot write {args.heatmap} ({exc.strerror or exc})") from None
     if args.json:
         print_json(result.to_json())
         return 0
+    if args.heatmap == "-":
+        wrote(args.heatmap)
+        return 0  # stdout carries the PNG
     from rich.console import Console
 
     from memwarden.report.allocators import replay_table
 
-    console = Console()
-    console.print(replay_table(result, source=args.file, device_name=trace.devices[device]))
+    Console().print(replay_table(result, source=args.file, device_name=trace.devices[device], trace=trace))
     if args.heatmap:
-        console.print(f"heatmap written to {args.heatmap}")
+        wrote(args.heatmap)
     return 0

@@ -17,7 +17,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("file", metavar="FILE", help="a .mwtrace file (or a PyTorch memory snapshot, where supported)")
     parser.add_argument(
-        "-o", "--output", metavar="OUT.html", default="report.html", help="where to write (default: report.html)"
+        "-o",
+        "--output",
+        metavar="OUT.html",
+        default="report.html",
+        help="where to write; - for stdout (default: report.html)",
     )
     parser.add_argument("--title", help="page title (default: derived from the trace's model name)")
     parser.add_argument("--no-diagnose", action="store_true", help="leave out the findings section")
@@ -26,9 +30,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from memwarden.commands._common import load_trace  # trace.io.load_any when present, else .mwtrace only
+    from memwarden.commands._common import load_trace, wrote  # load_any when present, else .mwtrace only
     from memwarden.report.full import write_report
+    from memwarden.trace.io import check_output
 
+    check_output(args.output, flag="-o")
     trace = load_trace(args.file)
     try:
         written = write_report(
@@ -36,5 +42,5 @@ def run(args: argparse.Namespace) -> int:
         )
     except OSError as exc:
         raise InputError(f"{args.output}: cannot write report ({exc.strerror or exc})") from None
-    print(written)
+    wrote(args.output if str(written) == "-" else written)
     return 0

@@ -7,6 +7,8 @@ import argparse
 from typing import Any
 
 from memwarden.errors import InputError
+from memwarden.resilience.inject import GRAMMAR
+from memwarden.trace.io import check_output
 
 
 def register(sub: Any) -> None:
@@ -27,8 +29,7 @@ def register(sub: Any) -> None:
     p.add_argument("--runs", required=True, metavar="N", help="requests per side")
     p.add_argument(
         "--inject", action="append", default=[], metavar="SPEC",
-        help="fault to inject on both sides (repeatable): jitter:size=128MiB,period=15ms | squeeze:at=2s,to=60%% "
-        "| telemetry:period=100ms,temp=40..85",
+        help="fault to inject on both sides (repeatable): " + GRAMMAR.replace("%", "%%"),
     )  # fmt: skip
     p.add_argument("--seed", default="0", metavar="S", help="seed of the request inputs and the bootstrap (default 0)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
@@ -52,7 +53,7 @@ def _int(value: str, flag: str, lo: int, hi: int) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memwarden.commands._common import print_json
+    from memwarden.commands._common import print_json, wrote
     from memwarden.resilience.campaign import run_campaign
     from memwarden.resilience.config import load_config
     from memwarden.resilience.executor import make_executor
@@ -63,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     jobs = _int(args.jobs, "--jobs", 1, 1024)
     for spec in args.inject:
         parse_inject(spec)
+    if args.html:
+        check_output(args.html, flag="--html", allow_stdout=not args.json)
     config_a, config_b = load_config(args.a), load_config(args.b)
     with make_executor(args.executor, jobs=jobs, address=args.ray_address) as executor:
         result = run_campaign(
@@ -80,10 +83,12 @@ def run(args: argparse.Namespace) -> int:
         if not args.records:
             data.pop("records")
         print_json(data)
+    elif args.html == "-":
+        wrote(args.html)
     else:
         print(_render(data))
         if args.html:
-            print(f"wrote {args.html}")
+            wrote(args.html)
     return 0
 
 

@@ -21,6 +21,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("grid", metavar="GRID", help="grid TOML file")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--executor", default="local", choices=("local", "ray"), help="where estimates run (default local)")
     p.add_argument("--ray-address", default=None, metavar="ADDR", help="join this Ray cluster (default: a local Ray)")
     p.add_argument("--jobs", default=None, metavar="J", help="estimates at once (default: CPU count, at most 4)")
@@ -30,6 +31,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import print_json
     from memwarden.estimate.sweep import load_grid, render_table, run_sweep
+    from memwarden.report.progress import progress
     from memwarden.resilience.executor import make_executor
 
     default_jobs = min(4, os.cpu_count() or 1)
@@ -40,7 +42,13 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= jobs <= 1024:
         raise InputError(f"--jobs must be in [1, 1024]; got {jobs}")
     grid = load_grid(args.grid)
-    with make_executor(args.executor, jobs=jobs, address=args.ray_address) as executor:
+    points = len(grid.models) * len(grid.requests)
+    label = f"sweep: {points} estimates on {jobs} {'worker' if jobs == 1 else 'workers'}"
+    with (
+        progress(label, enabled=not (args.json or args.quiet), known_total=False) as step,
+        make_executor(args.executor, jobs=jobs, address=args.ray_address) as executor,
+    ):
+        step(f"{len(grid.models)} models x {len(grid.requests)} requests")
         rows = run_sweep(grid, executor)
     if args.json:
         print_json({"devices": [d.id for d in grid.devices], "rows": rows})

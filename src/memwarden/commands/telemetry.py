@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from memwarden.commands._help import renamed
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
@@ -18,7 +20,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--replay", metavar="LOG", help="a recorded telemetry log to play back instead of live signals")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.add_argument("--device", metavar="PROFILE", help="device profile: caps the budget at its usable memory")
+    p.add_argument(
+        "--device-profile", "--device", dest="device", metavar="PROFILE",
+        action=renamed(argparse._StoreAction, "--device", "--device-profile"),
+        help="device profile id or TOML: caps the budget at its usable memory",
+    )  # fmt: skip
     p.add_argument("--budget", metavar="BYTES", help="a fixed upper bound on the budget, e.g. 6GiB")
     p.add_argument("--policy", default="default", help="budget policy (default: %(default)s)")
     p.add_argument(

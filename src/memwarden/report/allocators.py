@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 from rich.table import Table
 
 from memwarden.plan.arena.plan import ArenaPlan
 from memwarden.plan.records import ReplayResult
-from memwarden.units import format_bytes
+from memwarden.trace.model import Category, Trace
+from memwarden.units import format_bytes, format_us
 
-__all__ = ["arena_table", "replay_table"]
+__all__ = ["arena_table", "oom_line", "replay_table"]
 
 
-def replay_table(result: ReplayResult, *, source: str, device_name: str) -> Table:
-    """What ``memwarden replay`` prints: the replay's peaks, fragmentation, retries and OOM."""
+def replay_table(result: ReplayResult, *, source: str, device_name: str, trace: Trace | None = None) -> Table:
+    """What ``memwarden replay`` prints: the replay's peaks, fragmentation, retries and OOM
+    (with ``trace``: when, how big, and where the failing allocation was made)."""
     settings = result.config.to_alloc_conf() or "defaults"
     if result.config.limit_bytes is not None:
         settings += f", limit {format_bytes(result.config.limit_bytes)}"
@@ -27,9 +31,32 @@ def replay_table(result: ReplayResult, *, source: str, device_name: str) -> Tabl
     table.add_row("largest free block at peak", format_bytes(result.largest_free_block_at_peak_bytes))
     table.add_row("segments at peak", str(result.segments_at_peak))
     table.add_row("allocation retries (cache flushes)", str(result.num_alloc_retries))
-    oom = "none" if result.oom_at_event is None else f"event {result.oom_at_event}"
-    table.add_row("out of memory", oom)
+    table.add_row("out of memory", oom_line(result.oom_at_event, trace))
     return table
+
+
+def oom_line(row: int | None, trace: Trace | None) -> str:
+    """``at 1.23 s: 54.0 KiB for model.layers.1.mlp (aten::linear, activation), event 163``."""
+    if row is None:
+        return "none"
+    if trace is None or not 0 <= row < trace.num_events:
+        return f"event {row}"
+    ev = trace.events
+
+    def col(name: str) -> int:
+        return int(ev[name][row])
+
+    module = trace.string(col("module")) or "(no module)"
+    op = trace.string(col("op")) or "(unknown op)"
+    category = _name(Category, col("category"))
+    return f"at {format_us(col('time_us'))}: {format_bytes(col('nbytes'))} for {module} ({op}, {category}), event {row}"
+
+
+def _name(enum: type[IntEnum], value: int) -> str:
+    try:
+        return enum(value).name.lower()
+    except ValueError:
+        return str(value)
 
 
 def arena_table(plan: ArenaPlan, *, source: str, device_name: str, best_of_all: bool) -> Table:

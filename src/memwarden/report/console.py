@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memwarden.analyze.timeline import Summary
+from memwarden.report.columns import Col, FitTable
 from memwarden.units import format_bytes, format_us
 
 
@@ -23,43 +24,66 @@ def _share_table(title: str, values: dict[str, int], total: int) -> Table:
 
 
 def render_summary(s: Summary, source: str = "") -> Group:
-    head = Text.assemble(
-        ("peak ", "bold"), (format_bytes(s.peak_bytes), "bold red"),
-        f" at {format_us(s.peak_time_us)} on {s.device}",
-        ("   weights ", "bold"), format_bytes(s.weights_bytes),
-        ("   events ", "bold"), f"{s.events:,}",
-        ("   duration ", "bold"), format_us(s.duration_us),
-    )  # fmt: skip
+    """The summary in lines and tables that fit an 80-column terminal."""
     parts: list[object] = []
     if source:
-        parts.append(Text(source, style="dim"))
-    parts.append(head)
+        parts.append(Text(source, style="dim", overflow="ellipsis", no_wrap=True))
+    # Two short lines rather than one long one: a label never parts from its value.
+    parts.append(
+        Text.assemble(
+            ("peak ", "bold"),
+            (format_bytes(s.peak_bytes), "bold red"),
+            f" at {format_us(s.peak_time_us)} on {s.device}",
+        )  # fmt: skip
+    )
+    parts.append(
+        Text.assemble(
+            ("weights ", "bold"),
+            format_bytes(s.weights_bytes),
+            ("   events ", "bold"),
+            f"{s.events:,}",
+            ("   duration ", "bold"),
+            format_us(s.duration_us),
+        )  # fmt: skip
+    )
+    if not s.events:
+        parts.append(
+            Text(
+                "No allocations were recorded: nothing was allocated under capture (was the model built and "
+                "run inside the traced script?).",
+                style="yellow",
+            )  # fmt: skip
+        )
+        return Group(*parts)  # type: ignore[arg-type]
     if s.file_backed_bytes_at_peak:
         parts.append(Text(f"  of which file-backed (mmap'd): {format_bytes(s.file_backed_bytes_at_peak)}", style="dim"))
-    parts.append(_share_table("At peak, by category", s.by_category_at_peak, s.peak_bytes))
-    parts.append(_share_table("At peak, by modality", s.by_modality_at_peak, s.peak_bytes))
-    phases = Table(title="Peak per phase", title_justify="left", show_edge=False, pad_edge=False)
-    phases.add_column("phase", style="bold")
-    phases.add_column("peak", justify="right")
-    for name, value in s.by_phase_peak.items():
-        phases.add_row(name, format_bytes(value))
-    parts.append(phases)
+    for title, values, total in (
+        ("At peak, by category", s.by_category_at_peak, s.peak_bytes),
+        ("At peak, by modality", s.by_modality_at_peak, s.peak_bytes),
+    ):
+        if values:
+            parts.append(_share_table(title, values, total))
+    if s.by_phase_peak:
+        phases = Table(title="Peak per phase", title_justify="left", show_edge=False, pad_edge=False)
+        phases.add_column("phase", style="bold")
+        phases.add_column("peak", justify="right")
+        for name, value in s.by_phase_peak.items():
+            phases.add_row(name, format_bytes(value))
+        parts.append(phases)
     if s.weights_by_modality:
         parts.append(_share_table("Weights by modality", s.weights_by_modality, s.weights_bytes))
     # Weights are summarised by modality above; the sites that tell a story are the rest.
     non_weight_sites = [x for x in s.top_sites_at_peak if x.category not in ("weight", "buffer")]
     if non_weight_sites:
-        sites = Table(title="Top allocation sites at peak (weights aside)", title_justify="left", show_edge=False,
-                      pad_edge=False)  # fmt: skip
-        for col in ("module", "op", "category", "modality"):
-            sites.add_column(col, overflow="fold")  # module paths are the point: wrap, never cut
-        sites.add_column("bytes", justify="right")
-        sites.add_column("blocks", justify="right")
-        for site in non_weight_sites[:10]:
-            sites.add_row(
-                site.module, site.op, site.category, site.modality, format_bytes(site.nbytes), str(site.count)
-            )
-        parts.append(sites)
+        columns = [
+            Col("module", elide=True, min_width=28), Col("op", drop=3), Col("category", drop=4),
+            Col("modality", drop=1), Col("bytes", justify="right"), Col("blocks", justify="right", drop=2),
+        ]  # fmt: skip
+        rows = [
+            [site.module, site.op, site.category, site.modality, format_bytes(site.nbytes), str(site.count)]
+            for site in non_weight_sites[:10]
+        ]
+        parts.append(FitTable(columns, rows, title="Top allocation sites at peak (weights aside)"))
     return Group(*parts)  # type: ignore[arg-type]
 
 

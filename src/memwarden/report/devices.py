@@ -6,25 +6,24 @@ from rich.console import Group
 from rich.table import Table
 
 from memwarden.models.devices import DeviceProfile
+from memwarden.report.columns import Col, FitTable
 from memwarden.units import format_bytes, format_us
 
-__all__ = ["profile_details", "profiles_table"]
+__all__ = ["profile_details", "profile_header", "profiles_table"]
 
 _DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
 
 
-def profiles_table(profiles: list[DeviceProfile]) -> Table:
-    """One row per profile: memory, the share a model can use, the fastest tier's bandwidth."""
-    table = Table(title="Device profiles" if len(profiles) > 1 else None)
-    table.add_column("id", no_wrap=True)
-    table.add_column("name")
-    table.add_column("total", justify="right", no_wrap=True)
-    table.add_column("usable", justify="right", no_wrap=True)
-    table.add_column("unified", justify="center")
-    table.add_column("bandwidth", justify="right", no_wrap=True)  # of the fastest tier
-    table.add_column("kind", no_wrap=True)
-    for p in profiles:
-        table.add_row(
+def profiles_table(profiles: list[DeviceProfile]) -> FitTable:
+    """One row per profile: memory, the share a model can use, the fastest tier's bandwidth.
+    In a narrow terminal the name goes first (``devices PROFILE`` shows it), then the kind."""
+    columns = [
+        Col("id"), Col("name", drop=1, elide=True, min_width=14), Col("total", justify="right"),
+        Col("usable", justify="right"), Col("unified", drop=3), Col("bandwidth", justify="right"),
+        Col("kind", drop=2),
+    ]  # fmt: skip
+    rows = [
+        [
             p.id,
             p.name,
             format_bytes(p.total_memory_bytes),
@@ -32,8 +31,24 @@ def profiles_table(profiles: list[DeviceProfile]) -> Table:
             "yes" if p.unified_memory else "no",
             f"{p.fastest_tier.bandwidth_gbps:g} GB/s",
             p.kind,
-        )
-    return table
+        ]  # fmt: skip
+        for p in profiles
+    ]
+    return FitTable(columns, rows, title="Device profiles" if len(profiles) > 1 else None)
+
+
+def profile_header(p: DeviceProfile) -> Table:
+    """One profile's headline figures as label/value lines (a one-row table would squeeze)."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    grid.add_row("id", p.id)
+    grid.add_row("name", p.name)
+    grid.add_row("kind", p.kind)
+    grid.add_row("memory", f"{format_bytes(p.total_memory_bytes)} total, {format_bytes(p.usable_bytes)} usable by a "
+                 f"model ({'unified with the CPU' if p.unified_memory else 'dedicated'})")  # fmt: skip
+    grid.add_row("bandwidth", f"{p.fastest_tier.bandwidth_gbps:g} GB/s (fastest tier)")
+    return grid
 
 
 def profile_details(p: DeviceProfile) -> Group:

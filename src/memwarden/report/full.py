@@ -10,6 +10,7 @@ from typing import Any
 
 from memwarden.analyze.analysis import Analysis
 from memwarden.analyze.diagnose import Finding, diagnose
+from memwarden.report.answer import answer_sentence
 from memwarden.report.findings import finding_markers, findings_html
 from memwarden.report.html import Section, write_html
 from memwarden.trace.model import Action, Trace
@@ -30,20 +31,26 @@ def heatmap_for(analysis: Analysis) -> bytes | None:
     if not allocs.any() or trace.num_events > HEATMAP_MAX_EVENTS:
         return None
     result = analysis.replay(history_columns=HEATMAP_COLUMNS)
-    return heatmap_png_bytes(result, title="Simulated PyTorch caching allocator (default settings)")
+    times_s = (trace.events["time_us"] - trace.events["time_us"][0]) / 1e6  # the timeline's zero and unit
+    return heatmap_png_bytes(result, title="Simulated PyTorch caching allocator (default settings)", times_s=times_s)
 
 
 def _findings_section(analysis: Analysis, findings: list[Finding]) -> tuple[Section, list[dict[str, Any]]]:
     s = analysis.summary
-    return Section("Findings", findings_html(findings, s.peak_bytes)), finding_markers(findings, s.peak_time_us)
+    markers = finding_markers(findings, s.peak_time_us, analysis.trace)
+    return Section("Findings", findings_html(findings, s.peak_bytes)), markers
 
 
 def _annotation_markers(trace: Trace) -> list[dict[str, Any]]:
     """Governor decisions and budget changes noted during the capture."""
-    return [
-        {"time_us": a.get("time_us", 0), "label": f"{a.get('kind', '')}: {a.get('label', '')}", "severity": "info"}
-        for a in trace.metadata.get("annotations", []) if isinstance(a, dict)
-    ]  # fmt: skip
+    markers = []
+    for a in trace.metadata.get("annotations", []):
+        if not isinstance(a, dict):
+            continue
+        kind, label = str(a.get("kind", "")), str(a.get("label", ""))
+        text = label if not kind or label.startswith(kind) else f"{kind}: {label}"  # never "admit: admit: ..."
+        markers.append({"time_us": a.get("time_us", 0), "label": text, "severity": "info"})
+    return markers
 
 
 def write_report(
@@ -75,5 +82,6 @@ def write_report(
         sections.append(section)
     markers += _annotation_markers(trace)
     return write_html(
-        trace, path, title=title, extra_sections=sections, markers=markers, heatmap_png=png, analysis=analysis
-    )
+        trace, path, title=title, lead_sections=sections, markers=markers, heatmap_png=png, analysis=analysis,
+        answer=answer_sentence(analysis, findings),
+    )  # fmt: skip

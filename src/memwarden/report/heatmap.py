@@ -99,7 +99,7 @@ def _coverage(starts: np.ndarray, sizes: np.ndarray, points: np.ndarray) -> np.n
     return out
 
 
-def _figure(source: ReplayResult | LayoutHistory, title: str | None, rows: int) -> Any:
+def _figure(source: ReplayResult | LayoutHistory, title: str | None, rows: int, times_s: Any = None) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
@@ -113,21 +113,31 @@ def _figure(source: ReplayResult | LayoutHistory, title: str | None, rows: int) 
     cmap = ListedColormap([COLOURS[UNMAPPED], COLOURS[CACHED_FREE], COLOURS[ALLOCATED]])
     columns = image.shape[1]
     mib = total / 2**20
-    ax.imshow(
-        image,
-        origin="lower",
-        aspect="auto",
-        interpolation="nearest",
-        cmap=cmap,
-        vmin=0,
-        vmax=2,
-        extent=(0, max(columns, 1), 0, mib if mib else 1),
-    )
-    if columns:
-        ticks = np.linspace(0, columns - 1, min(columns, 6)).round().astype(int)
-        ax.set_xticks(ticks + 0.5)
-        ax.set_xticklabels([str(int(history.event_index[t])) for t in ticks])
-    ax.set_xlabel("trace event")
+    if times_s is not None and columns:
+        # The timeline's axis: column c holds from its event's time to the next column's.
+        at = np.asarray(times_s, dtype=np.float64)
+        edges = np.append(at[np.asarray(history.event_index, dtype=np.int64)], max(float(at[-1]), 1e-9))
+        edges = np.maximum.accumulate(edges)
+        heights = np.linspace(0, mib if mib else 1, image.shape[0] + 1)
+        ax.pcolormesh(edges, heights, image, cmap=cmap, vmin=0, vmax=2, shading="flat")
+        ax.set_xlim(0, edges[-1])
+        ax.set_xlabel("time (s from the first event, as on the timeline)")
+    else:
+        ax.imshow(
+            image,
+            origin="lower",
+            aspect="auto",
+            interpolation="nearest",
+            cmap=cmap,
+            vmin=0,
+            vmax=2,
+            extent=(0, max(columns, 1), 0, mib if mib else 1),
+        )
+        if columns:
+            ticks = np.linspace(0, columns - 1, min(columns, 6)).round().astype(int)
+            ax.set_xticks(ticks + 0.5)
+            ax.set_xticklabels([str(int(history.event_index[t])) for t in ticks])
+        ax.set_xlabel("trace event")
     ax.set_ylabel("reserved address space (MiB, gaps removed)")
     if title is None:
         title = f"Device memory over time ({history.allocator} allocator model)"
@@ -140,9 +150,13 @@ def _figure(source: ReplayResult | LayoutHistory, title: str | None, rows: int) 
     return fig
 
 
-def heatmap_png_bytes(source: ReplayResult | LayoutHistory, *, title: str | None = None, rows: int = 400) -> bytes:
-    """The heatmap as PNG bytes (for embedding as base64 in the HTML report)."""
-    fig = _figure(source, title, rows)
+def heatmap_png_bytes(
+    source: ReplayResult | LayoutHistory, *, title: str | None = None, rows: int = 400, times_s: Any = None
+) -> bytes:
+    """The heatmap as PNG bytes (for embedding as base64 in the HTML report). ``times_s``: the
+    time of every trace row in seconds from the first event; the x-axis is then time, as on the
+    report's timeline, instead of event numbers."""
+    fig = _figure(source, title, rows, times_s)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
@@ -154,8 +168,9 @@ def render_heatmap(
     *,
     title: str | None = None,
     rows: int = 400,
+    times_s: Any = None,
 ) -> Path:
     """Write the heatmap to ``path`` as PNG (written to a temporary name, then renamed)."""
     from memwarden.trace.io import atomic_write
 
-    return atomic_write(path, heatmap_png_bytes(source, title=title, rows=rows))
+    return atomic_write(path, heatmap_png_bytes(source, title=title, rows=rows, times_s=times_s))

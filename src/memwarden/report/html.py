@@ -22,7 +22,7 @@ import html
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -32,6 +32,7 @@ import numpy as np
 
 from memwarden.analyze.analysis import Analysis
 from memwarden.analyze.timeline import Summary
+from memwarden.report.html_tables import PALETTE, breakdowns, heaviest_modules, sites
 from memwarden.trace.model import Modality, Phase, SpanKind, Trace, enum_name
 from memwarden.units import format_bytes, format_us
 
@@ -41,38 +42,6 @@ TIMELINE_MAX_POINTS = 2000  # per stacking; the peak survives downsampling (see 
 MAX_LANE_SPANS = 4000  # longest module calls drawn in the lane view; the rest only count in the table
 MAX_LANE_DEPTH = 12  # deeper module calls are too thin to read next to a whole run
 MAX_PHASE_SPANS = 500
-TOP_MODULES = 25
-
-# Tableau-10 based, one fixed colour per label so a label looks the same in every chart and table.
-PALETTE: dict[str, dict[str, str]] = {
-    "category": {
-        "weight": "#4e79a7",
-        "buffer": "#a0cbe8",
-        "activation": "#f28e2b",
-        "kv_cache": "#59a14f",
-        "gradient": "#b07aa1",
-        "optimizer_state": "#9c755f",
-        "temporary": "#edc948",
-        "input": "#76b7b2",
-        "other": "#bab0ac",
-    },
-    "modality": {
-        "vision": "#f28e2b",
-        "audio": "#76b7b2",
-        "text": "#4e79a7",
-        "fusion": "#b07aa1",
-        "shared": "#bab0ac",
-    },
-    "phase": {
-        "load": "#9c755f",
-        "encode": "#f28e2b",
-        "prefill": "#4e79a7",
-        "decode": "#59a14f",
-        "backward": "#e15759",
-        "optimizer": "#b07aa1",
-        "other": "#bab0ac",
-    },
-}
 
 # Metadata keys that different capture paths use for the same header field, first match wins.
 _HEADER_FIELDS: list[tuple[str, tuple[str, ...]]] = [
@@ -188,7 +157,8 @@ def _lane_payload(trace: Trace, t0_us: int) -> dict[str, Any]:
         "phase": [enum_name(Phase(int(p))) for p in s["phase"][rows]],
     }
     phase_rows = np.flatnonzero(kind == SpanKind.PHASE)[:MAX_PHASE_SPANS]
-    phases = [
+    phase_rows = phase_rows[np.argsort(s["start_us"][phase_rows], kind="stable")]
+    phases: list[dict[str, Any]] = [
         {
             "name": trace.string(int(s["name"][r])) or enum_name(Phase(int(s["phase"][r]))),
             "phase": enum_name(Phase(int(s["phase"][r]))),
@@ -197,6 +167,10 @@ def _lane_payload(trace: Trace, t0_us: int) -> dict[str, Any]:
         }
         for r in phase_rows.tolist()
     ]
+    for before, after in zip(phases, phases[1:], strict=False):
+        # One row, no overlaps: a phase ends where the next begins (load's span often closes
+        # after the first encode has started).
+        before["end"] = max(before["start"], min(before["end"], after["start"]))
     return {
         "strings": names,
         "modules": modules,
@@ -213,6 +187,8 @@ def _payload(analysis: Analysis, markers: Sequence[dict[str, Any]] = ()) -> dict
     span_end = max(lanes["modules"]["end"] + [p["end"] for p in lanes["phases"]] + [0])
     return {
         "peak": {"bytes": summ.peak_bytes, "time_us": summ.peak_time_us},
+        # Constant weights: by default the timeline shows the memory above them.
+        "baseline_bytes": summ.by_category_at_peak.get("weight", 0) + summ.by_category_at_peak.get("buffer", 0),
         "duration_us": max(summ.duration_us, span_end),
         "timelines": {by: _timeline_payload(analysis, by) for by in ("category", "modality", "phase")},
         "palette": PALETTE,
@@ -223,6 +199,8 @@ def _payload(analysis: Analysis, markers: Sequence[dict[str, Any]] = ()) -> dict
                 "label": str(m.get("label", "")),
                 "severity": str(m.get("severity", "")),
                 "anchor": str(m.get("anchor", "")),
+                "finding": int(m.get("finding", 0)),
+                "detail": str(m.get("detail", "")),
             }
             for m in markers
         ],
@@ -274,101 +252,6 @@ def _header(trace: Trace, summ: Summary, title: str) -> str:
     )
 
 
-def _bar_table(
-    rows: Iterable[tuple[str, int]], scale_bytes: int, colors: dict[str, str], label: str, share: str
-) -> str:
-    rows = [(name, nbytes) for name, nbytes in rows if nbytes]
-    if not rows:
-        return '<p class="mw-empty">nothing recorded</p>'
-    scale = max(scale_bytes, max(abs(b) for _, b in rows), 1)
-    out = [
-        f'<table class="mw-bars"><thead><tr><th>{_esc(label)}</th><th class="num">bytes</th><th class="num">{_esc(share)}</th><th></th></tr></thead><tbody>'
-    ]
-    for name, nbytes in rows:
-        width = max(0.0, 100.0 * nbytes / scale)
-        color = colors.get(name, "#888")
-        out.append(
-            f'<tr><td><span class="mw-swatch" style="background:{color}"></span>{_esc(name)}</td>'
-            f'<td class="num">{_esc(format_bytes(nbytes))}</td><td class="num">{width:.1f}%</td>'
-            f'<td class="mw-bar-cell"><div class="mw-bar" style="width:{width:.2f}%;background:{color}"></div></td></tr>'
-        )
-    out.append("</tbody></table>")
-    return "".join(out)
-
-
-def _ordered(values: dict[str, int], order: Sequence[str]) -> list[tuple[str, int]]:
-    rank = {name: i for i, name in enumerate(order)}
-    return sorted(values.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0]))
-
-
-def _breakdowns(summ: Summary) -> str:
-    phases = [enum_name(p) for p in Phase]
-    by_cat = sorted(summ.by_category_at_peak.items(), key=lambda kv: -kv[1])
-    by_mod = sorted(summ.by_modality_at_peak.items(), key=lambda kv: -kv[1])
-    return (
-        '<div class="mw-grid">'
-        f"<div><h3>At peak, by category</h3>{_bar_table(by_cat, summ.peak_bytes, PALETTE['category'], 'category', 'of peak')}</div>"
-        f"<div><h3>At peak, by modality</h3>{_bar_table(by_mod, summ.peak_bytes, PALETTE['modality'], 'modality', 'of peak')}</div>"
-        f"<div><h3>Peak of each phase</h3>{_bar_table(_ordered(summ.by_phase_peak, phases), summ.peak_bytes, PALETTE['phase'], 'phase', 'of peak')}</div>"
-        f"<div><h3>Weights by modality</h3>{_bar_table(sorted(summ.weights_by_modality.items(), key=lambda kv: -kv[1]), summ.weights_bytes, PALETTE['modality'], 'modality', 'of weights')}</div>"
-        "</div>"
-    )
-
-
-def _sites(summ: Summary) -> str:
-    if not summ.top_sites_at_peak:
-        return '<p class="mw-empty">no live allocations at the peak</p>'
-    peak = max(summ.peak_bytes, 1)
-    rows = "".join(
-        f'<tr><td class="num">{_esc(format_bytes(s.nbytes))}</td><td class="num">{100 * s.nbytes / peak:.1f}%</td>'
-        f'<td class="mw-path">{_esc(s.module)}</td><td>{_esc(s.op)}</td>'
-        f'<td><span class="mw-swatch" style="background:{PALETTE["category"].get(s.category, "#888")}"></span>{_esc(s.category)}</td>'
-        f'<td><span class="mw-swatch" style="background:{PALETTE["modality"].get(s.modality, "#888")}"></span>{_esc(s.modality)}</td>'
-        f'<td class="num">{s.count:,}</td></tr>'
-        for s in summ.top_sites_at_peak
-    )
-    return (
-        '<table class="mw-table"><thead><tr><th class="num">bytes</th><th class="num">of peak</th><th>module</th>'
-        f'<th>op</th><th>category</th><th>modality</th><th class="num">blocks</th></tr></thead><tbody>{rows}</tbody></table>'
-    )
-
-
-def _heaviest_modules(trace: Trace) -> str:
-    """Module calls grouped by path, by total inclusive time, with their input fingerprints."""
-    s = trace.spans
-    rows = np.flatnonzero(s["kind"] == SpanKind.MODULE)
-    if len(rows) == 0:
-        return '<p class="mw-empty">this trace has no module spans</p>'
-    duration = (s["end_us"] - s["start_us"])[rows]
-    names = s["name"][rows]
-    uniq, inverse = np.unique(names, return_inverse=True)
-    total = np.bincount(inverse, weights=duration)
-    calls = np.bincount(inverse)
-    longest = np.zeros(len(uniq), np.int64)
-    np.maximum.at(longest, inverse, duration)
-    order = np.argsort(-total, kind="stable")[:TOP_MODULES]
-    fps = s["fingerprint"][rows]
-    out = []
-    for g in order.tolist():
-        members = inverse == g
-        prints = [trace.strings[int(i)] for i in np.unique(fps[members]) if i >= 0]
-        first = rows[np.argmax(members)]
-        shown = ", ".join(prints[:3]) + (f" (+{len(prints) - 3} more)" if len(prints) > 3 else "")
-        modality = enum_name(Modality(int(s["modality"][first])))
-        out.append(
-            f'<tr><td class="mw-path">{_esc(trace.string(int(uniq[g])) or "(unnamed)")}</td>'
-            f'<td><span class="mw-swatch" style="background:{PALETTE["modality"][modality]}"></span>{_esc(modality)}</td>'
-            f'<td class="num">{int(calls[g]):,}</td><td class="num">{_esc(format_us(total[g]))}</td>'
-            f'<td class="num">{_esc(format_us(longest[g]))}</td>'
-            f'<td class="num">{len(prints):,}</td><td class="mw-fp">{_esc(shown) or "—"}</td></tr>'
-        )
-    return (
-        '<table class="mw-table"><thead><tr><th>module</th><th>modality</th><th class="num">calls</th>'
-        '<th class="num">total time</th><th class="num">longest</th><th class="num">distinct inputs</th>'
-        f"<th>input fingerprints</th></tr></thead><tbody>{''.join(out)}</tbody></table>"
-    )
-
-
 def _asset(name: str) -> str:
     return resources.files("memwarden.report").joinpath("assets", name).read_text(encoding="utf-8")
 
@@ -391,12 +274,16 @@ def render_html(
     heatmap_png: bytes | None = None,
     markers: Sequence[dict[str, Any]] = (),
     analysis: Analysis | None = None,
+    answer: str | None = None,
+    lead_sections: Sequence[Section] = (),
 ) -> str:
     """The whole report as one HTML string; no file or network access.
 
     ``markers``: points on the timeline (``time_us``, ``label``, ``severity``,
     ``anchor`` = id of the section element they link to), e.g. diagnose findings.
     ``analysis``: the trace's shared Analysis, when the caller has one (else one is made).
+    ``answer``: the sentence the page opens with (plain text); ``lead_sections`` come right
+    after it, before the timeline (the findings), ``extra_sections`` after the tables.
     """
     if analysis is None:
         analysis = Analysis(trace)
@@ -413,15 +300,23 @@ def render_html(
     sections = list(extra_sections)
     if heatmap_png is not None:
         sections.append(_heatmap_section(heatmap_png))
-    taken = {"timeline", "breakdown", "sites", "modules"}
+    taken = {"timeline", "breakdown", "sites", "modules", "answer"}
+    lead_ids = [_slug(sec.title, taken) for sec in lead_sections]
     extra_ids = [_slug(sec.title, taken) for sec in sections]
-    nav = [("timeline", "Timeline"), ("breakdown", "Breakdown"), ("sites", "Top sites"), ("modules", "Modules")]
+    nav = [(sid, sec.title) for sid, sec in zip(lead_ids, lead_sections, strict=True)]
+    nav += [("timeline", "Timeline"), ("breakdown", "Breakdown"), ("sites", "Top sites"), ("modules", "Modules")]
     nav += [(sid, sec.title) for sid, sec in zip(extra_ids, sections, strict=True)]
     nav_html = "".join(f'<a href="#{_esc(sid)}">{_esc(text)}</a>' for sid, text in nav)
-    extra_html = "".join(
-        f'<section id="{_esc(sid)}" class="mw-section"><h2>{_esc(sec.title)}</h2>{sec.html}</section>'
-        for sid, sec in zip(extra_ids, sections, strict=True)
-    )
+
+    def section_html(ids: list[str], secs: Sequence[Section]) -> str:
+        return "".join(
+            f'<section id="{_esc(sid)}" class="mw-section"><h2>{_esc(sec.title)}</h2>{sec.html}</section>'
+            for sid, sec in zip(ids, secs, strict=True)
+        )
+
+    lead_html = section_html(lead_ids, lead_sections)
+    extra_html = section_html(extra_ids, sections)
+    answer_html = f'<p id="answer" class="mw-answer">{_esc(answer)}</p>' if answer else ""
     n_modules = int(np.count_nonzero(trace.spans["kind"] == SpanKind.MODULE))
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -435,24 +330,27 @@ def render_html(
 </head>
 <body>
 {_header(trace, summ, page_title)}
+{answer_html}
 <nav class="mw-nav">{nav_html}</nav>
+{lead_html}
 <section id="timeline" class="mw-section">
 <div class="mw-toolbar"><h2>Live memory</h2>
 <div class="mw-stack" role="group" aria-label="stack by">stack by
 <button type="button" data-by="category" class="on">category</button><button type="button" data-by="modality">modality</button><button type="button" data-by="phase">phase</button></div>
+<button type="button" id="mw-baseline" class="mw-reset" title="the y-axis starts at the constant weights; click to start it at zero">y: above weights</button>
 <button type="button" id="mw-reset" class="mw-reset" hidden>reset zoom</button>
-<span class="mw-hint">drag to zoom · double-click to reset · click a legend entry to hide it</span></div>
+<span class="mw-hint">drag to zoom · double-click to reset · click a legend entry to hide it · hover a numbered marker</span></div>
 <div id="mw-legend" class="mw-legend"></div>
 <div class="mw-plot"><canvas id="mw-timeline" aria-label="live bytes over time"></canvas></div>
 <h3 class="mw-lanes-title">Module calls <span class="mw-note">{n_modules:,} calls; colour = modality; hover for input fingerprint</span></h3>
 <div class="mw-plot"><canvas id="mw-lanes" aria-label="module calls over time"></canvas></div>
 <div id="mw-lanes-note" class="mw-note"></div>
 </section>
-<section id="breakdown" class="mw-section"><h2>Breakdown</h2>{_breakdowns(summ)}</section>
+<section id="breakdown" class="mw-section"><h2>Breakdown</h2>{breakdowns(summ)}</section>
 <section id="sites" class="mw-section"><h2>Top allocation sites at peak</h2>
-<p class="mw-note">Blocks live at the peak event, grouped by module, op, category and modality.</p>{_sites(summ)}</section>
+<p class="mw-note">Blocks live at the peak event, grouped by module, op, category and modality.</p>{sites(summ)}</section>
 <section id="modules" class="mw-section"><h2>Heaviest modules by time</h2>
-<p class="mw-note">Calls grouped by module path. Fewer distinct input fingerprints than calls means the module ran again on content it had already seen.</p>{_heaviest_modules(trace)}</section>
+<p class="mw-note">Calls grouped by module path. Fewer distinct input fingerprints than calls means the module ran again on content it had already seen.</p>{heaviest_modules(trace)}</section>
 {extra_html}
 <div id="mw-tooltip" class="mw-tooltip" hidden></div>
 <div id="mw-status" data-series="0" data-points="0" data-spans="0" hidden></div>

@@ -52,32 +52,57 @@ def _status_bars(side: dict[str, Any]) -> str:
 
 
 def _cdf(result: dict[str, Any], records: dict[str, list[dict[str, Any]]]) -> str:
-    """Latency CDF of ok requests, both sides on one log-free linear axis."""
+    """Latency CDF of ok requests, both sides on one linear axis, drawn as steps (one answered
+    request is one visible step and dot) with ticks and titles on both axes."""
     lat = {k: sorted(r["latency_s"] for r in rs if r["status"] == "ok" and r["latency_s"] is not None)
            for k, rs in records.items()}  # fmt: skip
     top = max((v[-1] for v in lat.values() if v), default=0.0)
     if top <= 0:
         return '<p class="mw-empty">no successful requests</p>'
-    width, height, pad = 640, 220, 36
+    width, height, left, right, pad = 640, 240, 52, 16, 40
+    plot_w, plot_h = width - left - right, height - 2 * pad
+
+    def x_of(v: float) -> float:
+        return left + plot_w * v / top
+
+    def y_of(share: float) -> float:
+        return height - pad - plot_h * share
+
     paths = []
     for side, values in lat.items():
         if not values:
             continue
-        pts = [(pad + (width - 2 * pad) * v / top, height - pad - (height - 2 * pad) * (i + 1) / len(values))
-               for i, v in enumerate(values)]  # fmt: skip
-        d = "M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+        n = len(values)
+        d = f"M{left:.1f},{y_of(0):.1f}"
+        for i, v in enumerate(values):
+            d += f" L{x_of(v):.1f},{y_of(i / n):.1f} L{x_of(v):.1f},{y_of((i + 1) / n):.1f}"
+        d += f" L{x_of(top):.1f},{y_of(1):.1f}"
         name = _esc(result[side]["name"])
-        paths.append(
-            f'<path d="{d}" fill="none" stroke="{_COLORS[side]}" stroke-width="2"><title>{side.upper()}: {name}</title></path>'
+        dots = "".join(
+            f'<circle cx="{x_of(v):.1f}" cy="{y_of((i + 1) / n):.1f}" r="2.5" fill="{_COLORS[side]}">'
+            f"<title>{side.upper()}: request answered in {_s(v)} ({i + 1} of {n})</title></circle>"
+            for i, v in enumerate(values[:400])
         )
-    axis = (f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#999"/>'
-            f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="#999"/>'
-            f'<text x="{width - pad}" y="{height - 10}" text-anchor="end" font-size="11">{_s(top)}</text>'
-            f'<text x="{pad}" y="{height - 10}" font-size="11">0</text>'
-            f'<text x="{pad - 4}" y="{pad + 4}" text-anchor="end" font-size="11">1</text>')  # fmt: skip
+        paths.append(f'<path d="{d}" fill="none" stroke="{_COLORS[side]}" stroke-width="2">'
+                     f"<title>{side.upper()}: {name}</title></path>{dots}")  # fmt: skip
+    ticks = []
+    for k in range(5):
+        v, share = top * k / 4, k / 4
+        ticks.append(f'<line x1="{x_of(v):.1f}" y1="{y_of(0):.1f}" x2="{x_of(v):.1f}" y2="{y_of(1):.1f}" stroke="#eee"/>'
+                     f'<text x="{x_of(v):.1f}" y="{y_of(0) + 14:.1f}" text-anchor="middle" font-size="11">'
+                     f"{'0' if k == 0 else _s(v)}</text>"
+                     f'<line x1="{left}" y1="{y_of(share):.1f}" x2="{width - right}" y2="{y_of(share):.1f}" stroke="#eee"/>'
+                     f'<text x="{left - 6}" y="{y_of(share) + 4:.1f}" text-anchor="end" font-size="11">{share:.0%}</text>')  # fmt: skip
+    axis = ("".join(ticks)
+            + f'<line x1="{left}" y1="{y_of(0)}" x2="{width - right}" y2="{y_of(0)}" stroke="#999"/>'
+            f'<line x1="{left}" y1="{y_of(1)}" x2="{left}" y2="{y_of(0)}" stroke="#999"/>'
+            f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle" font-size="12">'
+            "latency of answered requests</text>"
+            f'<text x="12" y="{pad + plot_h / 2:.1f}" text-anchor="middle" font-size="12" '
+            f'transform="rotate(-90 12 {pad + plot_h / 2:.1f})">share answered within</text>')  # fmt: skip
     legend = "".join(
         f'<span class="mw-legend-item"><span style="display:inline-block;width:12px;height:3px;background:{_COLORS[k]}"></span>'
-        f"{k.upper()}: {_esc(result[k]['name'])}</span>"
+        f"{k.upper()}: {_esc(result[k]['name'])} ({len(lat.get(k, []))} answered)</span>"
         for k in ("a", "b")
     )
     return (f'<div class="mw-legend">{legend}</div><svg width="{width}" height="{height}" role="img" '

@@ -135,10 +135,19 @@
     var resetBtn = document.getElementById("mw-reset");
     var lanes = data.lanes;
     var full = [0, Math.max(1, data.duration_us)];
-    var state = { by: "category", view: null, hidden: {} };
+    // baseline: the y-axis starts at the constant weights when they are most of the peak, so the
+    // memory that changes (activations, KV cache, encoder outputs) fills the plot.
+    var state = { by: "category", view: null, hidden: {}, focus: 0,
+                  baseline: data.baseline_bytes > 0 && data.baseline_bytes >= 0.5 * data.peak.bytes };
     var fromHash = /(?:^#|&)by=(category|modality|phase)\b/.exec(window.location.hash);
     if (fromHash) state.by = fromHash[1];
-    var drawn = { series: 0, points: 0, spans: 0 };
+    var drawn = { series: 0, points: 0, spans: 0, markers: 0, boxes: [] };
+    var baseBtn = document.getElementById("mw-baseline");
+    function baseBytes() {
+      if (!state.baseline) return 0;
+      if (state.by === "category" && (state.hidden.weight || state.hidden.buffer)) return 0;
+      return data.baseline_bytes || 0;
+    }
     var geom = null; // last timeline geometry, for hover
 
     function view() {
@@ -220,7 +229,11 @@
       var marks = data.markers || [];
       var v = view();
       var placed = [];
+      var labels = [];
       drawn.markers = 0;
+      drawn.boxes = [];
+      var flagsX = marks.filter(function (m) { return m.time_us >= v[0] && m.time_us <= v[1]; })
+        .map(function (m) { return Math.round(xOf(m.time_us, w)) + 0.5; });
       ctx.save();
       ctx.font = "bold 11px system-ui, -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans', sans-serif";
       for (var i = 0; i < marks.length; i++) {
@@ -246,12 +259,41 @@
         ctx.fillStyle = "#fff";
         ctx.textAlign = "center";
         ctx.textBaseline = "middle";
-        ctx.fillText(String(i + 1), x, y + 0.5);
+        var num = marks[i].finding || i + 1;
+        ctx.fillText(String(num), x, y + 0.5);
         drawn.markers++;
+        drawn.boxes.push({ x: x, y: y, i: i });
+        // The text label beside the flag where it has room (always for the finding in focus);
+        // every flag also has it as a tooltip.
+        var text = marks[i].label.length > 48 ? marks[i].label.slice(0, 47) + "…" : marks[i].label;
+        ctx.font = "11px system-ui, -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans', sans-serif";
+        var tw = ctx.measureText(text).width;
+        var lx = x + 11 + tw > w - M.r ? x - 11 - tw : x + 11;
+        var box = { a: lx - 2, b: lx + tw + 2, y: y };
+        var focused = state.focus && marks[i].finding === state.focus;
+        var free = !labels.some(function (q) { return Math.abs(q.y - box.y) < 16 && q.a < box.b && box.a < q.b; }) &&
+          !flagsX.some(function (fx) { return Math.abs(fx - x) > 1 && fx > box.a - 10 && fx < box.b + 10; });
+        if (free || focused) {
+          labels.push(box);
+          ctx.fillStyle = "rgba(255,255,255,0.85)";
+          ctx.fillRect(box.a, y - 7, box.b - box.a, 14);
+          ctx.fillStyle = color;
+          ctx.textAlign = "left";
+          ctx.fillText(text, lx, y + 0.5);
+        }
+        ctx.font = "bold 11px system-ui, -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans', sans-serif";
       }
       ctx.restore();
       var status = document.getElementById("mw-status");
-      if (status) status.setAttribute("data-markers", String(drawn.markers));
+      if (status) {
+        // markers: the things marked (a finding with several evidence flags counts once); flags: drawn
+        var marked = {};
+        drawn.boxes.forEach(function (b) { var m = marks[b.i]; marked[m.finding ? "f" + m.finding : "m" + b.i] = 1; });
+        status.setAttribute("data-markers", String(Object.keys(marked).length));
+        status.setAttribute("data-flags", String(drawn.markers));
+        var b0 = drawn.boxes[0];
+        status.setAttribute("data-marker-xy", b0 ? b0.x + "," + b0.y : "");
+      }
     }
 
     function drawPeakLine(ctx, w, yTop, yBase) {
@@ -305,24 +347,34 @@
       });
       for (var k = 0; k < m; k++) yMaxData = Math.max(yMaxData, stack[k]);
       if (!state.view) yMaxData = Math.max(yMaxData, series.length === tl.series.length ? data.peak.bytes : 0);
-      var yt = byteTicks(yMaxData * 1.04, 5);
+      var base = baseBytes();
+      if (base >= yMaxData) base = 0; // nothing above the weights in this view: plot from zero
+      var yt = byteTicks((yMaxData - base) * 1.04, 5);
+      // With a baseline the weights keep a band at the bottom (0 .. base squeezed into it) and
+      // the memory above them gets the rest of the height.
+      var yBand = base ? yBase - Math.round(0.14 * (yBase - yTop)) : yBase;
       function yOf(b) {
-        return yBase - (b / yt.max) * (yBase - yTop);
+        if (base && b < base) return yBase - (Math.max(0, b) / base) * (yBase - yBand);
+        return yBand - ((b - base) / yt.max) * (yBand - yTop);
       }
 
       // grid + y labels
       ctx.textAlign = "right";
       ctx.textBaseline = "middle";
       yt.ticks.forEach(function (tk) {
-        var y = Math.round(yOf(tk.value)) + 0.5;
+        var y = Math.round(yOf(base + tk.value)) + 0.5; // ticks count bytes above the baseline
         ctx.strokeStyle = "#e4e4e4";
         ctx.beginPath();
         ctx.moveTo(M.l, y);
         ctx.lineTo(w - M.r, y);
         ctx.stroke();
         ctx.fillStyle = "#555";
-        ctx.fillText(tk.label, M.l - 8, y);
+        ctx.fillText(base ? (tk.value ? "+" + tk.label : fmtBytes(base)) : tk.label, M.l - 8, y);
       });
+      if (base) {
+        ctx.fillStyle = "#555";
+        ctx.fillText("0 B", M.l - 8, yBase);
+      }
       drawAxesX(ctx, w, yBase, true, yTop);
 
       // stacked step areas: value[k] holds from times[k] until times[k+1]
@@ -363,6 +415,25 @@
       ctx.lineWidth = 1;
       ctx.stroke();
       ctx.restore();
+      if (base) {
+        // the band's edge and what it holds
+        ctx.strokeStyle = "rgba(255,255,255,0.9)";
+        ctx.setLineDash([6, 4]);
+        ctx.beginPath();
+        ctx.moveTo(M.l, yBand + 0.5);
+        ctx.lineTo(w - M.r, yBand + 0.5);
+        ctx.stroke();
+        ctx.setLineDash([]);
+        ctx.font = "11px system-ui, -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans', sans-serif";
+        ctx.textAlign = "left";
+        ctx.textBaseline = "middle";
+        var note = "weights " + fmtBytes(base) + " (constant after load), drawn as a band; the axis above counts the rest";
+        ctx.fillStyle = "rgba(255,255,255,0.85)";
+        ctx.fillRect(M.l + 4, (yBand + yBase) / 2 - 8, ctx.measureText(note).width + 6, 16);
+        ctx.fillStyle = "#2f4f6f";
+        ctx.fillText(note, M.l + 7, (yBand + yBase) / 2);
+      }
+      drawn.base = base;
 
       // peak marker + label
       var px = drawPeakLine(ctx, w, yTop - 4, yBase);
@@ -548,6 +619,19 @@
         hideHover();
         return;
       }
+      var hit = markerAt(p);
+      if (hit) {
+        cursor.hidden = true;
+        showTooltip(evt, function (box) {
+          box.appendChild(el("div", "mw-tip-head", hit.label));
+          if (hit.detail) box.appendChild(el("div", "mw-tip-detail", hit.detail));
+          row(box, null, "time", fmtTime(hit.time_us));
+          if (hit.anchor) row(box, null, "click", "go to the finding");
+        });
+        tlCanvas.style.cursor = hit.anchor ? "pointer" : "default";
+        return;
+      }
+      tlCanvas.style.cursor = "crosshair";
       var tl = data.timelines[state.by];
       var t = tOf(p.x, geom.w);
       var k = floorIndex(tl.time_us, t);
@@ -570,6 +654,45 @@
     tlCanvas.addEventListener("mouseleave", function () {
       hideHover();
     });
+    function markerAt(p) {
+      var hit = null;
+      drawn.boxes.forEach(function (b) {
+        if (Math.abs(b.x - p.x) <= 9 && Math.abs(b.y - p.y) <= 9) hit = data.markers[b.i];
+      });
+      return hit;
+    }
+    tlCanvas.addEventListener("click", function (evt) {
+      var hit = markerAt(localX(evt, tlCanvas));
+      if (hit && hit.anchor) {
+        var target = document.getElementById(hit.anchor);
+        if (target) target.scrollIntoView();
+        status.setAttribute("data-followed", hit.anchor);
+      }
+    });
+    // A finding's "show the evidence on the timeline": zoom to its markers and label them.
+    function focusFinding(n) {
+      var ts = (data.markers || []).filter(function (m) { return m.finding === n; }).map(function (m) { return m.time_us; });
+      if (!ts.length) return;
+      var lo = Math.min.apply(null, ts), hi = Math.max.apply(null, ts);
+      var pad = Math.max((hi - lo) * 0.15, (full[1] - full[0]) * 0.04);
+      state.view = [Math.max(full[0], lo - pad), Math.min(full[1], hi + pad)];
+      state.focus = n;
+      redraw();
+      document.getElementById("timeline").scrollIntoView();
+    }
+    Array.prototype.forEach.call(document.querySelectorAll("a.mw-goto"), function (a) {
+      a.addEventListener("click", function (evt) {
+        evt.preventDefault();
+        focusFinding(Number(a.getAttribute("data-finding")));
+      });
+    });
+    if (baseBtn) {
+      baseBtn.hidden = !data.baseline_bytes;
+      baseBtn.addEventListener("click", function () {
+        state.baseline = !state.baseline;
+        redraw();
+      });
+    }
     tlCanvas.addEventListener("mousedown", function (evt) {
       if (!geom) return;
       drag = localX(evt, tlCanvas).x;
@@ -590,6 +713,7 @@
     });
     function resetZoom() {
       state.view = null;
+      state.focus = 0;
       redraw();
     }
     tlCanvas.addEventListener("dblclick", resetZoom);
@@ -666,6 +790,11 @@
       status.setAttribute("data-points", String(drawn.points));
       status.setAttribute("data-spans", String(drawn.spans));
       status.setAttribute("data-by", state.by);
+      status.setAttribute("data-baseline", String(drawn.base || 0));
+      status.setAttribute("data-focus", String(state.focus));
+      var v = view();
+      status.setAttribute("data-view", Math.round(v[0]) + "," + Math.round(v[1]));
+      if (baseBtn) baseBtn.textContent = state.baseline ? "y: above weights" : "y: from zero";
       var rect = tlCanvas.getBoundingClientRect();
       status.setAttribute("data-plot-x", String(Math.round(rect.left + window.scrollX + M.l)));
       status.setAttribute("data-plot-y", String(Math.round(rect.top + window.scrollY + M.t)));

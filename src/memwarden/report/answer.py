@@ -1,0 +1,59 @@
+"""The one sentence a report opens with: how high memory went, when, in which phase, the biggest
+cause and what to do. Pure: Analysis and findings in, text out (the page escapes it)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memwarden.analyze.analysis import Analysis
+from memwarden.analyze.diagnose import Finding
+from memwarden.report.findings import allocated, fix_headline, peak_added
+from memwarden.trace.model import Phase, SpanKind, enum_name
+from memwarden.units import format_bytes, format_us
+
+__all__ = ["answer_sentence", "phase_at"]
+
+_SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+
+
+def phase_at(analysis: Analysis, time_us: int) -> str | None:
+    """The name of the innermost phase span holding ``time_us`` (times from the trace's start)."""
+    trace = analysis.trace
+    s = trace.spans
+    rows = np.flatnonzero(s["kind"] == SpanKind.PHASE)
+    if not len(rows) or not trace.num_events:
+        return None
+    t = int(trace.events["time_us"][0]) + time_us
+    inside = rows[(s["start_us"][rows] <= t) & (t <= s["end_us"][rows])]
+    if not len(inside):
+        return None
+    row = int(inside[np.argmin((s["end_us"] - s["start_us"])[inside])])
+    return trace.string(int(s["name"][row])) or enum_name(Phase(int(s["phase"][row])))
+
+
+def answer_sentence(analysis: Analysis, findings: list[Finding] | None) -> str:
+    """E.g. "Peak 197.0 MiB at 37.6 s, in decode 3; weights are 120.0 MiB of it and kv_cache the
+    largest of the rest (41.0 MiB). Biggest cause: kv-reprefill, which adds 0 B to the peak and
+    allocates 204.3 MiB over the run. Fix: keep the KV cache between turns."""
+    s = analysis.summary
+    if not s.events:
+        return "No allocations were recorded in this trace, so there is no peak to explain."
+    phase = phase_at(analysis, s.peak_time_us)
+    text = f"Peak {format_bytes(s.peak_bytes)} at {format_us(s.peak_time_us)}" + (f", in {phase}" if phase else "")
+    weights = s.by_category_at_peak.get("weight", 0) + s.by_category_at_peak.get("buffer", 0)
+    rest = {k: v for k, v in s.by_category_at_peak.items() if k not in ("weight", "buffer") and v > 0}
+    if weights:
+        text += f"; weights are {format_bytes(weights)} of it"
+    if rest:
+        name, value = max(rest.items(), key=lambda kv: kv[1])
+        text += f"{' and' if weights else ';'} {name} the largest of the rest ({format_bytes(value)})"
+    text += "."
+    if findings is None:
+        return text
+    if not findings:
+        return text + " No overflow pattern was found."
+    top = min(findings, key=lambda f: (_SEVERITY_RANK.get(f.severity, 3), -peak_added(f), -allocated(f)))
+    return (
+        f"{text} Biggest cause: {top.pattern} in {top.where}, which adds {format_bytes(peak_added(top))} to the "
+        f"peak and allocates {format_bytes(allocated(top))} over the run. Fix: {fix_headline(top.fix)}"
+    )
