@@ -56,6 +56,7 @@ PUBLIC_API = [
     "capture",
     "diagnose",
     "estimate",
+    "flush",
     "load",
     "quantize",
     "save",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from memwarden.analyze.diagnose import diagnose
 from memwarden.analyze.timeline import summary
-from memwarden.capture.api import capture
+from memwarden.capture.api import capture, flush
 from memwarden.estimate.card import MemoryCard
 from memwarden.estimate.run import estimate
 from memwarden.govern.budget import BudgetController
@@ -37,6 +37,7 @@ __all__ = [
     "capture",
     "diagnose",
     "estimate",
+    "flush",
     "load",
     "quantize",
     "save",

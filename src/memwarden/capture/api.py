@@ -12,11 +12,15 @@ if TYPE_CHECKING:
     from memwarden.capture.cuda.capture import CudaCapture
     from memwarden.capture.live.capture import Capture
 
-__all__ = ["capture"]
+__all__ = ["capture", "flush"]
 
 
 def capture(*, device: str = "cpu", **kwargs: Any) -> Capture | CudaCapture:
     """``with memwarden.capture() as cap: ...`` then ``cap.trace``; keywords as ``Capture``'s.
+
+    ``stream_to=PATH`` appends the log to PATH as the run goes (every 100 ms and at every step):
+    a process killed mid-run leaves PATH, which ``memwarden.load`` recovers up to the last flush;
+    a clean stop replaces it with the complete trace.
 
     ``device="cuda"`` also records the CUDA caching allocator (PyTorch's memory history, segments
     included) and merges it with the hooks' attribution into one trace with a device column.
@@ -30,3 +34,12 @@ def capture(*, device: str = "cpu", **kwargs: Any) -> Capture | CudaCapture:
 
         return capture_cuda(**kwargs)
     raise ValueError(f"capture(device=...) takes 'cpu' or 'cuda'; got {device!r}")
+
+
+def flush() -> bool:
+    """Make everything the running streamed capture (``stream_to=``) logged so far durable now:
+    once this returns, the process may be killed and the stream still holds it. False if no
+    running capture streams."""
+    from memwarden.capture.live.stream import flush_active
+
+    return flush_active()

@@ -20,6 +20,8 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <atomic>
+#include <cstddef>
+#include <cstring>
 #include <map>
 #include <chrono>
 #include <mutex>
@@ -44,9 +46,14 @@ struct Event {
   int16_t ndim;
   int8_t dtype;      // c10::ScalarType, -1 = unknown
   uint8_t action;
+  int32_t site;      // interned user-code line (see intern_site), -1 = unknown
   int64_t written;   // bytes that ops wrote into the block (inputs of the op that made it, then
                      // sources of in-place writes such as copy_/index_put_); -1 = unknown
 };
+
+// The streamer (capture/live/stream.py) reads rows as raw bytes with this exact layout.
+static_assert(sizeof(Event) == 64, "memwarden: Event layout changed; update stream.py's EVENT_DTYPE");
+static_assert(offsetof(Event, site) == 52 && offsetof(Event, written) == 56, "memwarden: Event layout changed");
 
 struct Live {
   int64_t id;
@@ -104,6 +111,7 @@ void push_event(uint8_t action, int64_t ptr, int64_t nbytes, int64_t id) {
   e.ndim = 0;
   e.dtype = -1;
   e.action = action;
+  e.site = -1;
   e.written = -1;
   g_events.push_back(e);
 }
@@ -364,6 +372,31 @@ py::dict drain() {
   return out;
 }
 
+// Rows [ev_start, end), shape-pool entries [shape_start, end) and op names [op_start, end) logged
+// so far, as raw bytes (Event rows, int64 dims) and strings, without clearing anything: the
+// streamer's incremental read. Python bytes, not tensors: building tensors would allocate
+// through the recording allocator and log the streamer's own memory.
+py::tuple stream_since(int64_t ev_start, int64_t shape_start, int64_t op_start) {
+  std::string rows, dims;
+  std::vector<std::string> ops;
+  int64_t ev_end, shape_end;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    ev_end = static_cast<int64_t>(g_events.size());
+    shape_end = static_cast<int64_t>(g_shapes.size());
+    if (ev_start < 0 || ev_start > ev_end) ev_start = ev_end;
+    if (shape_start < 0 || shape_start > shape_end) shape_start = shape_end;
+    rows.assign(reinterpret_cast<const char*>(g_events.data() + ev_start),
+                static_cast<size_t>(ev_end - ev_start) * sizeof(Event));
+    dims.assign(reinterpret_cast<const char*>(g_shapes.data() + shape_start),
+                static_cast<size_t>(shape_end - shape_start) * sizeof(int64_t));
+    for (size_t k = static_cast<size_t>(op_start < 0 ? 0 : op_start); k < g_op_names.size(); ++k) {
+      ops.push_back(g_op_names[k]);
+    }
+  }
+  return py::make_tuple(py::bytes(rows), ev_end, py::bytes(dims), shape_end, ops);
+}
+
 py::list scalar_type_names() {
   py::list names;
   for (int i = 0; i < static_cast<int>(c10::ScalarType::NumOptions); ++i) {
@@ -382,6 +415,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("exit", &exit_ctx);
   m.def("drain", &drain);
   m.def("now_ns", &now_ns);
+  m.def("stream_since", &stream_since);
   m.def("scalar_type_names", &scalar_type_names);
   m.def("recording", []() { return g_recording.load(); });
 }

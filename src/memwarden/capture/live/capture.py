@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -44,7 +45,9 @@ from memwarden.capture.inputs import (
     step_tokens,
 )
 from memwarden.capture.live.procmaps import FileMappings
+from memwarden.capture.live.stream import Streamer
 from memwarden.capture.modality import ModalityRules
+from memwarden.trace.io import save
 from memwarden.trace.model import Phase, Trace
 
 
@@ -89,8 +92,13 @@ class Capture:
         fingerprints: bool = True,
         modality_rules: ModalityRules | None = None,
         metadata: dict[str, Any] | None = None,
+        stream_to: str | os.PathLike[str] | None = None,
     ) -> None:
         self.record_ops = record_ops
+        # Streamed: the log is appended to this file as the run goes (a killed process leaves it,
+        # and memwarden.load recovers it); a clean stop replaces it with the complete trace.
+        self.stream_to = stream_to
+        self._streamer: Streamer | None = None
         self.fingerprints = fingerprints
         self.rules = modality_rules or ModalityRules()
         self.metadata = dict(metadata or {})
@@ -218,6 +226,8 @@ class Capture:
             for t in cache_tensors(output):
                 self._log.tag(now, t, "kv_cache", "")
             self._log.step_end(now)
+            if self._streamer is not None:
+                self._streamer.boundary("step")
 
     def _late_kwargs(self, module: torch.nn.Module, entry: tuple[int, int, bool, bool], args: Any, kwargs: Any) -> None:
         """A model first seen inside its own call had its kwargs hooks installed too late for
@@ -254,6 +264,8 @@ class Capture:
                 if isinstance(v, torch.Tensor) and v.numel() > 1:
                     self._log.tag(now, v, "optimizer_state", "")
         self._log.optimizer_end(now)
+        if self._streamer is not None:
+            self._streamer.boundary("optimizer")
 
     # -- preexisting and file-backed tensors ---------------------------------------
     @staticmethod
@@ -298,6 +310,9 @@ class Capture:
         self._native.start(self.record_ops)
         self._active = True
         _ACTIVE.append(self)
+        if self.stream_to is not None:
+            self._streamer = Streamer(self, self.stream_to)
+            self._streamer.start()
         for info in self._modules:
             module = info.ref()
             if module is not None and info.is_boundary:
@@ -360,11 +375,15 @@ class Capture:
             if module is not None and info.path == "":
                 for t in itertools.chain(module.parameters(), module.buffers()):
                     self._log.file_backed(end, t, self._maps)
+        streamer, self._streamer = self._streamer, None
+        if streamer is not None:
+            streamer.close()
         self._native.stop()
         drained = self._native.drain()
         self.metadata.setdefault("capture", "memwarden-native-cpu")
         self.metadata.setdefault("torch_version", torch.__version__)
         self.metadata.setdefault("started_at", self._wall0)
+        self.metadata.setdefault("capture_t0_ns", self._t0)  # monotonic ns: places resident samples
         self.metadata.setdefault("device", "cpu")
         attributor = Attributor(
             log=self._log,
@@ -376,6 +395,9 @@ class Capture:
             rules=self.rules,
         )
         self.trace = attributor.build(drained)
+        if streamer is not None and self.stream_to is not None:
+            self.trace.metadata["streamed"] = {"flushes": streamer.flushes, "bytes": streamer.bytes_written}
+            save(self.trace, self.stream_to)  # the complete trace replaces the stream, atomically
         return self.trace
 
 

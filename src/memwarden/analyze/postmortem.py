@@ -1,0 +1,68 @@
+"""What ``memwarden trace`` prints when the traced script dies of memory: a few lines on stderr,
+before the user opens anything.
+
+A run died of memory when its trace says so: ``metadata.failure`` (a ``MemoryError`` or
+``torch.OutOfMemoryError`` propagated), ``metadata.oom_killed`` true, or a signal after the
+resident size grew (the last resident sample at least 1.5x the first and the run's highest).
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from memwarden.analyze.diagnose import diagnose
+from memwarden.analyze.timeline import summary
+from memwarden.trace.model import Trace
+from memwarden.units import format_bytes
+
+__all__ = ["died_of_memory", "failure_lines"]
+
+
+def _resident_grew(meta: dict[str, Any]) -> bool:
+    rss = [r for r in (meta.get("resident") or {}).get("samples", {}).get("rss", []) if r]
+    return len(rss) >= 2 and rss[-1] >= 1.5 * rss[0] and rss[-1] >= 0.9 * max(rss)
+
+
+def died_of_memory(trace: Trace) -> str | None:
+    """Why the run is taken to have died of memory, or None."""
+    meta = trace.metadata
+    failure = meta.get("failure")
+    if isinstance(failure, dict):
+        return f"{failure.get('kind', 'MemoryError')}: {failure.get('message', '')}".rstrip(": ")
+    sig = meta.get("exit_signal")
+    name = signal.Signals(sig).name if isinstance(sig, int) and sig in signal.Signals._value2member_map_ else sig
+    if meta.get("oom_killed") is True:
+        return f"{name} from the kernel's OOM killer"
+    if sig is not None and _resident_grew(meta):
+        return f"{name} after resident memory grew"
+    return None
+
+
+def _top(items: dict[str, int], n: int = 4) -> str:
+    parts = sorted(((v, k) for k, v in items.items() if v > 0), reverse=True)[:n]
+    return ", ".join(f"{k} {format_bytes(v)}" for v, k in parts) or "nothing"
+
+
+def failure_lines(trace: Trace) -> list[str]:
+    """The explanation (empty when the run did not die of memory)."""
+    cause = died_of_memory(trace)
+    if cause is None:
+        return []
+    s = summary(trace)
+    lines = [f"memwarden: the script died of memory ({cause}); traced peak {format_bytes(s.peak_bytes)}"]
+    resident = trace.metadata.get("resident") or {}
+    if resident.get("last_bytes"):
+        lines[0] += f", last resident size {format_bytes(int(resident['last_bytes']))}"
+    lines.append(f"  alive at the peak by category: {_top(s.by_category_at_peak)}")
+    lines.append(f"  by modality: {_top(s.by_modality_at_peak)}")
+    for site in s.top_sites_at_peak[:3]:
+        lines.append(f"  held by {site.module or '(no module)'} {site.op or ''}: {format_bytes(site.nbytes)}".rstrip())
+    try:
+        findings = diagnose(trace)
+    except Exception:  # a torn trace must not hide the lines above
+        findings = []
+    if findings:
+        f = findings[0]
+        lines.append(f"  cause: {f.pattern} at {f.where}: {f.fix}")
+    return lines

@@ -1,0 +1,94 @@
+"""The traced process of ``memwarden trace``: ``python -m memwarden.capture.live.child --stream
+PATH (SCRIPT | -m MODULE) [ARGS...]`` runs the script (or module, as ``python -m`` does) as
+``__main__`` under a streaming capture and exits with the script's status.
+
+The capture streams to PATH as it runs; if the script ends (normally, by an exception,
+``sys.exit`` or Ctrl-C) the capture stops and PATH becomes the complete trace; if the process is
+killed, PATH keeps every chunk flushed before, for the supervisor to finish.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _failure(exc: BaseException) -> dict[str, Any] | None:
+    """A memory failure the supervisor explains: MemoryError, torch.OutOfMemoryError."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    if "MemoryError" in names or "OutOfMemoryError" in names:
+        return {"kind": type(exc).__name__, "message": str(exc)[:500]}
+    return None
+
+
+def _print_script_traceback(target: str | None) -> None:
+    etype, value, tb = sys.exc_info()
+    if target is not None:
+        while tb is not None and str(Path(tb.tb_frame.f_code.co_filename).resolve()) != target:
+            tb = tb.tb_next  # drop memwarden's and runpy's frames above the script
+    traceback.print_exception(etype, value, tb)
+
+
+def run(stream: str, script: str | None, module: str | None, args: list[str], ring_s: float | None = None) -> int:
+    from memwarden.capture.live.capture import Capture
+
+    if module is not None:
+        sys.argv = [module, *args]
+        sys.path.insert(0, os.getcwd())
+        target = None
+    else:
+        assert script is not None
+        sys.argv = [script, *args]
+        sys.path.insert(0, str(Path(script).resolve().parent))
+        target = str(Path(script).resolve())
+    meta: dict[str, Any] = {"script": script if module is None else f"-m {module}", "argv": list(args)}
+    cap = Capture(metadata=meta, stream_to=stream)
+    status = 0
+    try:
+        with cap:
+            if module is not None:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(script or "", run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+    except KeyboardInterrupt:
+        status = 130
+    except BaseException as exc:
+        _print_script_traceback(target)
+        failure = _failure(exc)
+        if failure is not None and cap.trace is not None:
+            cap.trace.metadata["failure"] = failure
+            from memwarden.trace.io import save
+
+            save(cap.trace, stream)
+        status = 1
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 3 or argv[0] != "--stream":
+        print("usage: python -m memwarden.capture.live.child --stream PATH (SCRIPT | -m MODULE) [ARGS...]",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    stream, rest = argv[1], argv[2:]
+    if rest[0] == "-m" and len(rest) >= 2:
+        return run(stream, None, rest[1], rest[2:])
+    return run(stream, rest[0], None, rest[1:])
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(status)

@@ -1,0 +1,198 @@
+"""Streaming a running capture to a file, so that a process killed mid-run leaves its trace.
+
+A ``Streamer`` appends the capture's log to a stream file (``memwarden.trace.stream``) every
+``interval_s`` (100 ms) from a background thread and at step and optimizer-step boundaries (at most one per 10 ms);
+each chunk is one ``write`` to the kernel, so once ``flush`` returns its data outlives the process
+(SIGKILL, SIGABRT, SIGSEGV, ``os._exit``): at most the last interval is lost. What a chunk holds:
+the recorder's rows logged since the last chunk (raw, as ``native.stream_since`` returns them),
+the op names and shapes first seen since, and what the Python side saw since (modules, tags,
+fingerprints, steps, optimizer steps, storages outside the allocator and their releases, the
+process's own resident size).
+
+A row is streamed as it is when the chunk is cut: the dtype, shape and written bytes that the op
+which made it fills in when it returns are missing for rows cut mid-op (a clean stop replaces
+the stream with the complete trace, so only a killed run's trace shows this).
+
+``memwarden.flush()`` (``flush_active``) flushes the running capture's stream now: a script can
+make a point durable before something risky, and tests make their crashes deterministic with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from memwarden.capture.attribution.emit_events import DTYPE_NAMES
+from memwarden.capture.attribution.log import StorageRecord
+from memwarden.capture.live.rss import sample
+from memwarden.trace.stream import encode_chunk, stream_header
+
+if TYPE_CHECKING:
+    from memwarden.capture.live.capture import Capture
+
+__all__ = ["Streamer", "flush_active"]
+
+_BOUNDARY_GAP_NS = 10_000_000  # step/optimizer boundaries flush at most once per 10 ms (see ``boundary``)
+_DETAIL_EVERY = 10  # smaps_rollup costs ~0.5 ms: read it on every 10th interval flush (1 s)
+
+
+def _storage(rec: StorageRecord) -> dict[str, Any]:
+    return {"ptr": rec.ptr, "nbytes": rec.nbytes, "dtype": rec.dtype, "shape": list(rec.shape), "file": rec.file,
+            "t_ns": rec.t_ns, "freed_ns": rec.freed_ns}  # fmt: skip
+
+
+def _step(step: Any) -> dict[str, Any]:
+    out = dataclasses.asdict(step)
+    out["phase"] = int(step.phase)
+    out["input_ids"] = list(step.input_ids)
+    return out
+
+
+class Streamer:
+    """Appends one capture's log to ``path``; ``start`` after the recorder starts, ``close`` before
+    it is drained."""
+
+    def __init__(self, capture: Capture, path: str | os.PathLike[str], interval_s: float = 0.1) -> None:
+        self.capture = capture
+        self.path = os.fspath(path)
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fd = -1
+        self._cursor = (0, 0, 0)  # rows, shape-pool entries, op names already streamed
+        self._sent = {"modules": 0, "tags": 0, "fingerprints": 0, "steps": 0, "optimizer": 0, "annotations": 0}
+        self._storages: set[str] = set()
+        self._freed: set[str] = set()
+        self._ticks = 0
+        self.flushes = 0
+        self._last_ns = 0
+        self.bytes_written = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        cap = self.capture
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
+        ops = list(cap._native.stream_since(0, 0, 0)[4])  # op names interned by earlier captures
+        self._cursor = (0, 0, len(ops))
+        names = list(cap._native.scalar_type_names())
+        head = {"kind": "start", "pid": os.getpid(), "t0_ns": cap._t0, "wall0": cap._wall0,
+                "metadata": dict(cap.metadata), "dtype_names": names,
+                "dtype_torch_names": [DTYPE_NAMES.get(n, n) for n in names], "ops": ops,
+                "interval_s": self.interval_s}  # fmt: skip
+        self._write(stream_header() + encode_chunk(head))
+        self.flush("start")
+        self._thread = threading.Thread(target=self._run, name="memwarden-stream", daemon=True)
+        self._thread.start()
+        _STREAMERS.append(self)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.flush("interval")
+            except Exception:  # a full disk must not kill the traced program
+                return
+
+    def close(self) -> None:
+        """Stop the thread and write what is left (the caller drains the recorder after)."""
+        self._stop.set()
+        if self in _STREAMERS:
+            _STREAMERS.remove(self)
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._fd >= 0:
+            self.flush("stop")
+            self._write(encode_chunk({"kind": "end", "t_ns": time.monotonic_ns()}))
+            os.close(self._fd)
+            self._fd = -1
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        self.bytes_written += len(data)
+
+    # -- chunks --------------------------------------------------------------------
+    def boundary(self, reason: str) -> None:
+        """A step or optimizer step ended: flush, unless a flush ran in the last 10 ms (a decode
+        loop of sub-millisecond steps would otherwise spend more time flushing than computing)."""
+        if time.monotonic_ns() - self._last_ns >= _BOUNDARY_GAP_NS:
+            self.flush(reason)
+
+    def flush(self, reason: str = "flush") -> None:
+        """Append everything logged since the last chunk; durable against the process's death
+        when this returns."""
+        with self._lock:
+            if self._fd < 0:
+                return
+            cap = self.capture
+            rows, n_rows, dims, n_dims, ops = cap._native.stream_since(*self._cursor)
+            self._cursor = (n_rows, n_dims, self._cursor[2] + len(ops))
+            head: dict[str, Any] = {"kind": "events", "reason": reason, "t_ns": time.monotonic_ns(), "ops": ops}
+            self._python_side(head)
+            self._ticks += reason == "interval"
+            res = sample("self", detail=reason == "interval" and self._ticks % _DETAIL_EVERY == 1)
+            if res is not None:
+                head["resident"] = [res]
+            columns: list[tuple[str, np.ndarray]] = [
+                ("events", np.frombuffer(rows, dtype=np.uint8)),
+                ("shapes", np.frombuffer(dims, np.int64)),
+            ]
+            self._write(encode_chunk(head, columns))
+            self.flushes += 1
+            self._last_ns = time.monotonic_ns()
+
+    def _delta(self, name: str, items: list[Any]) -> list[Any]:
+        start = self._sent[name]
+        self._sent[name] = len(items)
+        return items[start:]
+
+    def _python_side(self, head: dict[str, Any]) -> None:
+        cap = self.capture
+        log = cap._log
+        head["modules"] = [[m.path, m.label, m.modality] for m in self._delta("modules", list(cap._modules))]
+        head["tags"] = [list(t) for t in self._delta("tags", log.tags[:])]
+        head["fingerprints"] = self._delta("fingerprints", log.fingerprints[:])
+        # Steps and optimizer spans change until they end: resend from the first one still open.
+        steps = log.steps[:]
+        first = self._sent["steps"]
+        head["steps"] = [[i, _step(s)] for i, s in enumerate(steps[first:], first)]
+        while first < len(steps) and steps[first].end_ns is not None:
+            first += 1
+        self._sent["steps"] = first
+        spans = [list(s) for s in log.optimizer_spans[:]]
+        first = self._sent["optimizer"]
+        head["optimizer"] = [[i, s] for i, s in enumerate(spans[first:], first)]
+        while first < len(spans) and spans[first][1] >= 0:
+            first += 1
+        self._sent["optimizer"] = first
+        storages, freed = [], []
+        for prefix, table in (("pre", log.preexisting_storages), ("map", log.mapped_storages)):
+            for ptr, rec in list(table.items()):
+                key = f"{prefix}:{ptr}"
+                if key not in self._storages:
+                    self._storages.add(key)
+                    storages.append([key, _storage(rec)])
+                elif rec.freed_ns is not None and key not in self._freed:
+                    self._freed.add(key)
+                    freed.append([key, rec.freed_ns])
+        head["storages"], head["freed"] = storages, freed
+        head["annotations"] = self._delta("annotations", list(cap.metadata.get("annotations", ())))
+
+
+_STREAMERS: list[Streamer] = []  # streams of running captures
+
+
+def flush_active() -> bool:
+    """Flush the stream of every running capture that streams; False if none does."""
+    streamers = list(_STREAMERS)
+    for s in streamers:
+        s.flush("user")
+    return bool(streamers)
