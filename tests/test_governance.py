@@ -109,9 +109,12 @@ def test_latency_ladder_prunes_visual_tokens_and_recovers():
 
 
 def test_telemetry_from_another_thread_never_resizes_under_a_request() -> None:
-    """A telemetry thread swinging the temperature (so the budget, so the KV pool size) while the
-    main thread serves: every resize holds the session's lock, no request sees a pool mid-swap,
-    and greedy outputs are those of model.generate()."""
+    """Telemetry from another thread swings the temperature (so the budget, so the KV pool size)
+    between requests and in the middle of each: a resize happens only between requests (every resize
+    holds the session's lock), no request sees its pool change, and greedy outputs are those of
+    model.generate(). The other thread runs at fixed points (started and joined from the serving
+    thread: between requests, and from inside generation at the first token), so the test does not
+    depend on how threads happen to interleave."""
     import threading
 
     from memwarden.govern.telemetry import TelemetrySample
@@ -123,28 +126,49 @@ def test_telemetry_from_another_thread_never_resizes_under_a_request() -> None:
         expected = [model.generate(**x, max_new_tokens=4, **gen)[0, x["input_ids"].shape[1] :] for x in inputs]
     weights = state_bytes(model)
     session = GovernedSession(model, budget=weights + 16 * 2**20)
-    stop, errors, swings = threading.Event(), [], [0]
+    errors: list[BaseException] = []
+    clock = [0.0]
 
-    def telemetry() -> None:
-        t = 0.0
-        while not stop.is_set():
-            t += 6.0  # past the hysteresis: every sample may move the budget
-            try:
-                hot = (swings[0] // 3) % 2  # three samples hot, three cool: the smoothed temperature swings too
-                session.on_telemetry(TelemetrySample(t_s=t, temp_c=95.0 if hot else 40.0), in_use_bytes=0)
-            except Exception as exc:  # noqa: BLE001 - the test reports it
-                errors.append(exc)
-            swings[0] += 1
+    def telemetry_thread(hot: bool) -> None:
+        """Three samples from another thread, waited for: the smoothed temperature moves each time."""
 
-    thread = threading.Thread(target=telemetry, daemon=True)
-    thread.start()
-    try:
-        got = [session.generate(**x, max_new_tokens=4, **gen)[0, x["input_ids"].shape[1] :] for x in inputs]
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-    assert not errors and swings[0] > 10
+        def send() -> None:
+            for _ in range(3):
+                clock[0] += 6.0  # past the hysteresis: every sample may move the budget
+                try:
+                    session.on_telemetry(TelemetrySample(t_s=clock[0], temp_c=95.0 if hot else 40.0), in_use_bytes=0)
+                except Exception as exc:  # noqa: BLE001 - the test reports it
+                    errors.append(exc)
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        thread.join()
+
+    class MidRequest:  # a generate() streamer: the first token arrives while the request holds the pool
+        def __init__(self, hot: bool) -> None:
+            self.hot, self.calls, self.pools = hot, 0, []
+
+        def put(self, value: torch.Tensor) -> None:
+            self.calls += 1
+            if self.calls == 2:
+                before = session.pool
+                telemetry_thread(self.hot)
+                self.pools.append((before, session.pool, before.num_blocks, session.pool.num_blocks))
+
+        def end(self) -> None:
+            pass
+
+    got, budgets = [], []
+    for i, x in enumerate(inputs):
+        telemetry_thread(hot=i % 2 == 1)  # between requests: the pool follows
+        budgets.append(session.budget_bytes)
+        mid = MidRequest(hot=i % 2 == 0)  # the opposite swing, under the request: the pool must not move
+        got.append(session.generate(**x, max_new_tokens=4, streamer=mid, **gen)[0, x["input_ids"].shape[1] :])
+        ((before, after, blocks_before, blocks_after),) = mid.pools
+        assert after is before and blocks_after == blocks_before
+    assert not errors
+    assert len(set(budgets)) > 1  # the budget did swing
     labels = [e["label"] for e in session.events]
-    assert sum("resize" in lb or "pool" in lb for lb in labels) > 2, labels  # the pool did swing
+    assert sum("resize" in lb or "pool" in lb for lb in labels) > 2, labels  # the pool did swing, between requests
     for want, have in zip(expected, got, strict=True):
         assert torch.equal(want, have)

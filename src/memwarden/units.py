@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 
 _UNITS = {
@@ -13,17 +15,35 @@ _UNITS = {
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(text: str | int) -> int:
-    """'6GiB' -> 6442450944. Raises ValueError with the accepted forms."""
-    if isinstance(text, int):
-        return text
-    match = _PATTERN.match(str(text))
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS:
-        raise ValueError(f"not a byte quantity: {text!r} (examples: 1048576, 512MiB, 6GiB, 2GB)")
-    value = float(match.group(1)) * _UNITS[unit]
-    if value < 0 or value > 2**62:
+def parse_bytes(text: object) -> int:
+    """'6GiB' -> 6442450944. Also a number of bytes: an int, a float, a numpy integer or float, or a
+    0-dim array/tensor (whole bytes, rounded down). Raises ValueError with the accepted forms for a
+    string or number that is no byte quantity, TypeError naming the type of anything else."""
+    if isinstance(text, bool):  # True is an int to Python, never a budget
+        raise TypeError(f"not a byte quantity: bool {text!r} (examples: 1048576, 512MiB, 6GiB, 2GB)")
+    if isinstance(text, str):
+        match = _PATTERN.match(text)
+        unit = match.group(2).lower() if match else ""
+        if not match or unit not in _UNITS:
+            raise ValueError(f"not a byte quantity: {text!r} (examples: 1048576, 512MiB, 6GiB, 2GB)")
+        value: float | int = float(match.group(1)) * _UNITS[unit]
+    elif isinstance(text, numbers.Integral):  # int, numpy integers
+        value = int(text)
+    elif isinstance(text, numbers.Real):  # float, numpy floats
+        value = float(text)
+    elif getattr(text, "shape", None) == () and callable(getattr(text, "item", None)):
+        return parse_bytes(text.item())  # type: ignore[attr-defined]  # a 0-dim numpy array or torch tensor
+    else:
+        shown = repr(text)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise TypeError(
+            f"not a byte quantity: {type(text).__module__}.{type(text).__qualname__} {shown} "
+            "(give a number of bytes or a string such as 512MiB or 6GiB)"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"byte quantity out of range: {text!r}")
+    if value < 0 or value > 2**62:
+        raise ValueError(f"byte quantity out of range: {text!r} (0 to 2**62 bytes)")
     return int(value)
 
 

@@ -6,6 +6,8 @@ Sources, most specific first (when two give the same field, the earlier one wins
   power and its enforced limit, clock-throttle reasons. Each query is probed once at start and
   dropped if unsupported, because on Jetson and other unified-memory devices memory info
   raises NOT_SUPPORTED on every call.
+- ``limits``: this process's cgroup (v2/v1) and ``RLIMIT_AS`` (``govern/limits.py``), where it has
+  one: inside a container the host's figures overstate what the process may use.
 - ``tegrastats``: Jetson's tool, run as a child process and parsed (:func:`parse_tegrastats`).
 - ``psutil``: available memory and swap of the host, hwmon temperatures.
 - ``thermal_zone``: ``/sys/class/thermal/thermal_zone*/temp`` (millidegrees C); the hottest zone.
@@ -37,6 +39,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from memwarden.govern.limits import LimitsSource, read_limits
 
 __all__ = [
     "FIELDS",
@@ -369,6 +373,8 @@ def detect_sources(
 ) -> list[TelemetrySource]:
     """Every source that works here, most specific first. Never raises for a missing source."""
     makers: list[Callable[[], TelemetrySource]] = [lambda: NvmlSource(nvml_index)]
+    if read_limits().limit_bytes is not None:  # a container or prlimit: the host's figures overstate
+        makers.append(LimitsSource)
     if tegrastats:
         makers.append(TegrastatsSource)
     makers += [PsutilSource, lambda: ThermalZoneSource(thermal_root)]
@@ -464,10 +470,16 @@ def parse_tegrastats(line: str) -> Reading:
         raise ValueError("not a tegrastats line (no 'RAM used/totalMB')")
     unit = _UNIT_BYTES[ram.group(3)]
     used, total = int(ram.group(1)) * unit, int(ram.group(2)) * unit
+    if total > _MAX_BYTES or used > _MAX_BYTES:
+        raise ValueError(f"RAM {ram.group(1)}/{ram.group(2)}{ram.group(3)} is out of range (at most 2**62 bytes)")
     out: Reading = {"mem_total_bytes": float(total), "mem_available_bytes": float(max(0, total - used))}
     swap = _SWAP.search(line)
     if swap is not None:
         unit = _UNIT_BYTES[swap.group(3)]
+        if max(int(swap.group(1)), int(swap.group(2))) * unit > _MAX_BYTES:
+            raise ValueError(
+                f"SWAP {swap.group(1)}/{swap.group(2)}{swap.group(3)} is out of range (at most 2**62 bytes)"
+            )
         out.update(swap_used_bytes=float(int(swap.group(1)) * unit), swap_total_bytes=float(int(swap.group(2)) * unit))
     hottest = _hottest(float(v) for name, v in _TEMP.findall(line) if name not in _FAKE_SENSORS)
     if hottest is not None:

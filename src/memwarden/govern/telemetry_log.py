@@ -74,23 +74,25 @@ def parse_jsonl(lines: Iterable[str], *, label: str = "<log>") -> list[Telemetry
 def load_log(path: str | os.PathLike[str], *, interval_s: float = 1.0) -> list[TelemetrySample]:
     """A recorded log, JSON lines or tegrastats text (told apart by the first non-blank line)."""
     label = str(path)
+    # Lines are read one at a time, never the whole file as a list: a log of 200 MB of blank lines
+    # must not cost gigabytes (Python keeps every line of a list as an object of its own).
     try:
         if Path(path).is_dir():
             raise InputError(f"{label}: is a directory, expected a telemetry log (JSON lines or tegrastats)")
         with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
+            head = next((ln.lstrip() for ln in fh if ln.strip()), "")
+            if not head:
+                raise InputError(f"{label}: empty telemetry log")
+            fh.seek(0)
+            if head.startswith("{") or not _is_tegrastats(head):
+                return parse_jsonl(fh, label=label)  # its error then says why the line is not JSON
+            return parse_tegrastats_log(fh, label=label, interval_s=interval_s)
     except FileNotFoundError:
         raise InputError(f"{label}: no such file") from None
     except UnicodeDecodeError as exc:
         raise InputError(f"{label}: not UTF-8 text (bad byte at offset {exc.start})") from None
     except OSError as exc:
         raise InputError(f"{label}: cannot read ({exc.strerror or exc})") from None
-    head = next((ln.lstrip() for ln in lines if ln.strip()), "")
-    if not head:
-        raise InputError(f"{label}: empty telemetry log")
-    if head.startswith("{") or not _is_tegrastats(head):
-        return parse_jsonl(lines, label=label)  # its error then says why the line is not JSON
-    return parse_tegrastats_log(lines, label=label, interval_s=interval_s)
 
 
 def _is_tegrastats(line: str) -> bool:

@@ -36,6 +36,15 @@ _MAX_INT64 = 2**63 - 1
 _MAX_ADDR = 2**64 - 1
 _MAX_DEVICE = 4096
 _FRAMES_SCANNED = 64  # attribution reads the innermost frames only
+# The work budget of one import, in units of about one small Python object made or one 32-character
+# stretch of string walked: WORK_PER_BYTE per byte of the file, and a floor for tiny files. A pickle's
+# memo lets one byte (DUP) or two (BINGET) stand for a whole entry or frame already made, so the work a
+# file causes is not its size: an entry costs ITEM_WORK (the event row and its objects), a frame
+# attribution reads costs 1 + its strings' length / 32. Legitimate snapshots cost ~1-2 units per byte
+# (entries take ≥ 40 bytes each; torch shares frame lists, converted once each).
+WORK_PER_BYTE = 16
+_WORK_FLOOR = 1 << 20
+_ITEM_WORK = 64
 _BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
 _ACTIVE_STATES = ("active_allocated", "active_pending_free")
 _KNOWN_ACTIONS = frozenset(
@@ -130,7 +139,25 @@ def _module_from_filename(filename: str) -> str | None:
     return dotted or None
 
 
-def _guess_attribution(frames: list[Any], where: str) -> _Attribution:
+class _Work:
+    """What an import may still do; ``spend`` raises one InputError past it."""
+
+    def __init__(self, data_bytes: int) -> None:
+        self.left = WORK_PER_BYTE * max(0, data_bytes) + _WORK_FLOOR
+        self.data_bytes = data_bytes
+
+    def spend(self, units: int, what: str) -> None:
+        self.left -= units
+        if self.left < 0:
+            raise _bad("snapshot", f"{what} take more work than a {self.data_bytes}-byte file can hold "
+                       "(objects shared by reference many times over: a pickle bomb): refused")  # fmt: skip
+
+
+def _string_work(*values: Any) -> int:
+    return 1 + sum(len(v) for v in values if isinstance(v, str)) // 32
+
+
+def _guess_attribution(frames: list[Any], where: str, work: _Work) -> _Attribution:
     """op = innermost kept frame's function; module = innermost Python file outside torch."""
     op = module = None
     for frame in frames[:_FRAMES_SCANNED]:
@@ -138,6 +165,7 @@ def _guess_attribution(frames: list[Any], where: str) -> _Attribution:
         name, filename = frame.get("name"), frame.get("filename")
         if not isinstance(name, str) or not isinstance(filename, str):
             raise _bad(f"{where} frame", "needs string 'name' and 'filename'")
+        work.spend(_string_work(name, filename), "its stack frames")
         if not _frame_kept(name, filename):
             continue
         op = op or name
@@ -148,11 +176,13 @@ def _guess_attribution(frames: list[Any], where: str) -> _Attribution:
     return _Attribution(module=module, op=op) if (op or module) else _NO_ATTRIBUTION
 
 
-def _memwarden_attribution(frames: list[Any]) -> _Attribution:
+def _memwarden_attribution(frames: list[Any], work: _Work) -> _Attribution:
     """Read back the two frames ``snapshot_export._export_frames`` writes; anything odd falls back to defaults."""
     if not frames or not isinstance(frames[0], dict):
         return _NO_ATTRIBUTION
     module, op = frames[0].get("filename"), frames[0].get("name")
+    second = frames[1].get("name") if len(frames) > 1 and isinstance(frames[1], dict) else None
+    work.spend(_string_work(module, op, second), "its stack frames")
     fields: dict[str, str] = {}
     if len(frames) > 1 and isinstance(frames[1], dict) and isinstance(frames[1].get("name"), str):
         fields = dict(tok.split("=", 1) for tok in frames[1]["name"].split() if "=" in tok)
@@ -205,6 +235,7 @@ class _Importer:
     skipped: int = 0
     ooms: list[dict[str, Any]] = field(default_factory=list)
     frames_cache: dict[int, _Attribution] = field(default_factory=dict)
+    work: _Work = field(default_factory=lambda: _Work(0))
     early: list[tuple[Any, ...]] = field(default_factory=list)
     rows: list[tuple[Any, ...]] = field(default_factory=list)
 
@@ -224,7 +255,9 @@ class _Importer:
         # torch shares one frames list between entries with the same stack: convert each once
         cached = self.frames_cache.get(id(frames))
         if cached is None:
-            cached = _memwarden_attribution(frames) if self.ours else _guess_attribution(frames, where)
+            cached = (
+                _memwarden_attribution(frames, self.work) if self.ours else _guess_attribution(frames, where, self.work)
+            )
             self.frames_cache[id(frames)] = cached
         return cached
 
@@ -383,12 +416,12 @@ def snapshot_to_trace(obj: Any, data_bytes: int) -> Trace:
             raise _bad(f"device_traces[{i}]", f"must be a list, got {type(entries).__name__}")
     if len(device_traces) > _MAX_DEVICE:
         raise _bad("device_traces", f"lists {len(device_traces)} devices")
-    # Each element costs at least one opcode byte unless whole lists are shared by
-    # reference; a legitimate snapshot never shares them, a decompression bomb does.
+    # Every entry and block is work (an event row and its objects); a file's size bounds how many it may
+    # hold, whatever its memo shares (one entry DUPed a million times is a million rows to make).
+    work = _Work(data_bytes)
     items = len(segments) + sum(len(entries) for entries in device_traces)
     items += sum(len(s["blocks"]) for s in segments if isinstance(s, dict) and isinstance(s.get("blocks"), list))
-    if items > data_bytes:
-        raise _bad("snapshot", f"holds {items} items in {data_bytes} bytes (shared lists): refused")
+    work.spend(items * _ITEM_WORK, f"its {items} entries and blocks")
 
     marker = obj.get(EXPORT_MARKER)
     names: dict[int, str] = {}
@@ -396,7 +429,7 @@ def snapshot_to_trace(obj: Any, data_bytes: int) -> Trace:
         names = {i: n for i, n in enumerate(marker["devices"]) if isinstance(n, str) and n}
     ours = isinstance(marker, dict)
     per_block = isinstance(marker, dict) and marker.get("segments") == "per-block"
-    imp = _Importer(ours=ours, synthetic_segments=per_block, device_names=names)
+    imp = _Importer(ours=ours, synthetic_segments=per_block, device_names=names, work=work)
     times = [
         e["time_us"]
         for entries in device_traces

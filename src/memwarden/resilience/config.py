@@ -32,6 +32,8 @@ Parsing is ``tomllib``; every problem is one ``InputError`` naming the file and 
 from __future__ import annotations
 
 import os
+import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -52,6 +54,8 @@ _TOP = {"name", "workload", "serving", "limits", "run"}
 _SERVING = {"mode", "budget", "options"}
 _LIMITS = {"address_space", "rss", "gpu_memory", "request_timeout_s", "start_timeout_s"}
 _RUN = {"workers", "max_restarts", "restart_after_oom", "threads", "inject"}
+_BUILT_IN_MODES = ("plain", "governed")
+_FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,9 +133,9 @@ def parse_config(data: bytes, *, label: str = "<config>", base_dir: Path = Path(
     return CampaignConfig(
         name=r.string("name", doc.get("name", default_name)),
         workload=workload,
-        mode=r.string("serving.mode", serving.get("mode", "plain")),
+        mode=r.mode(serving.get("mode", "plain")),
         budget_bytes=r.nbytes("serving.budget", serving.get("budget")),
-        options=r.table("serving.options", serving.get("options", {})),
+        options=r.options(serving.get("mode", "plain"), r.table("serving.options", serving.get("options", {}))),
         limits=Limits(
             address_space_bytes=r.nbytes("limits.address_space", limits.get("address_space")),
             rss_bytes=r.nbytes("limits.rss", limits.get("rss")),
@@ -167,6 +171,31 @@ class _Reader:
         if not isinstance(value, str) or not value.strip() or len(value) > 500:
             self.fail(where, f"must be a non-empty string; got {value!r:.80}")
         return value
+
+    def mode(self, value: Any) -> str:
+        """``plain``, ``governed``, or ``package.module:factory`` of the user's own code: a standard-library
+        callable (``os:system``, ``subprocess:run``, ``builtins:eval``) is no serving mode."""
+        mode = self.string("serving.mode", value)
+        if mode in _BUILT_IN_MODES:
+            return mode
+        if not _FACTORY.match(mode):
+            self.fail(
+                "serving.mode", f"unknown {mode!r:.80}; use {', '.join(_BUILT_IN_MODES)} or package.module:factory"
+            )
+        top = mode.split(":", 1)[0].split(".", 1)[0]
+        if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+            self.fail("serving.mode", f"{mode!r:.80} names the standard library, not a serving factory")
+        return mode
+
+    def options(self, mode: Any, options: dict[str, Any]) -> dict[str, Any]:
+        """The governed mode's options are GovernedSession knobs; plain takes none."""
+        if mode == "plain" and options:
+            self.fail("serving.options", f"serving mode 'plain' takes no options; got {', '.join(sorted(options))}")
+        if mode == "governed":
+            from memwarden.runtime.session_config import KNOBS
+
+            self.keys("[serving.options]", options, set(KNOBS) - {"budget"})
+        return options
 
     def integer(self, where: str, value: Any, lo: int, hi: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
@@ -220,6 +249,16 @@ class _Reader:
                 continue
             if fields[key].type in ("int", int):
                 self.integer(f"workload.{key}", value, 0 if key == "seed" else 1, 1 << 20)
+            elif fields[key].type in ("bool", bool):
+                self.boolean(f"workload.{key}", value)
             else:
                 self.string(f"workload.{key}", value)
+        if "model" in table or "size" in table:
+            from memwarden.models.zoo.archs import NAMES
+            from memwarden.models.zoo.base import SIZES
+
+            if table.get("model", "llava") not in NAMES:
+                self.fail("workload.model", f"unknown {table['model']!r:.80}; the zoo has {', '.join(NAMES)}")
+            if table.get("size", "small") not in SIZES:
+                self.fail("workload.size", f"unknown {table['size']!r:.80}; sizes: {', '.join(SIZES)}")
         return dict(table)

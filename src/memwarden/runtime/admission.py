@@ -59,6 +59,32 @@ class AdmissionError(RuntimeError):
     """A request that cannot run within the budget even after every allowed change."""
 
 
+def _least_squares(rows: list[list[float]], ys: list[float]) -> list[float]:
+    """Least-squares coefficients of ``rows @ x ≈ ys`` (a few rows, four columns), in plain Python.
+
+    Not numpy's lstsq: its BLAS (OpenBLAS) maps per-thread buffers on first use and, under an
+    address-space limit (``RLIMIT_AS``) it cannot map them in, aborts the process instead of raising —
+    admission must be able to refuse there. Columns are scaled to 1 before the normal equations are
+    solved (Gaussian elimination with partial pivoting) to keep them well conditioned."""
+    cols = len(rows[0])
+    scale = [max(abs(r[j]) for r in rows) or 1.0 for j in range(cols)]
+    x_rows = [[r[j] / scale[j] for j in range(cols)] for r in rows]
+    # (AᵀA | Aᵀy)
+    m = [[sum(r[i] * r[j] for r in x_rows) for j in range(cols)] + [sum(r[i] * y for r, y in zip(x_rows, ys, strict=True))]
+         for i in range(cols)]  # fmt: skip
+    for i in range(cols):
+        pivot = max(range(i, cols), key=lambda k: abs(m[k][i]))
+        m[i], m[pivot] = m[pivot], m[i]
+        if abs(m[i][i]) < 1e-12:  # a column the points do not determine: leave its coefficient at 0
+            m[i] = [0.0] * i + [1.0] + [0.0] * (cols - i - 1) + [0.0]
+            continue
+        for k in range(cols):
+            if k != i and m[k][i] != 0.0:
+                f = m[k][i] / m[i][i]
+                m[k] = [a - f * b for a, b in zip(m[k], m[i], strict=True)]
+    return [m[i][cols] / m[i][i] / scale[i] for i in range(cols)]
+
+
 class PeakPredictor:
     """Transient (activation) bytes of the session's prefill and decode steps."""
 
@@ -112,15 +138,12 @@ class PeakPredictor:
         """(a, b, d, c) of ``act(n, total) = a + b·n + d·total + c·n·total`` (n new tokens over total),
         a least-squares fit to meta prefills at a few (n, total) points, made once per session."""
         if self._line is None:
-            import numpy as np
-
             rows, ys = [], []
             for n, total in _CALIBRATION_POINTS:
                 ids = torch.full((1, n), 5, dtype=torch.long)
-                ys.append(self._measure(ids, {}, total - n))
-                rows.append([1.0, n, total, n * total])
-            coef, *_ = np.linalg.lstsq(np.array(rows), np.array(ys, dtype=float), rcond=None)
-            a, b, d, c = (max(0.0, float(x)) for x in coef)
+                ys.append(float(self._measure(ids, {}, total - n)))
+                rows.append([1.0, float(n), float(total), float(n * total)])
+            a, b, d, c = (max(0.0, x) for x in _least_squares(rows, ys))
             self._line = (a, b, d, c)
         return self._line
 

@@ -70,6 +70,11 @@ def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
     return runs
 
 
+def placeholder_runs(ids: list[int], token: int) -> list[tuple[int, int]]:
+    """(start, stop) of each run of ``token`` in ``ids``: one per media item."""
+    return _runs(ids, token)
+
+
 def _digest(values: list[torch.Tensor]) -> str:
     import hashlib
 

@@ -40,14 +40,13 @@ from memwarden.runtime.admission import AdmissionError, Decision, PeakPredictor
 from memwarden.runtime.degrade import Ladder, LadderConfig
 from memwarden.runtime.encoders import EncoderCache
 from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence
-from memwarden.runtime.session_admit import Admission, AdmissionDecision
-from memwarden.runtime.session_config import UNSET, SessionConfig, Unset, resolve_config
+from memwarden.runtime.session_admit import Admission, AdmissionDecision, apply_change
+from memwarden.runtime.session_config import UNSET, SessionConfig, Unset, budget_source_of, resolve_config
+from memwarden.runtime.session_inputs import PER_TOKEN_KEYS, check_request, split_rows
 from memwarden.runtime.session_log import EventLog
 from memwarden.runtime.session_memory import SessionMemory, _fix_mmap_threshold, _return_freed_memory
 from memwarden.runtime.session_request import FirstTokenStreamer, Request, RequestPlan, RequestRecord
 from memwarden.units import format_bytes
-
-_PER_TOKEN_KEYS = ("attention_mask", "token_type_ids", "mm_token_type_ids")
 
 
 @dataclass
@@ -104,7 +103,7 @@ class GovernedSession:
         heap_mmap_threshold: int | None | Unset = UNSET,
     ) -> None:
         # Objects are not knobs: a budget source moves the budget, an encoder store holds the cache.
-        budget_source = None if budget is UNSET or isinstance(budget, (str, int)) else budget
+        budget_source = budget_source_of(budget)  # TypeError for what is neither bytes nor a controller
         if budget_source is not None:
             budget = None if config is None else UNSET  # no fixed cap of its own; config.budget caps it
         encoder_store = None if encoder_cache is UNSET or isinstance(encoder_cache, bool) else encoder_cache
@@ -118,6 +117,9 @@ class GovernedSession:
             "safety_fraction": safety_fraction, "quantize": quantize, "group_size": group_size, "ladder": ladder,
             "heap_mmap_threshold": heap_mmap_threshold,
         })  # fmt: skip
+        if config.budget is None and budget_source is None:
+            raise TypeError("budget=None sets no limit: give a number of bytes, a string such as 6GiB, or a budget "
+                            "controller (an object with budget_bytes)")  # fmt: skip
         self.model: Any = model  # a transformers model: generate(), config, generation_config are not nn.Module's
         self.processor = processor
         self.device_profile = device_profile
@@ -242,16 +244,9 @@ class GovernedSession:
         """Same inputs and output as the model's ``generate()`` (token ids, prompt included)."""
         if input_ids is None:
             raise ValueError("GovernedSession.generate needs input_ids (use the processor's output)")
-        rows = []
-        for r in range(input_ids.shape[0]):
-            row_inputs = _row(inputs, r, input_ids.shape)
-            mask = row_inputs.get("attention_mask")
-            keep = (
-                mask[0].bool() if isinstance(mask, torch.Tensor) else torch.ones(input_ids.shape[1], dtype=torch.bool)
-            )
-            row_inputs = {k: (v[:, keep] if k in _PER_TOKEN_KEYS and isinstance(v, torch.Tensor) else v)
-                          for k, v in row_inputs.items()}  # fmt: skip
-            rows.append(self._serve(input_ids[r : r + 1, keep], row_inputs, max_new_tokens))
+        check_request(input_ids, max_new_tokens)
+        # Every row is checked before any is served: a bad row must not cost the others' compute.
+        rows = [self._serve(ids, row, max_new_tokens) for ids, row in split_rows(self.model.config, input_ids, inputs)]
         if len(rows) == 1:
             return rows[0]
         width = max(r.shape[1] for r in rows)
@@ -267,10 +262,10 @@ class GovernedSession:
         """
         conv = self.conversations.setdefault(conversation, _Conversation())
         for key, value in inputs.items():
-            if isinstance(value, torch.Tensor) and key not in _PER_TOKEN_KEYS:
+            if isinstance(value, torch.Tensor) and key not in PER_TOKEN_KEYS:
                 conv.media.setdefault(key, []).append(value)
         turn_ids = input_ids[0].tolist()
-        for key in _PER_TOKEN_KEYS[1:]:
+        for key in PER_TOKEN_KEYS[1:]:
             if isinstance(inputs.get(key), torch.Tensor):
                 conv.per_token.setdefault(key, [0] * len(conv.input_ids)).extend(inputs[key][0].tolist())
         conv.input_ids.extend(turn_ids)
@@ -326,10 +321,16 @@ class GovernedSession:
         self.follow_budget()
         inputs = dict(inputs)
         streamer = FirstTokenStreamer(inputs.pop("streamer", None))
-        with self._lock:
-            request = Request(input_ids, inputs, max_new_tokens, rung=self.ladder.latency.level)
-            if self._admit(request).kind == "admit":
-                return self._run(request, streamer)
+        request = Request(input_ids, inputs, max_new_tokens, rung=self.ladder.latency.level)
+        while True:
+            with self._lock:
+                decision = self._admit(request)
+                if decision.kind == "admit":
+                    return self._run(request, streamer)
+            if decision.kind != "wait":
+                break
+            time.sleep(decision.wait_s)  # without the lock: telemetry and other requests go on meanwhile
+            self.memory.poll()
         # Rung 4: the fallback session serves it whole, through its own entry point (and its own lock).
         self.log.note("degrade", "served by the fallback model", reason="; ".join(request.changes))
         assert self.fallback is not None  # admission hands over only when there is one
@@ -347,12 +348,13 @@ class GovernedSession:
             time.sleep(0.01)
 
     def _admit(self, request: Request) -> AdmissionDecision:
-        """Plan, ask admission, act on its answer, until it admits (or hands over to the fallback).
-        Raises ``AdmissionError`` with admission's reason when it refuses."""
+        """Plan, ask admission, act on its answer, until it admits, hands over to the fallback, or says
+        to wait (the caller waits without the lock, then asks again). Raises ``AdmissionError`` with
+        admission's reason when it refuses; each change admission asks for makes progress (see
+        ``Admission.step``), and past ``max_wait_s`` it refuses, so this ends."""
         while True:
             plan = self._plan(request.input_ids, request.inputs, request.rung)
             decision = self.admission.step(request, plan)
-            tried_streaming = False
             if decision.kind == "admit":
                 assert decision.record is not None
                 request.plan, request.decision = plan, decision.record
@@ -368,32 +370,13 @@ class GovernedSession:
             if decision.kind == "refuse":
                 raise AdmissionError(decision.reason)
             if decision.kind == "wait":
-                time.sleep(decision.wait_s)
-                self.memory.poll()
                 if "waited for the budget" not in request.changes:
                     request.changes.append("waited for the budget")
-            elif decision.change == "fallback":
+                return decision
+            if decision.change == "fallback":
                 request.changes.append(decision.label)
                 return decision
-            elif decision.change == "resize_pool":
-                assert decision.pool_blocks is not None
-                self.memory.resize_pool(decision.pool_blocks, decision.budget_bytes, decision.reason)
-                request.changes.append(decision.label)
-            elif decision.change == "drop_encoder_outputs":
-                self.memory.drop_encoder_outputs()
-                request.changes.append(decision.label)
-            elif decision.change == "stream_weights":
-                assert decision.reserve_bytes is not None
-                tried_streaming = True
-                self.memory.activation_reserve_bytes = decision.reserve_bytes
-                if self.memory.restream(decision.budget_bytes):
-                    request.changes.append(decision.label)
-                    tried_streaming = False
-            elif decision.change == "rung":
-                assert decision.rung is not None
-                request.rung = decision.rung
-                request.changes.append(decision.label)
-            request.streaming_failed = tried_streaming  # admission skips streaming only right after it freed nothing
+            apply_change(decision, request, self.memory)
 
     def _run(self, request: Request, streamer: FirstTokenStreamer) -> torch.Tensor:
         """Generate an admitted request on its plan; its KV blocks are committed for reuse, then freed."""
@@ -465,19 +448,6 @@ class GovernedSession:
             "events": list(self.events),
             "requests": [r.to_json() for r in self.records],
         }
-
-
-def _row(inputs: dict[str, Any], r: int, ids_shape: torch.Size) -> dict[str, Any]:
-    """Row ``r`` of a batch: per-token tensors sliced; media left whole when there is one row."""
-    if ids_shape[0] == 1:
-        return dict(inputs)
-    out: dict[str, Any] = {}
-    for k, v in inputs.items():
-        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == ids_shape[0]:
-            out[k] = v[r : r + 1]
-        else:
-            out[k] = v
-    return out
 
 
 __all__ = ["GovernedSession"]

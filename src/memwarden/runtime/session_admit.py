@@ -7,6 +7,12 @@ pool, drops cached encoder outputs, streams weights, moves to a quality rung, ha
 the fallback, waits, or raises ``AdmissionError``) and, unless it admitted or handed over, plans
 the request again and asks again.
 
+Every change makes progress, so admission ends: cached encoder outputs are dropped at most once per
+quality rung (pruning scores visual tokens with the vision encoder, which refills the cache: dropping
+it again and again was a livelock), the pool only shrinks to what the request needs (or grows once to
+it), weights are streamed at most three times, rungs and the fallback are finite; waiting ends at
+``max_wait_s``, and so does a request still changing past it (refused with the changes tried).
+
 The ladder, cheapest first: drop cached encoder outputs; move cached KV blocks the request does
 not need to the swap tier (shrink the pool); stream (more of) the weights; a quality rung (fewer
 visual tokens, a smaller image); the fallback model; wait for a moving budget to rise; refuse with
@@ -117,7 +123,14 @@ class Admission:
                                      budget_bytes=budget, predicted_peak_bytes=predicted, pool_blocks=pool_blocks,
                                      reserve_bytes=reserve_bytes, rung=rung)  # fmt: skip
 
-        if memory.encoder_outputs_bytes:
+        waited_s = time.perf_counter() - request.start_s
+        if request.changes and waited_s > self.max_wait_s:
+            return AdmissionDecision(kind="refuse", budget_bytes=budget, predicted_peak_bytes=predicted, reason=(
+                f"no plan fits within max_wait_s={self.max_wait_s:g} s: predicted peak {format_bytes(predicted)} "
+                f"exceeds the budget {format_bytes(budget)} less its safety margin ({format_bytes(admissible)}) "
+                f"after: {'; '.join(request.changes)}"
+            ))  # fmt: skip
+        if memory.encoder_outputs_bytes and request.encoder_drops <= request.rungs_taken:
             return change("drop_encoder_outputs", "dropped cached encoder outputs")
         spare_blocks = pool.num_blocks - need_blocks
         if spare_blocks > 0:
@@ -130,9 +143,7 @@ class Admission:
             return change("stream_weights", f"streamed weights to leave {format_bytes(reserve)} for activations",
                           reserve_bytes=reserve)  # fmt: skip
         if plan.media_in and self.ladder.latency.level + request.rungs_taken < len(self.ladder.rungs):
-            kind, setting = self.ladder.rungs[
-                request.rung
-            ]  # the next quality rung: fewer visual tokens, a smaller image
+            kind, setting = self.ladder.rungs[request.rung]  # the next rung: fewer visual tokens, a smaller image
             return change("rung", f"{kind} {setting}", rung=request.rung + 1)
         if self.has_fallback:
             return change("fallback", "fallback model")
@@ -155,4 +166,24 @@ class Admission:
                                  record=record)  # fmt: skip
 
 
-__all__ = ["Admission", "AdmissionDecision"]
+def apply_change(decision: AdmissionDecision, request: Request, memory: SessionMemory) -> None:
+    """Carry out a ``change`` decision other than the fallback (the caller holds the session's lock)."""
+    tried_streaming = False
+    if decision.change == "resize_pool":
+        assert decision.pool_blocks is not None
+        memory.resize_pool(decision.pool_blocks, decision.budget_bytes, decision.reason)
+    elif decision.change == "drop_encoder_outputs":
+        memory.drop_encoder_outputs()
+    elif decision.change == "stream_weights":
+        assert decision.reserve_bytes is not None
+        memory.activation_reserve_bytes = decision.reserve_bytes
+        tried_streaming = not memory.restream(decision.budget_bytes)
+    elif decision.change == "rung":
+        assert decision.rung is not None
+        request.rung = decision.rung
+    if not tried_streaming:
+        request.changes.append(decision.label)
+    request.streaming_failed = tried_streaming  # admission skips streaming only right after it freed nothing
+
+
+__all__ = ["Admission", "AdmissionDecision", "apply_change"]

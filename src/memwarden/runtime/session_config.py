@@ -51,15 +51,42 @@ class SessionConfig:
     heap_mmap_threshold: int | None = 128 * 1024  # glibc's fixed mmap threshold on CPU; None: leave it
 
     def __post_init__(self) -> None:
-        if self.budget is not None:
+        if self.budget is not None and not isinstance(self.budget, str):
+            # A number of bytes in any numeric form (float, numpy, 0-dim tensor) is stored as an int;
+            # anything else is a TypeError naming it (parse_bytes), never taken for "no limit".
+            object.__setattr__(self, "budget", parse_bytes(self.budget))
+        elif self.budget is not None:
             parse_bytes(self.budget)  # raises with the accepted forms
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be at least 1, not {self.block_size}")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"block_size must be an int of at least 1, not {self.block_size!r}")
+        for name, lo, hi in (("kv_fraction", 0.0, 1.0), ("safety_fraction", 0.0, 1.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+                raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}], not {value!r}")
+        wait = self.max_wait_s
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < float("inf"):
+            raise ValueError(f"max_wait_s must be a finite number of seconds >= 0, not {wait!r}")
+        for name in ("num_kv_blocks", "min_kv_tokens", "encoder_cache_bytes", "activation_reserve_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a non-negative int, not {value!r}")
 
     @property
     def fixed_budget_bytes(self) -> int | None:
         """The fixed budget in bytes, or None when only a budget source limits the session."""
         return None if self.budget is None else parse_bytes(self.budget)
+
+
+def budget_source_of(budget: Any) -> Any:
+    """The budget source ``budget`` is (an object with ``budget_bytes``: a telemetry controller), or
+    None when it is a quantity of bytes (or not given). Raises TypeError, naming what was given, for
+    anything that is neither: ``None`` (no limit) or a list is never taken for a controller."""
+    if budget is UNSET or budget is None or isinstance(budget, str):
+        return None
+    if hasattr(budget, "budget_bytes") and not isinstance(budget, type):
+        return budget
+    parse_bytes(budget)  # TypeError / ValueError for what is not a quantity of bytes
+    return None
 
 
 KNOBS = tuple(f.name for f in dataclasses.fields(SessionConfig))
@@ -93,4 +120,4 @@ def _same(name: str, given: Any, configured: Any) -> bool:
     return bool(given == configured)
 
 
-__all__ = ["KNOBS", "UNSET", "SessionConfig", "Unset", "resolve_config"]
+__all__ = ["KNOBS", "UNSET", "SessionConfig", "Unset", "budget_source_of", "resolve_config"]

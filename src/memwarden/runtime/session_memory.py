@@ -11,7 +11,9 @@ orders serving and resizing).
 from __future__ import annotations
 
 import itertools
+import shutil
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,6 +35,48 @@ _POOL_SEQUENCES = 4  # default pool cap: this many sequences of the model's full
 
 class BudgetError(ValueError):
     """The budget cannot hold the model at all (weights plus the smallest KV pool)."""
+
+
+def _allocation_failed(exc: BaseException) -> bool:
+    """An allocator's refusal (torch raises RuntimeError with this wording, OutOfMemoryError on CUDA)."""
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(exc, RuntimeError) and ("allocate" in str(exc) or "out of memory" in str(exc))
+    )
+
+
+def _limit_cap(held_bytes: int) -> tuple[int | None, str]:
+    """The most the session can hold under this process's real limits (cgroup, ``RLIMIT_AS``): what it
+    holds now plus what the limits still allow; (None, "") where no limit is known."""
+    from memwarden.govern.limits import read_limits
+
+    limits = read_limits()
+    room = limits.available_bytes
+    if room is None:
+        return None, ""
+    what = "address-space limit (RLIMIT_AS)" if limits.address_space_limit_bytes == limits.limit_bytes else "cgroup"
+    return held_bytes + room, what
+
+
+class _Owned:
+    """What a session made and must undo: encoder wrappers, streamed weights, its temporary folders.
+    Held apart from the session so that a finalizer can release it when the session is collected
+    without ``close()`` (the finalizer must not keep the session alive)."""
+
+    def __init__(self) -> None:
+        self.encoder_cache: EncoderCache | None = None
+        self.streamer: WeightStreamer | None = None
+        self.folders: list[str] = []
+
+    def release(self) -> None:
+        if self.encoder_cache is not None:
+            self.encoder_cache.remove()
+            self.encoder_cache = None
+        if self.streamer is not None:
+            self.streamer.detach()
+            self.streamer = None
+        for folder in self.folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.folders.clear()
 
 
 def state_bytes(model: torch.nn.Module) -> int:
@@ -114,9 +158,18 @@ class SessionMemory:
         self.fixed_budget: int | None = config.fixed_budget_bytes
         self.initial_budget = self.fixed_budget if self.fixed_budget is not None else 2**62
         self.budget_lowered = False  # a temporary squeeze (set_budget(..., temporary=True)) is in force
-        self.streamer: WeightStreamer | None = None
-        self.encoder_cache: EncoderCache | None = None
+        self._owned = _Owned()
+        # Released on close(), or when the session is collected without it; folders also at exit (below).
+        self._release = weakref.finalize(self, self._owned.release)
+        self._release.atexit = False  # at exit only the folders go (their own finalizers): no weights restored
         self.weights_bytes = state_bytes(model)
+        # A budget above what the process may really allocate (its cgroup, RLIMIT_AS) would let native code
+        # abort or the OOM killer strike mid-request: the session plans for the smaller figure.
+        asked = self.budget_bytes
+        self.limit_bytes, limit_kind = _limit_cap(self.weights_bytes)
+        if self.limit_bytes is not None and self.limit_bytes < asked:
+            log.note("budget", f"budget capped at {format_bytes(self.limit_bytes)} by this process's {limit_kind}",
+                     budget_bytes=self.limit_bytes)  # fmt: skip
         self.stream_allowed = config.stream is not False
         self.activation_reserve_bytes = 0  # set below, once the weights are placed
         budget_now = self.budget_bytes
@@ -151,26 +204,43 @@ class SessionMemory:
                 f"and one KV block ({format_bytes(self.spec.page_size_bytes)}): raise the budget, quantize the "
                 "weights (memwarden.quantize) or stream them (runtime.offload)"
             )
-        self.pool = KVPool(self.spec, num_kv_blocks, device=device)
+        self.pool = self._new_pool(num_kv_blocks, device, budget_now)
         if config.encoder_cache:
             store = encoder_store if encoder_store is not None else LRUStore(config.encoder_cache_bytes)
-            self.encoder_cache = EncoderCache(model, store)
+            self._owned.encoder_cache = EncoderCache(model, store)
 
     def close(self) -> None:
-        """Restore the model: encoder wrappers removed, streamed weights brought back."""
-        if self.encoder_cache is not None:
-            self.encoder_cache.remove()
-            self.encoder_cache = None
-        if self.streamer is not None:
-            self.streamer.detach()
-            self.streamer = None
+        """Restore the model (encoder wrappers removed, streamed weights brought back) and remove the
+        session's temporary folders. Idempotent."""
+        self._release()
+
+    @property
+    def streamer(self) -> WeightStreamer | None:
+        return self._owned.streamer
+
+    @property
+    def encoder_cache(self) -> EncoderCache | None:
+        return self._owned.encoder_cache
+
+    def _new_pool(self, blocks: int, device: torch.device | str, budget: int) -> KVPool:
+        """A KV pool, or ``BudgetError`` where the allocator refuses it (a real limit below the budget)."""
+        try:
+            return KVPool(self.spec, blocks, device=device)
+        except (RuntimeError, MemoryError) as exc:
+            if not _allocation_failed(exc):
+                raise
+            raise BudgetError(
+                f"a KV pool of {blocks} blocks ({format_bytes(blocks * self.spec.page_size_bytes)}) could not be "
+                f"allocated under a budget of {format_bytes(budget)}: the process's real memory limit is lower "
+                f"({str(exc).splitlines()[0][:120]}); lower the budget or num_kv_blocks"
+            ) from None
 
     # -- what the session holds -----------------------------------------------------------
 
     @property
     def budget_bytes(self) -> int:
         source = getattr(self.budget_source, "budget_bytes", None)
-        limits = [b for b in (self.fixed_budget, source) if b is not None]
+        limits = [b for b in (self.fixed_budget, source, getattr(self, "limit_bytes", None)) if b is not None]
         return int(min(limits)) if limits else 2**62
 
     @property
@@ -240,7 +310,13 @@ class SessionMemory:
         import tempfile
 
         have = self.pool.num_blocks
-        self.pool = self.pool.resized(blocks, self.config.swap_dir or tempfile.gettempdir())
+        try:
+            self.pool = self.pool.resized(blocks, self.config.swap_dir or tempfile.gettempdir())
+        except (RuntimeError, MemoryError) as exc:  # the old pool is kept (resized() rebuilds it)
+            if not _allocation_failed(exc):
+                raise
+            raise BudgetError(f"the KV pool could not be resized to {blocks} blocks: the process's real memory "
+                              f"limit is lower than the budget {format_bytes(budget)}") from None  # fmt: skip
         self.log.note("kv-pool", f"KV pool {have} -> {blocks} blocks ({format_bytes(self.pool.nbytes)}): {why}",
                       budget_bytes=budget, blocks=blocks, kept_cached_blocks=len(self.pool.blocks.cached))  # fmt: skip
 
@@ -267,7 +343,12 @@ class SessionMemory:
         from memwarden.plan.placement import PlacementError
         from memwarden.runtime.offload import stream_weights
 
-        directory = self.config.offload_dir or tempfile.mkdtemp(prefix="memwarden-offload-")
+        directory = self.config.offload_dir
+        made = directory is None  # a folder of the session's own: removed with it
+        if directory is None:
+            directory = tempfile.mkdtemp(prefix="memwarden-offload-")
+            # At interpreter exit too, even if the session is never closed nor collected.
+            weakref.finalize(self._owned, shutil.rmtree, directory, ignore_errors=True)
         try:
             planned = self.admissible(budget)  # admission keeps this margin free too
             if planned <= 0:
@@ -276,12 +357,18 @@ class SessionMemory:
                 )
             streamer = stream_weights(self.model, planned, directory, kv_cache_bytes=kv_bytes,
                                       activation_bytes=reserve)  # fmt: skip
-        except PlacementError as exc:
+        except BaseException as exc:
+            if made:
+                shutil.rmtree(directory, ignore_errors=True)
+            if not isinstance(exc, PlacementError):
+                raise
             raise BudgetError(
                 f"a budget of {format_bytes(budget)} does not hold the weights ({format_bytes(self.weights_bytes)}) "
                 f"even streamed ({exc}): raise the budget or quantize the weights (memwarden.quantize)"
             ) from None
-        self.streamer = streamer
+        self._owned.streamer = streamer
+        if made:
+            self._owned.folders.append(directory)
         self.weights_bytes = state_bytes(self.model) + streamer.staging_bytes
         self.log.note("stream", f"weights streamed from {directory}: {format_bytes(self.weights_bytes)} resident",
                       budget_bytes=budget, resident_bytes=self.weights_bytes)  # fmt: skip

@@ -113,6 +113,11 @@ class Request:
         return sum(1 for c in self.changes if c.split(" ")[0] in ("prune", "resolution"))
 
     @property
+    def encoder_drops(self) -> int:
+        """Times admission dropped the cached encoder outputs for this request."""
+        return self.changes.count("dropped cached encoder outputs")
+
+    @property
     def restreams(self) -> int:
         return sum(c.startswith("streamed weights") for c in self.changes)
 

@@ -14,17 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from memwarden.trace.model import (
-    EVENT_COLUMNS,
-    SPAN_COLUMNS,
-    Action,
-    Category,
-    Modality,
-    Phase,
-    SpanKind,
-    Trace,
-    TraceFormatError,
-)
+from memwarden.trace.model import EVENT_COLUMNS, SPAN_COLUMNS, Trace, TraceFormatError
+from memwarden.trace.validate import check_trace
 
 __all__ = ["FORMAT_MAGIC", "FORMAT_VERSION", "dumps", "loads"]
 
@@ -32,6 +23,15 @@ FORMAT_MAGIC = b"MWTRACE\0"
 FORMAT_VERSION = 1
 _ALIGN = 64  # column payloads start on 64-byte boundaries so np.frombuffer is zero-copy
 _HEADER_LIMIT_BYTES = 256 * 1024 * 1024  # refuse absurd headers before parsing them
+# JSON arrays and objects a header may hold: one per 16 bytes, at least a million. Each becomes a Python
+# object of 56+ bytes from as little as 3 bytes of JSON ("[],"): 30 MB of empty shapes took 870 MB.
+# Real headers hold a few per hundred bytes (strings dominate; shapes are interned, so distinct).
+_CONTAINERS_PER_BYTE = 1 / 16
+_MIN_CONTAINERS = 1 << 20
+
+
+def _refuse_constant(name: str) -> Any:
+    raise TraceFormatError(f"trace header is corrupt (it holds {name}, which is not JSON)")
 
 
 # -- file format ------------------------------------------------------------------
@@ -85,8 +85,14 @@ def loads(data: bytes | memoryview) -> Trace:
         raise TraceFormatError(f"unsupported trace format version {version} (this memwarden reads {FORMAT_VERSION})")
     if header_len > _HEADER_LIMIT_BYTES or fixed + header_len > len(view):
         raise TraceFormatError("trace is truncated (header runs past end of file)")
+    header_bytes = bytes(view[fixed : fixed + header_len])
+    containers = header_bytes.count(b"[") + header_bytes.count(b"{")
+    if containers > max(_MIN_CONTAINERS, header_len * _CONTAINERS_PER_BYTE):
+        raise TraceFormatError(f"trace header is corrupt ({containers} arrays and objects in {header_len} bytes)")
     try:
-        header = json.loads(bytes(view[fixed : fixed + header_len]))
+        header = json.loads(header_bytes, parse_constant=_refuse_constant)
+    except TraceFormatError:
+        raise
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         # ValueError: also a number longer than Python's int-conversion digit limit; RecursionError:
         # arrays nested deeper than the JSON decoder recurses. Both are corrupt headers, not bugs.
@@ -111,13 +117,17 @@ def loads(data: bytes | memoryview) -> Trace:
             expected = EVENT_COLUMNS.get(name[7:]) if name.startswith("events.") else SPAN_COLUMNS.get(name[6:])
             if expected is None or dt != expected or offset < 0 or length < 0:
                 raise TraceFormatError(f"trace column {name!r} is unknown or has the wrong type")
+            if offset % _ALIGN:
+                raise TraceFormatError(
+                    f"trace column {name!r} is not aligned (offset {offset}, not a multiple of {_ALIGN})"
+                )
             if offset + length * dt.itemsize > payload_bytes:
                 raise TraceFormatError(f"trace column {name!r} runs past end of payload")
             arrays[name] = np.frombuffer(payload, dtype=dt, count=length, offset=offset)
         events = {k: arrays["events." + k] for k in EVENT_COLUMNS if "events." + k in arrays}
         spans = {k: arrays.get("spans." + k, np.zeros(0, dt)) for k, dt in SPAN_COLUMNS.items()}
         strings = [str(s) for s in header["strings"]]
-        shapes = [tuple(int(d) for d in s) for s in header["shapes"]]
+        shapes = [tuple(_dim(d) for d in s) for s in header["shapes"]]
         devices = [str(d) for d in header["devices"]] or ["cpu"]
         metadata = header.get("metadata") or {}
         if not isinstance(metadata, dict):
@@ -127,32 +137,11 @@ def loads(data: bytes | memoryview) -> Trace:
             raise
         raise TraceFormatError(f"trace header is corrupt ({exc.__class__.__name__}: {exc})") from None
     trace = Trace(events=events, spans=spans, strings=strings, shapes=shapes, devices=devices, metadata=metadata)
-    _check_indices(trace)
+    check_trace(trace)
     return trace
 
 
-def _check_indices(trace: Trace) -> None:
-    """Reject files whose index columns point outside their tables."""
-    n_strings, n_shapes, n_devices = len(trace.strings), len(trace.shapes), len(trace.devices)
-    checks = [
-        (trace.events["module"], n_strings, "module"),
-        (trace.events["op"], n_strings, "op"),
-        (trace.events["dtype"], n_strings, "dtype"),
-        (trace.events["shape"], n_shapes, "shape"),
-        (trace.events["device"], n_devices, "device"),
-        (trace.spans["name"], n_strings, "span name"),
-        (trace.spans["fingerprint"], n_strings, "span fingerprint"),
-    ]
-    for column, limit, what in checks:
-        if len(column) and (int(column.min()) < -1 or int(column.max()) >= limit):
-            raise TraceFormatError(f"trace is corrupt ({what} index out of range)")
-    enum_checks = [
-        (trace.events["action"], len(Action), "action"),
-        (trace.events["category"], len(Category), "category"),
-        (trace.events["modality"], len(Modality), "modality"),
-        (trace.events["phase"], len(Phase), "phase"),
-        (trace.spans["kind"], len(SpanKind), "span kind"),
-    ]
-    for column, limit, what in enum_checks:
-        if len(column) and int(column.max()) >= limit:
-            raise TraceFormatError(f"trace is corrupt ({what} value out of range)")
+def _dim(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraceFormatError(f"trace header is corrupt (shape dimension {str(value)[:20]!r} is not an integer)")
+    return value
