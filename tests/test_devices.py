@@ -163,7 +163,8 @@ def test_to_json_round_trips_through_json() -> None:
     for p in list_profiles():
         data = json.loads(json.dumps(p.to_json()))
         assert data["id"] == p.id
-        assert data["usable_bytes"] == p.total_memory_bytes - p.os_reserved_bytes
+        ram = p.total_memory_bytes - p.os_reserved_bytes
+        assert data["usable_bytes"] == (min(ram, p.limit.bytes) if p.limit else ram)
         assert [t["name"] for t in data["tiers"]] == [t.name for t in p.tiers]
 
 
@@ -171,9 +172,9 @@ def test_to_json_round_trips_through_json() -> None:
 
 
 def test_user_file_loads_and_edits_apply(tmp_path: Path) -> None:
-    text = set_line(builtin_text("iphone-15-pro"), "os_reserved_bytes", str(2 * GIB))  # increased-memory-limit
+    text = set_line(builtin_text("iphone-15-pro"), "app_bytes", str(3 * GIB))  # a per-app limit measured on a device
     p = load_profile(write(tmp_path, text))
-    assert p.usable_bytes == 6 * GIB
+    assert p.usable_bytes == 3 * GIB
     assert p.source == str(tmp_path / "mine.toml")
     assert load_profile(tmp_path / "mine.toml") == p  # a Path works as well as a str
 
@@ -430,3 +431,37 @@ def test_through_the_cli_entry_point(
     assert len(err) == 1 and err[0].startswith("memwarden devices: error: ") and "missing fields" in err[0]
     assert cli.main(["devices", "no-such-board"]) == 2
     assert "built-in devices: " in capsys.readouterr().err
+
+
+# -- the limit that kills ----------------------------------------------------------------------------
+
+
+def test_kill_limits_cover_iphones_android_phones_and_jetsons() -> None:
+    kinds: dict[str, list[str]] = {}
+    for ident in devices.builtin_ids():
+        p = load_profile(ident)
+        if p.limit is not None:
+            kinds.setdefault(p.limit.kind, []).append(ident)
+            assert p.limit.source and p.usable_bytes <= p.total_memory_bytes - p.os_reserved_bytes
+    assert len(kinds["ios-jetsam"]) >= 2 and len(kinds["android-lmkd"]) >= 2 and len(kinds["jetson-gpu-share"]) >= 2
+
+
+def test_ios_entitlement_raises_the_limit() -> None:
+    plain, entitled = load_profile("iphone-15-pro"), load_profile("iphone-15-pro:entitled")
+    assert plain.limit is not None and entitled.limit is not None
+    assert plain.usable_bytes == plain.limit.app_bytes < entitled.usable_bytes
+    assert entitled.id == "iphone-15-pro-entitled" and entitled.limit.entitled
+    with pytest.raises(InputError, match="entitled"):
+        load_profile("jetson-orin-nano-8gb:entitled")
+
+
+def test_verdict_fits_the_ram_but_not_the_kill_limit() -> None:
+    from memwarden.estimate.build import limit_verdict
+
+    p = load_profile("iphone-15-pro")
+    assert p.limit is not None
+    peak = (p.limit.bytes + p.ram_bytes) // 2  # above the jetsam limit, below what iOS leaves
+    v = limit_verdict(peak, p)
+    assert v is not None and v["killed_below_ram"] and "jetsam" in v["kind"] and v["bytes"] == p.usable_bytes
+    below = limit_verdict(p.limit.bytes - 1, p)
+    assert below is not None and not below["killed_below_ram"]

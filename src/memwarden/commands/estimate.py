@@ -66,6 +66,14 @@ def register(sub: Any) -> None:
         help="estimate over image sizes, prompt lengths (or audio lengths) and print where the model stops fitting",
     )  # fmt: skip
     p.add_argument("--no-suggest", action="store_true", help="skip the re-runs that price the suggested changes")
+    p.add_argument(
+        "--fit", default=None, metavar="BUDGET|DEVICE",
+        help="solve the request backwards: a byte budget (6GiB) or a device profile whose limit the peak must fit",
+    )  # fmt: skip
+    p.add_argument(
+        "--solve", default=None, choices=("image", "images", "prompt-tokens", "new-tokens", "batch"),
+        help="with --fit: the setting to make as large as fits (the others as given)",
+    )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
 
@@ -130,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
             max_pixels=max_pixels,
             logits=args.logits,
             progress=step,
+            fit=args.fit,
+            solve=args.solve,
             **common,
         )
     if fmt == "json":

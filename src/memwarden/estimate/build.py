@@ -128,3 +128,20 @@ def apply_device(card: MemoryCard, device: Device) -> None:
     card.usable_bytes = int(device.usable_bytes)
     card.headroom_bytes = card.usable_bytes - card.peak_bytes
     card.fits = card.headroom_bytes >= 0
+    card.limit = limit_verdict(card.peak_bytes, device)
+
+
+def limit_verdict(peak_bytes: int, device: Device) -> dict[str, Any] | None:
+    """Which limit the verdict compared the peak with: the OS's per-app kill limit when the profile
+    has one below the memory the OS leaves, else that memory; and whether the peak fits the RAM
+    but not the limit (the app is killed although the memory is there)."""
+    limit = getattr(device, "limit", None)
+    ram = int(getattr(device, "ram_bytes", device.usable_bytes))
+    if limit is None:
+        return {"kind": "memory the OS leaves", "bytes": ram, "source": "device profile", "ram_bytes": ram,
+                "binding": True, "killed_below_ram": False}  # fmt: skip
+    binding = limit.bytes <= ram
+    killed = binding and limit.bytes < peak_bytes <= ram
+    kind = limit.describe() if binding else "memory the OS leaves (below the kill limit)"
+    return {"kind": kind, "bytes": int(min(limit.bytes, ram)), "source": limit.source, "ram_bytes": ram,
+            "binding": binding, "killed_below_ram": killed}  # fmt: skip

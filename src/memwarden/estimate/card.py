@@ -21,6 +21,7 @@ __all__ = [
     "ModelFacts",
     "Request",
     "Suggestion",
+    "fit_lines",
     "verdicts_markdown",
 ]
 
@@ -38,6 +39,9 @@ CARD_KEYS = (
     "generation",
     "logits",
     "versions",
+    "quantization",
+    "limit",
+    "fit",
 )
 
 # Bytes per element (per parameter for quantized weights, scales included; see memwarden.estimate.suggest).
@@ -153,6 +157,12 @@ class MemoryCard:
     # new_tokens, steps_run (steps the meta run made) and whether the rest were extrapolated
     generation: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)  # transformers and torch whose code ran
+    # how the weights are stored: method, what stayed unquantized and why, the method's transients; None: dense
+    quantization: dict[str, Any] | None = None
+    # the limit the verdict compares with: {"kind", "bytes", "source"} (an OS's per-app kill limit, a GPU share)
+    limit: dict[str, Any] | None = None
+    # --fit: {solve, value, peak_bytes, budget_bytes, next_value, next_peak_bytes, settings}
+    fit: dict[str, Any] | None = None
     # not part of the JSON: what the card is about, for the Markdown card
     model: str = ""
     request: Request | None = None
@@ -192,6 +202,14 @@ class MemoryCard:
             lines.append(
                 f"  {self.device}: usable {format_bytes(self.usable_bytes)}, {self.verdict(self.usable_bytes)}"
             )
+            if self.limit:
+                lines.append(f"  limit compared: {self.limit['kind']}, {format_bytes(self.limit['bytes'])} "
+                             f"({self.limit['source']})")  # fmt: skip
+                if self.limit.get("killed_below_ram"):
+                    lines.append(f"  fits the {format_bytes(self.limit['ram_bytes'])} the OS leaves, but the OS kills "
+                                 "the app at its limit first")  # fmt: skip
+        if self.fit:
+            lines += [f"  {line}" for line in fit_lines(self.fit)]
         for s in self.suggestions:
             how = "re-run" if s.method == "rerun" else "arithmetic"
             mark = "fits" if s.fits else "does not fit"
@@ -211,6 +229,21 @@ class MemoryCard:
         )  # fmt: skip
         if self.versions:
             out.append("code run: " + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
+        return out + self.quantization_lines()
+
+    def quantization_lines(self) -> list[str]:
+        """The checkpoint's method, what stayed unquantized and why, each transient of its kernels."""
+        q = self.quantization
+        if not q:
+            return []
+        what = q.get("description") or "the checkpoint's own tensors"
+        out = [f"weights stored as: {what} ({q.get('converted_linears', 0)} Linear layers quantized)"]
+        for why, paths in (q.get("unquantized") or {}).items():
+            shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+            out.append(f"unquantized ({why}): {shown}")
+        for t in q.get("transients") or []:
+            where = "in the peak" if t["in_peak"] else "not in the peak"
+            out.append(f"transient, {where}: {t['what']}: {format_bytes(t['bytes'])} [{t['source']}]")
         return out
 
     def to_markdown(self, devices: list[Device] | tuple[Device, ...] = ()) -> str:
@@ -273,6 +306,17 @@ class MemoryCard:
                 )
             lines.append("")
         return "\n".join(lines)
+
+
+def fit_lines(fit: dict[str, Any]) -> list[str]:
+    """The answer of ``--fit``: the largest value, its peak against the budget, the settings to type."""
+    out = [f"largest {fit['solve']} that fits: {fit['value']} (peak {format_bytes(fit['peak_bytes'])} of "
+           f"{format_bytes(fit['budget_bytes'])})"]  # fmt: skip
+    if fit.get("next_value") is not None:
+        out.append(f"next step {fit['next_value']}: peak {format_bytes(fit['next_peak_bytes'])}, does not fit")
+    for where, text in (fit.get("settings") or {}).items():
+        out.append(f"{where}: {text}")
+    return out
 
 
 def verdicts_markdown(cards: list[MemoryCard], devices: list[Device]) -> str:

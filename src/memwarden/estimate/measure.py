@@ -217,4 +217,24 @@ def card_for(
     model_facts_ = model_facts(resolved, meta_model, req) if facts else None
     card = card_from_trace(trace, model=resolved.name, request=req, facts=model_facts_, device=device,
                            decode=decode, versions=versions())  # fmt: skip
+    card.quantization = quantization_block(resolved, meta_model, req, card)
     return card, model_facts_
+
+
+def quantization_block(resolved: ResolvedModel, model: Any, req: Request, card: MemoryCard) -> dict[str, Any] | None:
+    """The card's ``quantization``: the checkpoint's method, what stayed unquantized, its transients."""
+    from memwarden.estimate.metamodel import layout_for
+    from memwarden.estimate.transients import method_transients
+
+    layout = layout_for(model)
+    if layout is None:
+        return None
+    block = layout.to_json()
+    if resolved.checkpoint is not None:
+        block["checkpoint_bytes"] = resolved.checkpoint.total_bytes  # every tensor of the headers, once per key
+        block["checkpoint_files"] = len(resolved.checkpoint.files)
+    if resolved.scheme is not None:
+        elem = {"float32": 4, "float16": 2, "bfloat16": 2}[req.dtype]
+        rows = req.batch * (req.prompt_tokens + sum(card.tokens.values()) - card.tokens.get("text", 0))
+        block["transients"] = method_transients(resolved.scheme, layout.largest_in_out, elem, rows)
+    return block

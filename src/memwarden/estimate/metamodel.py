@@ -16,31 +16,48 @@ import torch
 
 from memwarden.errors import InputError
 from memwarden.estimate.card import ModelFacts, Request
+from memwarden.estimate.stored import StoredLayout, StoredLinear
 
 if TYPE_CHECKING:
     from memwarden.estimate.resolve import ResolvedModel
 
-__all__ = ["kv_quantizable", "model_facts", "model_for", "quantized_cache"]
+__all__ = ["kv_quantizable", "layout_for", "model_facts", "model_for", "quantized_cache"]
 
 
 _MODELS: OrderedDict[tuple[str, str, str | None], Any] = OrderedDict()  # meta models cost no weights; keep a few
+_LAYOUTS: dict[int, StoredLayout] = {}  # id(meta model) -> how its weights are stored
 _MODELS_KEPT = 4
 
 
 def model_for(resolved: ResolvedModel, dtype: str, weights_dtype: str | None) -> Any:
+    """The meta model, its weights stored as the checkpoint stores them: every tensor of a local
+    folder's safetensors headers, else the quantization_config's layout, else ``weights_dtype``."""
     from memwarden.capture.meta.capture import build_meta_model
+    from memwarden.estimate.stored import apply_checkpoint, apply_scheme
 
+    if weights_dtype is not None and (resolved.scheme is not None or resolved.checkpoint is not None):
+        what = resolved.scheme.describe() if resolved.scheme else "a checkpoint whose tensors set the weights"
+        raise InputError(f"{resolved.name} is {what}; --weights-dtype applies to unquantized configs only")
     key = (resolved.source, dtype, weights_dtype)
     model = _MODELS.get(key)
     if model is None:
         model = build_meta_model(resolved.config, getattr(torch, dtype), resolved.model_class)
+        if resolved.checkpoint is not None:
+            _LAYOUTS[id(model)] = apply_checkpoint(model, resolved.checkpoint.tensors, resolved.scheme)
+        elif resolved.scheme is not None:
+            _LAYOUTS[id(model)] = apply_scheme(model, resolved.scheme, dtype)
         if weights_dtype is not None:
             _quantize_linears(model, weights_dtype)
         _MODELS[key] = model
         while len(_MODELS) > _MODELS_KEPT:
-            _MODELS.popitem(last=False)
+            _LAYOUTS.pop(id(_MODELS.popitem(last=False)[1]), None)
     _MODELS.move_to_end(key)
     return model
+
+
+def layout_for(model: Any) -> StoredLayout | None:
+    """How a meta model built by :func:`model_for` stores its weights; None: as built."""
+    return _LAYOUTS.get(id(model))
 
 
 def kv_quantizable(resolved: ResolvedModel) -> bool:
@@ -92,11 +109,11 @@ def model_facts(resolved: ResolvedModel, model: Any, req: Request) -> ModelFacts
 
 
 def _is_linear(module: Any) -> bool:
-    return isinstance(module, (torch.nn.Linear, _QuantizedLinear))
+    return isinstance(module, (torch.nn.Linear, _QuantizedLinear, StoredLinear))
 
 
 def _weight_bytes(module: Any) -> int:
-    if isinstance(module, _QuantizedLinear):
+    if isinstance(module, (_QuantizedLinear, StoredLinear)):
         return sum(int(b.untyped_storage().nbytes()) for b in module.buffers(recurse=False))
     return int(module.weight.untyped_storage().nbytes())
 

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from memwarden.errors import InputError
+from memwarden.estimate.checkpoint import CheckpointTensors, read_checkpoint
+from memwarden.estimate.quantized import Scheme, parse_scheme
 
 __all__ = ["CONFIG_DIR", "ResolvedModel", "model_names", "resolve_model"]
 
@@ -29,13 +31,22 @@ class ResolvedModel:
     """A config ready to build: its name, family (transformers model_type) and model class."""
 
     def __init__(
-        self, name: str, config: Any, model_class: str, source: str, checkpoint_dtype: str | None = None
+        self,
+        name: str,
+        config: Any,
+        model_class: str,
+        source: str,
+        checkpoint_dtype: str | None = None,
+        scheme: Scheme | None = None,
+        checkpoint: CheckpointTensors | None = None,
     ) -> None:
         self.name = name
         self.config = config
         self.model_class = model_class
         self.source = source
         self.checkpoint_dtype = checkpoint_dtype  # torch_dtype / dtype of config.json; None: not stated
+        self.scheme = scheme  # the quantization_config's layout; None: not quantized
+        self.checkpoint = checkpoint  # a local folder's safetensors tensors (headers only); None: config only
 
     @property
     def default_dtype(self) -> str:
@@ -66,9 +77,13 @@ def resolve_model(model: str) -> ResolvedModel:
         return _from_file(named, model)
     path = Path(model).expanduser()
     if path.is_dir():
+        folder = path
         path = path / "config.json"
         if not path.is_file():
             raise InputError(f"{model}: the folder holds no config.json")
+        resolved = _from_file(path, folder.resolve().name)
+        resolved.checkpoint = read_checkpoint(folder)  # safetensors headers only; None when the folder has none
+        return resolved
     if path.is_file():
         return _from_file(path, path.parent.name if path.name == "config.json" else path.stem)
     names = model_names()
@@ -136,7 +151,14 @@ def _from_file(path: Path, name: str) -> ResolvedModel:
             f"{path}: transformers cannot read this config ({exc.__class__.__name__}: {str(exc)[:200]})"
         ) from None
     model_class = model_class_for(family, data.get("architectures"), str(path))
-    return ResolvedModel(name, config, model_class, str(path), _checkpoint_dtype(data))
+    quant = data.get("quantization_config")
+    if quant is None and isinstance(data.get("text_config"), dict):
+        quant = data["text_config"].get("quantization_config")
+    try:
+        scheme = parse_scheme(quant)
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
+    return ResolvedModel(name, config, model_class, str(path), _checkpoint_dtype(data), scheme)
 
 
 _DTYPE_NAMES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16",

@@ -76,6 +76,8 @@ def estimate(
     device: Any = None,
     suggest: bool = True,
     progress: Progress | None = None,
+    fit: Any = None,
+    solve: str | None = None,
 ) -> MemoryCard:
     """Peak memory of ``model`` serving one request, per phase; with ``device`` (a profile id, a
     TOML path or a DeviceProfile) the verdict and, when it does not fit, ranked changes that do.
@@ -100,12 +102,47 @@ def estimate(
     )
     check_request(req)
     profile = load_device(device) if device is not None else None
+    if fit is not None or solve is not None:
+        return _fit(resolved, req, fit, solve, profile, progress)
     kwargs = {"progress": progress} if progress is not None else {}
     card, _facts = card_for(resolved, req, profile, facts=True, **kwargs)
     if profile is not None and suggest and not card.fits:
         if progress is not None:
             progress("pricing the changes that would fit", 0.9)
         card.suggestions = rank_suggestions(rerun_suggestions(resolved, req, card, profile) + card.suggestions)
+    return card
+
+
+def _fit(
+    resolved: Any, req: Request, fit: Any, solve: str | None, profile: Any, progress: Progress | None
+) -> MemoryCard:
+    """``fit`` (a byte count, a size like ``6GiB``, a device id or profile): the card of the largest
+    ``solve`` value whose peak fits it, with the ``fit`` block."""
+    from memwarden.estimate.build import apply_device
+    from memwarden.estimate.fit import solve_fit
+    from memwarden.units import parse_bytes
+
+    if fit is None or solve is None:
+        raise InputError("--fit and --solve go together: a budget (bytes or a device) and the setting to solve")
+    budget_device = None
+    if isinstance(fit, int) and not isinstance(fit, bool):
+        budget = fit
+    elif hasattr(fit, "usable_bytes"):
+        budget_device = fit
+    else:
+        try:
+            budget = parse_bytes(str(fit))
+        except (InputError, ValueError):
+            budget_device = load_device(fit)
+    if budget_device is not None:
+        budget = int(budget_device.usable_bytes)
+        profile = profile or budget_device
+    if progress is not None:
+        progress(f"solving the largest {solve} that fits", 0.1)
+    card, block = solve_fit(resolved, req, budget, solve)
+    if profile is not None:
+        apply_device(card, profile)
+    card.fit = block
     return card
 
 

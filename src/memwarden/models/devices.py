@@ -35,8 +35,11 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from memwarden.errors import InputError
+from memwarden.models.device_limits import ENTITLED as _ENTITLED
+from memwarden.models.device_limits import LIMIT_KINDS, KillLimit, entitled_profile
 
 __all__ = [
+    "KillLimit",
     "ComputeSpec",
     "ComputeUnit",
     "DeviceProfile",
@@ -152,10 +155,17 @@ class DeviceProfile:
     compute: ComputeSpec
     telemetry: tuple[str, ...]  # sources that apply, from TELEMETRY_SOURCES
     source: str = field(default="", compare=False)  # "builtin:<id>" or the file it came from
+    limit: KillLimit | None = None  # the OS's per-app kill limit, when it is below what the OS leaves
+
+    @property
+    def ram_bytes(self) -> int:
+        """What the OS leaves of the memory: total minus its reserved share."""
+        return self.total_memory_bytes - self.os_reserved_bytes
 
     @property
     def usable_bytes(self) -> int:
-        return self.total_memory_bytes - self.os_reserved_bytes
+        """The bytes a model may peak at: what the OS leaves, and no more than its kill limit."""
+        return min(self.ram_bytes, self.limit.bytes) if self.limit is not None else self.ram_bytes
 
     def headroom_bytes(self, peak_bytes: int) -> int:
         """Usable bytes left at a given peak; negative when it does not fit."""
@@ -192,6 +202,7 @@ class DeviceProfile:
             "compute": self.compute.to_json(),
             "telemetry": {"sources": list(self.telemetry)},
             "source": self.source,
+            "limit": self.limit.to_json() if self.limit is not None else None,
         }
 
 
@@ -219,6 +230,8 @@ def load_profile(path_or_id: str | os.PathLike[str]) -> DeviceProfile:
         text = str(path_or_id)
         if text in builtin_ids():
             return _load_builtin(text)
+        if text.endswith(_ENTITLED) and text.removesuffix(_ENTITLED) in builtin_ids():
+            return entitled_profile(_load_builtin(text.removesuffix(_ENTITLED)))
         if not _looks_like_path(text) and not Path(text).is_file():
             raise InputError(
                 f"unknown device {text!r}; built-in devices: {', '.join(builtin_ids())} "
@@ -301,7 +314,8 @@ class _Reader:
         raise InputError(f"{self.label}: {where}: {problem}")
 
     def profile(self, doc: dict[str, Any], *, source: str) -> DeviceProfile:
-        self.keys("the top level", doc, _TOP_REQUIRED, ())
+        # compute_units: parsed and checked by memwarden.models.compute_units (the partitioner's view)
+        self.keys("the top level", doc, _TOP_REQUIRED, ("limit", "compute_units"))
         ident = self.string("id", doc["id"])
         if not _ID.match(ident):
             self.fail("id", f"{ident!r} must be lowercase letters, digits and '-' (at most 64), like the file name")
@@ -324,7 +338,17 @@ class _Reader:
             compute=compute,
             telemetry=telemetry,
             source=source,
+            limit=self.limit(self.table("limit", doc["limit"]), total) if "limit" in doc else None,
         )
+
+    def limit(self, t: dict[str, Any], total: int) -> KillLimit:
+        self.keys("limit", t, ("kind", "app_bytes", "source"), ("entitled_bytes",))
+        app = self.integer("limit.app_bytes", t["app_bytes"], MIN_MEMORY_BYTES, total)
+        entitled = t.get("entitled_bytes")
+        if entitled is not None:
+            entitled = self.integer("limit.entitled_bytes", entitled, app, total)
+        return KillLimit(kind=self.choice("limit.kind", t["kind"], LIMIT_KINDS), app_bytes=app, entitled_bytes=entitled,
+                         source=self.string("limit.source", t["source"]))  # fmt: skip
 
     def tiers(self, value: Any, *, total: int, unified: bool) -> tuple[MemoryTier, ...]:
         if not isinstance(value, list) or not value:
