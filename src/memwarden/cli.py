@@ -24,6 +24,7 @@ COMMANDS = [
     "trace",
     "summary",
     "diagnose",
+    "check",
     "report",
     "export",
     "replay",
@@ -32,9 +33,13 @@ COMMANDS = [
     "devices",
     "telemetry",
     "stress",
+    "top",
     "sweep",
     "doctor",
     "align_check",
+    "lora",
+    "compare",
+    "partition",
 ]
 
 

@@ -314,8 +314,7 @@ class _Reader:
         raise InputError(f"{self.label}: {where}: {problem}")
 
     def profile(self, doc: dict[str, Any], *, source: str) -> DeviceProfile:
-        # compute_units: parsed and checked by memwarden.models.compute_units (the partitioner's view)
-        self.keys("the top level", doc, _TOP_REQUIRED, ("limit", "compute_units"))
+        self.keys("the top level", doc, _TOP_REQUIRED, ("limit", "compute_units"))  # units: models.compute_units
         ident = self.string("id", doc["id"])
         if not _ID.match(ident):
             self.fail("id", f"{ident!r} must be lowercase letters, digits and '-' (at most 64), like the file name")

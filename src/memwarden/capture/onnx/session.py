@@ -1,0 +1,183 @@
+"""Running an ONNX model under ORT with the profiler on: settings, feeds, one profiled session.
+
+The capture needs two things ORT writes only when asked at session creation: the profile (the
+kernels in execution order, with output shapes and allocator counters) and the optimized graph
+(the nodes that actually ran, after fusion, with their consumers). So a session passed in by a
+caller is re-created from its model with the same settings plus those two outputs.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memwarden.errors import InputError
+
+__all__ = ["OrtSettings", "ProfiledRun", "load_feeds", "run_profiled", "settings_of"]
+
+_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+_OPT_LEVELS = ("disable", "basic", "extended", "all")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrtSettings:
+    """The session settings a memory capture depends on."""
+
+    ep: str = "cpu"
+    arena: bool = True  # enable_cpu_mem_arena
+    mem_pattern: bool = True  # enable_mem_pattern
+    optimization: str = "all"  # graph_optimization_level
+    intra_op_threads: int = 1  # one thread: the kernel order is the schedule, and runs are repeatable
+
+    def label(self) -> str:
+        return f"{self.ep}, arena {'on' if self.arena else 'off'}, mem-pattern {'on' if self.mem_pattern else 'off'}"
+
+    def session_options(self) -> Any:
+        import onnxruntime as ort
+
+        if self.optimization not in _OPT_LEVELS:
+            raise InputError(f"unknown optimization level {self.optimization!r} (valid: {', '.join(_OPT_LEVELS)})")
+        so = ort.SessionOptions()
+        so.enable_cpu_mem_arena = self.arena
+        so.enable_mem_pattern = self.mem_pattern
+        so.intra_op_num_threads = self.intra_op_threads
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3  # errors only: the optimized-model warning is expected here
+        so.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[self.optimization]
+        return so
+
+    def providers(self) -> list[str]:
+        import onnxruntime as ort
+
+        provider = _PROVIDERS.get(self.ep)
+        if provider is None:
+            raise InputError(f"unknown execution provider {self.ep!r} (valid: {', '.join(_PROVIDERS)})")
+        if provider not in ort.get_available_providers():
+            raise InputError(f"execution provider {self.ep!r} is not available in this onnxruntime build")
+        return [provider]
+
+
+def settings_of(session: Any) -> tuple[str | bytes, OrtSettings]:
+    """The model (path or bytes) and the memory settings of an existing ``InferenceSession``."""
+    source = getattr(session, "_model_path", None) or getattr(session, "_model_bytes", None)
+    if not source:
+        raise InputError("cannot recover the model of this InferenceSession; pass the model path instead")
+    options = session.get_session_options()
+    providers = session.get_providers()
+    ep = "cuda" if providers and providers[0] == "CUDAExecutionProvider" else "cpu"
+    return source, OrtSettings(
+        ep=ep, arena=bool(options.enable_cpu_mem_arena), mem_pattern=bool(options.enable_mem_pattern)
+    )
+
+
+def load_feeds(path: str | Path) -> dict[str, np.ndarray]:
+    """Feeds from an ``.npz`` (one array per model input). Pickled objects are refused."""
+    try:
+        with np.load(Path(path), allow_pickle=False) as data:
+            return {name: np.asarray(data[name]) for name in data.files}
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such feeds file") from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"{path}: not a readable .npz of input arrays ({exc})") from None
+
+
+def _check_feeds(session: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    wanted = {i.name: i for i in session.get_inputs()}
+    missing = sorted(set(wanted) - set(feeds))
+    extra = sorted(set(feeds) - set(wanted))
+    if missing or extra:
+        raise InputError(
+            f"feeds do not match the model's inputs: missing {missing or 'none'}, unexpected {extra or 'none'} "
+            f"(model inputs: {', '.join(wanted)})"
+        )
+    out = {}
+    for name, value in feeds.items():
+        array = np.ascontiguousarray(value)
+        if array.dtype == object:
+            raise InputError(f"feed {name!r} holds Python objects; give numeric arrays")
+        shape = wanted[name].shape
+        if len(shape) != array.ndim or any(
+            isinstance(d, int) and d != n for d, n in zip(shape, array.shape, strict=False)
+        ):
+            raise InputError(f"feed {name!r} has shape {tuple(array.shape)}; the model wants {shape}")
+        out[name] = array
+    return out
+
+
+@dataclass
+class ProfiledRun:
+    """What one profiled session left behind: its profile and optimized graph (in ``workdir``)."""
+
+    profile_path: Path
+    shadow_profile_path: Path | None  # arena-on twin of an arena-off run: ORT's counters for the same plan
+    optimized_path: Path | None
+    workdir: tempfile.TemporaryDirectory[str]
+    feeds: list[dict[str, np.ndarray]]
+    output_names: list[str]
+
+
+def run_profiled(
+    source: str | Path | bytes, feeds: Sequence[Mapping[str, np.ndarray]], settings: OrtSettings
+) -> ProfiledRun:
+    """Create a profiled session of ``source`` and run it once per feed set.
+
+    With the arena off ORT writes no allocator counters, so a twin session with the arena on
+    runs the same feeds: ORT's allocation plan (which value reuses which buffer, when each is
+    released) does not depend on the arena, only the counters do."""
+    workdir = tempfile.TemporaryDirectory(prefix="memwarden-ort-")
+    try:
+        main = _profiled_session(source, feeds, settings, Path(workdir.name), "profile", optimized=True)
+        shadow = None
+        if not settings.arena:
+            twin = OrtSettings(ep=settings.ep, arena=True, mem_pattern=settings.mem_pattern,
+                               optimization=settings.optimization, intra_op_threads=settings.intra_op_threads)  # fmt: skip
+            shadow = _profiled_session(source, feeds, twin, Path(workdir.name), "shadow", optimized=False)[0]
+    except BaseException:
+        workdir.cleanup()
+        raise
+    profile, checked, output_names = main
+    optimized = Path(workdir.name) / "optimized.onnx"
+    return ProfiledRun(
+        profile_path=profile,
+        shadow_profile_path=shadow,
+        optimized_path=optimized if optimized.is_file() else None,
+        workdir=workdir,
+        feeds=checked,
+        output_names=output_names,
+    )
+
+
+def _profiled_session(
+    source: str | Path | bytes, feeds: Sequence[Mapping[str, np.ndarray]], settings: OrtSettings, workdir: Path,
+    prefix: str, *, optimized: bool,
+) -> tuple[Path, list[dict[str, np.ndarray]], list[str]]:  # fmt: skip
+    import onnxruntime as ort
+
+    so = settings.session_options()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(workdir / prefix)
+    if optimized:
+        so.optimized_model_filepath = str(workdir / "optimized.onnx")
+    model = source if isinstance(source, bytes) else str(source)
+    providers = settings.providers()
+    try:
+        session = ort.InferenceSession(model, so, providers=providers)
+    except Exception as exc:  # ORT's pybind errors (Fail, InvalidGraph, InvalidProtobuf, ...) share no base
+        raise InputError(f"onnxruntime cannot load the model: {str(exc).splitlines()[0][:300]}") from None
+    checked = [_check_feeds(session, f) for f in feeds]
+    try:
+        for f in checked:
+            session.run(None, f)
+    except Exception as exc:  # as above: a graph ORT loaded can still fail on these inputs
+        raise InputError(f"onnxruntime failed to run the model: {str(exc).splitlines()[0][:300]}") from None
+    return Path(session.end_profiling()), checked, [o.name for o in session.get_outputs()]

@@ -1,0 +1,66 @@
+"""memwarden partition MODEL.onnx --device-profile P [--dtype D] [--json | --html OUT.html]"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "partition",
+        help="assign an ONNX graph's nodes to a device's compute units (CPU, GPU, NPU) for the lowest latency that fits",
+        description="Assign every node of MODEL.onnx to one of the device profile's compute units, minimising the "
+        "simulated latency (compute + transfers between units) under each unit's memory limit, and compare with "
+        "the usual ways: all-CPU, ONNX Runtime's first-claim by priority, its capacity-aware halting, an "
+        "affinity-greedy pass with backtracking and Neurosurgeon's single split.",
+    )
+    p.add_argument("model", metavar="MODEL.onnx", help="the ONNX graph")
+    p.add_argument("--device-profile", required=True, metavar="P",
+                   help="built-in device id or profile TOML with [[compute_units]]")  # fmt: skip
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16", "int8"],
+                   help="deployment dtype of float tensors (default: the graph's own)")  # fmt: skip
+    p.add_argument(
+        "--time-limit", type=float, default=30.0, metavar="S", help="solver time limit in seconds (default 30)"
+    )
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print JSON")
+    out.add_argument("--html", metavar="OUT.html", help="write an HTML page")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from memwarden.commands._common import print_json, wrote
+    from memwarden.errors import InputError
+    from memwarden.models.compute_units import load_compute_units
+    from memwarden.plan.partition_onnx import load_problem
+    from memwarden.plan.partition_report import partition_result
+
+    if not args.time_limit > 0:
+        raise InputError("--time-limit must be a positive number of seconds")
+    if args.html:
+        from memwarden.trace.io import check_output
+
+        check_output(args.html, flag="--html", allow_stdout=False)
+    units = load_compute_units(args.device_profile)
+    problem = load_problem(args.model, units, dtype=args.dtype)
+    result = partition_result(problem, time_limit_s=args.time_limit)
+    result = {"model": Path(args.model).name, "device": args.device_profile, "dtype": args.dtype, **result}
+    title = f"{Path(args.model).name} on {args.device_profile}"
+    if args.json:
+        print_json(result)
+        return 0
+    if args.html:
+        from memwarden.report.partition import partition_html
+        from memwarden.trace.io import atomic_write
+
+        atomic_write(args.html, partition_html(result, title=title).encode())
+        wrote(args.html, f"{problem.num_nodes} nodes")
+        return 0
+    from rich.console import Console
+
+    from memwarden.report.partition import partition_table
+
+    Console().print(partition_table(result, title=title))
+    return 0

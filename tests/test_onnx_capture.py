@@ -1,0 +1,210 @@
+"""ONNX Runtime capture: zoo export, the capture's peak against ORT's own counters, and every
+reader (summary, diagnose, report, replay, plan) on an ORT trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+from memwarden.analyze.analysis import Analysis  # noqa: E402
+from memwarden.capture.onnx.capture import capture_onnx  # noqa: E402
+from memwarden.capture.onnx.export import example_feeds, export_zoo  # noqa: E402
+from memwarden.capture.onnx.graph import module_path_of  # noqa: E402
+from memwarden.capture.onnx.measure import ort_counter_peak, run_peak_bytes  # noqa: E402
+from memwarden.capture.onnx.session import OrtSettings  # noqa: E402
+from memwarden.cli import main  # noqa: E402
+from memwarden.errors import InputError  # noqa: E402
+from memwarden.trace.io import load, save  # noqa: E402
+from memwarden.trace.model import Category  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def zoo_onnx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
+    """``{"llava-vision": (path, feeds), ...}``: the tiny zoo VLMs exported once per session."""
+    out = tmp_path_factory.mktemp("onnx")
+    parts: dict[str, tuple[Path, dict[str, np.ndarray]]] = {}
+    for name in ("llava", "qwen2-vl"):
+        feeds = example_feeds(name)
+        for part, path in export_zoo(name, out).items():
+            parts[f"{name}-{part}"] = (path, feeds[part])
+    return parts
+
+
+def test_module_paths_from_node_names() -> None:
+    assert (
+        module_path_of("/vision_tower/encoder/layers.0/mlp/fc1/MatMul", "model.")
+        == "model.vision_tower.encoder.layers.0.mlp.fc1"
+    )
+    assert module_path_of("/lm_head/MatMul", "model.", frozenset({"lm_head"})) == "lm_head"
+    assert module_path_of("/language_model/layers.0/input_layernorm/Mul_1/SimplifiedLayerNormFusion/") == (
+        "language_model.layers.0.input_layernorm"
+    )
+    assert module_path_of("MatMul_12") is None
+
+
+def test_export_keeps_module_paths_and_modalities(zoo_onnx: dict) -> None:
+    path, feeds = zoo_onnx["llava-vision"]
+    trace = capture_onnx(path, feeds)
+    modules = {trace.string(int(i)) for i in trace.events["module"] if i >= 0}
+    assert any(m.startswith("model.vision_tower.encoder.layers.0") for m in modules)
+    assert any(m.startswith("model.multi_modal_projector") for m in modules)
+    s = Analysis(trace).summary
+    assert set(s.weights_by_modality) >= {"vision", "fusion"}
+    assert "encode" in s.by_phase_peak
+
+
+@pytest.mark.parametrize(
+    "part", ["llava-vision", "llava-prefill", "llava-decode", "qwen2-vl-vision", "qwen2-vl-prefill"]
+)
+@pytest.mark.parametrize("arena", [True, False], ids=["arena-on", "arena-off"])
+def test_peak_within_5_percent_of_ort_counters(zoo_onnx: dict, part: str, arena: bool) -> None:
+    path, feeds = zoo_onnx[part]
+    trace = capture_onnx(path, feeds, settings=OrtSettings(arena=arena, mem_pattern=False))
+    ours, ort = run_peak_bytes(trace), ort_counter_peak(trace)
+    assert ort is not None and ort > 0
+    assert abs(ours - ort) <= 0.05 * ort, (ours, ort)
+
+
+def test_decode_has_kv_cache_and_phases(zoo_onnx: dict) -> None:
+    path, feeds = zoo_onnx["qwen2-vl-decode"]
+    trace = capture_onnx(path, [feeds, feeds])  # two runs: two decode steps
+    cats = set(trace.events["category"].tolist())
+    assert Category.KV_CACHE in cats and Category.WEIGHT in cats
+    assert [s["phase"] for s in trace.metadata["steps"]] == ["decode", "decode"]
+    assert len(trace.metadata["onnxruntime"]["runs"]) == 2
+    assert int(trace.live_bytes()[-1]) == Analysis(trace).summary.weights_bytes  # every run-time block freed
+
+
+def test_session_is_accepted(zoo_onnx: dict) -> None:
+    import onnxruntime as ort
+
+    path, feeds = zoo_onnx["llava-prefill"]
+    so = ort.SessionOptions()
+    so.enable_cpu_mem_arena = False
+    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    trace = capture_onnx(session, feeds)
+    assert trace.metadata["onnxruntime"]["arena"] is False
+    assert Analysis(trace).summary.peak_bytes > 0
+
+
+def test_cli_trace_and_every_reader(zoo_onnx: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, feeds = zoo_onnx["llava-prefill"]
+    npz = tmp_path / "feeds.npz"
+    np.savez(npz, **feeds)
+    out = tmp_path / "x.mwtrace"
+    assert (
+        main(
+            [
+                "trace",
+                "--onnx",
+                str(path),
+                "--inputs",
+                str(npz),
+                "--arena",
+                "off",
+                "--mem-pattern",
+                "off",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert load(out).metadata["capture"] == "onnxruntime"
+    assert main(["summary", str(out)]) == 0
+    assert main(["diagnose", str(out)]) == 0
+    assert main(["report", str(out), "-o", str(tmp_path / "r.html")]) == 0
+    assert main(["replay", str(out)]) == 0
+    assert main(["plan", str(out)]) == 0
+    capsys.readouterr()
+
+
+def test_bad_inputs_fail_with_one_line(zoo_onnx: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, feeds = zoo_onnx["llava-vision"]
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00not a model" * 10)
+    with pytest.raises(InputError):
+        capture_onnx(junk, feeds)
+    with pytest.raises(InputError, match="feeds do not match"):
+        capture_onnx(path, {"nope": np.zeros(3, np.float32)})
+    npz = tmp_path / "bad.npz"
+    npz.write_bytes(b"PK junk")
+    assert main(["trace", "--onnx", str(path), "--inputs", str(npz), "-o", str(tmp_path / "y.mwtrace")]) == 2
+    err = capsys.readouterr().err
+    assert "error" in err and len(err.strip().splitlines()) == 1
+
+
+def test_trace_round_trips(zoo_onnx: dict, tmp_path: Path) -> None:
+    path, feeds = zoo_onnx["llava-decode"]
+    trace = capture_onnx(path, feeds)
+    again = load(save(trace, tmp_path / "t.mwtrace"))
+    assert np.array_equal(again.live_bytes(), trace.live_bytes())
+
+
+def test_compare_pytorch_and_ort(zoo_onnx: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import torch
+
+    from memwarden.capture.api import capture
+    from memwarden.capture.onnx.export import export_parts
+
+    module, inputs, _, _ = export_parts("llava", "tiny")["vision"]
+    with torch.no_grad(), capture() as cap:
+        module(*inputs)
+    path, feeds = zoo_onnx["llava-vision"]
+    a, b = tmp_path / "pt.mwtrace", tmp_path / "ort.mwtrace"
+    save(cap.trace, a)
+    save(capture_onnx(path, feeds), b)
+    assert main(["compare", str(a), str(b), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    sections = {row["section"] for row in data["rows"]}
+    assert {"total", "category", "modality", "phase", "module"} <= sections
+    assert "ORT cpu" in data["b"]
+    assert main(["compare", str(a), str(b)]) == 0
+    html = tmp_path / "c.html"
+    assert main(["compare", str(a), str(b), "--html", str(html)]) == 0
+    assert "<table" in html.read_text() and "vision" in html.read_text()
+    capsys.readouterr()
+
+
+def _synthetic_mlp(path: Path) -> dict[str, np.ndarray]:
+    """A graph with MiB-sized tensors, so a malloc-level measurement is not drowned by the
+    interpreter's own small allocations: X (512, 512) -> MatMul -> Relu -> MatMul -> + skip -> Softmax."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1, w2 = (numpy_helper.from_array(rng.random((512, 512), dtype=np.float32), name) for name in ("w1", "w2"))
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"], name="/mlp/fc1/MatMul"),
+        helper.make_node("Relu", ["a"], ["b"], name="/mlp/act/Relu"),
+        helper.make_node("MatMul", ["b", "w2"], ["c"], name="/mlp/fc2/MatMul"),
+        helper.make_node("Add", ["c", "a"], ["d"], name="/mlp/Add"),
+        helper.make_node("Softmax", ["d"], ["y"], name="/head/Softmax", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512, 512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512, 512])], initializer=[w1, w2],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return {"x": rng.random((512, 512), dtype=np.float32)}
+
+
+@pytest.mark.parametrize("arena", [True, False], ids=["arena-on", "arena-off"])
+def test_peak_within_5_percent_of_malloc_level_measurement(tmp_path: Path, arena: bool) -> None:
+    pytest.importorskip("memray")
+    from memwarden.capture.onnx.measure import measure_run
+
+    path = tmp_path / "mlp.onnx"
+    feeds = _synthetic_mlp(path)
+    settings = OrtSettings(arena=arena, mem_pattern=False)
+    ours = run_peak_bytes(capture_onnx(path, feeds, settings=settings))
+    measured = measure_run(path, feeds, OrtSettings(arena=False, mem_pattern=False)).memray_peak_bytes
+    assert measured is not None
+    assert abs(ours - measured) <= 0.05 * measured, (ours, measured)
