@@ -206,11 +206,12 @@ class FeatureCache:
             self._drop_l1(fp)
             self._drop_l2(_stem(fp))
 
-    def clear(self) -> None:
+    def clear(self, *, l2: bool = True) -> None:
+        """Drop every entry (``l2=False``: the in-memory tier only, as under memory pressure)."""
         with self._lock:
             for fp in list(self._l1):
                 self._drop_l1(fp)
-            for stem in list(self._l2):
+            for stem in list(self._l2) if l2 else []:
                 self._drop_l2(stem)
 
     def resize(self, *, l1_max_bytes: int | None = None, l2_max_bytes: int | None = None) -> None:

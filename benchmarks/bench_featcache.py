@@ -1,0 +1,103 @@
+"""Prewarmed feature cache: time to first token and encoder calls, cold vs prewarmed (issue 22).
+
+python benchmarks/bench_featcache.py [--model llava] [--size small] [--images 6] [--json]
+
+A "cloud" process serves N images through a GovernedSession whose encoder cache is the tiered
+feature cache (``TieredEncoderStore`` over ``FeatureCache`` with an L2 folder) and writes the
+prewarm manifest. A "device" process (a fresh store: empty L1, the same L2 folder) prewarms
+from the manifest, then serves the same N requests. Prefix reuse is off, so the only thing that
+can spare the encoder is the feature cache. Reported per phase: median TTFT (the session's
+``prefill_s``), encoder calls (a hook on the encoder's first submodule) and cache hits per tier.
+Then the encoder is swapped (its weights scaled) and the N requests served again: every one
+must run the encoder (zero stale hits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from typing import Any
+
+import torch
+
+from memwarden.models import zoo
+from memwarden.runtime.encoders import find_encoders
+from memwarden.runtime.featcache import FeatureCache
+from memwarden.runtime.featcache_contract import TieredEncoderStore
+from memwarden.runtime.session import GovernedSession
+
+ENCODER_S: list[float] = []  # the session's time in the encoder, per request served
+
+
+def serve(model: torch.nn.Module, store: TieredEncoderStore, requests: list[dict[str, Any]], name: str) -> list[float]:
+    ttft = []
+    with torch.inference_mode():
+        session = GovernedSession(model, budget="8GiB", encoder_cache=store, prefix_reuse=False)
+        try:
+            for inputs in requests:
+                session.generate(**inputs, max_new_tokens=2, **zoo.generate_kwargs(name))
+                ttft.append(session.records[-1].prefill_s)
+                ENCODER_S.append(session.records[-1].encoder_s)
+        finally:
+            session.close()
+    return ttft
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llava")
+    parser.add_argument("--size", default="small")
+    parser.add_argument("--images", type=int, default=6)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = zoo.build_model(args.model, args.size)
+    requests = [zoo.make_inputs(model, prompt_tokens=32, seed=s) for s in range(args.images)]
+    calls = [0]
+    encoder = next(iter(find_encoders(model).values()))
+    next(iter(encoder.children())).register_forward_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+    rows: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as l2:
+        cloud = TieredEncoderStore(FeatureCache(l2), model)
+        serve(model, cloud, requests[:1], args.model)  # warm up the interpreter and kernels
+        serve(model, cloud, requests, args.model)
+        manifest = cloud.manifest()
+        device = TieredEncoderStore(FeatureCache(l2), model)
+        loaded = device.prewarm(manifest)
+        # Cold and prewarmed requests alternate, image by image, so both see the same load on the box.
+        rows["cold"] = {"ttft_s": [], "encoder_calls": 0}
+        rows["prewarmed"] = {"ttft_s": [], "encoder_calls": 0, "loaded": loaded}
+        for inputs in requests:
+            cold = TieredEncoderStore(FeatureCache(), model)  # no L2, nothing cached: the request encodes
+            for phase, store in (("cold", cold), ("prewarmed", device)):
+                calls[0] = 0
+                rows[phase]["ttft_s"] += serve(model, store, [inputs], args.model)
+                rows[phase]["encoder_calls"] += calls[0]
+                rows[phase]["encoder_s"] = rows[phase].get("encoder_s", 0.0) + ENCODER_S[-1]
+        rows["prewarmed"]["stats"] = device.stats()
+        with torch.no_grad():
+            for p in encoder.parameters():
+                p.mul_(1.01)  # a new encoder version
+        calls[0] = 0
+        mark = len(ENCODER_S)
+        rows["swapped"] = {"ttft_s": serve(model, device, requests, args.model), "encoder_calls": calls[0]}
+        rows["swapped"]["encoder_s"] = sum(ENCODER_S[mark:])
+        rows["swapped"]["stats"] = device.stats()
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return
+    print(f"{args.model} ({args.size}), {args.images} images, prefix reuse off")
+    head = f"{'phase':<10} {'min TTFT ms':>12} {'median TTFT ms':>15} {'encoder calls':>14} {'encoder s':>10}"
+    print(head + f" {'L1 hits':>8} {'L2 hits':>8}")
+    for phase, row in rows.items():
+        s = row.get("stats", {"l1": {"hits": 0}, "l2": {"hits": 0}})
+        print(
+            f"{phase:<10} {min(row['ttft_s']) * 1e3:>12.1f} {statistics.median(row['ttft_s']) * 1e3:>15.1f} "
+            f"{row['encoder_calls']:>14} {row['encoder_s']:>10.2f} {s['l1']['hits']:>8} {s['l2']['hits']:>8}"
+        )
+
+
+if __name__ == "__main__":
+    main()

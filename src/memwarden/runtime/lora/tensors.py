@@ -1,0 +1,103 @@
+"""Bytes <-> torch for adapter tensors, and a PEFT model's adapter parameters by saved name.
+
+PEFT saves a LoRA layer's weights as ``<module path>.lora_A.weight`` / ``.lora_B.weight``
+(``.lora_embedding_A`` / ``_B`` for embeddings) with the adapter name left out; in the live
+model they sit at ``<module path>.lora_A.<adapter>.weight``. Names are compared in their
+canonical form (``edge.sync.manifest.canonical_name``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memwarden.edge.sync.manifest import AdapterFormatError, RawTensor, canonical_name
+
+__all__ = ["adapter_parameters", "from_raw", "logical_view", "padded", "to_raw"]
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
+    "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}  # fmt: skip
+SAFETENSORS_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+def to_raw(t: torch.Tensor) -> RawTensor:
+    """The tensor's bytes (little-endian, row-major) as safetensors stores them."""
+    dtype = SAFETENSORS_DTYPES.get(t.dtype)
+    if dtype is None:
+        raise AdapterFormatError(f"dtype {t.dtype} has no safetensors name")
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return RawTensor(dtype=dtype, shape=tuple(t.shape), data=flat.view(torch.uint8).numpy().tobytes())
+
+
+def from_raw(raw: RawTensor) -> torch.Tensor:
+    """A CPU tensor holding a copy of ``raw``'s bytes."""
+    dtype = TORCH_DTYPES[raw.dtype]
+    if not raw.data:
+        return torch.empty(raw.shape, dtype=dtype)
+    flat = torch.frombuffer(bytearray(raw.data), dtype=torch.uint8)
+    return flat.view(dtype).reshape(raw.shape)
+
+
+def padded(name: str, value: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """``value`` laid into a tensor of ``slot``'s shape: the same shape, or a lower LoRA rank
+    zero-padded (A: (r, in) gets zero rows, B: (out, r) zero columns) so the module, and any
+    graph compiled over it, keep their shapes. Zero rows of A meet zero columns of B: the
+    output is that of the unpadded adapter."""
+    if value.dtype != slot.dtype:
+        raise AdapterFormatError(f"tensor {name!r}: dtype {value.dtype}, the model holds {slot.dtype}")
+    if value.shape == slot.shape:
+        return value
+    rank_dim = 0 if ("lora_A" in name or "lora_embedding_A" in name) else 1
+    other = 1 - rank_dim
+    if (
+        value.dim() != 2
+        or slot.dim() != 2
+        or value.shape[other] != slot.shape[other]
+        or value.shape[rank_dim] > slot.shape[rank_dim]
+    ):
+        raise AdapterFormatError(
+            f"tensor {name!r}: shape {tuple(value.shape)} does not fit the model's {tuple(slot.shape)} "
+            "(a higher rank or another module size needs a new adapter slot, not a hot swap)"
+        )
+    out = torch.zeros_like(slot, device="cpu")
+    if rank_dim == 0:
+        out[: value.shape[0]] = value
+    else:
+        out[:, : value.shape[1]] = value
+    return out
+
+
+def logical_view(name: str, param: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The part of a (possibly rank-padded) parameter that holds an adapter tensor of ``shape``."""
+    if tuple(param.shape) == shape:
+        return param
+    if "lora_A" in name or "lora_embedding_A" in name:
+        return param[: shape[0]]
+    return param[:, : shape[1]]
+
+
+def adapter_parameters(model: torch.nn.Module, adapter_name: str = "default") -> dict[str, torch.nn.Parameter]:
+    """The model's LoRA parameters of ``adapter_name``, by canonical saved name."""
+    found: dict[str, torch.nn.Parameter] = {}
+    for path, module in model.named_modules():
+        for attr in ("lora_A", "lora_B"):
+            holder = getattr(module, attr, None)
+            if isinstance(holder, torch.nn.ModuleDict) and adapter_name in holder:
+                for kind in ("weight", "bias"):  # a bias only with PEFT's lora_bias=True
+                    param = getattr(holder[adapter_name], kind, None)
+                    if isinstance(param, torch.nn.Parameter):
+                        found[canonical_name(f"{path}.{attr}.{kind}")] = param
+        holder = getattr(module, "lora_magnitude_vector", None)  # DoRA: saved without ".weight"
+        if isinstance(holder, torch.nn.ModuleDict) and adapter_name in holder:
+            weight = getattr(holder[adapter_name], "weight", None)
+            if isinstance(weight, torch.nn.Parameter):
+                found[canonical_name(f"{path}.lora_magnitude_vector")] = weight
+        for attr in ("lora_embedding_A", "lora_embedding_B"):
+            holder = getattr(module, attr, None)
+            if isinstance(holder, torch.nn.ParameterDict) and adapter_name in holder:
+                found[canonical_name(f"{path}.{attr}")] = holder[adapter_name]
+    if not found:
+        raise AdapterFormatError(f"the model has no LoRA parameters of adapter {adapter_name!r}")
+    return found
