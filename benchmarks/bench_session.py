@@ -1,19 +1,26 @@
-"""GovernedSession vs plain transformers on a multi-turn chat about one image.
+"""GovernedSession vs the transformers peers on a multi-turn chat about one image.
 
-Measured side by side in one process, turn by turn interleaved:
+Measured side by side in one process, turn by turn interleaved (the machine may be shared and
+noisy: the ratios, taken within one run, are the result; absolute times move with the load):
 
-- time to first token of turns 2+: plain ``model.generate()`` resending the conversation and
-  the image each turn vs ``GovernedSession.chat`` (prefix reuse: only the new message is
-  prefilled, the image is neither re-encoded nor re-prefilled);
+- time to first token (TTFT) of every turn for three peers on the same model and tokens:
+  (a) naive ``model.generate()`` resending the conversation and the image each turn;
+  (b) the careful user: ``model.generate()`` with the previous turn's ``DynamicCache`` passed back
+      (transformers' "re-use cache" recipe; ``past_key_values``, named ``cache`` since transformers 5):
+      the image is not resent after turn 1;
+  (c) ``GovernedSession.chat`` (prefix reuse: only the new message is prefilled);
+  outputs of the three must be equal token for token;
+- per-request overhead: the session's own time per request (admission, hashing, bookkeeping:
+  ``RequestRecord.overhead_s``) and governed minus careful total time per turn at equal work;
+- transformers' continuous batching (``generate_batch``) takes token ids only (no ``pixel_values``):
+  it does not apply to a chat about an image; ``--cb`` times it on the text turns alone;
 - KV memory waste, reserved-but-unused KV bytes / KV bytes in use:
   * GovernedSession: blocks held by the sequence × block bytes vs tokens × bytes per token,
-    at the end of every request (the vLLM paper's measure; free pool blocks are capacity
-    that holds cached prefixes, not reservation);
+    at the end of every request (the vLLM paper's measure);
   * transformers' default DynamicCache: peak of live KV-cache bytes in a memwarden capture
-    (concatenation keeps the old and the new tensor alive at once) vs KV bytes in use then;
-  * transformers' StaticCache sized for the model's context, for reference.
+    (concatenation keeps the old and the new tensor alive at once) vs KV bytes in use then.
 
-    .venv/bin/python benchmarks/bench_session.py [--model llava --size small --turns 4 --repeats 3]
+    .venv/bin/python benchmarks/bench_session.py [--model llava --size small --image-px 224 --turns 4 --repeats 3]
 """
 
 from __future__ import annotations
@@ -55,26 +62,49 @@ def media_of(inputs):
     return {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
 
 
-def run_chat_pair(model, name, turns, new_tokens, budget):
-    """One conversation served both ways, turn by turn; TTFT per turn for each."""
+def run_chat(model, name, turns, new_tokens, session, conversation):
+    """One conversation served by the three peers, turn by turn interleaved; per turn and peer:
+    (TTFT s, total s); and whether their outputs are equal."""
+    from transformers import DynamicCache
+
     gk = zoo.generate_kwargs(name)
-    session = GovernedSession(model, budget=budget)
-    session.predict(**turns[0], max_new_tokens=new_tokens)  # calibrate the predictor before timing
     media = media_of(turns[0])
     history = None
-    plain_ttft, gov_ttft, equal = [], [], True
-    for t in turns:
+    cache = DynamicCache()  # the careful user's: passed back every turn
+    rows, equal = [], True
+    for i, t in enumerate(turns):
         history = t["input_ids"] if history is None else torch.cat([history, t["input_ids"]], 1)
+        row = {}
         streamer = FirstToken()
         t0 = time.perf_counter()
         out = model.generate(input_ids=history, attention_mask=torch.ones_like(history), max_new_tokens=new_tokens,
                              streamer=streamer, **media, **gk)  # fmt: skip
-        plain_ttft.append(streamer.at - t0)
-        reply = session.chat(t["input_ids"], max_new_tokens=new_tokens, **media_of(t), **gk)
-        gov_ttft.append(session.records[-1].prefill_s)
-        equal &= torch.equal(reply, out[:, history.shape[1] :])
+        row["naive"] = (streamer.at - t0, time.perf_counter() - t0)
+        streamer = FirstToken()
+        t0 = time.perf_counter()
+        careful = model.generate(input_ids=history, attention_mask=torch.ones_like(history), cache=cache,
+                                 max_new_tokens=new_tokens, streamer=streamer, **(media if i == 0 else {}), **gk)  # fmt: skip
+        row["careful"] = (streamer.at - t0, time.perf_counter() - t0)
+        streamer = FirstToken()
+        t0 = time.perf_counter()
+        reply = session.chat(t["input_ids"], conversation=conversation, max_new_tokens=new_tokens, streamer=streamer,
+                             **media_of(t), **gk)  # fmt: skip
+        record = session.records[-1]
+        row["governed"] = (streamer.at - t0, time.perf_counter() - t0)
+        row["overhead"] = (record.overhead_s, record.overhead_s)
+        reference = out[:, history.shape[1] :]
+        equal &= torch.equal(reply, reference) and torch.equal(careful[:, history.shape[1] :], reference)
         history = torch.cat([history, reply], 1)
-    return plain_ttft, gov_ttft, equal, session
+        rows.append(row)
+    return rows, equal
+
+
+def continuous_batching(model, turns, new_tokens) -> dict:
+    """transformers' generate_batch on the text turns (token ids only: no image)."""
+    prompts = [t["input_ids"][0].tolist() for t in turns[1:]]
+    t0 = time.perf_counter()
+    model.generate_batch(prompts, max_new_tokens=new_tokens, progress_bar=False, warmup=False)
+    return {"requests": len(prompts), "new_tokens": new_tokens, "wall_s": time.perf_counter() - t0}
 
 
 def paged_waste(session) -> float:
@@ -129,52 +159,71 @@ def main() -> None:
     ap.add_argument("--image-px", type=int, default=336, help="llava image side (336 = LLaVA-1.5: 576 image tokens)")
     ap.add_argument("--budget", default="2GiB")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cb", action="store_true", help="also time generate_batch on the text turns")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = build(args.model, args.size, args.image_px)
-    turns = turns_for(model, args.turns, args.prompt_tokens)
-    plain, gov, equal, last = [], [], True, None
+    peers = ("naive", "careful", "governed", "overhead")
+    runs, equal = [], True
+    # Inputs are made outside inference mode, as a processor makes them (inference tensors have no
+    # version counter, so the session could not keep their fingerprints between turns).
+    warm = turns_for(model, 2, args.prompt_tokens, seed=10_000)
+    # a new image each conversation: turn 1 is cold for every peer, turns 2+ are the chat
+    conversations = [turns_for(model, args.turns, args.prompt_tokens, seed=r) for r in range(args.repeats)]
     with torch.inference_mode():
-        run_chat_pair(model, args.model, turns[:2], 2, args.budget)  # warm-up
-        for _ in range(args.repeats):
-            p, g, eq, last = run_chat_pair(model, args.model, turns, args.new_tokens, args.budget)
-            plain.append(p)
-            gov.append(g)
+        session = GovernedSession(model, budget=args.budget)
+        run_chat(model, args.model, warm, 2, session, "warm-up")  # calibrates the predictor before timing
+        for r, turns in enumerate(conversations):
+            rows, eq = run_chat(model, args.model, turns, args.new_tokens, session, f"c{r}")
+            runs.append(rows)
             equal &= eq
-        # KV waste: a long single request, as the chat's last turn
-        long_inputs = dict(turns[0])
-        dyn, dyn_peak, dyn_use = dynamic_waste(model, args.model, long_inputs, args.new_tokens)
+        dyn, dyn_peak, dyn_use = dynamic_waste(model, args.model, dict(turns[0]), args.new_tokens)
+        cb = continuous_batching(model, turns, args.new_tokens) if args.cb else None
     per_turn = []
     for i in range(args.turns):
-        p = statistics.median(r[i] for r in plain)
-        g = statistics.median(r[i] for r in gov)
-        per_turn.append({"turn": i + 1, "plain_ttft_s": p, "governed_ttft_s": g, "speedup": p / g})
-    later = [t["speedup"] for t in per_turn[1:]]
+        med = {p: [statistics.median(run[i][p][k] for run in runs) for k in (0, 1)] for p in peers}
+        diffs = [run[i]["governed"][1] - run[i]["careful"][1] for run in runs]
+        per_turn.append({
+            "turn": i + 1, **{f"{p}_ttft_s": med[p][0] for p in peers[:3]},
+            "naive_over_governed": med["naive"][0] / med["governed"][0],
+            "governed_over_careful": med["governed"][0] / med["careful"][0],
+            "session_overhead_s": med["overhead"][0], "governed_minus_careful_total_s": statistics.median(diffs),
+        })  # fmt: skip
+    later = per_turn[1:]
+    image_tokens = int(getattr(model.config, "image_seq_length", 0) or 0)
     result = {
-        "model": f"{args.model} ({args.size})",
+        "model": f"{args.model} ({args.size}, {args.image_px} px, {image_tokens} image tokens)",
         "prompt_tokens_turn_1": int(turns[0]["input_ids"].shape[1]),
         "outputs_equal": bool(equal),
         "turns": per_turn,
-        "min_speedup_turns_2plus": min(later),
-        "kv_waste_governed": paged_waste(last),
+        "min_naive_over_governed_turns_2plus": min(t["naive_over_governed"] for t in later),
+        "max_governed_over_careful_turns_2plus": max(t["governed_over_careful"] for t in later),
+        "max_session_overhead_s": max(t["session_overhead_s"] for t in per_turn),
+        "kv_waste_governed": paged_waste(session),
         "kv_waste_dynamic_cache": dyn,
         "dynamic_cache_peak_kv_bytes": dyn_peak,
         "dynamic_cache_kv_in_use_bytes": dyn_use,
+        "continuous_batching": cb,
     }
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{result['model']}, {result['prompt_tokens_turn_1']} prompt tokens in turn 1, {args.turns}-turn chat "
-          f"about one image, outputs equal: {equal}")  # fmt: skip
-    print("| turn | plain generate TTFT | GovernedSession TTFT | speed-up |")
-    print("|---|---|---|---|")
+    print(f"{result['model']}, {result['prompt_tokens_turn_1']} prompt tokens in turn 1, {args.turns}-turn chat, "
+          f"{args.repeats} conversations, outputs equal (naive = careful = governed): {equal}")  # fmt: skip
+    print("| turn | naive TTFT | careful TTFT | governed TTFT | naive / governed | governed / careful | "
+          "session overhead | governed − careful (total) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for t in per_turn:
-        print(
-            f"| {t['turn']} | {t['plain_ttft_s'] * 1e3:.1f} ms | {t['governed_ttft_s'] * 1e3:.1f} ms | {t['speedup']:.1f}x |"
-        )
+        print(f"| {t['turn']} | {t['naive_ttft_s'] * 1e3:.1f} ms | {t['careful_ttft_s'] * 1e3:.1f} ms | "
+              f"{t['governed_ttft_s'] * 1e3:.1f} ms | {t['naive_over_governed']:.1f}x | "
+              f"{t['governed_over_careful']:.2f}x | {t['session_overhead_s'] * 1e3:.2f} ms | "
+              f"{t['governed_minus_careful_total_s'] * 1e3:+.1f} ms |")  # fmt: skip
     print(f"KV waste: GovernedSession {result['kv_waste_governed']:.2%}, DynamicCache {dyn:.2%} "
           f"(peak live KV {dyn_peak} B vs {dyn_use} B in use)")  # fmt: skip
+    if cb is not None:
+        print(f"generate_batch (text turns only, no image): {cb['requests']} requests x {cb['new_tokens']} tokens "
+              f"in {cb['wall_s']:.2f} s")  # fmt: skip
 
 
 if __name__ == "__main__":

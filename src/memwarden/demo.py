@@ -22,11 +22,13 @@ __all__ = [
     "DemoConfig",
     "DemoResult",
     "GovernedResult",
+    "LimitedResult",
     "ThermalResult",
     "build_deployment",
     "conversation_inputs",
     "run_chat",
     "run_demo",
+    "run_limited",
 ]
 
 
@@ -59,6 +61,38 @@ class ThermalResult:
 
 
 @dataclass
+class LimitedResult:
+    """Plain ``generate()`` and a GovernedSession run one after the other in a child process whose
+    address space is really limited to what it held after building the model plus the budget left
+    after the weights: an allocation past it fails in the allocator, as on a device."""
+
+    budget_bytes: int
+    limit_bytes: int  # the child's RLIMIT_AS
+    plain_answered: int  # turns plain generate() answered before failing
+    plain_error: str | None  # the allocator's error plain hit (None: it fit)
+    governed_answered: int
+    governed_error: str | None
+    turns: int
+    outputs_equal: bool  # the turns both answered are equal
+    pool_bytes: int = 0  # the session's KV pool, reserved up front
+    pool_used_bytes: int = 0  # the most of it one request held
+
+    @property
+    def story(self) -> str:
+        from memwarden.units import format_bytes
+
+        if self.plain_error is not None and self.governed_error is None:
+            return (f"under a real {format_bytes(self.budget_bytes)} limit plain generate() failed at turn "
+                    f"{self.plain_answered + 1} ({self.plain_error}); the GovernedSession answered all {self.turns}")  # fmt: skip
+        if self.plain_error is None and self.governed_error is None:
+            return (f"both fit a real {format_bytes(self.budget_bytes)} limit; the GovernedSession reserves its KV pool "
+                    f"up front ({format_bytes(self.pool_bytes)}, at most {format_bytes(self.pool_used_bytes)} used by "
+                    "one request), which plain generate() grows only as it goes")  # fmt: skip
+        return (f"under a real {format_bytes(self.budget_bytes)} limit: plain {self.plain_error or 'answered'}; "
+                f"GovernedSession {self.governed_error or 'answered'}")  # fmt: skip
+
+
+@dataclass
 class DemoResult:
     trace: Any
     summary: Any
@@ -69,6 +103,7 @@ class DemoResult:
     findings: list[Any] = field(default_factory=list)
     governed: GovernedResult | None = None
     thermal: ThermalResult | None = None
+    limited: LimitedResult | None = None
 
     @property
     def fits(self) -> bool:
@@ -79,8 +114,12 @@ def run_demo(
     config: DemoConfig | None = None,
     out_dir: str | Path = ".",
     progress: Callable[[str, float], None] | None = None,
+    real_limit: bool = False,
 ) -> DemoResult:
-    """Build, capture, summarise and report the built-in deployment (``DemoConfig()`` by default)."""
+    """Build, capture, summarise and report the built-in deployment (``DemoConfig()`` by default).
+
+    ``real_limit``: also serve the turns with plain ``generate()`` and with a GovernedSession in child
+    processes under a real address-space limit of the budget (:func:`run_limited`)."""
     config = config or DemoConfig()
     from memwarden.analyze.timeline import summary
     from memwarden.capture.live.capture import Capture
@@ -121,8 +160,90 @@ def run_demo(
     if config.governed and config.thermal:
         step("replaying a thermal event against the session", 0.8)
         thermal = run_thermal(model, gen_kwargs, config, on_step=step)
+    limited = None
+    if config.governed and real_limit:
+        step("plain generate() and the session under a real memory limit (child processes)", 0.99)
+        limited = run_limited(config)
     step("done", 1.0)
-    return DemoResult(trace, result, report_path, trace_path, config, outputs, findings, governed, thermal)
+    return DemoResult(trace, result, report_path, trace_path, config, outputs, findings, governed, thermal, limited)
+
+
+def run_limited(config: DemoConfig, timeout_s: float = 600.0) -> LimitedResult:
+    """Run :func:`limited_child` for each arm, each in a fresh child process (a real limit must not
+    touch this process, and neither arm may inherit what the other left mapped)."""
+    import dataclasses
+    import json
+    import subprocess
+    import sys
+
+    code = "import json, sys; from memwarden.demo import limited_child; print(json.dumps(limited_child(*sys.argv[1:])))"
+    arms: dict[str, dict[str, Any]] = {}
+    for arm in ("plain", "governed"):
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(dataclasses.asdict(config)), arm],
+                              capture_output=True, text=True, timeout=timeout_s, check=False)  # fmt: skip
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:  # died under the limit (native code aborting on a refused mapping)
+            tail = proc.stderr.strip().splitlines()[-1:] or [""]
+            arms[arm] = {"limit_bytes": 0, "answers": [], "error": f"the process died (exit {proc.returncode}): "
+                         f"{tail[0][:160]}", "pool_bytes": 0, "pool_used_bytes": 0}  # fmt: skip
+            continue
+        arms[arm] = json.loads(lines[-1])
+    plain, governed = arms["plain"], arms["governed"]
+    both = min(len(plain["answers"]), len(governed["answers"]))
+    return LimitedResult(budget_bytes=config.budget_bytes, limit_bytes=plain["limit_bytes"], turns=config.turns,
+                         plain_answered=len(plain["answers"]), plain_error=plain["error"],
+                         governed_answered=len(governed["answers"]), governed_error=governed["error"],
+                         outputs_equal=plain["answers"][:both] == governed["answers"][:both],
+                         pool_bytes=governed["pool_bytes"], pool_used_bytes=governed["pool_used_bytes"])  # fmt: skip
+
+
+def limited_child(config_json: str, arm: str) -> dict[str, Any]:
+    """In a child process: build the deployment, limit the address space to what is mapped now plus the
+    budget left after the weights, then serve the turns with plain ``generate()`` (``arm="plain"``) or
+    a GovernedSession; a failure is the allocator's own (or the session's refusal), caught and reported."""
+    import gc
+    import json
+    import os
+
+    import torch
+
+    from memwarden.resilience.inject import apply_address_space_limit, is_oom_error
+    from memwarden.runtime.session import GovernedSession
+    from memwarden.runtime.session_memory import _return_freed_memory, state_bytes
+
+    torch.set_num_threads(1)  # no thread (and stack) created after the limit
+    config = DemoConfig(**json.loads(config_json))
+    model, turn_inputs, gen_kwargs = build_deployment(config)
+    inputs = [turn_inputs(t) for t in range(config.turns)]
+    gc.collect()
+    _return_freed_memory()
+    with open("/proc/self/statm") as fh:
+        mapped = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    limit = mapped + max(0, config.budget_bytes - state_bytes(model))
+    apply_address_space_limit(limit)
+    answers: list[list[int]] = []
+    error: str | None = None
+    pool_bytes = used_bytes = 0
+    with torch.inference_mode():
+        try:
+            if arm == "plain":
+                for request in inputs:
+                    out = model.generate(**request, max_new_tokens=config.new_tokens, **gen_kwargs)
+                    answers.append(out[0, request["input_ids"].shape[1] :].tolist())
+            else:
+                session = GovernedSession(model, budget=config.budget_bytes)
+                pool_bytes, page = session.pool.nbytes, session.spec.page_size_bytes
+                for request in inputs:
+                    out = session.generate(**request, max_new_tokens=config.new_tokens, **gen_kwargs)
+                    answers.append(out[0, request["input_ids"].shape[1] :].tolist())
+                    used_bytes = max(used_bytes, session.pool.blocks.blocks_needed(out.shape[1]) * page)
+                session.close()
+        except Exception as exc:  # noqa: BLE001 (an allocator failure is the story; anything else is re-raised)
+            if not is_oom_error(exc):
+                raise
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    return {"limit_bytes": limit, "answers": answers, "error": error, "pool_bytes": pool_bytes,
+            "pool_used_bytes": used_bytes}  # fmt: skip
 
 
 THERMAL_LOG = Path(__file__).resolve().parent / "data" / "thermal_event.jsonl"

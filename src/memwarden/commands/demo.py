@@ -16,12 +16,28 @@ def register(sub: Any) -> None:
     p.add_argument("--turns", type=int, default=4, help="chat turns (default: 4)")
     p.add_argument("--budget", default=None, help="simulated device budget, e.g. 320MiB")
     p.add_argument("--naive-only", action="store_true", help="skip the GovernedSession part (before only)")
+    p.add_argument("--real-limit", action="store_true",
+                   help="also run plain generate() and the GovernedSession in child processes under a real "
+                        "address-space limit of the budget, and show which one fails")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from memwarden.runtime.admission import AdmissionError
+    from memwarden.runtime.session_memory import BudgetError
+
+    try:
+        return _run(args)
+    except (AdmissionError, BudgetError) as exc:  # a budget the deployment cannot be served in: one line, no traceback
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(
+            f"--budget {args.budget or 'default'}: the GovernedSession cannot serve the demo: {first}"
+        ) from None
+
+
+def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from memwarden.demo import run_demo, verdict
@@ -49,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         from memwarden.commands._common import print_json
 
-        result = run_demo(config, out)
+        result = run_demo(config, out, real_limit=args.real_limit)
         doc = {"summary": result.summary.to_json(), "fits_budget": result.fits, "budget_bytes": config.budget_bytes,
                "findings": [f.to_json() for f in result.findings],
                "report": str(result.report_path), "trace": str(result.trace_path)}  # fmt: skip
@@ -65,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
                               "min_budget_bytes": th.min_budget_bytes, "end_budget_bytes": th.end_budget_bytes,
                               "budget_violations": th.check.violations, "worst_over_bytes": th.check.worst_over_bytes,
                               "decisions": th.decisions}  # fmt: skip
+        if result.limited is not None:
+            import dataclasses
+
+            doc["real_limit"] = {**dataclasses.asdict(result.limited), "story": result.limited.story}
         print_json(doc)
         return 0
 
@@ -74,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from memwarden.report.progress import progress
 
     with progress("memwarden demo", enabled=not args.quiet) as step:
-        result = run_demo(config, out, progress=step)
+        result = run_demo(config, out, progress=step, real_limit=args.real_limit)
     out_console = Console()
     out_console.print(
         render_summary(result.summary, source=f"{config.model} ({config.size}), {config.turns}-turn chat")
@@ -101,6 +121,10 @@ def run(args: argparse.Namespace) -> int:
                 f"{'always under' if th.check.ok else 'OVER'} the budget in force "
                 f"({len([d for d in th.decisions if d['kind'] == 'kv-pool'])} KV-pool resizes).[/]"
             )  # fmt: skip
+        if result.limited is not None:
+            lim = result.limited
+            ok = lim.governed_error is None
+            out_console.print(f"[{'green' if ok else 'bold red'}]Real limit: {lim.story}.[/]", highlight=False)
         out_console.print(f"wrote {result.report_path}, {result.trace_path} (before) and "
                           f"{result.governed.report_path}, {result.governed.trace_path} (after)")  # fmt: skip
     else:

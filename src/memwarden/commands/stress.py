@@ -31,6 +31,11 @@ def register(sub: Any) -> None:
         "--inject", action="append", default=[], metavar="SPEC",
         help="fault to inject on both sides (repeatable): " + GRAMMAR.replace("%", "%%"),
     )  # fmt: skip
+    p.add_argument(
+        "--sweep", default=None, metavar="KIND:KEY=LO..HI:POINTS",
+        help="run the campaign at each point of one injection parameter and plot both failure-rate curves, "
+             "e.g. jitter:size=0..256MiB:5, squeeze:to=100%%..40%%:4, limits:rss=800MiB..500MiB:4",
+    )  # fmt: skip
     p.add_argument("--seed", default="0", metavar="S", help="seed of the request inputs and the bootstrap (default 0)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -67,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         check_output(args.html, flag="--html", allow_stdout=not args.json)
     config_a, config_b = load_config(args.a), load_config(args.b)
+    if args.sweep is not None:
+        return _sweep(args, config_a, config_b, runs=runs, seed=seed, jobs=jobs)
     with make_executor(args.executor, jobs=jobs, address=args.ray_address) as executor:
         result = run_campaign(
             config_a, config_b, runs=runs, inject=args.inject, seed=seed, executor=executor, progress=not args.quiet
@@ -110,3 +117,36 @@ def _render(data: dict[str, Any]) -> str:
     if data["outputs_compared"]:
         lines.append(f"answers equal on {data['outputs_equal']}/{data['outputs_compared']} requests ok on both sides")
     return "\n".join(lines)
+
+
+def _sweep(args: argparse.Namespace, config_a: Any, config_b: Any, *, runs: int, seed: int, jobs: int) -> int:
+    from memwarden.commands._common import print_json, wrote
+    from memwarden.resilience.executor import make_executor
+    from memwarden.resilience.sweep import parse_sweep, run_sweep
+
+    sweep = parse_sweep(args.sweep)
+    with make_executor(args.executor, jobs=jobs, address=args.ray_address) as executor:
+        data = run_sweep(config_a, config_b, sweep, runs=runs, inject=args.inject, seed=seed, executor=executor,
+                         progress=not args.quiet, text=args.sweep)  # fmt: skip
+    if args.html:
+        from memwarden.resilience.report import write_sweep_html
+
+        try:
+            write_sweep_html(data, args.html)
+        except OSError as exc:
+            raise InputError(f"{args.html}: cannot write ({exc.strerror or exc})") from None
+    if args.json:
+        print_json(data)
+        return 0
+    if args.html == "-":
+        wrote(args.html)
+        return 0
+    print(f"{args.sweep}: A = {data['a_name']}, B = {data['b_name']}, {runs} requests per side and point")
+    print(f"{'point':>12}  {'A failed (95% CI)':>24}  {'B failed (95% CI)':>24}")
+    for p in data["points"]:
+        a, b = p["a"], p["b"]
+        print(f"{p['label']:>12}  {a['failed']:>3}/{a['requests']:<3} {a['rate']:5.0%} ({a['low']:.0%}-{a['high']:.0%})"
+              f"  {b['failed']:>3}/{b['requests']:<3} {b['rate']:5.0%} ({b['low']:.0%}-{b['high']:.0%})")  # fmt: skip
+    if args.html:
+        wrote(args.html)
+    return 0

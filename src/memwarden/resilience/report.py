@@ -16,7 +16,7 @@ from typing import Any
 
 from memwarden.units import format_bytes
 
-__all__ = ["render_stress_html", "write_stress_html"]
+__all__ = ["render_stress_html", "render_sweep_html", "write_stress_html", "write_sweep_html"]
 
 _COLORS = {"ok": "#59a14f", "oom": "#e15759", "crash": "#b07aa1", "lost": "#bab0ac", "a": "#4e79a7", "b": "#f28e2b"}
 _CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -193,3 +193,85 @@ def write_stress_html(result: dict[str, Any], path: str | os.PathLike[str]) -> P
     from memwarden.trace.io import atomic_write
 
     return atomic_write(path, render_stress_html(result).encode("utf-8"))
+
+
+def _curves(data: dict[str, Any]) -> str:
+    """Failure rate against the swept value, one line per side, 95% Wilson intervals as whiskers (SVG)."""
+    points = data["points"]
+    w, h, left, right, top, bottom = 640, 300, 56, 44, 16, 44
+    xs = [p["value"] for p in points]
+    lo, hi = min(xs), max(xs)
+
+    def x(v: float) -> float:
+        return left + (w - left - right) * ((v - lo) / (hi - lo) if hi != lo else 0.5)
+
+    def y(r: float) -> float:
+        return top + (h - top - bottom) * (1 - r)
+
+    parts = [f'<line x1="{left}" y1="{y(0)}" x2="{w - right}" y2="{y(0)}" stroke="#888"/>',
+             f'<line x1="{left}" y1="{y(0)}" x2="{left}" y2="{y(1)}" stroke="#888"/>']  # fmt: skip
+    for r in (0, 0.25, 0.5, 0.75, 1):
+        parts.append(f'<text x="{left - 6}" y="{y(r) + 4:.1f}" text-anchor="end" font-size="11">{r:.0%}</text>')
+    for p in points:
+        parts.append(f'<text x="{x(p["value"]):.1f}" y="{h - bottom + 16}" text-anchor="middle" '
+                     f'font-size="11">{_esc(p["label"])}</text>')  # fmt: skip
+    for side, shift in (("a", -3), ("b", 3)):
+        color = _COLORS[side]
+        line = " ".join(f"{x(p['value']) + shift:.1f},{y(p[side]['rate']):.1f}" for p in points)
+        parts.append(f'<polyline class="curve-{side}" points="{line}" fill="none" stroke="{color}" stroke-width="2"/>')
+        for p in points:
+            cx = x(p["value"]) + shift
+            parts.append(f'<line x1="{cx:.1f}" y1="{y(p[side]["low"]):.1f}" x2="{cx:.1f}" y2="{y(p[side]["high"]):.1f}" '
+                         f'stroke="{color}" stroke-width="1"/><circle cx="{cx:.1f}" cy="{y(p[side]["rate"]):.1f}" r="3" '
+                         f'fill="{color}"><title>{_esc(data[side + "_name"])} at {_esc(p["label"])}: '
+                         f'{p[side]["failed"]}/{p[side]["requests"]} failed</title></circle>')  # fmt: skip
+    axis = f"{data['kind']}:{data['key']}"
+    parts.append(f'<text x="{(w + left) / 2}" y="{h - 6}" text-anchor="middle" font-size="12">{_esc(axis)}</text>')
+    legend = "".join(f'<span style="color:{_COLORS[s]}">&#9632; {_esc(data[s + "_name"])}</span> ' for s in ("a", "b"))
+    return (f'<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="failure rate curves">'
+            f'{"".join(parts)}</svg><p>{legend}</p>')  # fmt: skip
+
+
+def render_sweep_html(data: dict[str, Any]) -> str:
+    """The page for ``sweep.run_sweep``'s result: the two failure-rate curves and the table; pure."""
+    style = resources.files("memwarden.report").joinpath("assets", "report.css").read_text(encoding="utf-8")
+    title = f"memwarden stress sweep: {data['a_name']} vs {data['b_name']} over {data['kind']}:{data['key']}"
+    rows = "".join(
+        f"<tr><td>{_esc(p['label'])}</td>"
+        + "".join(f"<td class=\"num\">{p[s]['failed']}/{p[s]['requests']} ({p[s]['rate']:.0%}, "
+                  f"{p[s]['low']:.0%}–{p[s]['high']:.0%})</td><td class=\"num\">{p[s]['oom']}/{p[s]['crash']}/"
+                  f"{p[s]['lost']}</td>" for s in ("a", "b"))
+        + f"<td class=\"num\">{p['failure_rate_p_value']:.3g}</td></tr>"
+        for p in data["points"]
+    )  # fmt: skip
+    head = (f"<tr><th>{_esc(data['kind'])}:{_esc(data['key'])}</th><th>A failed (95% CI)</th><th>A oom/crash/lost</th>"
+            "<th>B failed (95% CI)</th><th>B oom/crash/lost</th><th>Fisher p</th></tr>")  # fmt: skip
+    facts = [("requests per side and point", data["runs"]), ("seed", data["seed"]),
+             ("also injected", ", ".join(data.get("inject") or []) or "none")]  # fmt: skip
+    facts_html = "".join(f"<div><dt>{_esc(k)}</dt><dd>{_esc(v)}</dd></div>" for k, v in facts)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{_CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="memwarden">
+<title>{_esc(title)}</title>
+<style>{style}</style>
+</head>
+<body>
+<header class="mw-header"><h1>{_esc(title)}</h1><dl class="mw-facts">{facts_html}</dl></header>
+<section id="curve" class="mw-section"><h2>Failure rate (requests not answered), 95% Wilson intervals</h2>
+{_curves(data)}</section>
+<section id="points" class="mw-section"><h2>Points</h2><table class="mw-table"><thead>{head}</thead>
+<tbody>{rows}</tbody></table></section>
+<footer class="mw-footer">memwarden · self-contained report, works offline</footer>
+</body>
+</html>
+"""
+
+
+def write_sweep_html(data: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    from memwarden.trace.io import atomic_write
+
+    return atomic_write(path, render_sweep_html(data).encode("utf-8"))

@@ -20,6 +20,7 @@ of cached blocks. Modelled on vLLM v1's KV cache manager:
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NewType
@@ -34,8 +35,8 @@ def block_hash(parent: BlockHash | None, tokens: Sequence[int], extra: Sequence[
     h = hashlib.blake2b(digest_size=16)
     h.update(parent or _ROOT)
     h.update(len(tokens).to_bytes(4, "little"))
-    for tok in tokens:
-        h.update(int(tok).to_bytes(8, "little", signed=True))
+    # the same bytes as each token's int.to_bytes(8, "little", signed=True), packed in one call (per-request cost)
+    h.update(struct.pack(f"<{len(tokens)}q", *tokens))
     for key in extra:
         h.update(b"\x1f" + key.encode())
     return BlockHash(h.digest())

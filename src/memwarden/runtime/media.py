@@ -9,6 +9,7 @@ transformers VLM / audio-LM that marks media with placeholder tokens.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +86,37 @@ def _digest(values: list[torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+_PRINTS: dict[tuple[Any, ...], tuple[list[weakref.ReferenceType[torch.Tensor]], list[str]]] = {}
+_PRINTS_LIMIT = 256
+
+
+def _fingerprints(tensors: list[torch.Tensor], count: int, split: bool) -> list[str]:
+    """Fingerprints of ``count`` items, one per row of every tensor (``split``) or one for all of them.
+
+    Hashing a 336 px image costs ~10 ms and a session plans each request at least once: the prints
+    are kept per tensor identity and version (a chat sends the same image tensor every turn; an
+    in-place change bumps ``_version``, so a stale print is never reused)."""
+    try:
+        key = (count, split) + tuple(
+            (id(t), t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype) for t in tensors
+        )
+    except RuntimeError:  # a tensor without storage: no identity to key on
+        key = None
+    hit = _PRINTS.get(key) if key is not None else None
+    if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors, strict=True)):
+        return hit[1]
+    if split:
+        prints = [_digest([t[i] for t in tensors]) for i in range(count)]
+    else:  # one fingerprint for all of the modality's items: coarser, still correct
+        whole = _digest(tensors) if tensors else "no-content"
+        prints = [f"{whole}:{i}" for i in range(count)]
+    if key is not None:
+        if len(_PRINTS) >= _PRINTS_LIMIT:
+            _PRINTS.clear()
+        _PRINTS[key] = ([weakref.ref(t) for t in tensors], prints)
+    return prints
+
+
 def media_tensors(inputs: dict[str, Any], modality: str) -> dict[str, torch.Tensor]:
     return {k: inputs[k] for k in MEDIA_KEYS[modality] if isinstance(inputs.get(k), torch.Tensor)}
 
@@ -103,11 +135,7 @@ def media_items(config: Any, ids: list[int], inputs: dict[str, Any]) -> list[Med
         runs = _runs(ids, token)
         if not runs:
             continue
-        if splittable(inputs, modality, len(runs)):
-            prints = [_digest([t[i] for t in tensors.values()]) for i in range(len(runs))]
-        else:  # one fingerprint for all of the modality's items: coarser, still correct
-            whole = _digest(list(tensors.values())) if tensors else "no-content"
-            prints = [f"{whole}:{i}" for i in range(len(runs))]
+        prints = _fingerprints(list(tensors.values()), len(runs), splittable(inputs, modality, len(runs)))
         for i, (start, stop) in enumerate(runs):
             items.append(MediaItem(modality=modality, index=i, start=start, stop=stop, fingerprint=prints[i]))
     return sorted(items, key=lambda it: it.start)

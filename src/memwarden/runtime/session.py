@@ -30,7 +30,6 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,19 +40,14 @@ from memwarden.runtime.degrade import Ladder, LadderConfig
 from memwarden.runtime.encoders import EncoderCache
 from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence
 from memwarden.runtime.session_admit import Admission, AdmissionDecision, apply_change
+from memwarden.runtime.session_chat import Conversation
 from memwarden.runtime.session_config import UNSET, SessionConfig, Unset, budget_source_of, resolve_config
-from memwarden.runtime.session_inputs import PER_TOKEN_KEYS, check_request, split_rows
+from memwarden.runtime.session_inputs import check_request, split_rows
 from memwarden.runtime.session_log import EventLog
 from memwarden.runtime.session_memory import SessionMemory, _fix_mmap_threshold, _return_freed_memory
+from memwarden.runtime.session_owner import Restored, claim, release, restored
 from memwarden.runtime.session_request import FirstTokenStreamer, Request, RequestPlan, RequestRecord
 from memwarden.units import format_bytes
-
-
-@dataclass
-class _Conversation:
-    input_ids: list[int] = field(default_factory=list)
-    media: dict[str, list[torch.Tensor]] = field(default_factory=dict)
-    per_token: dict[str, list[int]] = field(default_factory=dict)
 
 
 class GovernedSession:
@@ -70,6 +64,10 @@ class GovernedSession:
     as keywords or as ``config=``; a keyword beside ``config=`` must agree with it. With a budget
     source and ``config=``, ``config.budget`` caps the source (None: no cap). ``encoder_cache`` may
     also be a store object (``get``/``put``/``clear``/``nbytes``) to cache encoder outputs in.
+
+    A model has at most one governing session (``runtime/session_owner.py``): a session created on a
+    governed model closes the old one and takes over, or with ``take_over=False`` raises
+    ``ModelGovernedError`` ("close the GovernedSession that governs this model").
     """
 
     def __init__(
@@ -101,6 +99,7 @@ class GovernedSession:
         fallback: GovernedSession | None = None,
         on_decision: Callable[[Decision], None] | None = None,
         heap_mmap_threshold: int | None | Unset = UNSET,
+        take_over: bool = True,
     ) -> None:
         # Objects are not knobs: a budget source moves the budget, an encoder store holds the cache.
         budget_source = budget_source_of(budget)  # TypeError for what is neither bytes nor a controller
@@ -121,44 +120,71 @@ class GovernedSession:
             raise TypeError("budget=None sets no limit: give a number of bytes, a string such as 6GiB, or a budget "
                             "controller (an object with budget_bytes)")  # fmt: skip
         self.model: Any = model  # a transformers model: generate(), config, generation_config are not nn.Module's
+        self.closed = False
+        self.restored: Restored | None = None  # what close() left on the model
+        self.log = EventLog()  # budget changes, pool resizes, degradations: what and why
         self.processor = processor
         self.device_profile = device_profile
-        self.log = EventLog()  # budget changes, pool resizes, degradations: what and why
         self.ladder = Ladder(model, config.ladder, lower_resolution)
         self.fallback = fallback  # rung 4: a session over a smaller language model the user registered
         self.on_decision = on_decision
         self._lock = threading.Lock()  # one request admitted and served at a time; pool resizes wait for it
         self._ids = itertools.count()
         self.records: list[RequestRecord] = []
-        self.conversations: dict[str, _Conversation] = {}
+        self.conversations: dict[str, Conversation] = {}
 
-        on_cpu = all(p.device.type in ("cpu", "meta") for p in model.parameters())
-        if config.heap_mmap_threshold is not None and on_cpu:
-            _fix_mmap_threshold(config.heap_mmap_threshold)  # freed tensors leave the resident set (see the function)
-        if config.quantize is not None:  # int4 weight-only linears, in place (runtime/quant.py)
-            from memwarden.runtime.quant import quantize as quantize_model
+        if claim(model, self, take_over=take_over) is not None:  # before touching the model: the old one restores it
+            self.log.note("session", "took the model over from an earlier GovernedSession (closed it first)")
+        try:
+            on_cpu = all(p.device.type in ("cpu", "meta") for p in model.parameters())
+            if config.heap_mmap_threshold is not None and on_cpu:
+                _fix_mmap_threshold(
+                    config.heap_mmap_threshold
+                )  # freed tensors leave the resident set (see the function)
+            if config.quantize is not None:  # int4 weight-only linears, in place (runtime/quant.py)
+                from memwarden.runtime.quant import quantize as quantize_model
 
-            quantize_model(model, bits=config.quantize, group_size=config.group_size)
-            _return_freed_memory()  # the fp32 weights just freed stay in glibc's heap otherwise (RSS)
-        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-        self.device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
-        self.spec = KVSpec.from_config(model.config, dtype=dtype, block_size=config.block_size)
-        self.predictor = PeakPredictor(model, self.spec)
-        self.memory = SessionMemory(model, self.spec, self.predictor, config, self.log, device=self.device,
-                                    budget_source=budget_source, example_inputs=example_inputs,
-                                    encoder_store=encoder_store)  # fmt: skip
+                quantize_model(model, bits=config.quantize, group_size=config.group_size)
+                _return_freed_memory()  # the fp32 weights just freed stay in glibc's heap otherwise (RSS)
+            dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+            self.device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+            self.spec = KVSpec.from_config(model.config, dtype=dtype, block_size=config.block_size)
+            self.predictor = PeakPredictor(model, self.spec)
+            self.memory = SessionMemory(model, self.spec, self.predictor, config, self.log, device=self.device,
+                                        budget_source=budget_source, example_inputs=example_inputs,
+                                        encoder_store=encoder_store)  # fmt: skip
+        except BaseException:  # a session that failed to start governs nothing
+            self.closed = True
+            release(model, self)
+            raise
         self.admission = Admission(self.predictor, self.memory, self.ladder, has_fallback=fallback is not None,
                                    max_wait_s=config.max_wait_s)  # fmt: skip
 
-    def close(self) -> None:
-        """Restore the model: encoder wrappers removed, streamed weights brought back."""
-        self.memory.close()
+    def close(self, reason: str = "closed") -> Restored:
+        """Restore the model — streamed weights brought back, hooks and encoder wrappers removed — and
+        release it (another session may govern it); returns what was restored, checked on the model,
+        and logs it. In-place quantization cannot be undone: it is reported. Idempotent."""
+        if self.restored is not None:
+            return self.restored
+        self.closed = True
+        with self._lock:  # not under a request being served
+            had_streamer = self.memory.streamer is not None
+            self.memory.close()
+            release(self.model, self)
+        self.restored = restored(self.model, had_streamer=had_streamer, bits=self.config.quantize)
+        self.log.note("session", f"{reason}: {self.restored.describe()}")
+        return self.restored
 
     def __enter__(self) -> GovernedSession:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            why = self.events[-1]["label"] if self.events else "closed"
+            raise RuntimeError(f"this GovernedSession is closed ({why}): create a new one to serve with")
 
     # -- what the session holds (asked of its memory) -------------------------------------
 
@@ -260,23 +286,11 @@ class GovernedSession:
         The session keeps the conversation (earlier messages, replies and media) and sends it
         whole each turn, as a chat loop would — prefix reuse makes that cost only the new part.
         """
-        conv = self.conversations.setdefault(conversation, _Conversation())
-        for key, value in inputs.items():
-            if isinstance(value, torch.Tensor) and key not in PER_TOKEN_KEYS:
-                conv.media.setdefault(key, []).append(value)
-        turn_ids = input_ids[0].tolist()
-        for key in PER_TOKEN_KEYS[1:]:
-            if isinstance(inputs.get(key), torch.Tensor):
-                conv.per_token.setdefault(key, [0] * len(conv.input_ids)).extend(inputs[key][0].tolist())
-        conv.input_ids.extend(turn_ids)
-        full = torch.tensor([conv.input_ids], dtype=input_ids.dtype)
-        call: dict[str, Any] = {k: torch.cat(v) for k, v in conv.media.items()}
-        call.update({k: torch.tensor([v], dtype=torch.long) for k, v in conv.per_token.items()})
+        conv = self.conversations.setdefault(conversation, Conversation())
+        full, call = conv.turn(input_ids, inputs)
         out = self._serve(full, call, max_new_tokens)
         reply = out[0, full.shape[1] :].tolist()
-        conv.input_ids.extend(reply)
-        for key in conv.per_token:
-            conv.per_token[key].extend([0] * len(reply))
+        conv.reply(reply)
         return torch.tensor([reply], dtype=input_ids.dtype)
 
     def predict(self, input_ids: torch.Tensor, max_new_tokens: int = 20, **inputs: Any) -> int:
@@ -316,6 +330,8 @@ class GovernedSession:
                            pruned=pruned, unpruned=unpruned)  # fmt: skip
 
     def _serve(self, input_ids: torch.Tensor, inputs: dict[str, Any], max_new_tokens: int) -> torch.Tensor:
+        self._check_open()
+        serve_start = time.perf_counter()
         self.memory.poll()
         self._wait_while_squeezed()
         self.follow_budget()
@@ -326,7 +342,7 @@ class GovernedSession:
             with self._lock:
                 decision = self._admit(request)
                 if decision.kind == "admit":
-                    return self._run(request, streamer)
+                    return self._run(request, streamer, serve_start)
             if decision.kind != "wait":
                 break
             time.sleep(decision.wait_s)  # without the lock: telemetry and other requests go on meanwhile
@@ -378,7 +394,7 @@ class GovernedSession:
                 return decision
             apply_change(decision, request, self.memory)
 
-    def _run(self, request: Request, streamer: FirstTokenStreamer) -> torch.Tensor:
+    def _run(self, request: Request, streamer: FirstTokenStreamer, serve_start: float) -> torch.Tensor:
         """Generate an admitted request on its plan; its KV blocks are committed for reuse, then freed."""
         plan, decision = request.plan, request.decision
         assert plan is not None and decision is not None
@@ -394,6 +410,7 @@ class GovernedSession:
         encoder = self.encoder_cache
         encoder_before = encoder.encoder_s if encoder is not None else 0.0
         try:
+            generate_start = time.perf_counter()
             with self.ladder.installed(plan.pruned):
                 out = self.model.generate(
                     input_ids=input_ids,
@@ -404,6 +421,7 @@ class GovernedSession:
                     **plan.media_in,
                     **passthrough,
                 )
+            generate_s = time.perf_counter() - generate_start
             written = out[0, : seq.length].tolist()
             pool.blocks.commit(seq_id, written, media_mod.block_extras(items, len(written), bs))
         finally:
@@ -415,7 +433,7 @@ class GovernedSession:
             prompt_tokens=len(ids), reused_tokens=reuse, new_tokens=out.shape[1] - len(ids), media_items=len(items),
             media_reencoded=bool(plan.media_in), decision=decision,
             prefill_s=(streamer.first_token_at or t1) - t0, total_s=t1 - t0, rung=request.rung,
-            encoder_s=encoder_s,
+            encoder_s=encoder_s, overhead_s=t1 - serve_start - generate_s,
         ))  # fmt: skip
         step = self.ladder.latency.observe(encoder_s, max(0.0, t1 - t0 - encoder_s))
         if step is not None:

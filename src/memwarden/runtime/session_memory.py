@@ -174,6 +174,7 @@ class SessionMemory:
         self.activation_reserve_bytes = 0  # set below, once the weights are placed
         budget_now = self.budget_bytes
         min_kv_tokens = config.min_kv_tokens
+        example_tokens = 0
         if example_inputs and "input_ids" in example_inputs:  # the pool must hold a request like it
             example_tokens = example_inputs["input_ids"].shape[1] + int(example_inputs.get("max_new_tokens", 32))
             min_kv_tokens = max(min_kv_tokens, example_tokens)
@@ -181,19 +182,25 @@ class SessionMemory:
         self.min_pool_bytes = min_pool
         stream = config.stream
         reserve = config.activation_reserve_bytes
+        example = example_tokens > 0
+        # The weights are streamed only for the requests the session is asked to serve: a request like
+        # example_inputs (its KV and activations) now, each later request at admission (which streams
+        # then if that one needs it) — never for a worst case the session may never see, so a roomy
+        # budget keeps the weights resident.
+        planned = self.reserve_for(example_inputs) if example and reserve is None else (reserve or 0)
+        planned_kv = self.spec.page_size_bytes * self.pool_blocks_for_tokens(max(1, example_tokens))
         if reserve is None:
-            reserve = budget_now // 10
-        if stream is True or (stream == "auto" and self.weights_bytes + min_pool > budget_now * 0.6):
+            reserve = max(budget_now // 10, planned)
+        if stream is True or (stream == "auto" and self.weights_bytes + planned_kv + planned > budget_now):
             if (
                 config.activation_reserve_bytes is None
             ):  # room for a request like example_inputs, or a 512-token prefill
                 reserve = max(reserve, self.reserve_for(example_inputs))
-            if stream is True or self.weights_bytes + min_pool + reserve > budget_now:
-                try:
-                    self._stream(budget_now, min_pool, reserve)
-                except BudgetError:
-                    if stream is True:
-                        raise  # asked for; "auto" goes on resident and lets admission size the pool
+            try:
+                self._stream(budget_now, min_pool, reserve)
+            except BudgetError:
+                if stream is True:
+                    raise  # asked for; "auto" goes on resident and lets admission size the pool
         self.activation_reserve_bytes = reserve
         num_kv_blocks = config.num_kv_blocks
         if num_kv_blocks is None:

@@ -30,6 +30,7 @@ class RequestRecord:
     total_s: float = 0.0
     rung: int = 0  # degradation rung the request was served at (0: none)
     encoder_s: float = 0.0  # time in media encoders
+    overhead_s: float = 0.0  # the session's own time: admission, hashing, bookkeeping (serving less generate())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,6 +44,7 @@ class RequestRecord:
             "rung": self.rung,
             "encoder_s": round(self.encoder_s, 6),
             "total_s": round(self.total_s, 6),
+            "overhead_s": round(self.overhead_s, 6),
         }
 
 
