@@ -2,7 +2,8 @@
 
 Measures, interleaved in one process so machine noise hits all modes alike:
   untraced              plain run
-  memwarden             under memwarden.capture()
+  memwarden             under memwarden.capture() (source lines on: the default)
+  memwarden(lines=False) the same without source lines (what line attribution costs)
   torch.profiler        under torch.profiler.profile(profile_memory=True) alone (the reference)
 and reports median wall times and the ratios to the untraced run.
 
@@ -45,11 +46,16 @@ def main() -> None:
         with memwarden.capture():
             workload()
 
+    def traced_no_lines() -> None:
+        with memwarden.capture(lines=False):
+            workload()
+
     def profiled() -> None:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
             workload()
 
-    modes = {"untraced": untraced, "memwarden": traced, "torch.profiler(profile_memory)": profiled}
+    modes = {"untraced": untraced, "memwarden": traced, "memwarden(lines=False)": traced_no_lines,
+             "torch.profiler(profile_memory)": profiled}  # fmt: skip
     for fn in modes.values():  # warm up kernels, the native build and the profiler
         fn()
     times: dict[str, list[float]] = {name: [] for name in modes}

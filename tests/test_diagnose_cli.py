@@ -45,7 +45,9 @@ def test_json_shape_and_sorting(reprefill_trace: Path) -> None:
             "fix",
             "peak_added_bytes",
             "allocated_bytes",
+            "lines",
         }
+        assert all(set(x) == {"file", "line", "nbytes"} for x in f["lines"])
         assert f["severity"] in ("high", "medium", "low")
     wasted = [f["wasted_bytes"] for f in data["findings"]]
     assert wasted == sorted(wasted, reverse=True)

@@ -21,6 +21,7 @@ from memwarden.errors import InputError
 from memwarden.estimate import resolve
 from memwarden.estimate import run as est
 from memwarden.estimate.card import CARD_KEYS
+from memwarden.estimate.metamodel import forget_models
 from memwarden.models import zoo
 from memwarden.trace.model import Action, Category
 
@@ -43,6 +44,7 @@ def _live_and_meta(name: str, request: dict) -> tuple[memwarden.Trace, memwarden
     kwargs = zoo.generate_kwargs(name)
     with torch.inference_mode():
         model.generate(**inputs, max_new_tokens=1, **kwargs)  # lazy kernels and caches warmed outside the capture
+    forget_models()  # earlier estimates' kept meta models hold real CPU buffers the live capture would count
     gc.collect()
     with memwarden.capture() as cap, torch.inference_mode():
         model.generate(**inputs, max_new_tokens=3, **kwargs)

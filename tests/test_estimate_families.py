@@ -18,6 +18,7 @@ from memwarden.analyze.timeline import summary
 from memwarden.capture.meta import capture as meta
 from memwarden.errors import InputError
 from memwarden.estimate.families import model_class_for
+from memwarden.estimate.metamodel import forget_models
 from memwarden.estimate.request import build_request
 from memwarden.estimate.resolve import CONFIG_DIR, resolve_model
 
@@ -58,6 +59,7 @@ def _meta_and_live(data: dict, images: tuple, prompt: int = 12, new: int = 3) ->
     live_inputs = {k: (torch.randn(v.shape) if v.is_floating_point() else v) for k, v in inputs.items()}
     with torch.inference_mode():
         live.generate(**live_inputs, max_new_tokens=1, min_new_tokens=1, **kwargs)  # lazy kernels warmed
+    forget_models()  # kept meta models of earlier tests hold CPU buffers the live capture would count
     gc.collect()
     with memwarden.capture() as cap, torch.inference_mode():
         live.generate(**live_inputs, max_new_tokens=new, min_new_tokens=new, **kwargs)

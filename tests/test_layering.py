@@ -40,7 +40,7 @@ LAYERS: list[set[str]] = [
     {"resilience"},
     {"report"},
     {"(api)"},  # memwarden/__init__.py: the public surface
-    {"demo"},
+    {"demo", "testing"},  # testing: the pytest plugin (captures, checks, renders)
     {"commands"},
     {"cli"},
     {"__main__"},
@@ -54,11 +54,13 @@ PUBLIC_API = [
     "Trace",
     "__version__",
     "capture",
+    "capture_onnx",
     "diagnose",
     "estimate",
     "flush",
     "load",
     "quantize",
+    "ring_stats",
     "save",
     "summary",
     "write_report",
@@ -333,7 +335,7 @@ def test_package_subpackages_do_not_shadow_the_functions() -> None:
     assert out.split() == ["True", "True"]
 
 
-@pytest.mark.parametrize("name", ["GovernedSession", "SessionConfig", "quantize"])
+@pytest.mark.parametrize("name", ["GovernedSession", "SessionConfig", "quantize", "capture_onnx"])
 def test_lazy_names_resolve_to_their_defining_module(name: str) -> None:
     value = getattr(memwarden, name)
-    assert value.__module__.startswith("memwarden.runtime.")
+    assert value.__module__.startswith(("memwarden.runtime.", "memwarden.capture.onnx."))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from memwarden.analyze.diagnose import diagnose
 from memwarden.analyze.timeline import summary
-from memwarden.capture.api import capture, flush
+from memwarden.capture.api import capture, flush, ring_stats
 from memwarden.estimate.card import MemoryCard
 from memwarden.estimate.run import estimate
 from memwarden.govern.budget import BudgetController
@@ -21,6 +21,7 @@ from memwarden.trace.io import save
 from memwarden.trace.model import Trace
 
 if TYPE_CHECKING:
+    from memwarden.capture.onnx.capture import capture_onnx
     from memwarden.runtime.quant import quantize
     from memwarden.runtime.session import GovernedSession
     from memwarden.runtime.session_config import SessionConfig
@@ -35,17 +36,20 @@ __all__ = [
     "Trace",
     "__version__",
     "capture",
+    "capture_onnx",
     "diagnose",
     "estimate",
     "flush",
     "load",
     "quantize",
+    "ring_stats",
     "save",
     "summary",
     "write_report",
 ]
 
 _LAZY = {
+    "capture_onnx": "memwarden.capture.onnx.capture",
     "GovernedSession": "memwarden.runtime.session",
     "SessionConfig": "memwarden.runtime.session_config",
     "quantize": "memwarden.runtime.quant",

@@ -13,7 +13,16 @@ from functools import cached_property
 
 import numpy as np
 
-from memwarden.analyze.timeline import Summary, Timeline, free_index, primary_device, summary, timeline
+from memwarden.analyze.lines import LineBytes, lines_of_rows
+from memwarden.analyze.timeline import (
+    Summary,
+    Timeline,
+    free_index,
+    live_blocks_at,
+    primary_device,
+    summary,
+    timeline,
+)
 from memwarden.plan.allocator.config import AllocatorConfig
 from memwarden.plan.records import ReplayResult
 from memwarden.plan.replay import replay
@@ -81,6 +90,12 @@ class Analysis:
         """Per step of ``steps`` (start order): whether autograd was recording when the call began,
         None where the trace does not say (traces from before it was recorded, snapshots)."""
         return tuple(step.grad for step in self.steps)
+
+    def lines_at(self, index: int, limit: int = 15) -> list[LineBytes]:
+        """The lines of the user's code holding the most bytes on ``device`` just after event ``index``."""
+        if index < 0 or not self.trace.num_events:
+            return []
+        return lines_of_rows(self.trace, live_blocks_at(self.trace, index, self.device, self.free_index), limit)
 
     def timeline(self, by: str = "category", max_points: int = 2000) -> Timeline:
         key = (by, max_points)

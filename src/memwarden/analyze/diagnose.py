@@ -16,12 +16,15 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 from collections.abc import Callable
-from dataclasses import InitVar, asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from memwarden.analyze.analysis import Analysis
-from memwarden.analyze.timeline import Summary
+from memwarden.analyze.lines import finding_lines
+from memwarden.analyze.timeline import Summary, live_blocks_at
 from memwarden.trace.model import Trace
 
 SEVERITIES = ("high", "medium", "low")
@@ -36,6 +39,7 @@ PATTERNS: dict[str, str] = {
     "fragmentation": "fragmentation",
     "load-spike": "load_spike",
     "vision-token-dominance": "vision_token_dominance",
+    "unbounded-growth": "unbounded_growth",
 }
 
 # Findings that waste less than this share of the peak are not reported (any pattern).
@@ -55,6 +59,9 @@ class Finding:
     # bytes it allocates over the run (repeated copies, recomputed work). -1: the detector does not say.
     peak_added_bytes: int = -1
     allocated_bytes: int = -1
+    # The lines of the user's code the evidence came from, heaviest first: {file, line, nbytes}.
+    # A detector that knows them sets them; otherwise diagnose() finds them from ``where``.
+    lines: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,9 +145,18 @@ def diagnose(
             # allocates at least the peak over the run stays, as the hint its severity says.
             if peak and f.wasted_bytes < min_fraction * peak and f.allocated_bytes < peak:
                 continue
+            if not f.lines:
+                f = replace(f, lines=finding_lines(trace, f.where, _live_at_peak(ctx)))
             findings.append(f)
     findings.sort(key=lambda f: (-f.wasted_bytes, SEVERITIES.index(f.severity), f.pattern))
     return findings
+
+
+def _live_at_peak(ctx: Context) -> np.ndarray:
+    a = ctx.analysis
+    if not a.trace.num_events:
+        return np.zeros(0, np.int64)
+    return live_blocks_at(a.trace, int(np.argmax(a.live_bytes)), a.device, a.free_index)
 
 
 def report_json(analysis: Analysis, findings: list[Finding]) -> dict[str, Any]:

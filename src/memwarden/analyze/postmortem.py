@@ -58,6 +58,8 @@ def failure_lines(trace: Trace) -> list[str]:
     lines.append(f"  by modality: {_top(s.by_modality_at_peak)}")
     for site in s.top_sites_at_peak[:3]:
         lines.append(f"  held by {site.module or '(no module)'} {site.op or ''}: {format_bytes(site.nbytes)}".rstrip())
+    for src in s.top_lines_at_peak[:3]:  # where in the user's code
+        lines.append(f"  held by line {src.file}:{src.line} ({src.function}): {format_bytes(src.nbytes)}")
     try:
         findings = diagnose(trace)
     except Exception:  # a torn trace must not hide the lines above

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.analyze.lines import LineBytes, lines_of_rows
+from memwarden.analyze.resident import resident_summary
 from memwarden.trace.model import Action, Category, Modality, Phase, Trace, enum_name
 
 _LABELS = {
@@ -155,6 +157,10 @@ class Summary:
     duration_us: int
     top_sites_at_peak: list[Site] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # The lines of the user's code holding the most at the peak ({file, line, function, nbytes, count}).
+    top_lines_at_peak: list[LineBytes] = field(default_factory=list)
+    # Traced against resident memory (memwarden trace's samples), None without samples.
+    resident: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -227,6 +233,8 @@ def summary(trace: Trace, device: int | None = None, top: int = 15, free_rows: n
         duration_us=int(times[-1] - times[0]) if n else 0,
         top_sites_at_peak=_top_sites(trace, peak_index, dev, top, free_rows) if n else [],
         metadata=dict(trace.metadata),
+        top_lines_at_peak=lines_of_rows(trace, live_blocks_at(trace, peak_index, dev, free_rows), top) if n else [],
+        resident=resident_summary(trace.metadata),
     )
 
 

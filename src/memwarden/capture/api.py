@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from memwarden.capture.cuda.capture import CudaCapture
     from memwarden.capture.live.capture import Capture
 
-__all__ = ["capture", "flush"]
+__all__ = ["capture", "flush", "ring_stats"]
 
 
 def capture(*, device: str = "cpu", **kwargs: Any) -> Capture | CudaCapture:
@@ -21,6 +21,14 @@ def capture(*, device: str = "cpu", **kwargs: Any) -> Capture | CudaCapture:
     ``stream_to=PATH`` appends the log to PATH as the run goes (every 100 ms and at every step):
     a process killed mid-run leaves PATH, which ``memwarden.load`` recovers up to the last flush;
     a clean stop replaces it with the complete trace.
+
+    ``ring_s=SECONDS`` makes it a flight recorder (capture/live/ring.py): bounded memory however
+    long the process runs, keeping the live state at the start of the last window plus every
+    event in it; ``ring_rss_bytes=N`` also writes the window when resident memory crosses N.
+
+    ``lines`` (default on) gives each allocation the innermost line of the user's code;
+    ``stacks=True`` the whole Python stack; ``user_code``/``library_code`` are path prefixes that
+    widen or narrow what counts as the user's code.
 
     ``device="cuda"`` also records the CUDA caching allocator (PyTorch's memory history, segments
     included) and merges it with the hooks' attribution into one trace with a device column.
@@ -43,3 +51,11 @@ def flush() -> bool:
     from memwarden.capture.live.stream import flush_active
 
     return flush_active()
+
+
+def ring_stats() -> dict[str, Any] | None:
+    """The running flight recorder's figures (window, cuts, the log's bytes now and at most, the
+    windows written), or None when no running capture has ``ring_s``."""
+    from memwarden.capture.live.capture import ring_stats as stats
+
+    return stats()

@@ -30,6 +30,21 @@
 #include <unordered_map>
 #include <vector>
 
+// Source lines (see current_site): the running thread's Python frames are read in place, without
+// the GIL. torch's bindings release the GIL during dispatch, and taking it back inside the
+// allocator could deadlock against a thread that holds the GIL and waits on a lock held here.
+// Reading is safe without it: only this thread pushes or pops its own frames, and it is busy
+// in this very call; code objects on a live frame are alive, and their names and line tables are
+// immutable. The frame layout is CPython's internal one, so this is compiled per minor version.
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define MEMWARDEN_FRAMES 1
+#define Py_BUILD_CORE
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#else
+#define MEMWARDEN_FRAMES 0
+#endif
+
 namespace {
 
 enum : uint8_t { kAlloc = 0, kFree = 1, kEnter = 2, kExit = 3 };
@@ -80,6 +95,128 @@ at::CallbackHandle g_callback = 0;
 
 thread_local std::vector<const char*> t_ops;
 
+// -- source lines -------------------------------------------------------------------------------
+// A site is a Python stack, innermost frame first, one "file:line:function" per line, the
+// innermost frame of the user's code marked with a leading '*'. Without stacks a site is that
+// one frame. Code objects are classified (user or library) once, by path prefix.
+bool g_sites = false;
+bool g_stacks = false;
+std::vector<std::string> g_user_prefixes, g_library_prefixes;
+struct CodeInfo {
+  const void* filename;  // the code's co_filename and co_qualname objects and first line: a code
+  const void* name;      // object freed and its address reused by another fails this check
+  int firstlineno;
+  bool user;
+  uint32_t index;  // into g_code_names
+};
+std::unordered_map<const void*, CodeInfo> g_codes;
+std::vector<std::pair<std::string, std::string>> g_code_names;  // (file, function)
+std::unordered_map<uint64_t, int32_t> g_site_ids;  // (code index, line) -> site, without stacks
+std::map<std::vector<uint64_t>, int32_t> g_stack_ids;  // frames -> site, with stacks
+std::vector<std::string> g_site_names;
+
+#if MEMWARDEN_FRAMES
+std::string utf8_of(PyObject* text) {
+  std::string out;
+  if (text == nullptr || !PyUnicode_Check(text) || !PyUnicode_IS_READY(text)) return "?";
+  const int kind = PyUnicode_KIND(text);
+  const void* data = PyUnicode_DATA(text);
+  const Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+  for (Py_ssize_t i = 0; i < n; ++i) {  // by hand: PyUnicode_AsUTF8 may allocate, needing the GIL
+    uint32_t c = PyUnicode_READ(kind, data, i);
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else if (c < 0x800) {
+      out += static_cast<char>(0xC0 | (c >> 6));
+      out += static_cast<char>(0x80 | (c & 0x3F));
+    } else if (c < 0x10000) {
+      out += static_cast<char>(0xE0 | (c >> 12));
+      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (c & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (c >> 18));
+      out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (c & 0x3F));
+    }
+  }
+  return out;
+}
+
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.compare(0, prefix.size(), prefix) == 0;
+}
+
+bool is_user_file(const std::string& file) {
+  for (const auto& p : g_user_prefixes) if (starts_with(file, p)) return true;
+  for (const auto& p : g_library_prefixes) if (starts_with(file, p)) return false;
+  return !starts_with(file, "<frozen ");
+}
+
+// Caller holds g_mu.
+const CodeInfo& code_info(PyCodeObject* code) {
+  auto it = g_codes.find(code);
+  if (it != g_codes.end() && it->second.filename == code->co_filename && it->second.name == code->co_qualname &&
+      it->second.firstlineno == code->co_firstlineno) {
+    return it->second;
+  }
+  std::string file = utf8_of(code->co_filename);
+  CodeInfo info{code->co_filename, code->co_qualname, code->co_firstlineno, is_user_file(file),
+                static_cast<uint32_t>(g_code_names.size())};
+  g_code_names.emplace_back(std::move(file), utf8_of(code->co_qualname));
+  return g_codes[code] = info;
+}
+
+std::string frame_text(uint64_t key) {
+  const auto& names = g_code_names[key >> 32];
+  return names.first + ":" + std::to_string(static_cast<uint32_t>(key)) + ":" + names.second;
+}
+
+// Caller holds g_mu. The site of an allocation made now on this thread, -1 = none (a thread
+// without Python, such as an intra-op worker, or no frame of the user's code without stacks).
+int32_t current_site() {
+  PyThreadState* ts = PyGILState_GetThisThreadState();
+  if (ts == nullptr || ts->cframe == nullptr) return -1;
+  std::vector<uint64_t> frames;
+  int user = -1;
+  int depth = 0;
+  for (_PyInterpreterFrame* f = ts->cframe->current_frame; f != nullptr && depth < 128; f = f->previous, ++depth) {
+    if (_PyFrame_IsIncomplete(f)) continue;
+    PyCodeObject* code = f->f_code;
+    const CodeInfo& info = code_info(code);
+    if (!g_stacks && !info.user) continue;  // the line table is read for the frames kept only
+    int line = PyCode_Addr2Line(code, _PyInterpreterFrame_LASTI(f) * static_cast<int>(sizeof(_Py_CODEUNIT)));
+    uint64_t key = (static_cast<uint64_t>(info.index) << 32) | static_cast<uint32_t>(line < 0 ? 0 : line);
+    if (!g_stacks) {
+      auto found = g_site_ids.find(key);
+      if (found != g_site_ids.end()) return found->second;
+      int32_t id = static_cast<int32_t>(g_site_names.size());
+      g_site_names.push_back("*" + frame_text(key));
+      g_site_ids.emplace(key, id);
+      return id;
+    }
+    if (info.user && user < 0) user = static_cast<int>(frames.size());
+    frames.push_back(key);
+  }
+  if (frames.empty()) return -1;
+  frames.push_back(static_cast<uint64_t>(user));  // the mark is part of the key
+  auto found = g_stack_ids.find(frames);
+  if (found != g_stack_ids.end()) return found->second;
+  std::string text;
+  for (size_t k = 0; k + 1 < frames.size(); ++k) {
+    if (k) text += "\n";
+    if (static_cast<int>(k) == user) text += "*";
+    text += frame_text(frames[k]);
+  }
+  int32_t id = static_cast<int32_t>(g_site_names.size());
+  g_site_names.push_back(std::move(text));
+  g_stack_ids.emplace(std::move(frames), id);
+  return id;
+}
+#else
+int32_t current_site() { return -1; }
+#endif
+
 inline int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -111,7 +248,7 @@ void push_event(uint8_t action, int64_t ptr, int64_t nbytes, int64_t id) {
   e.ndim = 0;
   e.dtype = -1;
   e.action = action;
-  e.site = -1;
+  e.site = (action == kAlloc && g_sites) ? current_site() : -1;
   e.written = -1;
   g_events.push_back(e);
 }
@@ -283,6 +420,28 @@ void start(bool record_ops) {
   g_recording = true;
 }
 
+// Which code is the user's: paths under a user prefix are, then paths under a library prefix are
+// not, then everything else is (but frozen modules). Called before start().
+void configure_sites(bool enabled, bool stacks, std::vector<std::string> user, std::vector<std::string> library) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_sites = enabled && MEMWARDEN_FRAMES;
+  g_stacks = stacks;
+  g_user_prefixes = std::move(user);
+  g_library_prefixes = std::move(library);
+  g_codes.clear();  // classification depends on the prefixes
+  g_code_names.clear();
+  g_site_ids.clear();
+  g_stack_ids.clear();
+  g_site_names.clear();
+}
+
+std::vector<std::string> site_names_since(int64_t start) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::vector<std::string> out;
+  for (size_t k = static_cast<size_t>(start < 0 ? 0 : start); k < g_site_names.size(); ++k) out.push_back(g_site_names[k]);
+  return out;
+}
+
 void stop() {
   g_recording = false;
   if (g_callback != 0) {
@@ -319,13 +478,14 @@ py::dict drain() {
   // them allocates, and the allocator wrapper takes the same lock.
   std::vector<Event> events;
   std::vector<int64_t> shapes_pool;
-  std::vector<std::string> op_names;
+  std::vector<std::string> op_names, site_names;
   int64_t untracked, live;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     events.swap(g_events);
     shapes_pool.swap(g_shapes);
     op_names = g_op_names;
+    site_names = g_site_names;
     untracked = g_untracked_frees;
     live = static_cast<int64_t>(g_live.size());
   }
@@ -340,6 +500,8 @@ py::dict drain() {
   torch::Tensor dt = torch::empty({n}, torch::TensorOptions().dtype(torch::kInt8));
   torch::Tensor act = torch::empty({n}, torch::TensorOptions().dtype(torch::kUInt8));
   torch::Tensor wr = torch::empty({n}, i64);
+  torch::Tensor site = torch::empty({n}, i32);
+  auto* psite = site.data_ptr<int32_t>();
   auto* pw = wr.data_ptr<int64_t>();
   auto* pt = t.data_ptr<int64_t>();
   auto* pp = ptr.data_ptr<int64_t>();
@@ -356,6 +518,7 @@ py::dict drain() {
     const Event& e = events[k];
     pt[k] = e.t_ns; pp[k] = e.ptr; pn[k] = e.nbytes; pi[k] = e.id; pc[k] = e.ctx;
     po[k] = e.op_outer; pq[k] = e.op_inner; ps[k] = e.shape_off; pd[k] = e.ndim; pdt[k] = e.dtype; pa[k] = e.action; pw[k] = e.written;
+    psite[k] = e.site;
   }
   torch::Tensor shapes = torch::empty({static_cast<int64_t>(shapes_pool.size())}, i64);
   if (!shapes_pool.empty()) {
@@ -366,6 +529,8 @@ py::dict drain() {
   out["op_outer"] = opo; out["op_inner"] = opi; out["shape_off"] = soff; out["ndim"] = ndim;
   out["dtype"] = dt; out["action"] = act; out["shapes"] = shapes; out["written"] = wr;
   out["op_names"] = op_names;
+  out["site"] = site;
+  out["site_names"] = site_names;
   out["untracked_frees"] = untracked;
   out["unwrapped_allocations"] = g_unwrapped.load();
   out["live_at_drain"] = live;
@@ -397,6 +562,46 @@ py::tuple stream_since(int64_t ev_start, int64_t shape_start, int64_t op_start) 
   return py::make_tuple(py::bytes(rows), ev_end, py::bytes(dims), shape_end, ops);
 }
 
+// The flight recorder's bound: forget what happened before `cutoff_ns` but the allocation rows of
+// blocks still alive (weights, caches: the state at the start of the window). Rows from the cutoff
+// on stay as they are. Returns (rows dropped, ENTER rows dropped): the Python side drops as many
+// input fingerprints, which pair with ENTER rows in order.
+py::tuple compact(int64_t cutoff_ns) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::vector<Event> kept;
+  kept.reserve(g_live.size() + 1024);
+  int64_t enters = 0;
+  for (const Event& e : g_events) {
+    bool keep = e.t_ns >= cutoff_ns;
+    if (!keep && e.action == kAlloc) {
+      auto it = g_live.find(e.ptr);
+      keep = it != g_live.end() && it->second.id == e.id;
+    }
+    if (keep) {
+      kept.push_back(e);
+    } else if (e.action == kEnter) {
+      ++enters;
+    }
+  }
+  const int64_t dropped = static_cast<int64_t>(g_events.size() - kept.size());
+  g_events.swap(kept);
+  std::vector<Event>().swap(kept);  // give the old log's memory back now
+  for (size_t k = 0; k < g_events.size(); ++k) {
+    const Event& e = g_events[k];
+    if (e.action != kAlloc) continue;
+    auto it = g_live.find(e.ptr);
+    if (it != g_live.end() && it->second.id == e.id) it->second.event_index = k;
+  }
+  return py::make_tuple(dropped, enters);
+}
+
+// The log's own memory in bytes (rows, shape pool, live-block table): what the ring bounds.
+int64_t log_bytes() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return static_cast<int64_t>(g_events.capacity() * sizeof(Event) + g_shapes.capacity() * sizeof(int64_t) +
+                              g_live.size() * (sizeof(Live) + sizeof(int64_t) + 16));
+}
+
 py::list scalar_type_names() {
   py::list names;
   for (int i = 0; i < static_cast<int>(c10::ScalarType::NumOptions); ++i) {
@@ -416,6 +621,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("drain", &drain);
   m.def("now_ns", &now_ns);
   m.def("stream_since", &stream_since);
+  m.def("configure_sites", &configure_sites);
+  m.def("compact", &compact);
+  m.def("log_bytes", &log_bytes);
+  m.def("site_names_since", &site_names_since);
+  m.def("frames_supported", []() { return static_cast<bool>(MEMWARDEN_FRAMES); });
   m.def("scalar_type_names", &scalar_type_names);
   m.def("recording", []() { return g_recording.load(); });
 }

@@ -54,6 +54,13 @@ EXAMPLES = {
         "memwarden doctor --collect -o facts.json   # on the device; then --facts elsewhere",
     ],
     "align-check": ["memwarden align-check capture.jsonl --json"],
+    "lora": [
+        "memwarden lora manifest adapter.safetensors",
+        "memwarden lora diff old/adapter.safetensors new/adapter.safetensors -o update.delta",
+        "memwarden lora apply old/adapter.safetensors update.delta -o new.safetensors",
+    ],
+    "compare": ["memwarden compare eager.mwtrace ort.mwtrace", "memwarden compare a.mwtrace b.mwtrace --html cmp.html"],
+    "partition": ["memwarden partition vision.onnx --device-profile galaxy-s24-ultra-12gb --json"],
 }
 
 

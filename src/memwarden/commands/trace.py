@@ -8,8 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from memwarden.commands._onnx_trace import add_arguments as add_onnx_arguments
+from memwarden.commands._onnx_trace import run as run_onnx
 from memwarden.errors import InputError
 from memwarden.trace.io import check_output
+from memwarden.units import parse_bytes
 
 
 def register(sub: Any) -> None:
@@ -23,12 +26,53 @@ def register(sub: Any) -> None:
     )
     p.add_argument("-o", "--output", default="memwarden.mwtrace", help="trace file to write (default: %(default)s)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script, as python -m does")
+    add_onnx_arguments(p)
+    p.add_argument(
+        "--stacks",
+        action="store_true",
+        help="record the whole Python stack of every allocation (default: only the innermost line of your code)",
+    )
+    p.add_argument(
+        "--user-code",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="count code under PATH as yours for source lines (repeatable; e.g. a library you are debugging)",
+    )
+    p.add_argument(
+        "--library-code",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="never count code under PATH as yours for source lines (repeatable)",
+    )
+    p.add_argument(
+        "--ring",
+        type=float,
+        metavar="SECONDS",
+        help="flight recorder: keep only the last SECONDS "
+        "(plus everything still alive when they began, such as weights) in bounded memory; the window "
+        "is written when the script dies, on MemoryError, on SIGUSR1 and at --ring-rss",
+    )
+    p.add_argument(
+        "--ring-rss",
+        metavar="BYTES",
+        help="with --ring: also write the window (as "
+        "OUTPUT-STEM.rss-N.mwtrace) when resident memory first crosses BYTES, e.g. 6GiB",
+    )
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="draw live bytes by category and modality, the phase and the top lines while the script runs",
+    )
     p.add_argument("script", nargs="?", help="Python script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "onnx", None):
+        return run_onnx(args)
     if getattr(args, "module", None):
         return _run_module(args)
     if not args.script:
@@ -40,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{args.script}: no such script")
     if not os.access(script, os.R_OK):
         raise InputError(f"{args.script}: not readable")
+    options = _options(args)  # flags checked before the script runs
     # The script's own output owns stdout, so the trace cannot go there; everything else about
     # the output is checked now, before the script runs, so a bad -o never costs the run.
     check_output(args.output, flag="-o", allow_stdout=False)
@@ -47,8 +92,36 @@ def run(args: argparse.Namespace) -> int:
 
     from memwarden.capture.live.supervisor import supervise
 
-    trace = supervise(out, script=str(script), args=list(args.args)).trace
+    if getattr(args, "live", False):
+        from memwarden.commands._live_trace import run_live
+
+        trace = run_live(out, script=str(script), args=list(args.args), options=options).trace
+        return _report(script.name, out, trace)
+    trace = supervise(out, script=str(script), args=list(args.args), options=options).trace
     return _report(script.name, out, trace)
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """What the traced child's capture records beyond the defaults."""
+    options: dict[str, Any] = {}
+    if getattr(args, "stacks", False):
+        options["stacks"] = True
+    ring = getattr(args, "ring", None)
+    if ring is not None:
+        if not ring > 0:
+            raise InputError(f"--ring {ring}: give the window in seconds, e.g. --ring 30")
+        options["ring_s"] = float(ring)
+    if getattr(args, "ring_rss", None):
+        if ring is None:
+            raise InputError("--ring-rss needs --ring SECONDS (the window it writes)")
+        try:
+            options["ring_rss_bytes"] = parse_bytes(args.ring_rss)
+        except ValueError as exc:
+            raise InputError(f"--ring-rss {args.ring_rss}: {exc}") from None
+    for key in ("user_code", "library_code"):
+        if getattr(args, key, None):
+            options[key] = [os.path.abspath(p) for p in getattr(args, key)]
+    return options
 
 
 def _report(name: str, out: Path, trace: Any) -> int:
@@ -72,8 +145,9 @@ def _report(name: str, out: Path, trace: Any) -> int:
 def _run_module(args: argparse.Namespace) -> int:
     """``memwarden trace -m MODULE [ARGS...]``: the module runs as ``python -m`` runs it."""
     check_output(args.output, flag="-o", allow_stdout=False)
+    options = _options(args)
     from memwarden.capture.live.supervisor import supervise
 
     argv = ([args.script] if args.script else []) + list(args.args)
-    trace = supervise(Path(args.output), module=args.module, args=argv).trace
+    trace = supervise(Path(args.output), module=args.module, args=argv, options=options).trace
     return _report(f"-m {args.module}", Path(args.output), trace)

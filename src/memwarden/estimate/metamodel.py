@@ -55,6 +55,13 @@ def model_for(resolved: ResolvedModel, dtype: str, weights_dtype: str | None) ->
     return model
 
 
+def forget_models() -> None:
+    """Drop the kept meta models. Their weights are on meta, but a few buffers (rotary
+    ``inv_freq`` and the like) are real CPU tensors: a live capture in the same process counts them."""
+    _MODELS.clear()
+    _LAYOUTS.clear()
+
+
 def layout_for(model: Any) -> StoredLayout | None:
     """How a meta model built by :func:`model_for` stores its weights; None: as built."""
     return _LAYOUTS.get(id(model))

@@ -20,6 +20,7 @@ import numpy as np
 
 from memwarden.interop.snapshot_import import _MAX_DEVICE, EXPORT_MARKER  # the device cap and marker the reader checks
 from memwarden.trace.model import Action, Category, Modality, Phase, Trace, enum_name
+from memwarden.trace.sites import parse_line
 
 __all__ = ["device_indices", "to_snapshot"]
 
@@ -196,18 +197,25 @@ def _place(
     return _Placement(address, None if segments is None else freed)
 
 
+def _python_frame(text: str) -> dict[str, Any]:
+    src = parse_line(text)
+    return {"filename": src.file, "line": src.line, "name": src.function}
+
+
 def _export_frames(trace: Trace, rows: np.ndarray) -> list[list[dict[str, Any]]]:
-    """Per row, two frames the viewer prints under its block: 'module:0:op' and the attribution.
+    """Per row, the frames the viewer prints under its block: the Python stack (or the user's line)
+    the block was allocated from, innermost first as torch records them, then 'module:0:op' and the
+    attribution.
 
     One list object per distinct attribution, so pickle memoizes it as torch does.
     """
     ev = trace.events
     file_backed = np.isin(ev["action"][rows], np.array([Action.MAP, Action.UNMAP], dtype=ev["action"].dtype))
-    names = ("module", "op", "category", "modality", "phase", "dtype", "shape")
+    names = ("module", "op", "category", "modality", "phase", "dtype", "shape", "line", "stack")
     keys = list(zip(*(ev[k][rows].tolist() for k in names), file_backed.tolist(), strict=True))
     lists: dict[tuple[int, ...], list[dict[str, Any]]] = {}
     for key in set(keys):
-        module, op, category, modality, phase, dtype, shape, mapped = key
+        module, op, category, modality, phase, dtype, shape, line, stack, mapped = key
         text = f"category={enum_name(Category(category))} modality={enum_name(Modality(modality))}"
         text += f" phase={enum_name(Phase(phase))}"
         if dtype >= 0:
@@ -216,7 +224,9 @@ def _export_frames(trace: Trace, rows: np.ndarray) -> list[list[dict[str, Any]]]
             text += " shape=" + "x".join(str(d) for d in trace.shapes[shape])
         if mapped:
             text += " memory=file"
+        python = trace.strings[stack].split("\n") if stack >= 0 else [trace.strings[line]] if line >= 0 else []
         lists[key] = [
+            *(_python_frame(f) for f in python),
             {"filename": trace.string(module) or "<no module>", "line": 0, "name": trace.string(op) or "<no op>"},
             {"filename": "memwarden", "line": 0, "name": text},
         ]

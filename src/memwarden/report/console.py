@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -57,6 +59,18 @@ def render_summary(s: Summary, source: str = "") -> Group:
         return Group(*parts)  # type: ignore[arg-type]
     if s.file_backed_bytes_at_peak:
         parts.append(Text(f"  of which file-backed (mmap'd): {format_bytes(s.file_backed_bytes_at_peak)}", style="dim"))
+    if s.resident:
+        r = s.resident
+        parts.append(
+            Text.assemble(
+                ("resident ", "bold"),
+                f"peak {format_bytes(r['peak_rss_bytes'])}: traced ",
+                format_bytes(r["traced_at_rss_peak_bytes"]),
+                ", not traced ",
+                (format_bytes(r["not_traced_bytes"]), "yellow"),
+                " (native libraries, caches, interpreter)",
+            )  # fmt: skip
+        )
     for title, values, total in (
         ("At peak, by category", s.by_category_at_peak, s.peak_bytes),
         ("At peak, by modality", s.by_modality_at_peak, s.peak_bytes),
@@ -84,7 +98,20 @@ def render_summary(s: Summary, source: str = "") -> Group:
             for site in non_weight_sites[:10]
         ]
         parts.append(FitTable(columns, rows, title="Top allocation sites at peak (weights aside)"))
+    if s.top_lines_at_peak:
+        columns = [Col("line", elide=True, min_width=30), Col("function", drop=2), Col("bytes", justify="right"),
+                   Col("blocks", justify="right", drop=1)]  # fmt: skip
+        rows = [
+            [_where(x.file, x.line), x.function, format_bytes(x.nbytes), str(x.count)] for x in s.top_lines_at_peak[:10]
+        ]
+        parts.append(FitTable(columns, rows, title="Your lines holding the most at peak"))
     return Group(*parts)  # type: ignore[arg-type]
+
+
+def _where(file: str, line: int) -> str:
+    """``file:line``, the file relative to the working directory when it lies below it."""
+    rel = os.path.relpath(file) if os.path.isabs(file) else file
+    return f"{rel if not rel.startswith('..') else file}:{line}"
 
 
 def render_before_after(result: object) -> Table:

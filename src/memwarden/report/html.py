@@ -33,6 +33,7 @@ import numpy as np
 from memwarden.analyze.analysis import Analysis
 from memwarden.analyze.timeline import Summary
 from memwarden.report.html_tables import PALETTE, breakdowns, heaviest_modules, sites
+from memwarden.report.resident import resident_section_html
 from memwarden.trace.model import Modality, Phase, SpanKind, Trace, enum_name
 from memwarden.units import format_bytes, format_us
 
@@ -298,6 +299,9 @@ def render_html(
     csp = f"default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'"
 
     sections = list(extra_sections)
+    resident = resident_section_html(trace.metadata, summ.resident)
+    if resident:
+        sections.insert(0, Section("Traced vs resident", resident))
     if heatmap_png is not None:
         sections.append(_heatmap_section(heatmap_png))
     taken = {"timeline", "breakdown", "sites", "modules", "answer"}

@@ -8,6 +8,7 @@ index without checks.
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
 from typing import Any
@@ -32,6 +33,19 @@ _MIN_CONTAINERS = 1 << 20
 
 def _refuse_constant(name: str) -> Any:
     raise TraceFormatError(f"trace header is corrupt (it holds {name}, which is not JSON)")
+
+
+def _finite(value: Any, depth: int = 0) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON has no NaN or Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if depth > 500:  # deeper than loads accepts; json.dumps will say so
+        return value
+    if isinstance(value, dict):
+        return {k: _finite(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v, depth + 1) for v in value]
+    return value
 
 
 # -- file format ------------------------------------------------------------------
@@ -67,7 +81,9 @@ def dumps(trace: Trace) -> bytes:
         "payload_bytes": len(payload),
         "payload_crc32": zlib.crc32(payload),
     }
-    header_bytes = json.dumps(header, separators=(",", ":")).encode()
+    # A non-finite float (a NaN that came in through a snapshot, say) is not JSON and loads refuses
+    # it: written as null, so what is saved can always be loaded.
+    header_bytes = json.dumps(_finite(header), separators=(",", ":"), allow_nan=False).encode()
     prefix = FORMAT_MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(header_bytes))
     head = prefix + header_bytes
     head += b"\0" * _padding(len(head))

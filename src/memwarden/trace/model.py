@@ -111,10 +111,12 @@ EVENT_COLUMNS: dict[str, np.dtype[Any]] = {
     "dtype": np.dtype("<i4"),  # index into Trace.strings, -1 = unknown
     "shape": np.dtype("<i4"),  # index into Trace.shapes, -1 = unknown
     "written_bytes": np.dtype("<i8"),  # bytes ops wrote into the block (see docs/trace-format.md), -1 = unknown
+    "line": np.dtype("<i4"),  # index into Trace.strings: "file:line:function" of the innermost user frame, -1 = none
+    "stack": np.dtype("<i4"),  # index into Trace.strings: the Python stack, one frame a line, -1 = not recorded
 }
 
 # Fill value of a column that a producer did not supply.
-_EVENT_DEFAULTS = {"module": -1, "op": -1, "dtype": -1, "shape": -1, "written_bytes": -1}
+_EVENT_DEFAULTS = {"module": -1, "op": -1, "dtype": -1, "shape": -1, "written_bytes": -1, "line": -1, "stack": -1}
 
 SPAN_COLUMNS: dict[str, np.dtype[Any]] = {
     "start_us": np.dtype("<i8"),
@@ -251,6 +253,8 @@ class TraceBuilder:
         dtype: str | None = None,
         shape: tuple[int, ...] | None = None,
         written_bytes: int = -1,
+        line: str | None = None,
+        stack: str | None = None,
     ) -> int:
         row = len(self._events["time_us"])
         e = self._events
@@ -268,6 +272,8 @@ class TraceBuilder:
         e["dtype"].append(self.intern(dtype))
         e["shape"].append(self.intern_shape(shape))
         e["written_bytes"].append(int(written_bytes))
+        e["line"].append(self.intern(line))
+        e["stack"].append(self.intern(stack))
         return row
 
     def span(

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.trace.model import EVENT_COLUMNS, Action, Category, Modality, Phase, SpanKind, Trace, TraceBuilder
+from memwarden.trace.sites import split_site
 
 __all__ = [
     "RAW_EVENT_DTYPE",
@@ -87,6 +88,7 @@ class StreamLog:
     rows: list[np.ndarray] = field(default_factory=list)  # RAW_EVENT_DTYPE arrays, one per chunk
     shape_pool: list[int] = field(default_factory=list)
     op_names: list[str] = field(default_factory=list)
+    site_names: list[str] = field(default_factory=list)  # recorder sites (trace.sites.split_site)
     modules: list[list[Any]] = field(default_factory=list)  # ctx -> [path, label, modality]
     tags: list[list[Any]] = field(default_factory=list)  # [t_ns, ptr, kind, path]
     fingerprints: list[str | None] = field(default_factory=list)
@@ -135,6 +137,7 @@ def _merge(log: StreamLog, head: dict[str, Any], cols: dict[str, np.ndarray]) ->
     if "shapes" in cols:
         log.shape_pool.extend(cols["shapes"].astype(np.int64).tolist())
     log.op_names.extend(str(s) for s in head.get("ops", ()))
+    log.site_names.extend(str(s) for s in head.get("sites", ()))
     log.modules.extend(list(m) for m in head.get("modules", ()))
     log.tags.extend(list(t) for t in head.get("tags", ()))
     log.fingerprints.extend(head.get("fingerprints", ()))
@@ -260,6 +263,7 @@ def trace_from_stream(log: StreamLog, metadata: dict[str, Any] | None = None) ->
         "dtype": dtypes[np.clip(raw["dtype"][allocs].astype(np.int64), -1, len(dtype_names) - 1)],
         "shape": shape,
         "written_bytes": raw["written"][allocs],
+        **_site_columns(builder, log, raw["site"][allocs]),
     }
     block_of = np.concatenate([np.arange(len(allocs)), free_block])
     rows = np.concatenate([allocs, frees])
@@ -287,6 +291,14 @@ def trace_from_stream(log: StreamLog, metadata: dict[str, Any] | None = None) ->
     order = np.argsort(merged["time_us"], kind="stable")
     return Trace(events={k: v[order] for k, v in merged.items()}, spans=side.spans, strings=side.strings,
                  shapes=side.shapes, devices=side.devices, metadata=side.metadata)  # fmt: skip
+
+
+def _site_columns(builder: TraceBuilder, log: StreamLog, site: np.ndarray) -> dict[str, np.ndarray]:
+    pairs = [split_site(s) for s in log.site_names]
+    line_ids = np.array([builder.intern(p[0]) for p in pairs] + [-1], dtype=np.int32)
+    stack_ids = np.array([builder.intern(p[1]) for p in pairs] + [-1], dtype=np.int32)
+    index = np.where((site >= 0) & (site < len(pairs)), site, -1).astype(np.int64)
+    return {"line": line_ids[index], "stack": stack_ids[index]}
 
 
 def _side_events(builder: TraceBuilder, log: StreamLog, t0: int) -> None:

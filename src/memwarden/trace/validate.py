@@ -54,6 +54,8 @@ def _check_indices(trace: Trace) -> None:
         (ev["module"], n_strings, "module"),
         (ev["op"], n_strings, "op"),
         (ev["dtype"], n_strings, "dtype"),
+        (ev["line"], n_strings, "line"),
+        (ev["stack"], n_strings, "stack"),
         (ev["shape"], n_shapes, "shape"),
         (ev["device"], n_devices, "device"),
         (sp["name"], n_strings, "span name"),

@@ -18,8 +18,9 @@ from memwarden.capture.attribution.recorded import Blocks, Clock, RecorderColumn
 from memwarden.capture.attribution.tags import UNTAGGED, PreexistingTag, Tagged
 from memwarden.capture.native import NativeRecord
 from memwarden.trace.model import Action, Category, Phase, Trace, TraceBuilder
+from memwarden.trace.sites import split_site
 
-__all__ = ["DTYPE_NAMES", "allocator_columns", "intern_labels", "merge", "side_events"]
+__all__ = ["DTYPE_NAMES", "allocator_columns", "intern_labels", "merge", "side_events", "site_columns"]
 
 # c10::toString(ScalarType) -> torch dtype name
 DTYPE_NAMES = {
@@ -68,6 +69,20 @@ def _shape_column(builder: TraceBuilder, cols: RecorderColumns, blocks: Blocks) 
     return shape
 
 
+def _site_columns(builder: TraceBuilder, cols: RecorderColumns, blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
+    """Per block: the interned user line and stack of its allocation (-1 = none)."""
+    return site_columns(builder, cols.site_names, cols.site[blocks.rows])
+
+
+def site_columns(builder: TraceBuilder, site_names: Sequence[str], site: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Recorder site ids -> (line, stack) string ids; sites interned once each, not per row."""
+    pairs = [split_site(s) for s in site_names]
+    line_ids = np.array([builder.intern(p[0]) for p in pairs] + [-1], dtype=np.int32)
+    stack_ids = np.array([builder.intern(p[1]) for p in pairs] + [-1], dtype=np.int32)
+    index = np.where((site >= 0) & (site < len(pairs)), site, -1).astype(np.int64)
+    return line_ids[index], stack_ids[index]
+
+
 def _event_rows(cols: RecorderColumns, blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
     """(ALLOC and FREE rows kept, the block of each). A FREE of a block allocated before the
     capture has no block and is dropped."""
@@ -94,6 +109,7 @@ def allocator_columns(
     op = _string_ids(builder, cols.op_names)[cols.op_outer[blocks.rows].astype(np.int64)]
     dtype = _string_ids(builder, [DTYPE_NAMES.get(d, d) for d in dtype_names])[cols.dtype[blocks.rows].astype(np.int64)]
     shape = _shape_column(builder, cols, blocks)
+    line, stack = _site_columns(builder, cols, blocks)
     rows, k = _event_rows(cols, blocks)
     free = cols.action[rows] == NativeRecord.FREE
     return {
@@ -111,6 +127,8 @@ def allocator_columns(
         "dtype": dtype[k],
         "shape": shape[k],
         "written_bytes": cols.written[blocks.rows][k],
+        "line": line[k],
+        "stack": stack[k],
     }
 
 

@@ -33,6 +33,8 @@ class RecorderColumns:
     written: np.ndarray  # bytes ops wrote into the block, -1 = unknown
     shape_pool: list[int]  # every distinct shape once, dims back to back
     op_names: list[str]
+    site: np.ndarray  # index into site_names of the allocation's Python site, -1 = none
+    site_names: list[str]  # recorder sites (memwarden.trace.sites.split_site reads them)
     untracked_frees: int
     unwrapped_allocations: int
 
@@ -53,6 +55,8 @@ class RecorderColumns:
             written=cols["written"],
             shape_pool=np.asarray(cols["shapes"]).tolist(),
             op_names=list(cols["op_names"]),
+            site=np.asarray(cols["site"]) if "site" in cols else np.full(len(cols["action"]), -1, np.int32),
+            site_names=list(cols.get("site_names", ())),
             untracked_frees=int(cols["untracked_frees"]),
             unwrapped_allocations=int(cols["unwrapped_allocations"]),
         )

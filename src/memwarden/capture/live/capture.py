@@ -24,6 +24,7 @@ import itertools
 import os
 import time
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,8 @@ from memwarden.capture.inputs import (
     step_tokens,
 )
 from memwarden.capture.live.procmaps import FileMappings
+from memwarden.capture.live.ring import FlightRecorder
+from memwarden.capture.live.sites import SiteConfig
 from memwarden.capture.live.stream import Streamer
 from memwarden.capture.modality import ModalityRules
 from memwarden.trace.io import save
@@ -93,7 +96,23 @@ class Capture:
         modality_rules: ModalityRules | None = None,
         metadata: dict[str, Any] | None = None,
         stream_to: str | os.PathLike[str] | None = None,
+        lines: bool = True,
+        stacks: bool = False,
+        user_code: Iterable[str | os.PathLike[str]] | str | None = None,
+        library_code: Iterable[str | os.PathLike[str]] | str | None = None,
+        ring_s: float | None = None,
+        ring_rss_bytes: int | None = None,
     ) -> None:
+        # Flight recorder (capture/live/ring.py): always streamed, so a death leaves the window.
+        self.ring_s, self.ring_rss_bytes = ring_s, ring_rss_bytes
+        if ring_s is not None and stream_to is None:
+            stream_to = f"memwarden-ring-{os.getpid()}.mwtrace"
+        self._ring: FlightRecorder | None = None
+        self._fp_base = 0  # input fingerprints the flight recorder dropped from the log's front
+        # Source lines: each allocation carries the innermost frame of the user's code (``lines``),
+        # or its whole Python stack (``stacks``); ``user_code``/``library_code`` are path prefixes
+        # that widen or narrow what counts as the user's code (see capture/live/sites.py).
+        self.sites = SiteConfig.of(lines=lines, stacks=stacks, user_code=user_code, library_code=library_code)
         self.record_ops = record_ops
         # Streamed: the log is appended to this file as the run goes (a killed process leaves it,
         # and memwarden.load recovers it); a clean stop replaces it with the complete trace.
@@ -200,7 +219,7 @@ class Capture:
             now = self._now()
             for t in _tensors_in((args, kwargs)):
                 self._log.tag(now, t, "input", info.path)
-        self._entries.append((ctx, len(self._log.fingerprints), has_kwargs, is_step))
+        self._entries.append((ctx, len(self._log.fingerprints) + self._fp_base, has_kwargs, is_step))
         self._log.enter(ctx, fp)
         self._stack.append(ctx)
         self._native.enter(ctx)
@@ -233,8 +252,8 @@ class Capture:
         """A model first seen inside its own call had its kwargs hooks installed too late for
         that call's pre-hook: fill in what the pre-hook could not see, from the post-hook."""
         ctx, enter_index, _, is_step = entry
-        if self.fingerprints and self._modules[ctx].is_boundary:
-            self._log.fingerprints[enter_index] = fingerprint((args, kwargs), self._digests)
+        if self.fingerprints and self._modules[ctx].is_boundary and enter_index >= self._fp_base:
+            self._log.fingerprints[enter_index - self._fp_base] = fingerprint((args, kwargs), self._digests)
         now = self._now()
         for t in _tensors_in((args, kwargs)):
             self._log.tag(now, t, "input", self._modules[ctx].path)
@@ -307,12 +326,16 @@ class Capture:
         self._maps.refresh()
         for t in tensors:
             self._log.preexisting(t, self._maps)
+        self.sites.apply(self._native)
         self._native.start(self.record_ops)
         self._active = True
         _ACTIVE.append(self)
         if self.stream_to is not None:
             self._streamer = Streamer(self, self.stream_to)
             self._streamer.start()
+        if self.ring_s is not None:
+            self._ring = FlightRecorder(self, self.ring_s, self.ring_rss_bytes)
+            self._ring.start()
         for info in self._modules:
             module = info.ref()
             if module is not None and info.is_boundary:
@@ -375,6 +398,10 @@ class Capture:
             if module is not None and info.path == "":
                 for t in itertools.chain(module.parameters(), module.buffers()):
                     self._log.file_backed(end, t, self._maps)
+        ring, self._ring = self._ring, None
+        if ring is not None:
+            ring.close()
+            self.metadata["ring"] = ring.stats()
         streamer, self._streamer = self._streamer, None
         if streamer is not None:
             streamer.close()
@@ -414,4 +441,12 @@ def annotate(kind: str, label: str, **details: Any) -> None:
         )
 
 
-__all__ = ["Capture", "annotate"]
+def ring_stats() -> dict[str, Any] | None:
+    """The innermost running capture's flight recorder figures, None without one."""
+    for cap in reversed(_ACTIVE):
+        if cap._ring is not None:
+            return cap._ring.stats()
+    return None
+
+
+__all__ = ["Capture", "annotate", "ring_stats"]

@@ -1,5 +1,5 @@
 """The traced process of ``memwarden trace``: ``python -m memwarden.capture.live.child --stream
-PATH (SCRIPT | -m MODULE) [ARGS...]`` runs the script (or module, as ``python -m`` does) as
+PATH [--options JSON] (SCRIPT | -m MODULE) [ARGS...]`` runs the script (or module, as ``python -m`` does) as
 ``__main__`` under a streaming capture and exits with the script's status.
 
 The capture streams to PATH as it runs; if the script ends (normally, by an exception,
@@ -9,6 +9,7 @@ killed, PATH keeps every chunk flushed before, for the supervisor to finish.
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import sys
@@ -35,7 +36,9 @@ def _print_script_traceback(target: str | None) -> None:
     traceback.print_exception(etype, value, tb)
 
 
-def run(stream: str, script: str | None, module: str | None, args: list[str], ring_s: float | None = None) -> int:
+def run(
+    stream: str, script: str | None, module: str | None, args: list[str], options: dict[str, Any] | None = None
+) -> int:
     from memwarden.capture.live.capture import Capture
 
     if module is not None:
@@ -48,7 +51,10 @@ def run(stream: str, script: str | None, module: str | None, args: list[str], ri
         sys.path.insert(0, str(Path(script).resolve().parent))
         target = str(Path(script).resolve())
     meta: dict[str, Any] = {"script": script if module is None else f"-m {module}", "argv": list(args)}
-    cap = Capture(metadata=meta, stream_to=stream)
+    opts = dict(options or {})
+    cap = Capture(metadata=meta, stream_to=stream, stacks=bool(opts.get("stacks")),
+                  user_code=opts.get("user_code") or None, library_code=opts.get("library_code") or None,
+                  ring_s=opts.get("ring_s"), ring_rss_bytes=opts.get("ring_rss_bytes"))  # fmt: skip
     status = 0
     try:
         with cap:
@@ -82,9 +88,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     stream, rest = argv[1], argv[2:]
+    options: dict[str, Any] = {}
+    if rest[0] == "--options" and len(rest) >= 3:  # JSON: stacks, user_code, library_code
+        options, rest = json.loads(rest[1]), rest[2:]
     if rest[0] == "-m" and len(rest) >= 2:
-        return run(stream, None, rest[1], rest[2:])
-    return run(stream, rest[0], None, rest[1:])
+        return run(stream, None, rest[1], rest[2:], options)
+    return run(stream, rest[0], None, rest[1:], options)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ def attribute_stream(log: StreamLog, metadata: dict[str, Any] | None = None) -> 
         "op_inner": raw["op_inner"].copy(), "shape_off": raw["shape_off"].copy(), "ndim": raw["ndim"].copy(),
         "dtype": raw["dtype"].copy(), "action": raw["action"].copy(), "written": raw["written"].copy(),
         "shapes": np.asarray(log.shape_pool, dtype=np.int64), "op_names": list(log.op_names),
+        "site": raw["site"].copy(), "site_names": list(log.site_names),
         "untracked_frees": 0, "unwrapped_allocations": 0,
     }  # fmt: skip
     meta = {**log.start.get("metadata", {}), **(metadata or {})}

@@ -66,6 +66,7 @@ class Streamer:
         self._thread: threading.Thread | None = None
         self._fd = -1
         self._cursor = (0, 0, 0)  # rows, shape-pool entries, op names already streamed
+        self._sites_sent = 0  # recorder sites (source lines) already streamed
         self._sent = {"modules": 0, "tags": 0, "fingerprints": 0, "steps": 0, "optimizer": 0, "annotations": 0}
         self._storages: set[str] = set()
         self._freed: set[str] = set()
@@ -75,17 +76,24 @@ class Streamer:
         self.bytes_written = 0
 
     # -- lifecycle -----------------------------------------------------------------
-    def start(self) -> None:
+    def _open(self, path: str) -> None:
+        """Start a stream at ``path``: the header and the start chunk (cursors from zero)."""
         cap = self.capture
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
         ops = list(cap._native.stream_since(0, 0, 0)[4])  # op names interned by earlier captures
         self._cursor = (0, 0, len(ops))
+        self._sites_sent = 0
+        self._sent = dict.fromkeys(self._sent, 0)
+        self._storages, self._freed = set(), set()
         names = list(cap._native.scalar_type_names())
         head = {"kind": "start", "pid": os.getpid(), "t0_ns": cap._t0, "wall0": cap._wall0,
                 "metadata": dict(cap.metadata), "dtype_names": names,
                 "dtype_torch_names": [DTYPE_NAMES.get(n, n) for n in names], "ops": ops,
                 "interval_s": self.interval_s}  # fmt: skip
         self._write(stream_header() + encode_chunk(head))
+
+    def start(self) -> None:
+        self._open(self.path)
         self.flush("start")
         self._thread = threading.Thread(target=self._run, name="memwarden-stream", daemon=True)
         self._thread.start()
@@ -112,6 +120,20 @@ class Streamer:
             os.close(self._fd)
             self._fd = -1
 
+    def rebase(self, compact: Any) -> None:
+        """The flight recorder's cut: run ``compact`` (which drops the log's past) and rewrite the
+        stream as it now stands, atomically (a new file renamed over the old), so the stream's
+        size is bounded like the log and a kill at any moment leaves a whole stream."""
+        with self._lock:
+            if self._fd < 0:
+                return
+            compact()
+            os.close(self._fd)
+            tmp = self.path + ".rebase"
+            self._open(tmp)
+            self._flush_locked("rebase")
+            os.replace(tmp, self.path)
+
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
@@ -132,22 +154,28 @@ class Streamer:
         with self._lock:
             if self._fd < 0:
                 return
-            cap = self.capture
-            rows, n_rows, dims, n_dims, ops = cap._native.stream_since(*self._cursor)
-            self._cursor = (n_rows, n_dims, self._cursor[2] + len(ops))
-            head: dict[str, Any] = {"kind": "events", "reason": reason, "t_ns": time.monotonic_ns(), "ops": ops}
-            self._python_side(head)
-            self._ticks += reason == "interval"
-            res = sample("self", detail=reason == "interval" and self._ticks % _DETAIL_EVERY == 1)
-            if res is not None:
-                head["resident"] = [res]
-            columns: list[tuple[str, np.ndarray]] = [
-                ("events", np.frombuffer(rows, dtype=np.uint8)),
-                ("shapes", np.frombuffer(dims, np.int64)),
-            ]
-            self._write(encode_chunk(head, columns))
-            self.flushes += 1
-            self._last_ns = time.monotonic_ns()
+            self._flush_locked(reason)
+
+    def _flush_locked(self, reason: str) -> None:
+        cap = self.capture
+        rows, n_rows, dims, n_dims, ops = cap._native.stream_since(*self._cursor)
+        self._cursor = (n_rows, n_dims, self._cursor[2] + len(ops))
+        sites = list(cap._native.site_names_since(self._sites_sent))  # after the rows: covers them
+        self._sites_sent += len(sites)
+        head: dict[str, Any] = {"kind": "events", "reason": reason, "t_ns": time.monotonic_ns(), "ops": ops,
+                                "sites": sites}  # fmt: skip
+        self._python_side(head)
+        self._ticks += reason == "interval"
+        res = sample("self", detail=reason == "interval" and self._ticks % _DETAIL_EVERY == 1)
+        if res is not None:
+            head["resident"] = [res]
+        columns: list[tuple[str, np.ndarray]] = [
+            ("events", np.frombuffer(rows, dtype=np.uint8)),
+            ("shapes", np.frombuffer(dims, np.int64)),
+        ]
+        self._write(encode_chunk(head, columns))
+        self.flushes += 1
+        self._last_ns = time.monotonic_ns()
 
     def _delta(self, name: str, items: list[Any]) -> list[Any]:
         start = self._sent[name]

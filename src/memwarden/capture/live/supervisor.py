@@ -18,6 +18,7 @@ Either way the supervisor adds what only it knows (``metadata.exit_status``, ``e
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -159,9 +160,12 @@ def _read_output(path: Path) -> tuple[Trace | None, Any]:
     return None, None
 
 
-def _child_command(script: str | None, module: str | None, args: list[str], stream: Path) -> list[str]:
+def _child_command(
+    script: str | None, module: str | None, args: list[str], stream: Path, options: dict[str, Any] | None = None
+) -> list[str]:
     target = ["-m", module] if module is not None else [str(script)]
-    return [sys.executable, "-m", "memwarden.capture.live.child", "--stream", str(stream), *target, *args]
+    extra = ["--options", json.dumps(options)] if options else []
+    return [sys.executable, "-m", "memwarden.capture.live.child", "--stream", str(stream), *extra, *target, *args]
 
 
 def supervise(
@@ -171,12 +175,13 @@ def supervise(
     module: str | None = None,
     args: list[str] | None = None,
     env: dict[str, str] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> SupervisedRun:
     """Run the script (or ``-m`` module) traced in a child; write and return its trace."""
     out = Path(output)
     args = list(args or [])
     before = OomCounters.read()
-    child = subprocess.Popen(_child_command(script, module, args, out), env=env)
+    child = subprocess.Popen(_child_command(script, module, args, out, options), env=env)
     forwarded: list[int] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -188,8 +193,14 @@ def supervise(
 
     # Ctrl-C reaches the child too (same process group): it stops its capture and exits 130;
     # the supervisor keeps going so the trace gets written. SIGTERM/SIGHUP are passed on.
+    passed_on = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+    ring_s = (options or {}).get("ring_s")
+    if ring_s:  # SIGUSR1 asks the flight recorder for its window (the child handles it)
+        passed_on.append(signal.SIGUSR1)
     previous = {s: signal.signal(s, signal.SIG_IGN if s == signal.SIGINT else forward)
-                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}  # fmt: skip
+                for s in passed_on}  # fmt: skip
+    # The flight recorder's bound holds here too: samples of about two windows.
+    keep_samples = int(2 * float(ring_s) / SAMPLE_INTERVAL_S) + 1 if ring_s else 0
     samples: list[dict[str, int]] = []
     try:
         while True:
@@ -201,6 +212,8 @@ def supervise(
             got = sample(child.pid, detail=True)
             if got is not None and got["rss"] > 0:  # a zombie (exited, not yet reaped) reads 0
                 samples.append(got)
+                if keep_samples and len(samples) > 2 * keep_samples:
+                    del samples[:-keep_samples]
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -1,0 +1,114 @@
+"""unbounded-growth: memory that grows iteration after iteration and is never given back.
+
+The commonest way a long run dies: a list that keeps every step's outputs (often with their
+autograd graphs), a cache without a bound, a history appended to per request. Each iteration
+leaves a little more alive, until something outside kills the process.
+
+What the trace shows: blocks still alive at the end of the trace (for a killed run: at its
+death), grouped by the line of the user's code that allocated them. A line grows without bound
+when its survivors were allocated all along the run, not in one burst: the rows from the line's
+first allocation to the end of the trace are cut into ``bins`` (4) equal parts by event order
+(not by time, so the verdict does not depend on the machine's speed), and survivors must lie in
+at least ``min_bins`` (3) of them, the last included, and number at least ``min_blocks`` (4).
+That tells growth from the two shapes that look like it:
+
+- a warm-up that plateaus (buffers made in the first iterations, kept, then nothing more): its
+  survivors all lie in the first part;
+- a bounded cache (a deque with ``maxlen``, a dict overwritten per key): its survivors are the
+  last few, all in the last part.
+
+Weights, buffers, gradients, optimizer state and KV caches are left out (they are meant to stay;
+their own patterns judge them). An iteration is a step (a root module call) when the trace has
+steps, else one survivor.
+
+Waste: the bytes the line keeps; growth per iteration: those bytes over the iterations they span.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.trace.model import Action, Category, Trace
+from memwarden.trace.sites import parse_line
+from memwarden.units import format_bytes
+
+PATTERN = "unbounded-growth"
+_MEANT_TO_STAY = (Category.WEIGHT, Category.BUFFER, Category.GRADIENT, Category.OPTIMIZER_STATE, Category.KV_CACHE)
+
+
+def detect(trace: Trace, ctx: Context) -> list[Finding]:
+    n = trace.num_events
+    if not n:
+        return []
+    bins = int(ctx.threshold(PATTERN, "bins", 4))
+    min_bins = int(ctx.threshold(PATTERN, "min_bins", 3))
+    min_blocks = int(ctx.threshold(PATTERN, "min_blocks", 4))
+    e = trace.events
+    device = ctx.analysis.device
+    allocs = np.flatnonzero((e["action"] == Action.ALLOC) & (e["device"] == device) & (e["line"] >= 0))
+    if not len(allocs):
+        return []
+    survivors = allocs[ctx.analysis.free_index[allocs] >= n]
+    survivors = survivors[~np.isin(e["category"][survivors], np.array(_MEANT_TO_STAY, dtype=np.uint8))]
+    step_starts = np.array(sorted(s.start_us for s in ctx.analysis.steps), dtype=np.int64)
+    peak = ctx.summary.peak_bytes
+    findings = []
+    for line_id in np.unique(e["line"][survivors]).tolist():
+        kept = survivors[e["line"][survivors] == line_id]
+        if len(kept) < min_blocks:
+            continue
+        first = int(allocs[e["line"][allocs] == line_id][0])
+        edges = np.linspace(first, n, bins + 1)
+        which = np.clip(np.searchsorted(edges, kept, side="right") - 1, 0, bins - 1)
+        occupied = np.unique(which)
+        if len(occupied) < min_bins or occupied[-1] != bins - 1:
+            continue
+        finding = _finding(trace, int(line_id), kept, step_starts, peak)
+        if finding is not None:
+            findings.append(finding)
+    return findings
+
+
+def _finding(trace: Trace, line_id: int, kept: np.ndarray, step_starts: np.ndarray, peak: int) -> Finding | None:
+    e = trace.events
+    kept_bytes = int(e["nbytes"][kept].sum())
+    if len(step_starts):
+        steps = np.searchsorted(step_starts, e["time_us"][kept], side="right")
+        iterations = int(len(np.unique(steps)))
+        unit = "step"
+    else:
+        iterations = len(kept)
+        unit = "iteration"
+    if iterations < 2:
+        return None
+    per_iteration = kept_bytes // iterations
+    src = parse_line(trace.strings[line_id])
+    label = f"{src.file}:{src.line}"
+    evidence: dict[str, Any] = {
+        "line": {"file": src.file, "line": src.line, "function": src.function},
+        "kept_bytes": kept_bytes,
+        "blocks_kept": len(kept),
+        "iterations": iterations,
+        "iteration": unit,
+        "growth_per_iteration_bytes": per_iteration,
+        "first_kept_us": int(e["time_us"][kept[0]]),
+        "last_kept_us": int(e["time_us"][kept[-1]]),
+    }
+    fix = (f"{label} ({src.function}) keeps {format_bytes(per_iteration)} more every {unit} and never gives it back "
+           f"({format_bytes(kept_bytes)} over {iterations} {unit}s): keep only what you need (.detach(), .item(), "
+           f".cpu() of a slice) or bound the container (collections.deque(maxlen=N), functools.lru_cache(maxsize=N))")  # fmt: skip
+    return Finding(
+        pattern=PATTERN,
+        severity=severity_for(kept_bytes, peak),
+        bytes_at_peak=kept_bytes,
+        wasted_bytes=kept_bytes,
+        where=label,
+        evidence=evidence,
+        fix=fix,
+        peak_added_bytes=kept_bytes,
+        allocated_bytes=kept_bytes,
+        lines=[{"file": src.file, "line": src.line, "nbytes": kept_bytes}],
+    )

@@ -1,0 +1,180 @@
+"""The flight recorder: ``capture(ring_s=SECONDS)`` / ``memwarden trace --ring SECONDS``.
+
+A service runs for days; a full trace of it is not an option, and when it fails the last seconds
+are what matter. In ring mode the capture keeps, however long the process runs:
+
+- the *state at the start of the window*: the allocation rows of every block still alive (weights
+  loaded hours ago still count), the tags that say what they are, storages outside the allocator;
+- *every event in the window*: the last ``ring_s`` seconds (up to 1.5 x ``ring_s``: the log is
+  cut every ``ring_s / 2``).
+
+Memory bound: the recorder's log holds the rows of the last 1.5 windows plus one row per live
+block (64 bytes a row), and the Python side the steps, tags and fingerprints of the same span.
+The stream file is rewritten at every cut (the window's state, then appended chunks), so the disk
+it takes is bounded the same way, and a process killed at any moment leaves its last window.
+
+The window is also written, as a complete ``.mwtrace`` beside the stream
+(``<stem>.<reason>-<n>.mwtrace``) without stopping the capture: on SIGUSR1 and when the
+process's resident size first crosses ``ring_rss_bytes`` (re-armed below 90% of it). A
+``MemoryError`` or ``torch.OutOfMemoryError`` that ends the capture writes it as the trace.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from memwarden.capture.live.rss import sample
+
+if TYPE_CHECKING:
+    from memwarden.capture.attribution.log import CaptureLog
+    from memwarden.capture.live.capture import Capture
+
+__all__ = ["FlightRecorder", "prune_log"]
+
+_TICK_S = 0.1  # resident checks; cuts happen every ring_s / 2
+
+
+def prune_log(log: CaptureLog, cutoff_ns: int, enters_dropped: int) -> None:
+    """Forget what the Python side saw before ``cutoff_ns`` but what still describes live state.
+
+    Each list is replaced by one slice assignment over the part that existed when pruning began,
+    so entries the traced thread appends meanwhile are kept (one C-level call under the GIL)."""
+    n = len(log.tags)
+    latest: dict[int, tuple[int, int, str, str]] = {}  # the last tag of each storage: weights stay tagged
+    old = log.tags[:n]
+    for t in old:
+        if t[0] < cutoff_ns:
+            latest[t[1]] = t
+    log.tags[:n] = sorted(latest.values()) + [t for t in old if t[0] >= cutoff_ns]
+    del log.fingerprints[:enters_dropped]
+    n = len(log.steps)
+    log.steps[:n] = [s for s in log.steps[:n] if s.end_ns is None or s.end_ns >= cutoff_ns]
+    n = len(log.optimizer_spans)
+    log.optimizer_spans[:n] = [s for s in log.optimizer_spans[:n] if s[1] < 0 or s[1] >= cutoff_ns]
+    for table in (log.preexisting_storages, log.mapped_storages):
+        for ptr, rec in list(table.items()):
+            if rec.freed_ns is not None and rec.freed_ns < cutoff_ns:
+                table.pop(ptr, None)
+
+
+class FlightRecorder:
+    """Keeps one capture's log to its window, and writes the window when asked."""
+
+    def __init__(self, capture: Capture, ring_s: float, rss_bytes: int | None = None) -> None:
+        if ring_s <= 0:
+            raise ValueError(f"ring_s must be positive (got {ring_s})")
+        self.capture = capture
+        self.ring_s = float(ring_s)
+        self.rss_bytes = rss_bytes
+        self.cuts = 0
+        self.dropped_rows = 0
+        self.dumps: list[str] = []
+        self.max_log_bytes = 0
+        self.window_start_ns = 0
+        self._armed = True
+        self._usr1 = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._previous_usr1: Any = None
+
+    def start(self) -> None:
+        self.window_start_ns = self.capture._t0
+        self._thread = threading.Thread(target=self._run, name="memwarden-ring", daemon=True)
+        self._thread.start()
+        if threading.current_thread() is threading.main_thread():
+            self._previous_usr1 = signal.signal(signal.SIGUSR1, self._on_usr1)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._previous_usr1 is not None:
+            signal.signal(signal.SIGUSR1, self._previous_usr1)
+            self._previous_usr1 = None
+
+    def stats(self) -> dict[str, Any]:
+        """What ``memwarden.ring_stats()`` and ``metadata.ring`` say."""
+        native = self.capture._native
+        return {"window_s": self.ring_s, "cuts": self.cuts, "dropped_rows": self.dropped_rows,
+                "log_bytes": int(native.log_bytes()), "max_log_bytes": self.max_log_bytes,
+                "window_start_us": max(0, (self.window_start_ns - self.capture._t0) // 1000),
+                "rss_threshold_bytes": self.rss_bytes, "dumps": list(self.dumps)}  # fmt: skip
+
+    # -- the background thread -------------------------------------------------------
+    def _run(self) -> None:
+        next_cut = time.monotonic() + self.ring_s / 2
+        while not self._stop.wait(_TICK_S):
+            try:
+                self.max_log_bytes = max(self.max_log_bytes, int(self.capture._native.log_bytes()))
+                if self._usr1:
+                    self._usr1 = False
+                    self.dump("sigusr1")
+                if self.rss_bytes is not None:
+                    self._check_rss()
+                if time.monotonic() >= next_cut:
+                    self.cut()
+                    next_cut = time.monotonic() + self.ring_s / 2
+            except Exception:  # the recorder must never kill the traced program
+                continue
+
+    def _check_rss(self) -> None:
+        got = sample("self", detail=False)
+        rss = int(got["rss"]) if got else 0
+        assert self.rss_bytes is not None
+        if self._armed and rss >= self.rss_bytes:
+            self._armed = False
+            self.dump("rss")
+        elif rss < 0.9 * self.rss_bytes:
+            self._armed = True
+
+    def cut(self) -> None:
+        """Forget everything before the window but the live state; rewrite the stream to match."""
+        cap = self.capture
+        cutoff = int(cap._native.now_ns()) - int(self.ring_s * 1e9)
+        if cutoff <= self.window_start_ns:
+            return
+
+        def compact() -> None:
+            dropped, enters = cap._native.compact(cutoff)
+            cap._fp_base += int(enters)
+            prune_log(cap._log, cutoff, int(enters))
+            self.dropped_rows += int(dropped)
+
+        if cap._streamer is not None:
+            cap._streamer.rebase(compact)
+        else:
+            compact()
+        self.window_start_ns = cutoff
+        self.cuts += 1
+        cap.metadata["ring"] = self.stats()
+
+    # -- writing the window ----------------------------------------------------------
+    def _on_usr1(self, signum: int, frame: Any) -> None:
+        # Only a flag: the handler runs between two bytecodes of the traced thread, perhaps inside a
+        # flush that holds the stream's lock; the recorder's thread writes the window (<= 100 ms).
+        self._usr1 = True
+
+    def dump(self, reason: str) -> str | None:
+        """Write the window so far as a complete trace beside the stream; returns its path."""
+        from memwarden.capture.live.recover import attribute_stream
+        from memwarden.trace.io import save
+        from memwarden.trace.stream import read_stream
+
+        cap = self.capture
+        if cap._streamer is None:
+            return None
+        cap._streamer.flush(reason)
+        path = Path(cap._streamer.path)
+        trace = attribute_stream(read_stream(path.read_bytes()))
+        trace.metadata["ring"] = {**self.stats(), "written_for": reason}
+        trace.metadata.pop("recovered", None)
+        out = path.with_name(f"{path.stem}.{reason}-{len(self.dumps) + 1}.mwtrace")
+        save(trace, out)
+        self.dumps.append(str(out))
+        return os.fspath(out)

@@ -1,0 +1,221 @@
+"""Source lines for every byte, the growth pattern and traced vs resident memory (issue 25).
+
+Scripts run through ``memwarden trace`` exactly as a user runs them. Crashes are deterministic: a
+script flushes its stream (``memwarden.flush()``) before it is killed, and a kill from outside
+waits on a file the script writes after its flush, never on a clock.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import memwarden
+
+MIB = 1 << 20
+
+
+def run_cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "memwarden.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)  # fmt: skip
+
+
+def _line_of(source: str, marker: str) -> int:
+    return next(i for i, text in enumerate(source.splitlines(), 1) if marker in text)
+
+
+PLANTED = textwrap.dedent(
+    """
+    import torch
+
+    def load():
+        return torch.zeros(8 << 20, dtype=torch.uint8)  # helper line
+
+    model = torch.nn.Linear(256, 256)
+    weights = load()
+    held = torch.empty(48 << 20, dtype=torch.uint8)  # planted
+    out = model(torch.randn(32, 256))
+    """
+)
+
+
+def test_summary_names_the_planted_line(tmp_path: Path) -> None:
+    script = tmp_path / "planted.py"
+    script.write_text(PLANTED)
+    out = tmp_path / "run.mwtrace"
+    proc = run_cli("trace", "-o", str(out), str(script), cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(run_cli("summary", "--json", str(out)).stdout)
+    top = data["top_lines_at_peak"]
+    assert set(top[0]) >= {"file", "line", "function", "nbytes"}
+    assert Path(top[0]["file"]).name == "planted.py"
+    assert top[0]["line"] == _line_of(PLANTED, "# planted") and top[0]["nbytes"] == 48 * MIB
+    helper = next(x for x in top if x["line"] == _line_of(PLANTED, "# helper line"))
+    assert helper["function"] == "load" and helper["nbytes"] == 8 * MIB
+    # no line in torch or memwarden: only the script's own
+    assert all(Path(x["file"]).name == "planted.py" for x in top)
+    # the terminal summary shows the line too
+    text = run_cli("summary", str(out)).stdout
+    assert f"planted.py:{_line_of(PLANTED, '# planted')}" in text
+
+
+def test_stacks_and_user_code_narrowing(tmp_path: Path) -> None:
+    script = tmp_path / "planted.py"
+    script.write_text(PLANTED)
+    out = tmp_path / "run.mwtrace"
+    assert run_cli("trace", "--stacks", "-o", str(out), str(script), cwd=str(tmp_path)).returncode == 0
+    trace = memwarden.load(out)
+    stacks = {trace.strings[s] for s in trace.events["stack"].tolist() if s >= 0}
+    helper_line = _line_of(PLANTED, "# helper line")
+    caller = _line_of(PLANTED, "weights = load()")
+    assert any(f"planted.py:{helper_line}:load\n" in s and f"planted.py:{caller}:<module>" in s for s in stacks)
+    # The script counted as a library: no line of it is the user's any more.
+    out2 = tmp_path / "narrow.mwtrace"
+    assert (
+        run_cli("trace", "--library-code", str(tmp_path), "-o", str(out2), str(script), cwd=str(tmp_path)).returncode
+        == 0
+    )
+    assert json.loads(run_cli("summary", "--json", str(out2)).stdout)["top_lines_at_peak"] == []
+
+
+def test_in_process_capture_lines() -> None:
+    import torch
+
+    with memwarden.capture() as cap:
+        kept = torch.ones(3 << 20, dtype=torch.uint8)  # in-process planted
+    trace = cap.trace
+    lines = {trace.strings[i] for i in trace.events["line"].tolist() if i >= 0}
+    here = _line_of(Path(__file__).read_text(), "# in-process planted")
+    assert any(s.endswith(f"test_lines.py:{here}:test_in_process_capture_lines") for s in lines), lines
+    del kept
+    with memwarden.capture(lines=False) as cap2:
+        torch.ones(1024)
+    assert (cap2.trace.events["line"] == -1).all()
+
+
+def test_torch_snapshot_frames_shown_by_memory_viz(tmp_path: Path) -> None:
+    script = tmp_path / "planted.py"
+    script.write_text(PLANTED)
+    out = tmp_path / "run.mwtrace"
+    assert run_cli("trace", "-o", str(out), str(script), cwd=str(tmp_path)).returncode == 0
+    snap = tmp_path / "snap.pickle"
+    assert run_cli("export", "--format", "torch-snapshot", "-o", str(snap), str(out)).returncode == 0
+    html = tmp_path / "plot.html"
+    proc = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", str(snap), "-o", str(html)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    # The page embeds what it shows: the snapshot, base64-encoded, whose frames the viewer prints.
+    encoded = re.search(r'"base64": "([^"]+)"', html.read_text())
+    assert encoded is not None
+    shown = pickle.loads(base64.b64decode(encoded.group(1)))
+    frames = [f for trace in shown["device_traces"] for e in trace for f in e["frames"]]
+    planted = _line_of(PLANTED, "# planted")
+    assert any(f["filename"].endswith("planted.py") and f["line"] == planted for f in frames)
+
+
+GROWTH = textwrap.dedent(
+    """
+    import collections, os, sys, time
+    import torch
+    import memwarden
+
+    mode, marker = sys.argv[1], sys.argv[2]
+    kept = []
+    bounded = collections.deque(maxlen=3)
+    for i in range(60):
+        scratch = torch.randn(1 << 14)  # freed every iteration
+        block = torch.ones(1 << 18, dtype=torch.uint8)  # the growing line
+        if mode == "grow" or (mode == "warmup" and i < 3):
+            kept.append(block)
+        elif mode == "bounded":
+            bounded.append(block)
+    assert memwarden.flush()
+    Path = __import__("pathlib").Path
+    Path(marker + ".tmp").write_text(str(os.getpid()))
+    os.replace(marker + ".tmp", marker)
+    while True:  # keeps going until killed from outside
+        kept.append(torch.ones(1 << 18, dtype=torch.uint8)) if mode == "grow" else torch.ones(1 << 18)
+        time.sleep(0.01)
+    """
+)
+
+
+def _grow_until_killed(tmp_path: Path, mode: str) -> tuple[Path, dict[str, object]]:
+    script = tmp_path / f"{mode}.py"
+    script.write_text(GROWTH)
+    out, marker = tmp_path / f"{mode}.mwtrace", tmp_path / f"{mode}.ready"
+    cmd = [sys.executable, "-m", "memwarden.cli", "trace", "-o", str(out), str(script), mode, str(marker)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not marker.exists():  # written after the flush: waiting is on the file, not a clock
+            assert proc.poll() is None, proc.communicate()
+            os.sched_yield()
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGKILL, stderr
+    return out, json.loads(run_cli("diagnose", "--json", str(out)).stdout)
+
+
+def test_growth_until_killed_names_the_line(tmp_path: Path) -> None:
+    out, data = _grow_until_killed(tmp_path, "grow")
+    growth = [f for f in data["findings"] if f["pattern"] == "unbounded-growth"]  # type: ignore[union-attr]
+    assert len(growth) == 1
+    f = growth[0]
+    line = _line_of(GROWTH, "# the growing line")
+    assert f["lines"][0]["line"] == line and Path(f["lines"][0]["file"]).name == "grow.py"
+    assert f["evidence"]["growth_per_iteration_bytes"] == 1 << 18
+    assert f["evidence"]["iterations"] >= 60
+    assert f"grow.py:{line}" in f["fix"]
+    # every finding names lines in the {file, line, nbytes} shape
+    assert all(set(x) == {"file", "line", "nbytes"} for g in data["findings"] for x in g["lines"])  # type: ignore[union-attr]
+
+
+def test_plateau_and_bounded_cache_are_not_growth(tmp_path: Path) -> None:
+    for mode in ("warmup", "bounded"):
+        _, data = _grow_until_killed(tmp_path, mode)
+        assert not [f for f in data["findings"] if f["pattern"] == "unbounded-growth"], (mode, data)  # type: ignore[union-attr]
+
+
+NATIVE = textwrap.dedent(
+    """
+    import os, signal
+    import numpy as np
+    import torch
+    import memwarden
+
+    native = np.ones(96 << 20, dtype=np.uint8)  # numpy: memory the trace cannot see
+    traced = torch.ones(16 << 20, dtype=torch.uint8)
+    assert memwarden.flush()  # samples the process's resident size into the stream
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_traced_against_resident_with_native_memory(tmp_path: Path) -> None:
+    script = tmp_path / "native.py"
+    script.write_text(NATIVE)
+    out = tmp_path / "run.mwtrace"
+    proc = run_cli("trace", "-o", str(out), str(script), cwd=str(tmp_path))
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
+    data = json.loads(run_cli("summary", "--json", str(out)).stdout)
+    res = data["resident"]
+    assert res["samples"] >= 1
+    assert res["traced_at_rss_peak_bytes"] >= 16 * MIB
+    assert res["not_traced_bytes"] >= 96 * MIB  # numpy's array, labelled as not traced
+    assert res["peak_rss_bytes"] == res["traced_at_rss_peak_bytes"] + res["not_traced_bytes"]
+    text = run_cli("summary", str(out)).stdout
+    assert "not traced" in text
+    html = tmp_path / "report.html"
+    assert run_cli("report", "-o", str(html), str(out)).returncode == 0
+    assert "not traced" in html.read_text()
