@@ -26,6 +26,7 @@ from memwarden.govern.budget import (
 )
 from memwarden.govern.telemetry import TelemetrySample
 from memwarden.govern.telemetry_log import load_log, parse_jsonl
+from memwarden.models.devices import load_profile
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "telemetry"
 MIB, GIB = 1 << 20, 1 << 30
@@ -118,7 +119,9 @@ def test_cap_and_device_profile() -> None:
     _, decisions, controller = run("cold", cap_bytes="2GiB")
     assert max(d.budget_bytes for d in decisions) == 2 * GIB
     jetson = BudgetController.from_device_profile("jetson-orin-nano-8gb")
-    usable = 8 * GIB - 1536 * MIB
+    # the profile's usable memory: what the OS leaves (8 GiB - 1.5 GiB) or its kill limit, the smaller
+    usable = load_profile("jetson-orin-nano-8gb").usable_bytes
+    assert 6 * GIB <= usable <= 8 * GIB - 1536 * MIB
     assert jetson.cap_bytes == usable
     assert jetson.budget_bytes == usable - 512 * MIB  # before telemetry: the profile's usable memory
     assert jetson.update(TelemetrySample(t_s=0, temp_c=30.0)) <= usable - 512 * MIB
