@@ -273,6 +273,8 @@ def merge_cuda(
         "dtype": _remap(ce["dtype"], string_map),
         "shape": _remap(ce["shape"], shape_map),
         "written_bytes": ce["written_bytes"],
+        "line": _remap(ce["line"], string_map),  # user source lines, where the history's frames gave them
+        "stack": _remap(ce["stack"], string_map),
     }
     events = {
         name: np.concatenate([cpu_e[name][keep], cuda_cols[name]]).astype(dt) for name, dt in EVENT_COLUMNS.items()
