@@ -163,7 +163,9 @@ def test_{phase}_{i}(model):
     )
     pytester.makepyfile(WORKLOAD + cases)
     kept = tmp_path / "kept"
-    result = pytester.runpytest_subprocess("-n", "2", "--memwarden-traces", str(kept), "-p", "no:cacheprovider")
+    # -rN: no short summary, whose lines are cut to the terminal's width; each failure's own section
+    # then carries the message exactly once
+    result = pytester.runpytest_subprocess("-n", "2", "--memwarden-traces", str(kept), "-p", "no:cacheprovider", "-rN")
     result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(["created: 2/2 workers"])
     out = result.stdout.str()
