@@ -5,8 +5,8 @@ imports under ``if TYPE_CHECKING:`` are left out because they never run. The che
 
 - no module import cycle and no package import cycle;
 - every package imports only packages below it in ``LAYERS``;
-- ``trace``, ``interop``, ``plan``, ``analyze``, ``govern`` and ``report`` never import torch,
-  directly or through another memwarden module;
+- ``trace``, ``interop``, ``plan``, ``analyze``, ``govern``, ``report``, ``edge`` and ``align``
+  never import torch, directly or through another memwarden module;
 - every ``from memwarden.x import name`` names the module that defines ``name`` (no shims);
 - no module over ``MAX_LINES`` lines, none that only re-exports, no private name re-exported;
 - ``memwarden.__all__`` is pinned in full, and every name in it is real.
