@@ -156,7 +156,6 @@ def _failures(records: dict[str, list[dict[str, Any]]]) -> str:
 def render_stress_html(result: dict[str, Any], records: dict[str, list[dict[str, Any]]] | None = None) -> str:
     """The page for ``CampaignResult.to_json(records=True)``; pure."""
     records = records if records is not None else result.get("records", {"a": [], "b": []})
-    style = resources.files("memwarden.report").joinpath("assets", "report.css").read_text(encoding="utf-8")
     p = result["failure_rate_p_value"]
     diff = result.get("p50_latency_diff_ci_s")
     verdict = "the failure rates differ (p < 0.05)" if p < 0.05 else "no significant difference in failure rate"
@@ -167,6 +166,20 @@ def render_stress_html(result: dict[str, Any], records: dict[str, list[dict[str,
              ("p50 latency B − A, 95% CI", "–" if not diff else f"{_signed(diff[0])} … {_signed(diff[1])}"),
              ("answers equal (ok on both sides)", f"{result['outputs_equal']} / {result['outputs_compared']}")]  # fmt: skip
     facts_html = "".join(f"<div><dt>{_esc(k)}</dt><dd>{_esc(v)}</dd></div>" for k, v in facts)
+    return _page(
+        title,
+        f"""<header class="mw-header"><h1>{_esc(title)}</h1><dl class="mw-facts">{facts_html}</dl>
+<p>{_esc(verdict)}.</p></header>
+<section id="summary" class="mw-section"><h2>Summary</h2>{_table(result)}</section>
+<section id="latency" class="mw-section"><h2>Latency of answered requests (CDF)</h2>{_cdf(result, records)}</section>
+<section id="failures" class="mw-section"><h2>Failed requests</h2>{_failures(records)}</section>
+""",
+    )
+
+
+def _page(title: str, body: str) -> str:
+    """A self-contained page: the report stylesheet inline, no script, a strict CSP."""
+    style = resources.files("memwarden.report").joinpath("assets", "report.css").read_text(encoding="utf-8")
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -178,12 +191,7 @@ def render_stress_html(result: dict[str, Any], records: dict[str, list[dict[str,
 <style>{style}</style>
 </head>
 <body>
-<header class="mw-header"><h1>{_esc(title)}</h1><dl class="mw-facts">{facts_html}</dl>
-<p>{_esc(verdict)}.</p></header>
-<section id="summary" class="mw-section"><h2>Summary</h2>{_table(result)}</section>
-<section id="latency" class="mw-section"><h2>Latency of answered requests (CDF)</h2>{_cdf(result, records)}</section>
-<section id="failures" class="mw-section"><h2>Failed requests</h2>{_failures(records)}</section>
-<footer class="mw-footer">memwarden · self-contained report, works offline</footer>
+{body}<footer class="mw-footer">memwarden · self-contained report, works offline</footer>
 </body>
 </html>
 """
@@ -234,7 +242,6 @@ def _curves(data: dict[str, Any]) -> str:
 
 def render_sweep_html(data: dict[str, Any]) -> str:
     """The page for ``sweep.run_sweep``'s result: the two failure-rate curves and the table; pure."""
-    style = resources.files("memwarden.report").joinpath("assets", "report.css").read_text(encoding="utf-8")
     title = f"memwarden stress sweep: {data['a_name']} vs {data['b_name']} over {data['kind']}:{data['key']}"
     rows = "".join(
         f"<tr><td>{_esc(p['label'])}</td>"
@@ -249,26 +256,15 @@ def render_sweep_html(data: dict[str, Any]) -> str:
     facts = [("requests per side and point", data["runs"]), ("seed", data["seed"]),
              ("also injected", ", ".join(data.get("inject") or []) or "none")]  # fmt: skip
     facts_html = "".join(f"<div><dt>{_esc(k)}</dt><dd>{_esc(v)}</dd></div>" for k, v in facts)
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{_CSP}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="memwarden">
-<title>{_esc(title)}</title>
-<style>{style}</style>
-</head>
-<body>
-<header class="mw-header"><h1>{_esc(title)}</h1><dl class="mw-facts">{facts_html}</dl></header>
+    return _page(
+        title,
+        f"""<header class="mw-header"><h1>{_esc(title)}</h1><dl class="mw-facts">{facts_html}</dl></header>
 <section id="curve" class="mw-section"><h2>Failure rate (requests not answered), 95% Wilson intervals</h2>
 {_curves(data)}</section>
 <section id="points" class="mw-section"><h2>Points</h2><table class="mw-table"><thead>{head}</thead>
 <tbody>{rows}</tbody></table></section>
-<footer class="mw-footer">memwarden · self-contained report, works offline</footer>
-</body>
-</html>
-"""
+""",
+    )
 
 
 def write_sweep_html(data: dict[str, Any], path: str | os.PathLike[str]) -> Path:
