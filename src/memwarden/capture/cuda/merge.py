@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.interop.cuda_blocks import allocated_block_bytes
 from memwarden.trace.model import EVENT_COLUMNS, Action, Category, Modality, Phase, SpanKind, Trace
 
 __all__ = [
     "BlockTag",
     "ClockAnchor",
     "anchor_from_marker",
-    "block_bytes",
     "merge_cuda",
     "peak_reserved_bytes",
     "reserved_bytes",
@@ -36,15 +36,6 @@ __all__ = [
 
 _STARTS = (Action.ALLOC, Action.PREEXISTING, Action.MAP)
 _ENDS = (Action.FREE, Action.UNMAP)
-# kMinBlockSize (c10/cuda/CUDACachingAllocator.cpp): every block is a multiple of 512 B and at least
-# that, and memory_allocated() counts blocks, not requests.
-_MIN_BLOCK_BYTES = 512
-
-
-def block_bytes(requested_bytes: np.ndarray) -> np.ndarray:
-    """The caching allocator's block size for each request, before any rounding its config adds."""
-    blocks = -(-requested_bytes // _MIN_BLOCK_BYTES) * _MIN_BLOCK_BYTES
-    return np.maximum(blocks, _MIN_BLOCK_BYTES).astype(requested_bytes.dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,7 +174,7 @@ def merge_cuda(
     """One trace: ``cpu``'s rows and spans, plus ``cuda``'s rows (from ``snapshot_to_trace``) on
     ``cpu``'s clock, attributed by the spans open when each block was allocated.
 
-    CUDA block rows count the allocator's block (the request rounded to 512 B), segment rows the
+    CUDA block rows count the allocator's block (``allocated_block_bytes``), segment rows the
     segment. ``tags`` (parameters and buffers found at the end of the run) override a block's category and
     module: weights moved to the GPU are allocated outside any module call. CPU ALLOC/FREE pairs of
     the sizes in ``drop_cpu_bytes`` (the clock markers) are left out. A FREE row repeats its
@@ -259,11 +250,10 @@ def merge_cuda(
         "action": action,
         "tensor": ce["tensor"] + id_base,
         "address": ce["address"],
-        # Blocks, as memory_allocated() counts them. Replaying through the allocator model is the same
-        # either way: it rounds every request to these 512-byte multiples first.
-        "nbytes": np.where(
-            np.isin(action, np.asarray(_STARTS + _ENDS, np.uint8)), block_bytes(ce["nbytes"]), ce["nbytes"]
-        ),
+        # Blocks, as memory_allocated() counts them: the request rounded, or the whole free block
+        # when the allocator did not split it. The allocator model, fed a block size, picks the same
+        # block and splits nothing (the block is the smallest free one that fits either size).
+        "nbytes": allocated_block_bytes(cuda).astype(ce["nbytes"].dtype),
         "device": device_map[ce["device"]] if n else ce["device"],
         "category": category,
         "modality": modality,

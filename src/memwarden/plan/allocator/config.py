@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from memwarden.interop.cuda_blocks import K_SMALL_SIZE, round_block
+
 __all__ = ["AllocatorConfig", "SimulatedOOM", "parse_alloc_conf"]
 
 # -- constants (c10/cuda/CUDACachingAllocator.cpp unless noted) ---------------------
-K_MIN_BLOCK_SIZE = 512  # kMinBlockSize: "all sizes are rounded to at least 512 bytes"
-K_SMALL_SIZE = 1 << 20  # kSmallSize: "largest 'small' allocation is 1 MiB"
 K_SMALL_BUFFER = 2 << 20  # kSmallBuffer: "'small' allocations are packed in 2 MiB blocks"
 K_LARGE_BUFFER = 20 << 20  # kLargeBuffer: "'large' allocations may be packed in 20 MiB blocks"
 K_MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc: "allocations between 1 and 10 MiB may use kLargeBuffer"
@@ -97,12 +97,7 @@ class AllocatorConfig:
 
     def round_size(self, nbytes: int) -> int:
         """``DeviceCachingAllocator::round_size``: the block size a request of ``nbytes`` asks for."""
-        if nbytes < K_MIN_BLOCK_SIZE:
-            return K_MIN_BLOCK_SIZE
-        divisions = self.divisions_for(nbytes)
-        if divisions > 1 and nbytes > K_MIN_BLOCK_SIZE * divisions:
-            return _roundup_power2_next_division(nbytes, divisions)
-        return -(-nbytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+        return round_block(nbytes, self.divisions_for(nbytes))
 
     def to_alloc_conf(self) -> str:
         """The ``PYTORCH_CUDA_ALLOC_CONF`` string for these settings (limit not included)."""
@@ -123,18 +118,6 @@ class AllocatorConfig:
         if self.garbage_collection_threshold:
             parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold}")
         return ",".join(parts)
-
-
-def _roundup_power2_next_division(size: int, divisions: int) -> int:
-    """``roundup_power2_next_division``: 1200 with 4 divisions -> 1280 (1024, 1280, 1536, 1792)."""
-    if size & (size - 1) == 0:
-        return size
-    power2_floor = 1 << (size.bit_length() - 1)
-    step = power2_floor >> (divisions.bit_length() - 1)
-    if step == 0:
-        return power2_floor << 1
-    floor = size & ~(step - 1)
-    return size if floor == size else floor + step
 
 
 _IGNORED_KEYS = {

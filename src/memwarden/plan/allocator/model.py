@@ -22,12 +22,11 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from typing import Any
 
+from memwarden.interop.cuda_blocks import K_MIN_BLOCK_SIZE, K_SMALL_SIZE
 from memwarden.plan.allocator import views as alloc_views
 from memwarden.plan.allocator.config import (
     K_LARGE_PAGE,
-    K_MIN_BLOCK_SIZE,
     K_SMALL_PAGE,
-    K_SMALL_SIZE,
     REQ_BITS,
     REQ_MASK,
     AllocatorConfig,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memwarden.plan.allocator.config import K_SMALL_BUFFER, K_SMALL_SIZE, REQ_BITS, REQ_MASK
+from memwarden.interop.cuda_blocks import K_SMALL_SIZE
+from memwarden.plan.allocator.config import K_SMALL_BUFFER, REQ_BITS, REQ_MASK
 
 if TYPE_CHECKING:
     from memwarden.plan.allocator.model import CachingAllocatorModel
