@@ -78,6 +78,78 @@ if out != "-":  # the fixture: history, the CPU trace of the same run, and what 
 print("RESULT " + json.dumps(res))
 PY
 
+cat >"$WORK/probe.py" <<'PY'
+"""CUDA runtime memory outside tensors: the context (driver-side, as nvidia-smi counts it) and the
+cuBLAS/cuBLASLt workspaces PyTorch allocates through its caching allocator on the first matmul."""
+import json, subprocess, sys
+def used_mib():
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                         capture_output=True, text=True)
+    return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.strip() else None
+before = used_mib()
+import torch
+torch.cuda.init(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+after_init = used_mib()
+res = dict(torch=torch.__version__, cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(),
+           capability=list(torch.cuda.get_device_capability()), nvidia_smi_before_mib=before,
+           nvidia_smi_after_init_mib=after_init, reserved_after_init=torch.cuda.memory_reserved())
+for dtype in (torch.float32, torch.bfloat16):
+    x = torch.randn(64, 256, device="cuda", dtype=dtype); w = torch.randn(512, 256, device="cuda", dtype=dtype)
+    b = torch.randn(512, device="cuda", dtype=dtype)
+    torch.cuda.synchronize(); a0 = torch.cuda.memory_allocated()
+    y = torch.nn.functional.linear(x, w); torch.cuda.synchronize(); a1 = torch.cuda.memory_allocated()
+    z = torch.nn.functional.linear(x, w, b); torch.cuda.synchronize(); a2 = torch.cuda.memory_allocated()
+    q = torch.bmm(x[None], w.t()[None]); torch.cuda.synchronize(); a3 = torch.cuda.memory_allocated()
+    res[f"workspace_{str(dtype)[6:]}"] = dict(linear=a1 - a0 - y.nbytes, addmm=a2 - a1 - z.nbytes, bmm=a3 - a2 - q.nbytes)
+torch.cuda.synchronize()
+res["nvidia_smi_after_matmul_mib"] = used_mib()
+res["allocated_after"] = torch.cuda.memory_allocated(); res["reserved_after"] = torch.cuda.memory_reserved()
+free, total = torch.cuda.mem_get_info(); res["mem_get_info"] = [free, total]
+if before is not None and res["nvidia_smi_after_matmul_mib"] is not None:
+    res["context_bytes"] = (res["nvidia_smi_after_matmul_mib"] - before) * 2**20 - res["reserved_after"]
+print("PROBE " + json.dumps(res))
+PY
+
+cat >"$WORK/session.py" <<'PY'
+"""GovernedSession on the GPU: outputs vs generate(), peak allocated/reserved vs the budget."""
+import json, sys, time
+import torch
+from memwarden.models import zoo
+from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_memory import state_bytes
+name, factor, stream = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "stream"
+model = zoo.build_model(name, "small").to("cuda")
+gk = zoo.generate_kwargs(name)
+inputs = {k: v.to("cuda") for k, v in zoo.make_inputs(model, prompt_tokens=40).items()}
+weights = state_bytes(model)
+with torch.inference_mode():
+    t0 = time.perf_counter(); ref = model.generate(**inputs, max_new_tokens=16, **gk); torch.cuda.synchronize()
+    plain_s = time.perf_counter() - t0
+torch.cuda.synchronize(); torch.cuda.empty_cache()
+base = torch.cuda.memory_allocated() - weights
+budget = int(weights * factor)
+torch.cuda.reset_peak_memory_stats(); reserved0 = torch.cuda.memory_reserved()
+with torch.inference_mode():
+    s = GovernedSession(model, budget=budget, stream=True if stream else "auto", min_kv_tokens=256,
+                        example_inputs=dict(inputs, max_new_tokens=16))
+    outs, times = [], []
+    for _ in range(3):
+        t0 = time.perf_counter(); outs.append(s.generate(**inputs, max_new_tokens=16, **gk)); torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    peak_alloc = torch.cuda.max_memory_allocated() - base
+    peak_res = torch.cuda.max_memory_reserved()
+    st = s.streamer.stats if s.streamer is not None else None
+    s.close()
+    after = model.generate(**inputs, max_new_tokens=16, **gk)
+res = dict(model=f"{name}/small/{'streamed' if stream else 'resident'}", budget=budget, weights=weights,
+           equal=all(torch.equal(o, ref) for o in outs) and torch.equal(after, ref),
+           peak_allocated=peak_alloc, peak_reserved=peak_res, base_allocated=base, plain_s=round(plain_s, 4),
+           session_s=[round(t, 4) for t in times], pool_device=str(s.pool.data.device),
+           stream=None if st is None else dict(loads=st.loads, prefetch_hits=st.prefetch_hits, sync_loads=st.sync_loads,
+                                               reuses=st.reuses, copied_bytes=st.copied_bytes))
+print("SESSION " + json.dumps(res))
+PY
+
 run_model() {  # name size mode fixture-dir
   say "capture $1/$2/$3"
   timeout 150 python3 "$WORK/check.py" "$@" >"$WORK/one.out" 2>>"$LOG"
@@ -88,7 +160,20 @@ run_model() {  # name size mode fixture-dir
 mkdir -p "$OUT/fixtures"
 run_model llava tiny forward "$OUT/fixtures"
 run_model llava small generate -
-run_model qwen2-vl small generate -
+mkdir -p "$OUT/fixtures-qwen"
+run_model qwen2-vl small generate "$OUT/fixtures-qwen"
+
+say "probe: CUDA context and cuBLAS workspaces"
+timeout 120 python3 "$WORK/probe.py" >"$WORK/probe.out" 2>>"$LOG"; cat "$WORK/probe.out" >>"$LOG"
+grep '^PROBE ' "$WORK/probe.out" | sed 's/^PROBE //' >"$OUT/probe.json"
+
+SESSIONS="$OUT/sessions.jsonl"; : >"$SESSIONS"
+for spec in "llava 1.6 resident" "qwen2-vl 1.6 resident" "llava 0.6 stream" "qwen2-vl 0.6 stream"; do
+  say "session $spec"
+  timeout 150 python3 "$WORK/session.py" $spec >"$WORK/session.out" 2>>"$LOG"; rc=$?
+  cat "$WORK/session.out" >>"$LOG"
+  grep '^SESSION ' "$WORK/session.out" | sed 's/^SESSION //' >>"$SESSIONS" || echo "{\"model\": \"$spec\", \"error\": \"rc=$rc\"}" >>"$SESSIONS"
+done
 
 say "pytest -m cuda"
 CUDA_TESTS=$(grep -l "mark.cuda" tests/test_*.py | tr '\n' ' ')
@@ -98,9 +183,10 @@ cat "$OUT/pytest-cuda.log" >>"$LOG"
 PYTEST_LINE=$(tail -n 1 "$OUT/pytest-cuda.log")
 say "pytest rc=$PYTEST_RC: $PYTEST_LINE"
 
-python3 - "$RESULTS" "$PYTEST_RC" "$PYTEST_LINE" "$(($(date +%s) - start))" >"$OUT/table.txt" <<'PY'
+python3 - "$RESULTS" "$PYTEST_RC" "$PYTEST_LINE" "$(($(date +%s) - start))" "$SESSIONS" >"$OUT/table.txt" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+sessions = [json.loads(line) for line in open(sys.argv[5]) if line.strip()]
 mib = lambda b: f"{b / 2**20:9.2f}"
 print(f"{'run':<26} {'check':<28} {'memwarden MiB':>13} {'torch MiB':>10} {'diff':>9}  ok")
 for r in rows:
@@ -115,6 +201,14 @@ for r in rows:
         diff = (ours - real) / real if real else 0.0
         ok = abs(diff) <= tol
         print(f"{r['model']:<26} {label:<28} {mib(ours):>13} {mib(real):>10} {diff:+9.3%}  {'ok' if ok else 'FAIL'}")
+for r in sessions:
+    if "error" in r:
+        print(f"{r['model']:<26} {'session':<28} {'-':>13} {'-':>10} {'-':>9}  FAIL ({r['error']})")
+        continue
+    print(f"{r['model']:<26} {'outputs == generate()':<28} {'':>13} {'':>10} {'':>9}  {'ok' if r['equal'] else 'FAIL'}")
+    for label, ours in (("peak allocated vs budget", r["peak_allocated"]), ("peak reserved vs budget", r["peak_reserved"])):
+        diff = (ours - r["budget"]) / r["budget"]
+        print(f"{r['model']:<26} {label:<28} {mib(ours):>13} {mib(r['budget']):>10} {diff:+9.3%}  {'ok' if ours <= r['budget'] else 'OVER'}")
 print(f"{'pytest -m cuda':<26} {sys.argv[3][:60]:<60}  {'ok' if sys.argv[2] == '0' else 'FAIL'}")
 print(f"total {sys.argv[4]} s")
 PY

@@ -201,8 +201,9 @@ class Sequence:
         """Slot indices of positions ``0..stop`` (a view of one cached index tensor)."""
         if self._slots is None or self._slots.numel() < stop:
             bs = self.pool.spec.block_size
-            table = torch.tensor(self.block_ids, dtype=torch.long)
-            pos = torch.arange(self.capacity, dtype=torch.long)
+            device = self.pool.data.device  # index_copy_/index_select want the index on the pool's device
+            table = torch.tensor(self.block_ids, dtype=torch.long, device=device)
+            pos = torch.arange(self.capacity, dtype=torch.long, device=device)
             self._slots = table[pos // bs] * bs + pos % bs
         return self._slots[:stop]
 

@@ -26,7 +26,8 @@ Why the details are what they are:
 - Groups are single modules, not decoder layers: small slots leave more budget to resident
   weights, and each copy is read back while it is likely still cached (bench_offload.py compares).
 
-CPU only for now: the staging slots are host memory and the model computes on the CPU.
+A model on a GPU streams through :class:`memwarden.runtime.offload_cuda.CudaWeightStreamer`
+instead (pinned host buffers, device slots, copies on a side stream); ``stream_weights`` picks it.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
@@ -54,6 +55,9 @@ from memwarden.capture.modality import ModalityRules
 from memwarden.models.devices import MemoryTier
 from memwarden.plan.placement import Placement, WeightGroup, place
 from memwarden.trace.model import Modality
+
+if TYPE_CHECKING:
+    from memwarden.runtime.offload_cuda import CudaWeightStreamer
 
 __all__ = ["StreamStats", "WeightStreamer", "default_tiers", "plan_streaming", "stream_weights", "weight_groups"]
 
@@ -219,10 +223,11 @@ def stream_weights(
     tiers: tuple[MemoryTier, ...] | None = None,
     placement: Placement | None = None,
     prefetch: bool = True,
-) -> WeightStreamer:
+) -> WeightStreamer | CudaWeightStreamer:
     """Stream ``model``'s weights so that weights + ``kv_cache_bytes`` + ``activation_bytes`` stay
-    under ``budget_bytes``. Returns the :class:`WeightStreamer` (a context manager); the model is
-    used as before (``model(...)``, ``model.generate(...)``) until ``detach()``.
+    under ``budget_bytes``. Returns the :class:`WeightStreamer` (a context manager; on a GPU the
+    :class:`CudaWeightStreamer`, and ``offload_dir`` is not used); the model is used as before
+    (``model(...)``, ``model.generate(...)``) until ``detach()``.
 
     ``placement`` overrides the plan (e.g. one from :func:`plan_streaming` with other tiers).
     Raises ``PlacementError`` when the budget cannot hold even two staging slots.
@@ -236,6 +241,10 @@ def stream_weights(
             tiers=tiers,
             offload_dir=offload_dir,
         )
+    if any(p.device.type == "cuda" for p in model.parameters()):
+        from memwarden.runtime.offload_cuda import CudaWeightStreamer
+
+        return CudaWeightStreamer(model, placement, prefetch=prefetch)
     return WeightStreamer(model, placement, offload_dir, prefetch=prefetch)
 
 

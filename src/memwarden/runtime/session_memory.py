@@ -28,6 +28,7 @@ from memwarden.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     from memwarden.runtime.offload import WeightStreamer
+    from memwarden.runtime.offload_cuda import CudaWeightStreamer
 
 _MIN_SAFETY_BYTES = 256 * 1024  # per-thread kernel workspaces seen on CPU (SDPA) are this order
 _POOL_SEQUENCES = 4  # default pool cap: this many sequences of the model's full context
@@ -44,10 +45,18 @@ def _allocation_failed(exc: BaseException) -> bool:
     )
 
 
-def _limit_cap(held_bytes: int) -> tuple[int | None, str]:
-    """The most the session can hold under this process's real limits (cgroup, ``RLIMIT_AS``): what it
-    holds now plus what the limits still allow; (None, "") where no limit is known."""
+def _limit_cap(held_bytes: int, device: torch.device | None = None) -> tuple[int | None, str]:
+    """The most the session can hold under this process's real limits (cgroup, ``RLIMIT_AS``; on a GPU
+    the device memory): what it holds now plus what the limits still allow; (None, "") where no
+    limit is known."""
     from memwarden.govern.limits import read_limits
+
+    if device is not None and device.type == "cuda":
+        # cudaMemGetInfo's free memory (other processes' use already excluded) plus what this process's
+        # caching allocator holds cached but unused, which it gives back before failing an allocation.
+        free, _total = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return held_bytes + free + cached, "GPU's free memory (cudaMemGetInfo)"
 
     limits = read_limits()
     room = limits.available_bytes
@@ -64,7 +73,7 @@ class _Owned:
 
     def __init__(self) -> None:
         self.encoder_cache: EncoderCache | None = None
-        self.streamer: WeightStreamer | None = None
+        self.streamer: WeightStreamer | CudaWeightStreamer | None = None
         self.folders: list[str] = []
 
     def release(self) -> None:
@@ -166,7 +175,8 @@ class SessionMemory:
         # A budget above what the process may really allocate (its cgroup, RLIMIT_AS) would let native code
         # abort or the OOM killer strike mid-request: the session plans for the smaller figure.
         asked = self.budget_bytes
-        self.limit_bytes, limit_kind = _limit_cap(self.weights_bytes)
+        self.device = device
+        self.limit_bytes, limit_kind = _limit_cap(self.weights_bytes, device)
         if self.limit_bytes is not None and self.limit_bytes < asked:
             log.note("budget", f"budget capped at {format_bytes(self.limit_bytes)} by this process's {limit_kind}",
                      budget_bytes=self.limit_bytes)  # fmt: skip
@@ -222,7 +232,7 @@ class SessionMemory:
         self._release()
 
     @property
-    def streamer(self) -> WeightStreamer | None:
+    def streamer(self) -> WeightStreamer | CudaWeightStreamer | None:
         return self._owned.streamer
 
     @property
@@ -383,7 +393,10 @@ class SessionMemory:
     # -- following the budget -------------------------------------------------------------
 
     def poll(self) -> None:
-        """Let a budget source that samples on demand take a fresh reading."""
+        """Let a budget source that samples on demand take a fresh reading; on a GPU, read the device's
+        free memory again (another process may have taken or returned some)."""
+        if self.device.type == "cuda":
+            self.limit_bytes, _ = _limit_cap(self.held_bytes, self.device)
         poll = getattr(self.budget_source, "poll", None)
         if callable(poll):
             poll()

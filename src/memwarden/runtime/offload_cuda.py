@@ -1,0 +1,250 @@
+"""Weight streaming on a GPU: streamed weights live in pinned host memory and come in through
+device staging slots, copied on a side stream ahead of the compute that needs them.
+
+The CUDA counterpart of :class:`memwarden.runtime.offload.WeightStreamer`, with the same
+placement, groups, hooks and counters. What differs is where the bytes are and who waits:
+
+- A streamed group's weights are packed into one pinned (page-locked) host buffer, so its copy
+  to the device is one DMA transfer that can overlap kernels. Between uses a parameter is a
+  one-element NaN placeholder on the device (see ``offload._placeholder``).
+- The staging slots are device buffers allocated once, so the caching allocator never sees a
+  streamed weight come and go (no ``record_stream`` bookkeeping, no fragmentation).
+- A prefetch copies the group predicted to run next into a free slot on a side stream
+  (``torch.cuda.Stream``), after waiting on that slot's *released* event (recorded on the compute
+  stream when the last group using it finished), and records a *ready* event; the compute stream
+  waits on *ready* before the group's first kernel. Neither the host nor the compute stream
+  blocks unless the copy is late. A load nothing prefetched runs on the compute stream itself.
+
+Outputs are bit-identical to the resident model: the same bytes reach the same kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from memwarden.plan.placement import Placement
+from memwarden.runtime.offload import StreamStats, _aligned, _placeholder, _streamable
+
+__all__ = ["CudaWeightStreamer"]
+
+
+@dataclass
+class _HostTensor:
+    param: torch.nn.Parameter
+    offset: int  # ALIGN_BYTES-aligned, in the group's host buffer and in a slot
+    nbytes: int
+    placeholder: torch.Tensor
+
+
+@dataclass
+class _HostGroup:
+    name: str
+    host: torch.Tensor  # pinned uint8: the group's weights, packed
+    tensors: list[_HostTensor]
+    hooks: list[Any]
+
+
+@dataclass
+class _DeviceSlot:
+    buffer: torch.Tensor  # uint8 on the device
+    content: int | None = None
+    ready: torch.cuda.Event | None = None  # the side-stream copy into it (None: nothing in flight)
+    released: torch.cuda.Event | None = None  # the compute stream's last use of it
+    in_use: bool = False
+    last_used: int = 0
+
+
+class CudaWeightStreamer:
+    """Streams the groups a :class:`Placement` marks ``streamed`` from pinned host memory to the GPU."""
+
+    def __init__(self, model: torch.nn.Module, placement: Placement, *, prefetch: bool = True) -> None:
+        devices = {p.device for p in model.parameters()}
+        if len(devices) != 1 or next(iter(devices)).type != "cuda":
+            raise ValueError(f"CUDA weight streaming needs every parameter on one CUDA device, not {devices}")
+        if getattr(model, "_memwarden_streamer", None) is not None:
+            raise ValueError("this model's weights are already streamed; detach() that streamer first")
+        self.device = next(iter(devices))
+        self.model = model
+        self.placement = placement
+        self.prefetch = prefetch
+        self.stats = StreamStats()
+        named = dict(model.named_modules())
+        unknown = [i.name for i in placement.weights if i.name not in named]
+        if unknown:
+            raise ValueError(f"placement names modules the model does not have: {', '.join(unknown[:5])}")
+        modules = {i.name: named[i.name] for i in placement.weights}
+        streamable = _streamable(list(modules.items()))
+        names = [i.name for i in placement.weights if i.streamed and i.nbytes > 0 and streamable[i.name]]
+        torch.cuda.synchronize(self.device)
+        self._groups = [self._pack(name, streamable[name]) for name in names]
+        self._requires_grad = {id(t.param): t.param.requires_grad for g in self._groups for t in g.tensors}
+        for g in self._groups:
+            for t in g.tensors:
+                t.param.requires_grad_(False)
+                t.param.data = t.placeholder  # the device storage is freed here
+        self.slot_bytes = max((int(g.host.numel()) for g in self._groups), default=0)
+        self._slots = [self._new_slot() for _ in range(placement.staging_slots)]
+        self._copy_stream = torch.cuda.Stream(self.device)
+        self._tick = 0
+        self._active: dict[int, list[int]] = {}
+        self._last_group: int | None = None
+        self._next: dict[int, int] = {i: i + 1 for i in range(len(self._groups) - 1)}
+        for i, g in enumerate(self._groups):
+            module = modules[g.name]
+            g.hooks.append(module.register_forward_pre_hook(partial(self._pre_hook, i)))
+            g.hooks.append(module.register_forward_hook(partial(self._post_hook, i), always_call=True))
+        self._attached = True
+        model._memwarden_streamer = self  # type: ignore[assignment]
+
+    def _pack(self, name: str, params: list[tuple[str, torch.nn.Parameter]]) -> _HostGroup:
+        sizes = [_aligned(p.nbytes) for _, p in params]
+        host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=True)
+        tensors, offset = [], 0
+        for (_, p), size in zip(params, sizes, strict=True):
+            flat = p.detach().contiguous().reshape(-1).view(torch.uint8)
+            host[offset : offset + p.nbytes].copy_(flat)  # device -> pinned host, synchronous
+            placeholder = _placeholder(p.dtype, tuple(p.shape)).to(self.device)
+            tensors.append(_HostTensor(param=p, offset=offset, nbytes=p.nbytes, placeholder=placeholder))
+            offset += size
+        return _HostGroup(name=name, host=host, tensors=tensors, hooks=[])
+
+    def _new_slot(self) -> _DeviceSlot:
+        return _DeviceSlot(torch.empty(self.slot_bytes, dtype=torch.uint8, device=self.device))
+
+    # -- hooks (compute thread) -----------------------------------------------------------
+
+    def _pre_hook(self, index: int, module: torch.nn.Module, args: Any) -> None:
+        if index in self._active:
+            self._active[index][1] += 1
+            return
+        if self._last_group is not None and self._last_group != index:
+            self._next[self._last_group] = index
+        compute = torch.cuda.current_stream(self.device)
+        slot = self._slot_holding(index)
+        if slot is not None:
+            state = self._slots[slot]
+            if state.ready is not None:
+                compute.wait_event(state.ready)
+                state.ready = None
+                self.stats.prefetch_hits += 1
+            else:
+                self.stats.reuses += 1
+        else:
+            slot = self._free_slot()
+            state = self._slots[slot]
+            if state.ready is not None:  # a prefetch is still writing a guess into it: let it finish first
+                compute.wait_event(state.ready)
+                state.ready = None
+            state.content = index
+            group = self._groups[index]
+            state.buffer[: group.host.numel()].copy_(group.host, non_blocking=True)  # ordered on compute
+            self._count_load(index)
+            self.stats.sync_loads += 1
+        state = self._slots[slot]
+        state.in_use = True
+        self._touch(slot)
+        buffer = state.buffer
+        for t in self._groups[index].tensors:
+            ph = t.placeholder
+            t.param.data = buffer[t.offset : t.offset + t.nbytes].view(ph.dtype).view(ph.shape)
+        self._active[index] = [slot, 1]
+        if self.prefetch:
+            self._start_prefetch(self._next.get(index))
+
+    def _post_hook(self, index: int, module: torch.nn.Module, args: Any, output: Any) -> None:
+        state = self._active.get(index)
+        if state is None:
+            return
+        state[1] -= 1
+        if state[1] > 0:
+            return
+        del self._active[index]
+        for t in self._groups[index].tensors:
+            t.param.data = t.placeholder
+        slot = self._slots[state[0]]
+        slot.in_use = False
+        released = torch.cuda.Event()
+        released.record(torch.cuda.current_stream(self.device))  # kernels reading the slot are queued before
+        slot.released = released
+        self._last_group = index
+
+    def _start_prefetch(self, index: int | None) -> None:
+        if index is None or index in self._active or self._slot_holding(index) is not None:
+            return
+        free = [s for s, state in enumerate(self._slots) if not state.in_use and state.ready is None]
+        if not free:
+            return  # never grow the slots for a guess
+        slot = min(free, key=lambda s: self._slots[s].last_used)
+        state = self._slots[slot]
+        state.content = index
+        self._touch(slot)
+        group = self._groups[index]
+        with torch.cuda.stream(self._copy_stream):
+            if state.released is not None:
+                self._copy_stream.wait_event(state.released)  # its last reader has finished on the GPU
+            state.buffer[: group.host.numel()].copy_(group.host, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(self._copy_stream)
+        state.ready = ready
+        self._count_load(index)
+
+    # -- slots ----------------------------------------------------------------------------
+
+    def _slot_holding(self, index: int) -> int | None:
+        return next((slot for slot, state in enumerate(self._slots) if state.content == index), None)
+
+    def _free_slot(self) -> int:
+        free = [slot for slot, state in enumerate(self._slots) if not state.in_use]
+        if not free:
+            self._slots.append(self._new_slot())
+            self.stats.extra_slots += 1
+            return len(self._slots) - 1
+        return min(free, key=lambda slot: self._slots[slot].last_used)
+
+    def _touch(self, slot: int) -> None:
+        self._tick += 1
+        self._slots[slot].last_used = self._tick
+
+    def _count_load(self, index: int) -> None:
+        self.stats.loads += 1
+        self.stats.copied_bytes += sum(t.nbytes for t in self._groups[index].tensors)
+
+    @property
+    def staging_bytes(self) -> int:
+        """Device bytes the streamed weights hold: the staging slots."""
+        return self.slot_bytes * len(self._slots)
+
+    @property
+    def host_bytes(self) -> int:
+        """Pinned host bytes holding the streamed weights."""
+        return sum(int(g.host.numel()) for g in self._groups)
+
+    def detach(self, *, delete_files: bool = True) -> None:
+        """Bring every streamed weight back to the device as it was, remove the hooks, free the slots
+        and the pinned buffers. ``delete_files`` is accepted for ``WeightStreamer``'s signature."""
+        if not getattr(self, "_attached", False):
+            return
+        torch.cuda.synchronize(self.device)
+        for g in self._groups:
+            for hook in g.hooks:
+                hook.remove()
+            for t in g.tensors:
+                ph = t.placeholder
+                t.param.data = g.host[t.offset : t.offset + t.nbytes].view(ph.dtype).view(ph.shape).to(self.device)
+                t.param.requires_grad_(self._requires_grad[id(t.param)])
+        torch.cuda.synchronize(self.device)
+        self._groups = []
+        self._slots.clear()
+        self._active.clear()
+        self._attached = False
+        self.model._memwarden_streamer = None  # type: ignore[assignment]
+
+    def __enter__(self) -> CudaWeightStreamer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.detach()

@@ -1,0 +1,95 @@
+"""GovernedSession on a GPU: the KV pool on the device, the budget from the device's free memory,
+weights streamed from pinned host memory through device slots, and the greedy tokens of plain
+``model.generate()``. The peak is PyTorch's own ``max_memory_allocated`` over the serving, and
+``max_memory_reserved`` (what the device really lost) is checked against the budget too.
+
+Tests marked ``cuda`` run where a GPU is present (scripts/gpu-check.sh runs them); the
+device-free parts (the limit the session reads on CPU) run everywhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memwarden.models import zoo
+from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_memory import _limit_cap, state_bytes
+
+NEW = 8
+
+
+def _to(inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+def test_the_cpu_limit_is_not_read_from_a_gpu() -> None:
+    """On CPU the cap is the process's cgroup / RLIMIT_AS (or none), never a device query."""
+    cap, kind = _limit_cap(123, torch.device("cpu"))
+    assert kind != "GPU's free memory (cudaMemGetInfo)"
+    assert cap is None or cap >= 123
+
+
+def _served(name: str, budget_of: float, *, stream: bool | str = "auto") -> dict:
+    model = zoo.build_model(name, "small").to("cuda")
+    gk = zoo.generate_kwargs(name)
+    inputs = _to(zoo.make_inputs(model, prompt_tokens=40), "cuda")
+    weights = state_bytes(model)
+    with torch.inference_mode():
+        ref = model.generate(**inputs, max_new_tokens=NEW, **gk)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base_allocated = torch.cuda.memory_allocated() - weights  # the inputs and anything else not the session's
+    budget = int(weights * budget_of)
+    torch.cuda.reset_peak_memory_stats()
+    with torch.inference_mode():
+        session = GovernedSession(model, budget=budget, stream=stream, min_kv_tokens=256,
+                                  example_inputs=dict(inputs, max_new_tokens=NEW))  # fmt: skip
+        first = session.generate(**inputs, max_new_tokens=NEW, **gk)
+        again = session.generate(**inputs, max_new_tokens=NEW, **gk)
+        torch.cuda.synchronize()
+        peak_allocated = torch.cuda.max_memory_allocated() - base_allocated
+        peak_reserved = torch.cuda.max_memory_reserved()
+        streamer = session.streamer
+        stats = None if streamer is None else streamer.stats
+        restored = session.close()
+        after = model.generate(**inputs, max_new_tokens=NEW, **gk)
+    return dict(ref=ref, first=first, again=again, after=after, budget=budget, weights=weights, session=session,
+                peak_allocated=peak_allocated, peak_reserved=peak_reserved, stats=stats, restored=restored)  # fmt: skip
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["llava", "qwen2-vl"])
+def test_resident_session_on_cuda_equals_generate_under_the_budget(name: str) -> None:
+    r = _served(name, 1.6)
+    assert r["session"].pool.data.device.type == "cuda"
+    assert r["session"].streamer is None
+    assert torch.equal(r["first"].cpu(), r["ref"].cpu()) and torch.equal(r["again"].cpu(), r["ref"].cpu())
+    assert r["session"].records[1].reused_tokens > 0  # the repeat found its prefix in the device pool
+    assert r["peak_allocated"] <= r["budget"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["llava", "qwen2-vl"])
+def test_streamed_weights_on_cuda_equal_generate_under_the_budget(name: str) -> None:
+    r = _served(name, 0.6, stream=True)
+    stats = r["stats"]
+    assert stats is not None and stats.loads > 0
+    assert stats.prefetch_hits > 0  # the side stream had most groups in place before they ran
+    assert torch.equal(r["first"].cpu(), r["ref"].cpu()) and torch.equal(r["again"].cpu(), r["ref"].cpu())
+    assert r["peak_allocated"] <= r["budget"]
+    assert r["restored"].streamed_weights_restored
+    assert torch.equal(r["after"].cpu(), r["ref"].cpu())  # close() put every weight back on the device
+
+
+@pytest.mark.cuda
+def test_the_budget_is_capped_by_the_devices_free_memory() -> None:
+    model = zoo.build_model("llava", "tiny").to("cuda")
+    free, _ = torch.cuda.mem_get_info()
+    cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    session = GovernedSession(model, budget="100TiB")
+    try:
+        assert session.budget_bytes <= free + cached + state_bytes(model)
+        assert any("cudaMemGetInfo" in e["label"] for e in session.events)
+    finally:
+        session.close()
