@@ -142,7 +142,11 @@ def test_card_json_has_exactly_the_card_keys_and_markdown_a_table() -> None:
     card = est.estimate("llava", images=[(32, 32)], prompt_tokens=12, new_tokens=2, device="jetson-orin-nano-8gb")
     data = json.loads(json.dumps(card.to_json()))
     assert tuple(data) == CARD_KEYS
-    assert data["fits"] is True and data["headroom_bytes"] == data["usable_bytes"] - data["peak_bytes"]
+    # a Jetson computes with CUDA: the verdict compares the allocator's reserved peak (workspaces included)
+    assert data["runtime"]["reserved_peak_bytes"] > data["peak_bytes"]
+    assert (
+        data["fits"] is True and data["headroom_bytes"] == data["usable_bytes"] - data["runtime"]["reserved_peak_bytes"]
+    )
     assert set(data["phases"]) == {"load", "input", "encode", "prefill", "decode"}
     assert set(data["phases"]["load"]["by_category"]) <= {"weight", "buffer"}  # the request is its own phase
     assert data["logits"] == "last" and set(data["versions"]) == {"transformers", "torch"}

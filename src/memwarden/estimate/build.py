@@ -10,6 +10,7 @@ import numpy as np
 
 from memwarden.analyze.timeline import breakdown_at, primary_device, summary
 from memwarden.estimate.card import PHASES, Device, MemoryCard, ModelFacts, Request
+from memwarden.estimate.cuda_runtime import cuda_runtime, is_cuda
 from memwarden.estimate.steady import Extrapolated, kv_at_end
 from memwarden.estimate.suggest import arithmetic_suggestions, rank_suggestions
 from memwarden.trace.model import Category, Phase, SpanKind, Trace, enum_name
@@ -103,6 +104,8 @@ def card_from_trace(
     if decode is not None:
         _extend(card, decode)
     if device is not None:
+        if is_cuda(device):
+            card.runtime = cuda_runtime(trace, device, card.peak_bytes)
         apply_device(card, device)
         if facts is not None and not card.fits:
             card.suggestions = rank_suggestions(
@@ -126,9 +129,9 @@ def apply_device(card: MemoryCard, device: Device) -> None:
     card.device = device.name
     card.device_id = device.id
     card.usable_bytes = int(device.usable_bytes)
-    card.headroom_bytes = card.usable_bytes - card.peak_bytes
+    card.headroom_bytes = card.usable_bytes - card.device_peak_bytes
     card.fits = card.headroom_bytes >= 0
-    card.limit = limit_verdict(card.peak_bytes, device)
+    card.limit = limit_verdict(card.device_peak_bytes, device)
 
 
 def limit_verdict(peak_bytes: int, device: Device) -> dict[str, Any] | None:

@@ -42,6 +42,7 @@ CARD_KEYS = (
     "quantization",
     "limit",
     "fit",
+    "runtime",
 )
 
 # Bytes per element (per parameter for quantized weights, scales included; see memwarden.estimate.suggest).
@@ -74,6 +75,7 @@ class Request:
     """One ``generate()`` call: media, text, output length, batch, dtypes."""
 
     images: tuple[tuple[int, int], ...] = ()  # (W, H) px, already resized for the model
+    videos: tuple[tuple[int, int, int], ...] = ()  # (W, H, frames): frames of W x H px each
     audio_seconds: float | None = None  # log-mel frames at 100 per second
     prompt_tokens: int = 128  # every text token, markers included; placeholders come on top
     new_tokens: int = 16  # decode steps of greedy generation
@@ -87,7 +89,7 @@ class Request:
     logits: str = "last"
 
     def describe(self) -> str:
-        parts = [f"{w}x{h} image" for w, h in self.images]
+        parts = [f"{w}x{h} image" for w, h in self.images] + [f"{w}x{h}x{f} video" for w, h, f in self.videos]
         if self.audio_seconds is not None:
             parts.append(f"{self.audio_seconds:g} s audio")
         parts.append(f"{self.prompt_tokens} prompt tokens")
@@ -108,6 +110,7 @@ class Request:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["images"] = [list(wh) for wh in self.images]
+        data["videos"] = [list(whf) for whf in self.videos]
         return data
 
 
@@ -163,6 +166,8 @@ class MemoryCard:
     limit: dict[str, Any] | None = None
     # --fit: {solve, value, peak_bytes, budget_bytes, next_value, next_peak_bytes, settings}
     fit: dict[str, Any] | None = None
+    # on a CUDA device: workspaces, the caching allocator's reserve, the context (estimate/cuda_runtime.py)
+    runtime: dict[str, Any] | None = None
     # not part of the JSON: what the card is about, for the Markdown card
     model: str = ""
     request: Request | None = None
@@ -180,8 +185,13 @@ class MemoryCard:
         data["suggestions"] = [s.to_json() for s in self.suggestions]
         return data
 
+    @property
+    def device_peak_bytes(self) -> int:
+        """What the device loses at the peak: on CUDA the allocator's reserved peak, else the tensors'."""
+        return int(self.runtime["reserved_peak_bytes"]) if self.runtime else self.peak_bytes
+
     def verdict(self, usable_bytes: int) -> str:
-        headroom = usable_bytes - self.peak_bytes
+        headroom = usable_bytes - self.device_peak_bytes
         if headroom < 0:
             return f"does not fit ({format_bytes(-headroom)} over)"
         return f"fits ({format_bytes(headroom)} headroom)"
@@ -198,6 +208,10 @@ class MemoryCard:
         for name, info in self.phases.items():
             lines.append(f"  {name:<8} {format_bytes(info['peak_bytes']):>12}")
         lines += [f"  {line}" for line in self.provenance()]
+        if self.runtime:
+            from memwarden.estimate.cuda_runtime import runtime_lines
+
+            lines += [f"  {line}" for line in runtime_lines(self.runtime)]
         if self.usable_bytes is not None:
             lines.append(
                 f"  {self.device}: usable {format_bytes(self.usable_bytes)}, {self.verdict(self.usable_bytes)}"

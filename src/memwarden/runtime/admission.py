@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence
+from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence, cache_keyword
 
 # (new tokens, total tokens) of the calibration prefills: short and long prompts, short turns over long histories
 _CALIBRATION_POINTS = ((16, 16), (80, 80), (16, 160), (48, 304), (128, 128))
@@ -126,7 +126,7 @@ class PeakPredictor:
         inputs["input_ids"] = full_ids
         inputs["attention_mask"] = torch.ones_like(full_ids)
         with MetaCapture(model, inputs) as cap, torch.inference_mode():
-            model.generate(**inputs, cache=PagedCache(seq), max_new_tokens=1, **kwargs)
+            model.generate(**inputs, **{cache_keyword(model): PagedCache(seq)}, max_new_tokens=1, **kwargs)
         self.meta_runs += 1
         assert cap.trace is not None  # set when the capture exits
         s = summary(cap.trace)

@@ -283,4 +283,12 @@ class PagedCache(Cache):
         return [self.seq.pool.data]
 
 
-__all__ = ["KVPool", "KVSpec", "NoFreeBlocks", "PagedCache", "PagedLayer", "Sequence"]
+def cache_keyword(model: Any) -> str:
+    """The ``generate()`` keyword a model takes its cache by: ``cache`` in transformers releases that
+    renamed it, ``past_key_values`` before (both are in use: GPU images pin older releases)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+__all__ = ["KVPool", "KVSpec", "NoFreeBlocks", "PagedCache", "PagedLayer", "Sequence", "cache_keyword"]
