@@ -498,8 +498,9 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
 
 
-def _placeholder(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """A tensor of ``shape`` and ``dtype`` with one element of storage: NaN for floats, so that a
-    weight read outside its module's forward poisons the output instead of passing unnoticed."""
+def _placeholder(dtype: torch.dtype, shape: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
+    """A tensor of ``shape`` and ``dtype`` with one element of storage on ``device``: NaN for floats, so
+    that a weight read outside its module's forward poisons the output instead of passing unnoticed.
+    (Made on the device, never moved there: ``.to()`` would materialize the expanded shape.)"""
     fill = float("nan") if dtype.is_floating_point or dtype.is_complex else 0
-    return torch.full((), fill, dtype=dtype).expand(shape)
+    return torch.full((), fill, dtype=dtype, device=device).expand(shape)

@@ -107,7 +107,7 @@ class CudaWeightStreamer:
         for (_, p), size in zip(params, sizes, strict=True):
             flat = p.detach().contiguous().reshape(-1).view(torch.uint8)
             host[offset : offset + p.nbytes].copy_(flat)  # device -> pinned host, synchronous
-            placeholder = _placeholder(p.dtype, tuple(p.shape)).to(self.device)
+            placeholder = _placeholder(p.dtype, tuple(p.shape), self.device)
             tensors.append(_HostTensor(param=p, offset=offset, nbytes=p.nbytes, placeholder=placeholder))
             offset += size
         return _HostGroup(name=name, host=host, tensors=tensors, hooks=[])
