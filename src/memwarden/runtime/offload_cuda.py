@@ -86,6 +86,8 @@ class CudaWeightStreamer:
             for t in g.tensors:
                 t.param.requires_grad_(False)
                 t.param.data = t.placeholder  # the device storage is freed here
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # and given back to the device, not kept in the allocator's cache
         self.slot_bytes = max((int(g.host.numel()) for g in self._groups), default=0)
         self._slots = [self._new_slot() for _ in range(placement.staging_slots)]
         self._copy_stream = torch.cuda.Stream(self.device)

@@ -327,8 +327,10 @@ def _model_class(config: Any) -> str:
 
 
 def meta_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The request with its floating-point tensors (pixels, audio features) on meta."""
-    return {k: (torch.empty_like(v, device=META) if is_float(v.dtype) else v) for k, v in inputs.items()}
+    """The request with its floating-point tensors (pixels, audio features) on meta and the others
+    (token ids, grids, masks) on the CPU, where the meta model computes with them: a request made for
+    a GPU model has them on the GPU."""
+    return {k: (torch.empty_like(v, device=META) if is_float(v.dtype) else v.cpu()) for k, v in inputs.items()}
 
 
 # -- the capture ------------------------------------------------------------------------
