@@ -66,7 +66,8 @@ def test_resident_session_on_cuda_equals_generate_under_the_budget(name: str) ->
     assert r["session"].pool.data.device.type == "cuda"
     assert r["session"].streamer is None
     assert torch.equal(r["first"].cpu(), r["ref"].cpu()) and torch.equal(r["again"].cpu(), r["ref"].cpu())
-    assert r["session"].records[1].reused_tokens > 0  # the repeat found its prefix in the device pool
+    if name == "llava":  # Qwen2-VL's positions depend on its media: no reuse past the image (runtime/media.py)
+        assert r["session"].records[1].reused_tokens > 0  # the repeat found its prefix in the device pool
     assert r["peak_allocated"] <= r["budget"]
     assert r["peak_reserved"] <= r["budget"]  # what the device lost, the allocator's cache included
 

@@ -26,8 +26,7 @@ Why the details are what they are:
 - Groups are single modules, not decoder layers: small slots leave more budget to resident
   weights, and each copy is read back while it is likely still cached (bench_offload.py compares).
 
-A model on a GPU streams through :class:`memwarden.runtime.offload_cuda.CudaWeightStreamer`
-instead (pinned host buffers, device slots, copies on a side stream); ``stream_weights`` picks it.
+A model on a GPU streams with ``memwarden.runtime.offload_cuda`` (pinned host, device slots).
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 import torch
@@ -55,9 +54,6 @@ from memwarden.capture.modality import ModalityRules
 from memwarden.models.devices import MemoryTier
 from memwarden.plan.placement import Placement, WeightGroup, place
 from memwarden.trace.model import Modality
-
-if TYPE_CHECKING:
-    from memwarden.runtime.offload_cuda import CudaWeightStreamer
 
 __all__ = ["StreamStats", "WeightStreamer", "default_tiers", "plan_streaming", "stream_weights", "weight_groups"]
 
@@ -223,11 +219,11 @@ def stream_weights(
     tiers: tuple[MemoryTier, ...] | None = None,
     placement: Placement | None = None,
     prefetch: bool = True,
-) -> WeightStreamer | CudaWeightStreamer:
+) -> WeightStreamer:
     """Stream ``model``'s weights so that weights + ``kv_cache_bytes`` + ``activation_bytes`` stay
-    under ``budget_bytes``. Returns the :class:`WeightStreamer` (a context manager; on a GPU the
-    :class:`CudaWeightStreamer`, and ``offload_dir`` is not used); the model is used as before
-    (``model(...)``, ``model.generate(...)``) until ``detach()``.
+    under ``budget_bytes``. Returns the :class:`WeightStreamer` (a context manager); the model is
+    used as before (``model(...)``, ``model.generate(...)``) until ``detach()``. A model on a GPU:
+    :func:`memwarden.runtime.offload_cuda.stream_weights_cuda`.
 
     ``placement`` overrides the plan (e.g. one from :func:`plan_streaming` with other tiers).
     Raises ``PlacementError`` when the budget cannot hold even two staging slots.
@@ -241,10 +237,6 @@ def stream_weights(
             tiers=tiers,
             offload_dir=offload_dir,
         )
-    if any(p.device.type == "cuda" for p in model.parameters()):
-        from memwarden.runtime.offload_cuda import CudaWeightStreamer
-
-        return CudaWeightStreamer(model, placement, prefetch=prefetch)
     return WeightStreamer(model, placement, offload_dir, prefetch=prefetch)
 
 
@@ -260,7 +252,7 @@ class WeightStreamer:
         prefetch: bool = True,
     ) -> None:
         if any(p.device.type != "cpu" for p in model.parameters()):
-            raise NotImplementedError("weight streaming runs CPU models only (the staging slots are host memory)")
+            raise NotImplementedError("a model on a GPU streams with runtime.offload_cuda.stream_weights_cuda")
         if getattr(model, "_memwarden_streamer", None) is not None:  # its weights are placeholders now
             raise ValueError("this model's weights are already streamed; detach() that streamer first")
         self.model = model

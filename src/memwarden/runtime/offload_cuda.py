@@ -27,9 +27,19 @@ from typing import Any
 import torch
 
 from memwarden.plan.placement import Placement
-from memwarden.runtime.offload import StreamStats, _aligned, _placeholder, _streamable
+from memwarden.runtime.offload import StreamStats, _aligned, _placeholder, _streamable, plan_streaming
 
-__all__ = ["CudaWeightStreamer"]
+__all__ = ["CudaWeightStreamer", "stream_weights_cuda"]
+
+
+def stream_weights_cuda(
+    model: torch.nn.Module, budget_bytes: int, *, kv_cache_bytes: int = 0, activation_bytes: int = 0,
+    prefetch: bool = True,
+) -> CudaWeightStreamer:  # fmt: skip
+    """``offload.stream_weights`` for a model on a GPU: the same placement, streamed from pinned host
+    memory (no files). Raises ``PlacementError`` when the budget cannot hold even two staging slots."""
+    placement = plan_streaming(model, budget_bytes, kv_cache_bytes=kv_cache_bytes, activation_bytes=activation_bytes)
+    return CudaWeightStreamer(model, placement, prefetch=prefetch)
 
 
 @dataclass

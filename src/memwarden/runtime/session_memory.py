@@ -138,6 +138,16 @@ def _fix_mmap_threshold(threshold_bytes: int) -> bool:
     return bool(libc is not None and hasattr(libc, "mallopt") and libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
 
 
+def _cuda_runtime_bytes(device: torch.device) -> int:
+    """cuBLAS + cuBLASLt workspace bytes a request on ``device`` may allocate (0 off CUDA)."""
+    if device.type != "cuda":
+        return 0
+    from memwarden.estimate.cuda_runtime import CUBLASLT_WORKSPACE_BYTES, cublas_workspace_bytes
+
+    capability = torch.cuda.get_device_capability(device)
+    return cublas_workspace_bytes((capability[0], capability[1])) + CUBLASLT_WORKSPACE_BYTES
+
+
 class SessionMemory:
     """Budget, held bytes, KV-pool sizing and weight streaming of one GovernedSession.
 
@@ -172,6 +182,10 @@ class SessionMemory:
         self._release = weakref.finalize(self, self._owned.release)
         self._release.atexit = False  # at exit only the folders go (their own finalizers): no weights restored
         self.weights_bytes = state_bytes(model)
+        # On a GPU, what serving allocates outside the model's tensors: the cuBLAS and cuBLASLt workspaces
+        # (PyTorch allocates them through its caching allocator on the first matmul of a thread and stream;
+        # estimate/cuda_runtime.py). Kept out of every figure the session plans with.
+        self.runtime_bytes = _cuda_runtime_bytes(device)
         # A budget above what the process may really allocate (its cgroup, RLIMIT_AS) would let native code
         # abort or the OOM killer strike mid-request: the session plans for the smaller figure.
         asked = self.budget_bytes
@@ -288,7 +302,7 @@ class SessionMemory:
     def admissible(self, budget: int) -> int:
         """The most a request may be predicted to use: the budget less the safety margin (kernel
         workspaces, per-thread buffers and the session's bookkeeping are not in the prediction)."""
-        return budget - max(int(budget * self.config.safety_fraction), _MIN_SAFETY_BYTES)
+        return budget - max(int(budget * self.config.safety_fraction), _MIN_SAFETY_BYTES) - self.runtime_bytes
 
     def pool_blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.spec.block_size)
@@ -296,7 +310,7 @@ class SessionMemory:
     def pool_blocks_for(self, budget_bytes: int) -> int:
         """Default pool size under a budget: ``kv_fraction`` of what the weights leave, capped at a
         few sequences of the model's full context (more is memory no request can use)."""
-        spare = budget_bytes - self.weights_bytes
+        spare = budget_bytes - self.weights_bytes - self.runtime_bytes
         # With streamed weights the placement kept exactly the activation reserve free: never give it to KV.
         reserve = self.activation_reserve_bytes if self.streamer is not None else 0
         blocks = self.spec.blocks_for_bytes(int(min(spare * self.config.kv_fraction, spare - reserve)))
@@ -372,8 +386,15 @@ class SessionMemory:
                 raise PlacementError(
                     f"{format_bytes(budget)} is less than the safety margin", min_budget_bytes=budget * 2
                 )
-            streamer = stream_weights(self.model, planned, directory, kv_cache_bytes=kv_bytes,
-                                      activation_bytes=reserve)  # fmt: skip
+            if self.device.type == "cuda":  # pinned host buffers and device slots; no files
+                from memwarden.runtime.offload_cuda import stream_weights_cuda
+
+                streamer: WeightStreamer | CudaWeightStreamer = stream_weights_cuda(
+                    self.model, planned, kv_cache_bytes=kv_bytes, activation_bytes=reserve
+                )
+            else:
+                streamer = stream_weights(self.model, planned, directory, kv_cache_bytes=kv_bytes,
+                                          activation_bytes=reserve)  # fmt: skip
         except BaseException as exc:
             if made:
                 shutil.rmtree(directory, ignore_errors=True)
