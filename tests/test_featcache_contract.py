@@ -179,3 +179,29 @@ def test_outputs_round_trip_through_the_disk_tier(llava: torch.nn.Module, tmp_pa
     assert torch.equal(got.last_hidden_state, value.last_hidden_state) and len(got.hidden_states) == 2
     store.put("odd", object())  # not tensors: never cached
     assert store.stats()["unstorable"] == 1
+
+
+def test_the_session_default_encoder_cache_is_contract_keyed(llava: torch.nn.Module) -> None:
+    """No ``encoder_cache=`` given: the session caches encoder outputs in the contract-keyed tiered
+    store, so new encoder weights mean a miss and fresh features, within one session."""
+    model = llava
+    calls = Calls(model)
+    inputs = zoo.make_inputs(model, prompt_tokens=30, seed=3)
+    weight = model.model.vision_tower.encoder.layers[0].mlp.fc1.weight
+    saved = weight.detach().clone()
+    try:
+        with torch.inference_mode():
+            session = GovernedSession(model, budget="1GiB", prefix_reuse=False)
+            assert isinstance(session.encoder_cache.store, TieredEncoderStore)
+            session.generate(**inputs, max_new_tokens=NEW, **GK)
+            session.generate(**inputs, max_new_tokens=NEW, **GK)
+            assert calls.n == 1 and session.stats()["encoder_hits"] == 1
+            weight.copy_(saved * 1.5)  # a new encoder
+            swapped = session.generate(**inputs, max_new_tokens=NEW, **GK)
+            session.close()
+        assert calls.n == 2  # the old features were not served
+        assert torch.equal(swapped, _reference(model, inputs))
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+        calls.handle.remove()

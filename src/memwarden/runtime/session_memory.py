@@ -20,7 +20,7 @@ import torch
 
 from memwarden.runtime import media as media_mod
 from memwarden.runtime.admission import PeakPredictor
-from memwarden.runtime.encoders import EncoderCache, LRUStore
+from memwarden.runtime.encoders import EncoderCache
 from memwarden.runtime.kvcache import KVPool, KVSpec
 from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_log import EventLog
@@ -148,6 +148,18 @@ def _cuda_runtime_bytes(device: torch.device) -> int:
     return cublas_workspace_bytes((capability[0], capability[1])) + CUBLASLT_WORKSPACE_BYTES
 
 
+def _default_encoder_store(model: torch.nn.Module, processor: Any, config: SessionConfig) -> Any:
+    """The session's encoder cache when none is given: the tiered feature cache keyed by the encoder's
+    contract (weights digest, preprocessing, dtype, size policy: ``runtime/featcache_contract.py``), so
+    a swapped encoder or adapter never hits an old entry; in memory only (pass a ``TieredEncoderStore``
+    with a disk tier to keep features across restarts), LRU within ``encoder_cache_bytes``, no expiry."""
+    from memwarden.runtime.featcache import FeatureCache
+    from memwarden.runtime.featcache_contract import TieredEncoderStore
+
+    cache = FeatureCache(None, l1_max_bytes=config.encoder_cache_bytes, l1_ttl_s=float("inf"))
+    return TieredEncoderStore(cache, model, processor)
+
+
 class SessionMemory:
     """Budget, held bytes, KV-pool sizing and weight streaming of one GovernedSession.
 
@@ -167,6 +179,7 @@ class SessionMemory:
         budget_source: Any = None,
         example_inputs: dict[str, Any] | None = None,
         encoder_store: Any = None,
+        processor: Any = None,
     ) -> None:
         self.model = model
         self.spec = spec
@@ -237,7 +250,7 @@ class SessionMemory:
             )
         self.pool = self._new_pool(num_kv_blocks, device, budget_now)
         if config.encoder_cache:
-            store = encoder_store if encoder_store is not None else LRUStore(config.encoder_cache_bytes)
+            store = encoder_store if encoder_store is not None else _default_encoder_store(model, processor, config)
             self._owned.encoder_cache = EncoderCache(model, store)
 
     def close(self) -> None:
