@@ -59,6 +59,15 @@ def test_known_issue_entries_are_complete_and_cite_sources() -> None:
         assert all(s.startswith("https://") or "design document" in s for s in entry["sources"])
 
 
+def test_entries_without_a_public_source_say_they_are_unverified_and_what_was_searched() -> None:
+    unsourced = [e for e in known_issues()["issues"] if not any(s.startswith("https://") for s in e["sources"])]
+    assert {e["id"] for e in unsourced} >= {"snapdragon-8gen2-qnn-memmap", "dimensity-9200-av1-dma"}
+    for entry in unsourced:
+        check = entry["verification"]
+        assert check["status"] == "unverified" and check["searched"] and check["note"], entry["id"]
+        assert all(url.startswith("https://") for url in check["related"]), entry["id"]
+
+
 def test_versions_compare_release_numbers() -> None:
     assert versions.matches("1.20.1", ">=1.19,<1.22")
     assert not versions.matches("1.18.1", ">=1.19")

@@ -3,12 +3,14 @@
 Every unit holds one video frame and exactly ``audio_per_frame`` audio samples (or feature frames),
 the contract audio-visual LLM frontends assert ("Audio features and audio tokens do not match").
 Two online straight-line fits map each stream's counter to host time: audio sample index ->
-seconds and video frame index -> seconds. Their ratio is the drift between the two clocks, their
-intercepts the offset. Unit ``i`` covers the host interval between the fitted times of frames
-``i`` and ``i + 1``; its audio is read from the sample buffer at the matching fractional
-positions (resampling to the nominal rate), starting exactly where the previous unit's audio
-ended so nothing is lost or repeated. When an updated fit moves the target, the unit absorbs the
-difference as a rate change bounded by ``max_slew`` (no clicks, no jumps).
+seconds (one point per chunk) and video frame index -> seconds. Their ratio is the drift between
+the two clocks, their intercepts the offset. Each slope is least squares, or the lower envelope
+of the stamps when their delays show a floor (``memwarden.align.fit``). Unit ``i`` covers the
+host interval between the fitted times of frames ``i`` and ``i + 1``; its audio is read from the
+sample buffer at the matching fractional positions (resampling to the nominal rate), starting
+exactly where the previous unit's audio ended so nothing is lost or repeated. When an updated
+fit moves the target, the unit absorbs the difference as a rate change bounded by ``max_slew``
+(no clicks, no jumps).
 
 Dropped frames (a gap in the fitted frame index) are filled with the previous frame's payload;
 duplicates (an index already seen) are discarded; a lost audio chunk (a timestamp jump well past
@@ -47,6 +49,8 @@ class ClockEstimate:
     video_fps: float  # video frames per host second
     audio_points: int
     video_points: int
+    audio_floor: bool = False  # the audio period came from the stamps' floor, not least squares
+    video_floor: bool = False  # likewise the video period (see ``memwarden.align.fit``)
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,8 @@ class StreamAligner:
             video_fps=1.0 / video_period_s,
             audio_points=self._audio_fit.count,
             video_points=self._video_fit.count,
+            audio_floor=self._audio_fit.floor_used,
+            video_floor=self._video_fit.floor_used,
         )
 
     @property

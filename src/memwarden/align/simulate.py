@@ -4,8 +4,9 @@ The truth is kept so alignment can be scored: audio sample ``n`` was captured at
 ``audio_start_s + n / (audio_rate * (1 + audio_drift_ppm / 1e6))`` and frame ``i`` at
 ``i / (video_fps * (1 + video_drift_ppm / 1e6))``. A stamp is the capture time plus a delivery
 delay: ``jitter="latency"`` draws it uniformly from [0, jitter_s] (a scheduler's wake-up
-latency, never early), ``"gaussian"`` from N(0, jitter_s) (symmetric noise, the harder case for
-a drift estimate). Frames are dropped and duplicated at the given rates; audio chunks can be lost.
+latency, never early), ``"uniform"`` from [-jitter_s, jitter_s] (bounded symmetric error),
+``"gaussian"`` from N(0, jitter_s) (unbounded symmetric noise, the hard case for a drift estimate:
+no floor to lean on). Frames are dropped and duplicated at the given rates; audio chunks can be lost.
 Events come in stamp order, lazily, so an hour of 16 kHz audio never sits in memory.
 """
 
@@ -28,7 +29,7 @@ class StreamSpec:
     audio_drift_ppm: float = 0.0
     video_drift_ppm: float = 0.0
     jitter_s: float = 0.005
-    jitter: str = "latency"  # or "gaussian"
+    jitter: str = "latency"  # or "uniform", "gaussian"
     drop_frame_rate: float = 0.01
     duplicate_frame_rate: float = 0.0
     drop_audio_chunk_rate: float = 0.0
@@ -68,6 +69,8 @@ class Event:
 def _delays(spec: StreamSpec, rng: np.random.Generator, n: int) -> np.ndarray:
     if spec.jitter == "gaussian":
         return rng.normal(0.0, spec.jitter_s, n)
+    if spec.jitter == "uniform":
+        return rng.uniform(-spec.jitter_s, spec.jitter_s, n)
     return rng.uniform(0.0, spec.jitter_s, n)
 
 
