@@ -169,3 +169,20 @@ def test_cli_partition_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["partition", str(junk), "--device-profile", "iphone-15-pro"]) == 2
     assert main(["partition", str(junk), "--device-profile", "t4-16gb"]) == 2
     capsys.readouterr()
+
+
+def test_exported_graphs_of_hundreds_of_nodes_are_solved_exactly(tmp_path: Path) -> None:
+    """Qwen2-VL's vision tower (small, 387 nodes): the exact program proves its optimum, which the
+    local search alone misses on the phone's three units."""
+    pytest.importorskip("onnx")
+    from memwarden.capture.onnx.export import export_zoo
+    from memwarden.models.compute_units import load_compute_units
+    from memwarden.plan.partition_onnx import load_problem
+
+    path = export_zoo("qwen2-vl", tmp_path, size="small", parts=("vision",))["vision"]
+    problem = load_problem(path, load_compute_units("galaxy-s24-ultra-12gb"), dtype="fp16")
+    assert problem.num_nodes > 300
+    exact = solve(problem)
+    searched = solve(problem, max_exact_nodes=0)
+    assert exact.method == "milp" and exact.exact and exact.evaluation.feasible
+    assert not searched.exact and exact.evaluation.latency_us < searched.evaluation.latency_us
