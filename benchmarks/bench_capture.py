@@ -1,13 +1,17 @@
-"""Capture overhead on the default workload (the demo deployment's chat turns).
+"""Capture overhead on the three workloads of the capture-cost table (issue 14):
 
-Measures, interleaved in one process so machine noise hits all modes alike:
+  tiny16   a tiny llava ``generate`` of 16 new tokens (~150 ms plain)
+  tiny64   the same with 64 new tokens
+  demo     the default workload: the demo deployment's chat turns (llava small, 4 turns)
+
+On each workload, interleaved in one process so machine noise hits all modes alike:
   untraced              plain run
   memwarden             under memwarden.capture() (source lines on: the default)
   memwarden(lines=False) the same without source lines (what line attribution costs)
   torch.profiler        under torch.profiler.profile(profile_memory=True) alone (the reference)
-and reports median wall times and the ratios to the untraced run.
+and reports median wall and process CPU times and the ratios to the untraced run.
 
-    python benchmarks/bench_capture.py [--repeats 7] [--json]
+    python benchmarks/bench_capture.py [--repeats 7] [--workloads tiny16,tiny64,demo] [--threads N] [--json]
 """
 
 from __future__ import annotations
@@ -16,32 +20,44 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import memwarden
+from memwarden.models import zoo
 from memwarden.models.chat import DemoConfig, build_deployment, run_chat
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def _tiny(new_tokens: int) -> tuple[str, Callable[[], None]]:
+    model = zoo.build_model("llava", size="tiny")
+    inputs = zoo.make_inputs(model, prompt_tokens=16)
+    kwargs = zoo.generate_kwargs("llava")
 
+    def run() -> None:
+        with torch.inference_mode():
+            model.generate(**inputs, max_new_tokens=new_tokens, **kwargs)
+
+    return f"llava (tiny) generate, {new_tokens} new tokens", run
+
+
+def _demo() -> tuple[str, Callable[[], None]]:
     config = DemoConfig()
     model, turn_inputs, gen_kwargs = build_deployment(config)
 
-    def workload() -> None:
+    def run() -> None:
         run_chat(model, turn_inputs, gen_kwargs, config)
 
-    def untraced() -> None:
-        workload()
+    return f"{config.model} ({config.size}), {config.turns}-turn chat, {config.new_tokens} new tokens/turn", run
 
+
+WORKLOADS: dict[str, Callable[[], tuple[str, Callable[[], None]]]] = {
+    "tiny16": lambda: _tiny(16), "tiny64": lambda: _tiny(64), "demo": _demo}  # fmt: skip
+
+
+def measure(workload: Callable[[], None], repeats: int) -> dict[str, Any]:
     def traced() -> None:
         with memwarden.capture():
             workload()
@@ -54,13 +70,13 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
             workload()
 
-    modes = {"untraced": untraced, "memwarden": traced, "memwarden(lines=False)": traced_no_lines,
+    modes = {"untraced": workload, "memwarden": traced, "memwarden(lines=False)": traced_no_lines,
              "torch.profiler(profile_memory)": profiled}  # fmt: skip
     for fn in modes.values():  # warm up kernels, the native build and the profiler
         fn()
     times: dict[str, list[float]] = {name: [] for name in modes}
     cpu: dict[str, list[float]] = {name: [] for name in modes}
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         for name, fn in modes.items():
             start, start_cpu = time.perf_counter(), time.process_time()
             fn()
@@ -68,24 +84,39 @@ def main() -> None:
             cpu[name].append(time.process_time() - start_cpu)
     base = statistics.median(times["untraced"])
     base_cpu = statistics.median(cpu["untraced"])
-    result = {
-        "workload": f"{config.model} ({config.size}), {config.turns}-turn chat, {config.new_tokens} new tokens/turn",
-        "repeats": args.repeats,
-        "torch_threads": torch.get_num_threads(),
+    return {
         "median_s": {k: round(statistics.median(v), 4) for k, v in times.items()},
         "ratio_to_untraced": {k: round(statistics.median(v) / base, 3) for k, v in times.items()},
         "cpu_s": {k: round(statistics.median(v), 4) for k, v in cpu.items()},
         "cpu_ratio_to_untraced": {k: round(statistics.median(v) / base_cpu, 3) for k, v in cpu.items()},
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--workloads", default="tiny16,tiny64,demo", help="comma-separated: " + ",".join(WORKLOADS))
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = {}
+    for key in args.workloads.split(","):
+        label, workload = WORKLOADS[key]()
+        results[key] = {"workload": label, **measure(workload, args.repeats)}
+    header = {"repeats": args.repeats, "torch_threads": torch.get_num_threads()}
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps({**header, "workloads": results}, indent=2))
         return
-    print(result["workload"], f"({args.repeats} interleaved repeats, {result['torch_threads']} threads)")
-    for name in modes:
-        print(
-            f"  {name:32s} wall median {result['median_s'][name]:.3f} s ratio {result['ratio_to_untraced'][name]:.3f}"
-            f"   cpu median {result['cpu_s'][name]:.3f} s ratio {result['cpu_ratio_to_untraced'][name]:.3f}"
-        )
+    print(f"{args.repeats} interleaved repeats, {header['torch_threads']} threads")
+    for result in results.values():
+        print(result["workload"])
+        for name in result["median_s"]:
+            print(
+                f"  {name:32s} wall median {result['median_s'][name]:.3f} s ratio {result['ratio_to_untraced'][name]:.3f}"
+                f"   cpu median {result['cpu_s'][name]:.3f} s ratio {result['cpu_ratio_to_untraced'][name]:.3f}"
+            )
 
 
 if __name__ == "__main__":

@@ -57,6 +57,8 @@ def main() -> None:
             f"{r['model']:26s} {r['seconds']:5.1f} s ({r['cpu_seconds']:4.1f} s CPU)   peak RSS {r['peak_rss_bytes'] / 2**20:6.0f} MiB   "
             f"estimated peak {r['estimated_peak_bytes'] / 2**30:5.1f} GiB   ({r['request']})"
         )
+    short, long = rows[-2], rows[-1]  # 16 and 2048 new tokens: within 1.5x of each other (issue 15)
+    print(f"2048 vs 16 new tokens: {long['cpu_seconds'] / short['cpu_seconds']:.2f}x the CPU seconds")
 
 
 if __name__ == "__main__":

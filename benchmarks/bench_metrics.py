@@ -2,11 +2,23 @@
 
     .venv/bin/python benchmarks/bench_metrics.py [REQUESTS]
 
-Serves REQUESTS requests of the tiny llava zoo model under a 1 GiB budget while a scraper thread
-fetches /metrics over 127.0.0.1 every 100 ms (Prometheus' usual interval is 15 s: this is 150x
-denser). Reports the server-side render (one ``stats()`` + exposition) and the HTTP round trip per
-scrape, at the start and after every request was served (``stats()`` lists every request, so its
-cost grows with them), and the render time spent per request served.
+Serves REQUESTS requests of the tiny llava zoo model under a 1 GiB budget while a scraper thread,
+every 100 ms (Prometheus' usual interval is 15 s: this is 150x denser), answers one scrape three
+ways side by side (in rotating order, each through prometheus_client's WSGI application, which is
+what the HTTP server runs for a scrape), then fetches /metrics over 127.0.0.1:
+
+- ``exporter``: ``SessionMetrics.app`` as served: one ``stats(include_requests=False)`` (the
+  session's running counts, ``runtime/session_tally.py``), and the exposition formatted again only
+  when the session changed since the last scrape;
+- ``counts``: the same counts, formatted at every scrape (no reuse of the last exposition);
+- ``lists``: what every scrape did before the running counts: ``stats()`` with its lists of every
+  event and request, the decisions, refusals and log entries counted again over those lists, and
+  the exposition formatted.
+
+Reports each way's time for one scrape at the start and after every request was served, and per
+request served, with the ratios to the exporter. Times are the scraper thread's CPU time
+(``time.thread_time``): what a scrape takes from the service; the wall time around the same calls
+is shown too, which on a loaded machine also counts waiting for a core or for the GIL.
 """
 
 from __future__ import annotations
@@ -16,31 +28,47 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
-from prometheus_client import generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.exposition import make_wsgi_app
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from memwarden.models import zoo
-from memwarden.runtime.metrics import SessionMetrics, serve_metrics
+from memwarden.runtime.metrics import SessionMetrics, families, serve_metrics, streamed_weight_bytes
 from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_tally import SessionTally
+
+_ENVIRON = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": "", "HTTP_ACCEPT": "text/plain"}
 
 
-def _render_ms(metrics: SessionMetrics, repeat: int = 50) -> float:
+class _Listing(Collector):
+    """The exposition as scrapes built it before the running counts: from the full lists."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.session.stats()  # every event and every request's record, as JSON
+        counts, _, _ = SessionTally().look(self.session.records, self.session.events)  # counted from scratch
+        yield from families({**stats, **counts}, streamed_weight_bytes(self.session))
+
+
+def _scrape(app: Callable[..., Any]) -> bytes:
+    return b"".join(app(dict(_ENVIRON), lambda status, headers, exc_info=None: None))
+
+
+def _one_ms(app: Callable[..., Any], repeat: int = 50) -> float:
+    """Median CPU time of one scrape answered by ``app``, ms (the session unchanged between them)."""
     times = []
     for _ in range(repeat):
-        t = time.perf_counter()
-        generate_latest(metrics.registry)
-        times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times)
-
-
-def _round_trip_ms(url: str, repeat: int = 20) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        with urllib.request.urlopen(url, timeout=30) as r:
-            r.read()
-        times.append(time.perf_counter() - t)
+        t = time.thread_time()
+        _scrape(app)
+        times.append(time.thread_time() - t)
     return 1000 * statistics.median(times)
 
 
@@ -48,18 +76,31 @@ def main(requests: int = 100) -> None:
     model = zoo.build_model("llava")
     inputs = zoo.make_inputs(model, prompt_tokens=24)
     with GovernedSession(model, budget="1GiB", encoder_cache=True) as session:
-        metrics = serve_metrics(session, 0)
-        first_render, first_trip = _render_ms(metrics), _round_trip_ms(metrics.url)
+        metrics = serve_metrics(session, 0)  # the served endpoint, fetched over HTTP at each tick
+        exporter = SessionMetrics(session)  # the same exporter, asked in process: its reuse sees only these scrapes
+        apps = {
+            "exporter": exporter.app,
+            "counts": make_wsgi_app(exporter.registry),
+            "lists": make_wsgi_app(_Listing(session).registry),
+        }
+        assert len({_scrape(app) for app in apps.values()}) == 1  # three ways, one exposition
+        first = {name: _one_ms(app) for name, app in apps.items()}
         stop = threading.Event()
-        scrape_s: list[float] = []
+        cpu_s: dict[str, list[float]] = {name: [] for name in apps}
+        wall_s: dict[str, list[float]] = {name: [] for name in apps}
 
         def scraper() -> None:
+            tick = 0
+            names = list(apps)
             while not stop.wait(0.1):
-                t = time.perf_counter()
-                generate_latest(metrics.registry)  # what the server does per scrape
-                scrape_s.append(time.perf_counter() - t)
+                for name in names[tick % 3 :] + names[: tick % 3]:  # the same moment of the session, each way
+                    t, cpu = time.perf_counter(), time.thread_time()
+                    _scrape(apps[name])
+                    cpu_s[name].append(time.thread_time() - cpu)
+                    wall_s[name].append(time.perf_counter() - t)
                 with urllib.request.urlopen(metrics.url, timeout=30) as r:
                     r.read()
+                tick += 1
 
         thread = threading.Thread(target=scraper)
         thread.start()
@@ -70,14 +111,23 @@ def main(requests: int = 100) -> None:
         wall = time.perf_counter() - start
         stop.set()
         thread.join()
-        last_render, last_trip = _render_ms(metrics), _round_trip_ms(metrics.url)
+        last = {name: _one_ms(app) for name, app in apps.items()}
         metrics.stop()
-    print(
-        f"requests {requests} in {wall:.2f} s; scrapes {len(scrape_s)} (every 100 ms)\n"
-        f"one scrape: render {first_render:.3f} ms, HTTP round trip {first_trip:.3f} ms at 0 requests; "
-        f"render {last_render:.3f} ms, round trip {last_trip:.3f} ms at {requests}\n"
-        f"render time per request served: {1000 * sum(scrape_s) / requests:.3f} ms"
-    )
+    per_request = {name: 1000 * sum(times) / requests for name, times in cpu_s.items()}
+    per_request_wall = {name: 1000 * sum(times) / requests for name, times in wall_s.items()}
+    print(f"requests {requests} in {wall:.2f} s; scrapes {len(cpu_s['exporter'])} (every 100 ms)")
+    print(f"{'':36}{'exporter':>9}{'counts':>9}{'lists':>9}{'counts/exp':>12}{'lists/exp':>11}")
+    for label, figures in (
+        ("one scrape at 0 requests, ms", first),
+        (f"one scrape at {requests} requests, ms", last),
+        ("scrapes per request served, ms", per_request),
+        ("  (wall time, same scrapes), ms", per_request_wall),
+    ):
+        exp = figures["exporter"]
+        print(
+            f"{label:36}{exp:>9.3f}{figures['counts']:>9.3f}{figures['lists']:>9.3f}"
+            f"{figures['counts'] / exp:>11.2f}x{figures['lists'] / exp:>10.2f}x"
+        )
 
 
 if __name__ == "__main__":

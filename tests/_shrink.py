@@ -45,7 +45,10 @@ def shrink(data: Any, image_side: int | None = None) -> Any:
             out[key] = [1] if out[key] else []
     rope = out.get("rope_parameters") or out.get("rope_scaling")
     if isinstance(rope, dict) and isinstance(rope.get("mrope_section"), list):
-        rope["mrope_section"] = [2, 3, 3]  # sums to head_dim / 2 = 8
+        # the sections sum to the rotary half-width: head_dim 16 / 2 = 8, times a partial rotary factor
+        partial = out.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+        half = int(16 * partial) // 2 if isinstance(partial, (int, float)) else 8
+        rope["mrope_section"] = [half - 2 * (half // 3), half // 3, half // 3]
     if image_side is not None and isinstance(out.get("image_size"), int) and "patch_size" in out:
         old = out["image_size"]
         out["image_size"] = image_side

@@ -6,6 +6,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -45,3 +48,40 @@ def chromium() -> str:
     if path is None:
         pytest.skip("no chromium binary (make install installs Debian's chromium)")
     return path
+
+
+@dataclass
+class ServedSession:
+    """A governed session of the tiny llava zoo model (1 GiB budget, encoder cache on) exposing its
+    Prometheus metrics on a free 127.0.0.1 port, and the request it serves."""
+
+    session: Any  # GovernedSession
+    metrics: Any  # runtime.metrics.SessionMetrics
+    inputs: dict[str, Any]
+    name: str = "llava"
+
+    def serve(self) -> None:
+        """One request of 3 new tokens (the same image and prompt each time: prefix blocks reused)."""
+        import torch
+
+        from memwarden.models import zoo
+
+        with torch.inference_mode():
+            self.session.generate(**self.inputs, max_new_tokens=3, **zoo.generate_kwargs(self.name))
+
+
+@pytest.fixture(scope="module")
+def served_session() -> Iterator[ServedSession]:
+    """One served session per test module (tests/test_metrics.py, tests/test_top.py)."""
+    from memwarden.models import zoo
+    from memwarden.runtime.metrics import serve_metrics
+    from memwarden.runtime.session import GovernedSession
+
+    model = zoo.build_model("llava")
+    inputs = zoo.make_inputs(model, prompt_tokens=24)
+    with GovernedSession(model, budget="1GiB", encoder_cache=True) as session:
+        metrics = serve_metrics(session, 0)
+        try:
+            yield ServedSession(session, metrics, inputs)
+        finally:
+            metrics.stop()

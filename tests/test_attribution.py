@@ -270,7 +270,7 @@ def test_storages_the_allocator_never_saw_become_rows_with_their_release() -> No
     mapped = {0x30: StorageRecord(0x30, 1024, "bfloat16", (512,), "/ckpt/w.safetensors", 2_000_000, freed_ns=3_000_000)}
     tags = {0x20: PreexistingTag(category=Category.WEIGHT, modality=Modality.AUDIO, module=PROJECTOR)}
     builder = TraceBuilder()
-    side_events(builder, pre, tags, mapped, clock)
+    side_events(builder, pre, tags, list(mapped.values()), clock)
     e = builder.build().events
     rows = list(zip(e["time_us"].tolist(), e["action"].tolist(), e["tensor"].tolist(), e["address"].tolist(),
                     e["category"].tolist(), e["modality"].tolist(), strict=True))  # fmt: skip
@@ -312,3 +312,56 @@ def test_steps_keep_their_json_layout_and_spans() -> None:
         (SpanKind.STEP, "decode step 1", 10, 20), (SpanKind.PHASE, "decode", 10, 20),
         (SpanKind.PHASE, "optimizer", 12, 20), (SpanKind.PHASE, "load", 0, 5),
     ]  # fmt: skip
+
+
+def test_foreign_storages_take_their_strongest_tag_and_inputs_their_argument_modality() -> None:
+    rules = ModalityRules()
+    blocks = _blocks(alloc_ns=[1, 2], free_ns=[NEVER_NS, NEVER_NS], ptr=[10, 20], ctx=[-1, -1])
+    category = np.full(2, int(Category.OTHER), np.int64)
+    modality = np.full(2, int(Modality.SHARED), np.int64)
+    side = [
+        StorageRecord(70, 4096, "float32", (1, 3, 16, 16), None, 5, freed_ns=40, kind="input"),  # numpy pixels
+        StorageRecord(70, 4096, "float32", (1024,), None, 50, kind="input"),  # the same address, later
+        StorageRecord(80, 1024, "float32", (256,), None, 5, kind="weight"),  # registered, never tagged
+        StorageRecord(20, 64, "int64", (8,), None, 5, kind="input"),  # from_numpy(t.numpy()) of block 1
+        StorageRecord(90, 2048, "float32", (512,), "/ckpt.safetensors", 3, kind="weight"),
+    ]
+    tags = [(9, 70, "input", ""), (9, 20, "input", ""), (9, 10, "input", ""), (9, 90, "weight", PROJECTOR)]
+    inputs = [(9, 70, int(Modality.VISION)), (9, 10, int(Modality.TEXT)), (60, 70, int(Modality.AUDIO))]
+    tagged = apply_tags(tags, match_tags(tags, blocks), blocks, category, modality, {}, rules, side, inputs)
+    assert tagged.side == [
+        PreexistingTag(category=Category.INPUT, modality=Modality.VISION, module=None),
+        PreexistingTag(category=Category.INPUT, modality=Modality.AUDIO, module=None),  # by its own tag time
+        PreexistingTag(category=Category.WEIGHT, modality=Modality.SHARED, module=None),
+        None,  # the allocator block at that address counts those bytes
+        PreexistingTag(category=Category.WEIGHT, modality=Modality.FUSION, module=PROJECTOR),
+    ]
+    assert Category(int(tagged.category[0])) == Category.INPUT and Modality(int(tagged.modality[0])) == Modality.TEXT
+
+
+def test_foreign_storages_become_external_rows_in_their_steps_phase() -> None:
+    clock = Clock(t0_ns=0)
+    side = [
+        StorageRecord(0x70, 4096, "float32", (1, 3, 16, 16), None, 6_000, freed_ns=9_000, kind="input"),
+        StorageRecord(0x90, 2048, "float32", (512,), "/ckpt.safetensors", 2_000, freed_ns=3_000),
+        StorageRecord(0x20, 64, "int64", (8,), None, 6_000, kind="input"),
+    ]
+    tags = [
+        PreexistingTag(category=Category.INPUT, modality=Modality.VISION, module=None),
+        PreexistingTag(category=Category.WEIGHT, modality=Modality.TEXT, module="model.layers.0"),
+        None,
+    ]
+    steps = StepTable.of([StepRecord(start_ns=5_000, ctx=0, phase=Phase.PREFILL, seq_len=4, end_ns=8_000)])
+    builder = TraceBuilder()
+    side_events(builder, {}, {}, side, clock, tags, steps)
+    trace = builder.build()
+    e = trace.events
+    rows = list(zip(e["time_us"].tolist(), e["action"].tolist(), e["tensor"].tolist(), e["category"].tolist(),
+                    e["modality"].tolist(), e["phase"].tolist(), [trace.string(o) for o in e["op"].tolist()],
+                    strict=True))  # fmt: skip
+    assert sorted(rows) == [  # the wrapped allocator block (no tag) leaves no row
+        (2, Action.MAP, -2, Category.WEIGHT, Modality.TEXT, Phase.LOAD, "/ckpt.safetensors"),
+        (3, Action.UNMAP, -2, Category.WEIGHT, Modality.TEXT, Phase.LOAD, "/ckpt.safetensors"),
+        (6, Action.ALLOC, -1, Category.INPUT, Modality.VISION, Phase.PREFILL, "(external storage)"),
+        (9, Action.FREE, -1, Category.INPUT, Modality.VISION, Phase.PREFILL, "(external storage)"),
+    ]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from memwarden.analyze.analysis import Analysis
-from memwarden.analyze.baseline import compare_traces, growth_breaches
+from memwarden.analyze.baseline import compare_at_peak, compare_traces, figures, figures_at_peak, growth_breaches
 from memwarden.analyze.check import Limit, check_limits, measure, parse_limit, parse_scope
 from memwarden.cli import main
 from memwarden.trace.io import save
@@ -163,6 +163,34 @@ def test_growth_against_a_baseline(runs: dict[str, Path], capsys: pytest.Capture
     assert vision.new_bytes == _figures(runs["large"])["vision"] and vision.delta_bytes > 0
     # A tolerance larger than any growth passes the same pair.
     assert growth_breaches(comparison, max_growth=1e6) == []
+
+
+def test_check_and_compare_share_one_comparison(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    small, large = memwarden_load(runs["small"]), memwarden_load(runs["large"])
+    # `memwarden compare` prints the comparison at the peak, row for row.
+    assert main(["compare", str(runs["small"]), str(runs["large"]), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    at_peak = compare_at_peak(small, large)
+    assert [(r["section"], r["label"], r["a_bytes"], r["b_bytes"]) for r in rows] == [
+        (d.kind, d.key, d.old_bytes, d.new_bytes) for d in at_peak.deltas
+    ]
+    summary = Analysis(large).summary
+    totals = {d.key: d.new_bytes for d in at_peak.of("total")}
+    assert totals == {"peak": summary.peak_bytes, "weights": summary.weights_bytes,
+                      "peak above weights": summary.peak_bytes - summary.weights_bytes}  # fmt: skip
+    assert {d.key: d.new_bytes for d in at_peak.of("phase")} == summary.by_phase_peak
+    # Modules heaviest first, by name on ties: the same rows whatever the interpreter's hash seed.
+    modules = at_peak.of("module")
+    assert 0 < len(modules) <= 15
+    assert modules == sorted(modules, key=lambda d: (-max(d.old_bytes, d.new_bytes), d.key))
+    # Both views pair each side's own figures the same way: a figure one side lacks is 0 there.
+    over_run = compare_traces(small, large)
+    for comparison, (a, b) in ((at_peak, (figures_at_peak(small), figures_at_peak(large))),
+                               (over_run, (figures(small), figures(large)))):  # fmt: skip
+        for d in comparison.deltas:
+            assert (d.old_bytes, d.new_bytes) == (a.get((d.kind, d.key), 0), b.get((d.kind, d.key), 0))
+    keys = set(figures(small)) | set(figures(large))
+    assert {(d.kind, d.key) for d in over_run.deltas} == {k for k in keys if over_run.has_lines or k[0] != "line"}
 
 
 def test_json_and_bad_input(runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -234,7 +234,7 @@ def test_cli_card_and_sweep(capsys: pytest.CaptureFixture[str]) -> None:
         (["llava", "--batch", "0"], "batch must be an integer >= 1"),
         (["llava", "--dtype", "int3"], "dtype must be one of"),
         (["llava", "--weights-dtype", "int3"], "weights_dtype must be one of"),
-        (["qwen2-vl", "--image", "56x56", "--image", "56x56", "--prompt-tokens", "4"], "needs prompt_tokens >= 5"),
+        (["qwen2-vl", "--image", "56x56", "--image", "56x56", "--prompt-tokens", "3"], "needs prompt_tokens >= 4"),
         (["llava", "--audio-seconds", "3"], "vision model"),
         (["qwen2-audio", "--audio-seconds", "99"], "takes 0.07 to 2 s of audio"),
         (["llava", "--device", "no-such-device"], "no-such-device"),

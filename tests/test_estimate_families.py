@@ -34,8 +34,19 @@ FAMILIES = {
     "smolvlm2-2.2b-instruct": 84,  # pixel shuffle 3: 6 x 6 patches
     "qwen3-vl-2b-instruct": 64,
     "ovis2-1b": 56,
+    "glm-4.1v-9b-thinking": 56,
+    "voxtral-mini-3b-2507": None,  # audio: requests of AUDIO_SECONDS
     "llama-3.2-1b": None,  # text-only causal LMs
     "qwen2.5-0.5b-instruct": None,
+}
+
+
+AUDIO_SECONDS = {"voxtral-mini-3b-2507": (20.0, 45.0)}  # one and two of Voxtral's 30 s windows
+# shipped config -> videos (W, H, frames) of its tiny twin; the family's video processor frames them
+VIDEOS = {
+    "llava-next-video-7b": (56, 56, 4),
+    "llava-onevision-qwen2-0.5b-ov": (56, 56, 3),
+    "qwen2-vl-2b-instruct": (56, 56, 5),  # padded to 3 temporal patches of 2 frames
 }
 
 
@@ -45,11 +56,22 @@ def _tiny(name: str) -> tuple[dict, int | None]:
     return tiny_config(data, side), side
 
 
-def _meta_and_live(data: dict, images: tuple, prompt: int = 12, new: int = 3) -> tuple[int, int, dict]:
+def _meta_and_live(
+    data: dict, images: tuple, prompt: int = 12, new: int = 3, videos: tuple = (), audio: float | None = None
+) -> tuple[int, int, dict]:
     cfg = transformers.CONFIG_MAPPING[data["model_type"]].from_dict(data)
     name = model_class_for(data["model_type"], data.get("architectures"), "test")
     meta_model = meta.build_meta_model(cfg, torch.float32, name)
-    inputs, tokens = build_request(meta_model, cfg, images=images, prompt_tokens=prompt, new_tokens=new, batch=1)
+    inputs, tokens = build_request(
+        meta_model,
+        cfg,
+        images=images,
+        prompt_tokens=prompt,
+        new_tokens=new,
+        batch=1,
+        videos=videos,
+        audio_seconds=audio,
+    )
     kwargs = {"do_sample": False, "num_beams": 1, "eos_token_id": None, "pad_token_id": 0}
     with meta.MetaCapture(meta_model, inputs) as mcap, torch.inference_mode():
         meta_model.generate(**inputs, max_new_tokens=new, min_new_tokens=new, **kwargs)
@@ -76,6 +98,25 @@ def test_family_meta_estimate_matches_live(name: str) -> None:
         est, live, tokens = _meta_and_live(data, images)
         assert abs(est - live) <= 0.01 * live, (name, images, est, live)
         assert (tokens["vision"] > 0) == bool(images)
+    audio_tokens = []
+    for seconds in AUDIO_SECONDS.get(name, ()):
+        est, live, tokens = _meta_and_live(data, (), audio=seconds)
+        assert abs(est - live) <= 0.01 * live, (name, seconds, est, live)
+        audio_tokens.append(tokens["audio"])
+    if audio_tokens:  # 45 s is two of the encoder's 30 s windows, 20 s one
+        assert audio_tokens[1] == 2 * audio_tokens[0] > 0
+
+
+@pytest.mark.parametrize("name", list(VIDEOS))
+def test_video_meta_estimate_matches_live(name: str) -> None:
+    data = {k: v for k, v in json.loads((CONFIG_DIR / f"{name}.json").read_text()).items() if not k.startswith("_")}
+    data = tiny_config(data, 56)
+    video = VIDEOS[name]
+    est, live, tokens = _meta_and_live(data, (), videos=(video,))
+    assert abs(est - live) <= 0.01 * live, (name, est, live)
+    longer = _meta_and_live(data, (), videos=((video[0], video[1], 2 * video[2]),))
+    assert abs(longer[0] - longer[1]) <= 0.01 * longer[1]
+    assert tokens["vision"] > 0 and longer[2]["vision"] > tokens["vision"]
 
 
 def test_two_images_place_both_runs_of_placeholders() -> None:

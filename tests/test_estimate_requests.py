@@ -120,3 +120,81 @@ def test_full_logits_cost_every_prompt_position_in_float32() -> None:
     assert grown >= 4 * (prompt - 1) * vocab  # at least the float32 copy of every position's logits
     assert "logits: every prompt position" in full.to_text()
     assert full.weights_bytes == last.weights_bytes
+
+
+def _video_tokens(name: str, video: tuple[int, int, int]) -> int:
+    card = est.estimate(name, videos=[video], prompt_tokens=4, new_tokens=1)
+    assert card.request is not None and card.request.videos == (video,)
+    return int(card.tokens["vision"])
+
+
+def test_qwen2_vl_video_like_the_video_processor() -> None:
+    config = resolve_model("qwen2-vl-2b-instruct").config
+    try:  # the video processor itself where its torchvision backend is installed
+        reference = transformers.Qwen2VLVideoProcessor()
+        size = dict(reference.size)
+    except ImportError:  # its class defaults (video_processing_qwen2_vl.py), the patch grid by the image processor
+        size = {"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768}
+    frames_proc = transformers.Qwen2VLImageProcessorPil(size=size)
+    for w, h, frames in ((448, 448, 16), (1280, 720, 9), (320, 240, 1)):
+        grid_t = -(-frames // config.vision_config.temporal_patch_size)  # the last patch padded
+        patches = grid_t * frames_proc.get_number_of_image_patches(h, w, {})
+        assert _video_tokens("qwen2-vl-2b-instruct", (w, h, frames)) == patches // 4
+    # several videos and an image: one run of placeholders each
+    card = est.estimate("qwen2-vl-2b-instruct", images=[(448, 448)], videos=[(448, 448, 4), (448, 448, 2)],
+                        prompt_tokens=8, new_tokens=1)  # fmt: skip
+    assert card.tokens["vision"] == 256 + 2 * 256 + 256
+
+
+def test_llava_video_families_like_their_processors() -> None:
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    # LLaVA-NeXT-Video: frames cropped to the tower's 336 px, 24 x 24 patches pooled by 2 per frame
+    proc = SimpleNamespace(patch_size=14, video_token="v")
+    frames = {"pixel_values_videos": [np.zeros((8, 3, 336, 336), dtype=np.float32)]}
+    expected = len(transformers.LlavaNextVideoProcessor.replace_video_token(proc, frames))
+    assert _video_tokens("llava-next-video-7b", (640, 480, 8)) == expected == 8 * 144
+    # LLaVA-OneVision: 27 x 27 patches per 384 px frame, bilinear-pooled to 14 x 14, one newline per video
+    proc = SimpleNamespace(num_image_tokens=(384 // 14) ** 2)
+    counts = transformers.LlavaOnevisionProcessor._get_num_multimodal_tokens(proc, video_sizes=[(8, 480, 640)])
+    assert _video_tokens("llava-onevision-qwen2-0.5b-ov", (640, 480, 8)) == counts["num_video_tokens"][0]
+
+
+def test_video_requests_refused_where_not_built() -> None:
+    with pytest.raises(InputError, match="video requests for model_type 'qwen3_vl'"):
+        est.estimate("qwen3-vl-2b-instruct", videos=[(448, 448, 4)])
+    with pytest.raises(InputError, match="frames"):
+        est.estimate("qwen2-vl-2b-instruct", videos=[(448, 448, 100_000)])
+
+
+def test_voxtral_audio_chunked_like_its_processor() -> None:
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    resolved, model = _meta("voxtral-mini-3b-2507")
+    ac = resolved.config.audio_config
+    extractor = transformers.WhisperFeatureExtractor(feature_size=ac.num_mel_bins)
+    defaults = dict(transformers.VoxtralProcessor.audio_kwargs)
+    window = defaults.pop("max_source_positions")
+    per_window = ac.max_source_positions * ac.hidden_size // ac.intermediate_size  # 4 frames per token
+    for seconds in (5.0, 30.0, 75.0):
+        card = est.estimate("voxtral-mini-3b-2507", audio_seconds=seconds, prompt_tokens=4, new_tokens=1)
+        # the processor's own chunking of the same clip: windows of 3000 mel frames along the batch
+        features = transformers.VoxtralProcessor._retrieve_input_features(
+            SimpleNamespace(feature_extractor=extractor), [np.zeros(int(seconds * 16000), np.float32)], window,
+            **defaults,
+        )  # fmt: skip
+        assert card.tokens["audio"] == features.shape[0] * per_window
+    assert est.estimate("voxtral-mini-3b-2507", prompt_tokens=4, new_tokens=1).tokens["audio"] == 0
+
+
+def test_cli_video_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["qwen2-vl-2b-instruct", "--video", "448x448x4", "--prompt-tokens", "4", "--new-tokens", "1", "--json"]
+    assert _cli(*argv) == 0
+    card = json.loads(capsys.readouterr().out)
+    assert card["tokens"]["vision"] == 2 * 256  # 4 frames: 2 temporal patches of 16 x 16 merged patches
+    with pytest.raises(InputError, match="WIDTHxHEIGHTxFRAMES"):
+        _cli("qwen2-vl-2b-instruct", "--video", "448x448")

@@ -219,3 +219,97 @@ def test_traced_against_resident_with_native_memory(tmp_path: Path) -> None:
     html = tmp_path / "report.html"
     assert run_cli("report", "-o", str(html), str(out)).returncode == 0
     assert "not traced" in html.read_text()
+
+
+# -- the script's line for blocks a user-defined model allocates ---------------------------------
+
+
+class _UserModel:
+    """Built lazily: torch is imported by the tests that use it."""
+
+    @staticmethod
+    def make():  # type: ignore[no-untyped-def]
+        import torch
+
+        class Net(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.fc = torch.nn.Linear(64, 64)
+
+            def forward(self, x):  # type: ignore[no-untyped-def]
+                h = torch.relu(self.fc(x))  # inside the forward
+                return h * 2
+
+        return Net()
+
+
+def test_steps_record_the_callers_line_and_top_lines_name_it(tmp_path: Path) -> None:
+    import torch
+
+    from memwarden.analyze.timeline import summary
+    from memwarden.capture.live.recover import attribute_stream
+    from memwarden.trace.steps import steps_of
+    from memwarden.trace.stream import read_stream
+
+    model = _UserModel.make()
+    kept = []
+    stream = tmp_path / "s.mwtrace"
+    with memwarden.capture(stream_to=stream) as cap:
+        for _ in range(4):
+            kept.append(model(torch.randn(512, 64)))  # the caller keeps every output with its graph
+        assert memwarden.flush()
+        torn = stream.read_bytes()
+    here = Path(__file__).read_text()
+    call, inside = _line_of(here, "# the caller keeps every output"), _line_of(here, "# inside the forward")
+    steps = steps_of(cap.trace)
+    assert len(steps) == 4
+    assert all(s.call_site is not None and s.call_site.endswith(f"test_lines.py:{call}:"
+                                                                "test_steps_record_the_callers_line_and_top_lines_name_it")
+               for s in steps)  # fmt: skip
+    top = summary(cap.trace).top_lines_at_peak
+    assert top[0].line == call and Path(top[0].file).name == "test_lines.py"
+    assert all(x.line != inside for x in top)  # the forward's own line is the caller's here
+    # A stream cut before the stop (a killed process) keeps the call sites too.
+    recovered = steps_of(attribute_stream(read_stream(torn)))
+    assert [s.call_site for s in recovered] == [s.call_site for s in steps]
+
+
+# Real-world cases (examples/realworld) whose finding named a line inside the model, the weights'
+# line or the model's construction before steps recorded their callers: the planted line now comes
+# first. Each marker is a piece of the planted line's text.
+PLANTED_LINES = {
+    "graph_outputs_list": ("graph-retention", "predictions.append(model(x)"),
+    "graph_eval_losses_list": ("graph-retention", "losses.append(F.cross_entropy(model(x), y))"),
+    "concat_manual_past": ("kv-concat-growth", "k = torch.cat([past[0], k], dim=2)"),
+    "dequant_cast_every_forward": ("dequant-temporaries", "self.weight.to(x.dtype) * self.scale"),
+    "reprefill_generate_one_token": ("kv-reprefill", "ids = model.generate(ids, attention_mask="),
+}
+
+
+def _realworld_accuracy():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    corpus = Path(__file__).resolve().parents[1] / "examples" / "realworld"
+    spec = importlib.util.spec_from_file_location("realworld_accuracy_lines", corpus / "accuracy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def pytest_generate_tests(metafunc) -> None:  # type: ignore[no-untyped-def]
+    if "planted_case" in metafunc.fixturenames:
+        metafunc.parametrize("planted_case", sorted(PLANTED_LINES))
+
+
+def test_finding_names_the_planted_line_on_the_realworld_corpus(planted_case: str) -> None:
+    accuracy = _realworld_accuracy()
+    case = next(c for c in accuracy.cases() if c.name == planted_case)
+    pattern, marker = PLANTED_LINES[planted_case]
+    assert case.expect == pattern
+    findings = [f for f in accuracy.diagnose_case(case) if f["pattern"] == pattern]
+    assert findings, planted_case
+    first = findings[0]["lines"][0]
+    assert Path(first["file"]) == case.path
+    assert first["line"] == _line_of(case.path.read_text(), marker), findings[0]["lines"]

@@ -1,23 +1,27 @@
 """A GovernedSession's Prometheus metrics: scraped over 127.0.0.1 from a real governed run of a
 tiny zoo model, parsed with prometheus_client's own parser, and compared with ``stats()`` taken at
-the same moment (no request in flight between the scrape and the stats call)."""
+the same moment (no request in flight between the scrape and the stats call). The expected values
+are counted here from ``stats()``'s lists of requests and events, while the exporter reads the
+session's running counts (``stats(include_requests=False)``): the two must agree."""
 
 from __future__ import annotations
 
+import gzip
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import ServedSession
 from memwarden.govern.telemetry import TelemetrySample
 from memwarden.models import zoo
+from memwarden.runtime.admission import AdmissionError
 from memwarden.runtime.metrics import SessionMetrics, serve_metrics
 from memwarden.runtime.session import GovernedSession
-
-NAME = "llava"
+from memwarden.runtime.session_memory import state_bytes
+from memwarden.runtime.session_tally import SessionTally
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -61,6 +65,9 @@ def expected(stats: dict[str, Any]) -> dict[tuple[str, tuple[tuple[str, str], ..
     for e in stats["events"]:
         key = ("memwarden_session_events_total", (("kind", e["kind"]),))
         out[key] = out.get(key, 0) + 1
+        if e["kind"] == "refuse":
+            key = ("memwarden_admission_refusals_total", (("reason", e["reason"]),))
+            out[key] = out.get(key, 0) + 1
     budget_notes = [e for e in stats["events"] if e["kind"] == "budget" and "temp_c" in e]
     for field, name in (("temp_c", "temp_celsius"), ("power_w", "power_watts"), ("fps", "fps")):
         if budget_notes and budget_notes[-1].get(field) is not None:
@@ -68,33 +75,23 @@ def expected(stats: dict[str, Any]) -> dict[tuple[str, tuple[tuple[str, str], ..
     return out
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[GovernedSession, SessionMetrics, dict[str, torch.Tensor]]]:
-    model = zoo.build_model(NAME)
-    inputs = zoo.make_inputs(model, prompt_tokens=24)
-    with GovernedSession(model, budget="1GiB", encoder_cache=True) as session:
-        metrics = serve_metrics(session, 0)
-        try:
-            yield session, metrics, inputs
-        finally:
-            metrics.stop()
-
-
-def _serve(session: GovernedSession, inputs: dict[str, torch.Tensor]) -> None:
-    with torch.inference_mode():
-        session.generate(**inputs, max_new_tokens=3, **zoo.generate_kwargs(NAME))
-
-
-def test_every_value_equals_stats_at_the_same_moment(served: Any) -> None:
-    session, metrics, inputs = served
+def test_every_value_equals_stats_at_the_same_moment(served_session: ServedSession) -> None:
+    session, metrics = served_session.session, served_session.metrics
     assert metrics.url.startswith("http://127.0.0.1:") and metrics.port and metrics.port > 0
 
     before = scrape(metrics.url)
     assert before == expected(session.stats())
     assert before[("memwarden_requests_total", ())] == 0
+    # The same session asked again in OpenMetrics, gzipped, then plain: each answer in the format asked for.
+    asked = {"Accept": "application/openmetrics-text; version=1.0.0", "Accept-Encoding": "gzip"}
+    with urllib.request.urlopen(urllib.request.Request(metrics.url, headers=asked), timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert response.headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(response.read()).decode().endswith("# EOF\n")
+    assert scrape(metrics.url) == before
 
-    _serve(session, inputs)
-    _serve(session, inputs)  # the same image again: prefix blocks reused
+    served_session.serve()
+    served_session.serve()  # the same image again: prefix blocks reused
     after = scrape(metrics.url)
     stats = session.stats()
     assert after == expected(stats)
@@ -115,8 +112,8 @@ def test_every_value_equals_stats_at_the_same_moment(served: Any) -> None:
     assert hot[("memwarden_telemetry_fps", ())] == 12.0
 
 
-def test_ports_are_the_users_and_the_server_stops(served: Any) -> None:
-    session, metrics, _ = served
+def test_ports_are_the_users_and_the_server_stops(served_session: ServedSession) -> None:
+    session, metrics = served_session.session, served_session.metrics
     second = SessionMetrics(session).start(0)
     try:
         assert second.port != metrics.port
@@ -128,3 +125,51 @@ def test_ports_are_the_users_and_the_server_stops(served: Any) -> None:
         second.stop()
     with pytest.raises(OSError):
         scrape(second.url)
+
+
+def test_stats_without_the_lists_says_the_same_and_the_counts_match_a_recount() -> None:
+    model = zoo.build_model("llava")
+    inputs = zoo.make_inputs(model, prompt_tokens=24)
+    with GovernedSession(model, budget="1GiB", encoder_cache=True) as session, torch.inference_mode():
+        session.stats(include_requests=False)  # a look before any request: the counts then advance from it
+        for _ in range(2):
+            session.generate(**inputs, max_new_tokens=3, **zoo.generate_kwargs("llava"))
+        full, lean = session.stats(), session.stats(include_requests=False)
+        assert "requests" not in lean and "events" not in lean  # what a scrape reads: no list of the history
+        assert lean == {k: v for k, v in full.items() if k not in ("requests", "events")}
+        assert lean["requests_served"] == len(full["requests"]) == 2
+        assert lean["decisions"] == {"admit": 2} and lean["degradation_rung"] == 0
+        assert lean["event_counts"] == {"admit": 2} and sum(lean["event_counts"].values()) == len(full["events"])
+        # The running counts, advanced look by look, equal a count over the whole lists from scratch.
+        assert SessionTally().look(session.records, session.events) == session.tally.look(
+            session.records, session.events
+        )
+
+
+def test_every_refusal_is_recorded_with_its_reason_and_scraped() -> None:
+    model = zoo.build_model("llava")
+    generate = zoo.generate_kwargs("llava")
+    text = {"input_ids": torch.randint(3, 200, (1, 20), generator=torch.Generator().manual_seed(3))}
+    # A pool of exactly the request's blocks, no weight streaming: nothing to give back but the budget.
+    with (
+        GovernedSession(model, budget="1GiB", num_kv_blocks=2, stream=False, encoder_cache=False) as session,
+        serve_metrics(session, 0) as metrics,
+    ):
+        assert scrape(metrics.url) == expected(session.stats())
+        assert not any(name == "memwarden_admission_refusals_total" for name, _ in scrape(metrics.url))
+        long = {"input_ids": torch.randint(3, 200, (1, 40), generator=torch.Generator().manual_seed(4))}
+        with pytest.raises(AdmissionError, match="tokens of KV cache"), torch.inference_mode():
+            session.generate(**long, max_new_tokens=8, **generate)
+        session.set_budget(state_bytes(model) // 2)  # below the weights: no plan fits
+        for _ in range(2):
+            with pytest.raises(AdmissionError, match="exceeds the budget"), torch.inference_mode():
+                session.generate(**text, max_new_tokens=8, **generate)
+        samples, stats = scrape(metrics.url), session.stats()
+        assert samples == expected(stats)
+        assert stats["refusals"] == {"kv_pool_fixed": 1, "over_budget": 2} and stats["requests_served"] == 0
+        assert samples[("memwarden_admission_refusals_total", (("reason", "over_budget"),))] == 2
+        assert samples[("memwarden_admission_refusals_total", (("reason", "kv_pool_fixed"),))] == 1
+        refused = [e for e in stats["events"] if e["kind"] == "refuse"]
+        assert [e["reason"] for e in refused] == ["kv_pool_fixed", "over_budget", "over_budget"]
+        assert "exceeds the budget" in refused[-1]["label"]  # the whole reason, as AdmissionError said it
+        assert refused[-1]["budget_bytes"] == state_bytes(model) // 2

@@ -570,3 +570,106 @@ def test_heatmap_shares_the_timeline_time_axis(trace: Trace):
     ax = _figure(result, None, 100, times_s).axes[0]
     assert ax.get_xlabel().startswith("time (s")
     assert ax.get_xlim() == pytest.approx((0.0, float(times_s[-1])))
+
+
+# -- the source view (issue 25) ----------------------------------------------------------------
+
+SOURCE_SCRIPT = """
+import torch
+
+def helper():
+    return torch.zeros(4 << 20, dtype=torch.uint8)  # helper <b>&amp;</b>
+
+kept = helper()
+held = torch.empty(12 << 20, dtype=torch.uint8)  # planted </td><script>x()</script>
+"""
+
+
+class _SourceRows(HTMLParser):
+    """The source view's table as text: one list of cell texts per body row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.tags: list[str] = []
+        self._in_table = self._in_cell = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table" and "mw-source" in (dict(attrs).get("class") or ""):
+            self._in_table = True
+        elif self._in_table:
+            self.tags.append(tag)
+            if tag == "tr":
+                self.rows.append([])
+            elif tag == "td":
+                self._in_cell = True
+                self.rows[-1].append("")
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self._in_table = False
+        elif tag == "td":
+            self._in_cell = False
+
+    def handle_data(self, data):
+        if self._in_table and self._in_cell:
+            self.rows[-1][-1] += data
+
+
+def _source_report(tmp_path: Path) -> Path:
+    import runpy
+
+    import memwarden
+    from memwarden.report.full import write_report
+
+    script = tmp_path / "planted_src.py"
+    script.write_text(SOURCE_SCRIPT)
+    with memwarden.capture() as cap:
+        runpy.run_path(str(script), run_name="__main__")
+    assert cap.trace is not None
+    return write_report(cap.trace, tmp_path / "report.html", heatmap=False)
+
+
+def test_report_source_view_names_lines_with_their_source(tmp_path: Path):
+    page = _source_report(tmp_path).read_text(encoding="utf-8")
+    parser = _SourceRows()
+    parser.feed(page)
+    rows = [r for r in parser.rows if r]
+    assert rows, "no source view table"
+    lines = SOURCE_SCRIPT.splitlines()
+    planted = next(i for i, text in enumerate(lines, 1) if "# planted" in text)
+    helper = next(i for i, text in enumerate(lines, 1) if "# helper" in text)
+    location, function, at_peak, allocated, source = rows[0]
+    assert location == f"planted_src.py:{planted}" and function == "<module>"
+    assert at_peak == allocated == "12.0 MiB"
+    assert source == lines[planted - 1].strip()  # the line's text, markup shown as text
+    assert [f"planted_src.py:{helper}", "helper"] == rows[1][:2] and rows[1][4] == lines[helper - 1].strip()
+    assert "script" not in parser.tags  # the line's "<script>" stayed text: escaped
+    assert "<b>&amp;</b>" not in page and "&lt;b&gt;&amp;amp;&lt;/b&gt;" in page
+
+
+def test_source_lines_read_only_from_regular_python_files(tmp_path: Path):
+    from memwarden.report.source_view import read_source_lines
+
+    good = tmp_path / "ok.py"
+    good.write_text("a = 1\nb = 2\n")
+    fifo = tmp_path / "fifo.py"  # opening a FIFO for reading would block forever
+    os.mkfifo(fifo)
+    (tmp_path / "dir.py").mkdir()
+    text = tmp_path / "notes.txt"
+    text.write_text("secret\n")
+    wanted = [(str(good), 2), (str(good), 9), (str(fifo), 1), (str(tmp_path / "dir.py"), 1), (str(text), 1),
+              (str(tmp_path / "gone.py"), 1), ("/dev/zero", 1)]  # fmt: skip
+    assert read_source_lines(wanted) == {(str(good), 2): "b = 2"}
+
+
+@pytest.mark.browser
+@needs_browser
+def test_browser_shows_the_source_view(tmp_path: Path):
+    report = _source_report(tmp_path)
+    dom = _chromium(tmp_path, "--dump-dom", "--window-size=1400,1000", report.as_uri()).stdout
+    parser = _SourceRows()
+    parser.feed(dom)
+    rows = [r for r in parser.rows if r]
+    planted = next(i for i, text in enumerate(SOURCE_SCRIPT.splitlines(), 1) if "# planted" in text)
+    assert rows and rows[0][0] == f"planted_src.py:{planted}" and "</td><script>x()</script>" in rows[0][4]

@@ -16,6 +16,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
+
 import memwarden
 from memwarden.trace.model import Action, Category
 
@@ -119,3 +121,34 @@ def test_ring_window_written_on_sigusr1_and_after_sigkill(tmp_path: Path) -> Non
     final = memwarden.load(out)  # the stream the kill left: its last window, weights included
     assert final.metadata["exit_signal"] == signal.SIGKILL
     assert _weights_kept(final) == WEIGHTS
+
+
+def test_ring_window_written_when_a_governed_session_refuses(tmp_path: Path) -> None:
+    import pytest
+    import torch
+
+    from memwarden.models import zoo
+    from memwarden.runtime.admission import AdmissionError
+    from memwarden.runtime.session import GovernedSession
+
+    model = zoo.build_model("llava", "tiny")  # weights: alive long before the window
+    weight_bytes = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    inputs = zoo.make_inputs(model, prompt_tokens=40)
+    session = GovernedSession(model, budget="1GiB", num_kv_blocks=2)  # a pool too small for the request
+    stream = tmp_path / "svc.mwtrace"
+    with torch.inference_mode(), memwarden.capture(ring_s=30, stream_to=stream):
+        torch.ones(1 << 16)  # something in the window
+        with pytest.raises(AdmissionError, match="tokens of KV cache"):
+            session.generate(**inputs, max_new_tokens=4, **zoo.generate_kwargs("llava"))
+        dump = tmp_path / "svc.refusal-1.mwtrace"
+        assert dump.exists()  # written before the error reached the caller
+        with pytest.raises(AdmissionError):  # a second refusal in the same window writes nothing new
+            session.generate(**inputs, max_new_tokens=4, **zoo.generate_kwargs("llava"))
+        stats = memwarden.ring_stats()
+        assert stats is not None and stats["dumps"] == [str(dump)]
+    window = memwarden.load(dump)
+    assert window.metadata["ring"]["written_for"] == "refusal"
+    assert "tokens of KV cache" in window.metadata["ring"]["detail"]
+    e = window.events
+    weights = (e["category"] == Category.WEIGHT) & np.isin(e["action"], [Action.ALLOC, Action.PREEXISTING])
+    assert int(e["nbytes"][weights].sum()) >= weight_bytes  # the window accounts for the weights

@@ -12,40 +12,19 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
 
+from conftest import ServedSession
 from memwarden.cli import main
-from memwarden.models import zoo
-from memwarden.runtime.metrics import SessionMetrics, serve_metrics
-from memwarden.runtime.session import GovernedSession
-
-NAME = "llava"
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[GovernedSession, SessionMetrics, dict[str, torch.Tensor]]]:
-    model = zoo.build_model(NAME)
-    inputs = zoo.make_inputs(model, prompt_tokens=24)
-    with GovernedSession(model, budget="1GiB", encoder_cache=True) as session:
-        metrics = serve_metrics(session, 0)
-        try:
-            yield session, metrics, inputs
-        finally:
-            metrics.stop()
-
-
-def _serve(session: GovernedSession, inputs: dict[str, torch.Tensor]) -> None:
-    with torch.inference_mode():
-        session.generate(**inputs, max_new_tokens=3, **zoo.generate_kwargs(NAME))
-
-
-def test_once_shows_the_session_in_80_columns(served: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    session, metrics, inputs = served
-    _serve(session, inputs)
+def test_once_shows_the_session_in_80_columns(
+    served_session: ServedSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    session, metrics = served_session.session, served_session.metrics
+    served_session.serve()
     stats = session.stats()
     assert main(["top", f"127.0.0.1:{metrics.port}", "--once"]) == 0
     out = capsys.readouterr().out
@@ -89,8 +68,8 @@ def _wait_for(socket_name: str, pattern: str, deadline_s: float = 120) -> str:
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux for a real terminal; not installed here")
-def test_live_view_in_a_real_terminal_follows_the_session(served: Any) -> None:
-    session, metrics, inputs = served
+def test_live_view_in_a_real_terminal_follows_the_session(served_session: ServedSession) -> None:
+    session, metrics = served_session.session, served_session.metrics
     socket_name = f"memwarden-test-{os.getpid()}"
     command = f"{sys.executable} -m memwarden.cli top {metrics.url} --interval 0.2"
     subprocess.run(
@@ -99,8 +78,8 @@ def test_live_view_in_a_real_terminal_follows_the_session(served: Any) -> None:
     try:
         before = len(session.stats()["requests"])
         first = _wait_for(socket_name, rf"^requests\s+{before}\b")
-        _serve(session, inputs)
-        _serve(session, inputs)
+        served_session.serve()
+        served_session.serve()
         second = _wait_for(socket_name, rf"^requests\s+{before + 2}\b")
         assert first != second
         assert re.search(r"^decisions\s+admit " + str(before + 2), second, re.M)

@@ -1,58 +1,55 @@
-"""A multi-turn chat about one image that resends the whole conversation, image included, each turn.
+"""A chat about one image, written as transformers' LLaVA docs write a multi-turn prompt: the
+whole conversation, image included, goes through the processor and ``generate()`` every turn.
 
-Source: https://github.com/abetlen/llama-cpp-python/issues/2222
+Source: https://github.com/huggingface/transformers/pull/31691 (docs/source/en/model_doc/llava.md,
+the multi-turn example):
+    conversation = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What’s shown in this image?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "This image shows a red stop sign."},]},
+        {"role": "user", "content": [{"type": "text", "text": "Describe the image in more details."}]},
+    ]
+    text_prompt = processor.apply_chat_template(conversation, add_generation_prompt=True)
+and the request it leads to, https://github.com/abetlen/llama-cpp-python/issues/2222:
     "In multi-turn conversations that include images, the image encoding is performed on each
      turn. ... Once an image has been encoded, the result can be reused, rather than re-encoding
      every turn."
-and https://github.com/haotian-liu/LLaVA/issues/1412 (multi-turn: the second turn is text only).
 
-What is wrong: every turn calls ``model.generate()`` with the full conversation so
-far (image placeholders, previous questions and answers, the new question) and
-the image's ``pixel_values``, and keeps nothing between calls. So each turn the
-vision tower encodes the same pixels again and the language model recomputes the
-KV cache of everything the previous turn had already computed: over 4 turns the
-image is encoded 4 times and the first turn's prompt is prefilled 4 times.
-
-The fix (``chat_resend_image_fixed.py``): keep the cache. Ask generate() for it
-(``return_dict_in_generate=True``), pass it back the next turn
-(``cache=out.cache``; ``past_key_values`` in transformers 4) with the full
-ids, and send ``pixel_values`` only with the turn that introduces the image:
-generate() then prefills only the new question and the vision tower runs once.
-Greedy answers are the same.
-
-Run: ``python chat_resend_image.py`` or ``memwarden trace chat_resend_image.py``.
+Each turn appends the answer and a new question to ``conversation``, renders it, runs the
+processor on the image and the text again and calls ``generate(**inputs)``: the vision tower
+encodes the same pixels every turn, and the language model prefills the whole history again.
+Fix (``_fixed``): keep a cache across turns (``past_key_values=``) and send the image once.
 """
 
 from __future__ import annotations
 
 import torch
+from _llava_chat import ChatProcessor, photo
 
 from memwarden.models import zoo
 
 EXPECT = "kv-reprefill"
 FIX_WORDS = ("cache",)
-
-TURNS, NEW_TOKENS, QUESTION_TOKENS = 4, 8, 12
+QUESTIONS = ["What’s shown in this image?", "Describe the image in more details.",
+             "What colour is the largest object?", "Is there any text in it?"]  # fmt: skip
 
 
 def main() -> None:
     model = zoo.build_model("llava")
-    gen = zoo.generate_kwargs("llava")
-    first = zoo.make_inputs(model, prompt_tokens=32)  # BOS, instruction, <image> x 16, first question
-    pixel_values = first["pixel_values"]  # (1, 3, 32, 32)
-    ids = first["input_ids"]  # (1, T)
-    questions = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for turn in range(TURNS):
-            if turn:
-                question = torch.randint(3, 1000, (1, QUESTION_TOKENS), generator=questions)
-                ids = torch.cat([ids, question], dim=1)
-            # the mistake: the whole conversation and the image again, no cache kept
-            ids = model.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixel_values,
-                max_new_tokens=NEW_TOKENS, **gen,
-            )  # fmt: skip
-            print(f"turn {turn}: {ids.shape[1]} tokens, answer {ids[0, -NEW_TOKENS:].tolist()}")
+    processor = ChatProcessor(model.config)
+    image = photo()
+    conversation: list[dict] = []
+    for question in QUESTIONS:
+        content = [{"type": "text", "text": question}]
+        if not conversation:
+            content.insert(0, {"type": "image"})
+        conversation.append({"role": "user", "content": content})
+        text_prompt = processor.apply_chat_template(conversation, add_generation_prompt=True)
+        inputs = processor(images=image, text=text_prompt)  # the image again, every turn
+        with torch.no_grad():
+            output = model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        answer = processor.decode(output[0, inputs["input_ids"].shape[1] :])
+        conversation.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
+        print(f"{inputs['input_ids'].shape[1]} prompt tokens -> {answer}")
 
 
 if __name__ == "__main__":

@@ -106,10 +106,17 @@ def read_log(path: str | Path) -> tuple[dict[str, Any], list[Event]]:
     return header, events
 
 
+# Far above any real stream (a 10 MHz "audio" rate, 10,000 fps): past these a value is a typo, and
+# the aligner's buffers are sized by them.
+_MAX = {"audio_rate": 1e7, "video_fps": 1e4, "audio_per_frame": 1e7}
+
+
 def _number(header: dict[str, Any], key: str, given: float | None, default: float | None) -> float | None:
     value = given if given is not None else header.get(key, default)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0):
-        raise InputError(f"{key} must be a positive number (got {value!r})")
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= _MAX[key]
+    ):
+        raise InputError(f"{key} must be a positive number up to {_MAX[key]:g} (got {str(value)[:40]})")
     return value
 
 

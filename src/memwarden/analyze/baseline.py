@@ -1,11 +1,12 @@
-"""Two traces of the same workload compared: did memory grow, where, and by how much?
+"""Two traces compared: did memory grow, where, and by how much? One comparison, two views.
 
 The runs are aligned by name, not by time: each trace is reduced to figures keyed by what they
-measure (the process peak, each phase's peak, each module path's peak), and the figures with
-equal keys are compared. Two runs of one model differ in timing and in tensor ids, never in
-their phases or module paths, so the keys line up even when the schedules do not.
+measure (``(kind, key)``: the process, a phase, a module path, a label), and the figures with
+equal keys are paired by :func:`align` into :class:`Delta` values. Two runs of one model differ in
+timing and in tensor ids, never in their phases or module paths, so the keys line up even when the
+schedules do not.
 
-Figures:
+Figures over the run (:func:`figures`, ``memwarden check --baseline``):
 
 - ``process``: the peak of live bytes.
 - ``phase``: the peak while each phase runs (as ``memwarden check`` counts it).
@@ -15,23 +16,42 @@ Figures:
   recorded lines; ``file:line:function``).
 
 Growth is gated on process, phase and module figures (where a regression is found and fixed);
-category, modality and line deltas explain it. One implementation serves ``memwarden check
---baseline`` and any side-by-side comparison.
+category, modality and line deltas explain it.
+
+Figures at the peak (:func:`figures_at_peak`, ``memwarden compare``: PyTorch eager against ONNX
+Runtime, two ORT settings): ``total`` (the peak, the weights, the peak above the weights), the
+bytes live at each trace's own peak by ``category``, ``modality`` and ``module`` (paths cut to a
+depth), and each ``phase``'s peak. Both commands pair their figures with the same :func:`align`
+and report the same :class:`Comparison`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from memwarden.analyze.analysis import Analysis
+from memwarden.analyze.timeline import breakdown_at
 from memwarden.trace.model import Action, Category, Modality, Phase, Trace, enum_name
 
-__all__ = ["GATED", "Comparison", "Delta", "compare_traces", "figures", "growth_breaches"]
+__all__ = [
+    "GATED",
+    "Comparison",
+    "Delta",
+    "Figures",
+    "align",
+    "compare_at_peak",
+    "compare_traces",
+    "figures",
+    "figures_at_peak",
+    "growth_breaches",
+]
 
 GATED = ("process", "phase", "module")
+Figures = dict[tuple[str, str], int]  # (kind, key) -> bytes
 _ENUMS: dict[str, type[Phase] | type[Modality] | type[Category]] = {
     "phase": Phase,
     "category": Category,
@@ -107,13 +127,13 @@ def _group_peaks(trace: Trace, keys: np.ndarray, signed: np.ndarray) -> dict[int
     return {int(k): max(0, int(p)) for k, p in zip(sorted_keys[starts], peaks, strict=True)}
 
 
-def figures(trace: Trace, analysis: Analysis | None = None) -> dict[tuple[str, str], int]:
+def figures(trace: Trace, analysis: Analysis | None = None) -> Figures:
     """The trace reduced to ``{(kind, key): bytes}`` (see the module docstring)."""
     analysis = analysis or Analysis(trace)
     ev = trace.events
     signed = analysis.signed_bytes
     live = analysis.live_bytes
-    out: dict[tuple[str, str], int] = {("process", "process"): int(live.max(initial=0))}
+    out: Figures = {("process", "process"): int(live.max(initial=0))}
     starts = np.isin(ev["action"], [int(Action.ALLOC), int(Action.PREEXISTING), int(Action.MAP)])
     starts &= ev["device"] == analysis.device
     for phase in Phase:
@@ -138,19 +158,67 @@ def figures(trace: Trace, analysis: Analysis | None = None) -> dict[tuple[str, s
 
 
 _KIND_ORDER = ("process", "phase", "module", "category", "modality", "line")
+_AT_PEAK_ORDER = ("total", "category", "modality", "phase", "module")
+_TOTALS = ("peak", "weights", "peak above weights")
+
+
+def align(old: Figures, new: Figures, order: Callable[[Delta], Any]) -> tuple[Delta, ...]:
+    """Every figure of either side paired by ``(kind, key)``, sorted by ``order``; a figure one side
+    lacks is 0 there (something that appeared, or went away)."""
+    deltas = (Delta(kind=k[0], key=k[1], old_bytes=old.get(k, 0), new_bytes=new.get(k, 0)) for k in set(old) | set(new))
+    return tuple(sorted(deltas, key=order))
 
 
 def compare_traces(old: Trace, new: Trace) -> Comparison:
-    """Every figure of either trace, aligned by (kind, key); a figure one trace lacks is 0 there."""
+    """The figures over the run of both traces, aligned (``memwarden check --baseline``)."""
     a, b = figures(old), figures(new)
     has_lines = any(k[0] == "line" for k in a) and any(k[0] == "line" for k in b)
-    keys = sorted(set(a) | set(b), key=lambda k: (_KIND_ORDER.index(k[0]), k[1]))
-    deltas = tuple(
-        Delta(kind=k[0], key=k[1], old_bytes=a.get(k, 0), new_bytes=b.get(k, 0))
-        for k in keys
-        if has_lines or k[0] != "line"
-    )
-    return Comparison(deltas=deltas, has_lines=has_lines)
+    deltas = align(a, b, order=lambda d: (_KIND_ORDER.index(d.kind), d.key))
+    return Comparison(deltas=tuple(d for d in deltas if has_lines or d.kind != "line"), has_lines=has_lines)
+
+
+def _module_at_peak(trace: Trace, analysis: Analysis, depth: int) -> dict[str, int]:
+    """Bytes live at the trace's peak per module path cut to ``depth`` components."""
+    live = analysis.live_bytes
+    if not len(live):
+        return {}
+    by_module = breakdown_at(trace, int(np.argmax(live)), "module", analysis.device)
+    out: dict[str, int] = {}
+    for module, nbytes in by_module.items():
+        key = ".".join(module.split(".")[:depth]) if module != "(unattributed)" else module
+        out[key] = out.get(key, 0) + nbytes
+    return out
+
+
+def figures_at_peak(trace: Trace, analysis: Analysis | None = None, module_depth: int = 4) -> Figures:
+    """The trace reduced to ``{(kind, key): bytes}`` at its peak (see the module docstring)."""
+    analysis = analysis or Analysis(trace)
+    s = analysis.summary
+    out: Figures = dict(zip((("total", t) for t in _TOTALS),
+                            (s.peak_bytes, s.weights_bytes, s.peak_bytes - s.weights_bytes), strict=True))  # fmt: skip
+    for kind, values in (("category", s.by_category_at_peak), ("modality", s.by_modality_at_peak),
+                         ("phase", s.by_phase_peak)):  # fmt: skip
+        out.update({(kind, k): int(v) for k, v in values.items()})
+    out.update({("module", k): v for k, v in _module_at_peak(trace, analysis, module_depth).items()})
+    return out
+
+
+def _at_peak_order(d: Delta) -> tuple[int, int, str]:
+    """Totals in their fixed order, labels and phases by name, modules heaviest first (by name on ties)."""
+    if d.kind == "total":
+        return (0, _TOTALS.index(d.key), "")
+    rank = -max(d.old_bytes, d.new_bytes) if d.kind == "module" else 0
+    return (_AT_PEAK_ORDER.index(d.kind), rank, d.key)
+
+
+def compare_at_peak(old: Trace, new: Trace, *, module_depth: int = 4, top_modules: int = 15) -> Comparison:
+    """The figures at the peak of both traces, aligned (``memwarden compare``); the ``top_modules``
+    modules holding most in either trace."""
+    a = figures_at_peak(old, module_depth=module_depth)
+    b = figures_at_peak(new, module_depth=module_depth)
+    deltas = align(a, b, order=_at_peak_order)
+    modules = [d for d in deltas if d.kind == "module"][:top_modules]
+    return Comparison(deltas=tuple(d for d in deltas if d.kind != "module") + tuple(modules))
 
 
 def growth_breaches(comparison: Comparison, max_growth: float, min_delta_bytes: int | None = None) -> list[Delta]:

@@ -24,6 +24,7 @@ import numpy as np
 
 from memwarden.analyze.analysis import Analysis
 from memwarden.analyze.lines import finding_lines
+from memwarden.analyze.thresholds import check_thresholds
 from memwarden.analyze.timeline import Summary, live_blocks_at
 from memwarden.trace.model import Trace
 
@@ -103,13 +104,9 @@ def load_thresholds(path: str | Path) -> dict[str, dict[str, Any]]:
     """``[thresholds.<pattern>] name = value`` tables from a TOML file; clear ValueError otherwise."""
     with open(path, "rb") as fh:
         data = tomllib.load(fh)
-    table = data.get("thresholds", {})
-    if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
-        raise ValueError("expected [thresholds.<pattern-id>] tables")
-    unknown = set(table) - set(PATTERNS) - {"all"}
-    if unknown:
-        raise ValueError(f"unknown pattern ids in thresholds: {sorted(unknown)} (known: {sorted(PATTERNS)})")
-    return table
+    if unknown_keys := sorted(set(data) - {"thresholds"}):
+        raise ValueError(f"unknown key(s) {unknown_keys}; a thresholds file holds [thresholds.<pattern-id>] tables")
+    return check_thresholds(data.get("thresholds", {}))  # every name, type and range checked
 
 
 def _detector(pattern: str) -> Callable[[Trace, Context], list[Finding]]:
@@ -146,7 +143,7 @@ def diagnose(
             if peak and f.wasted_bytes < min_fraction * peak and f.allocated_bytes < peak:
                 continue
             if not f.lines:
-                f = replace(f, lines=finding_lines(trace, f.where, _live_at_peak(ctx)))
+                f = replace(f, lines=finding_lines(trace, f.where, _live_at_peak(ctx), pattern=f.pattern))
             findings.append(f)
     findings.sort(key=lambda f: (-f.wasted_bytes, SEVERITIES.index(f.severity), f.pattern))
     return findings

@@ -145,6 +145,30 @@ def step_tokens(module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, An
     return {"tokens": counts, "batch": int(ids.shape[0]), "input_ids": row[:_PREFIX_TOKENS_KEPT]}
 
 
+def mask_padding(mask: Any) -> dict[str, int] | None:
+    """How much of a (B, T) batch is padding, read from its attention mask: ``length`` T, the
+    ``longest`` row's real tokens, all ``real`` tokens and the ``batch``. None when the mask pads
+    nothing or is not a plain CPU (B, T) mask. Read through numpy: the capture's own reading
+    allocates nothing the allocator recorder would log."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        return None
+    if mask.device.type != "cpu" or mask.is_meta or mask.requires_grad or mask.dtype.is_complex:
+        return None
+    try:
+        rows = (mask.numpy() != 0).sum(axis=1)
+    except (RuntimeError, TypeError):  # a dtype numpy cannot view (bfloat16)
+        return None
+    real = int(rows.sum())
+    if real == mask.numel():
+        return None
+    return {
+        "length": int(mask.shape[1]),
+        "longest": int(rows.max(initial=0)),
+        "real": real,
+        "batch": int(mask.shape[0]),
+    }
+
+
 def _cache_is_empty(kwargs: dict[str, Any]) -> bool:
     cache = _cache_in(kwargs)
     if cache is None:
@@ -189,6 +213,23 @@ def cache_tensors(output: Any) -> list[torch.Tensor]:
                 found.append(v)
             elif isinstance(v, (tuple, list)):
                 stack.extend(v)
+    return found
+
+
+def named_inputs(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], limit: int = 64
+) -> list[tuple[str, torch.Tensor]]:
+    """The call's tensors, each with the name of the argument that carries it (bound to the
+    forward signature; "" for a positional argument it does not name), the cache left out."""
+    named = bound_inputs(module, args, kwargs)
+    found: list[tuple[str, torch.Tensor]] = []
+    unnamed = args[sum(1 for k in named if k not in kwargs) :] if args else ()
+    for name, value in [*named.items(), *(("", v) for v in unnamed)]:
+        if name in _CACHE_KEYS:
+            continue
+        found.extend((name, t) for t in _tensors_in(value, limit - len(found)))
+        if len(found) >= limit:
+            break
     return found
 
 

@@ -52,6 +52,35 @@ DEFAULT_RULES: dict[str, Modality] = {
 
 _SPLIT = re.compile(r"[.]")
 
+# What a model call's argument carries, by the name transformers' processors give it: a root
+# call's inputs take their modality from here (``pixel_values`` is vision even when numpy made it).
+INPUT_RULES: dict[str, Modality] = {
+    "input_ids": Modality.TEXT,
+    "attention_mask": Modality.TEXT,
+    "token_type_ids": Modality.TEXT,
+    "position_ids": Modality.TEXT,
+    "inputs_embeds": Modality.TEXT,
+    "labels": Modality.TEXT,
+    "decoder_input_ids": Modality.TEXT,
+    "input_features": Modality.AUDIO,
+    "input_values": Modality.AUDIO,
+    "feature_attention_mask": Modality.AUDIO,
+}
+_INPUT_PREFIXES = (("pixel", Modality.VISION), ("image", Modality.VISION), ("video", Modality.VISION),
+                   ("audio", Modality.AUDIO))  # fmt: skip
+
+
+def input_modality(name: str) -> Modality:
+    """The modality of a model argument by its name (``pixel_values_videos`` -> vision); shared
+    for names that say nothing (a positional argument the signature does not name)."""
+    found = INPUT_RULES.get(name)
+    if found is not None:
+        return found
+    for prefix, modality in _INPUT_PREFIXES:
+        if name.startswith(prefix):
+            return modality
+    return Modality.SHARED
+
 
 @dataclass(frozen=True)
 class ModalityRules:

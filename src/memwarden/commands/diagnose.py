@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from memwarden.errors import InputError
@@ -20,6 +21,28 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+# A thresholds file is a few lines; past this it is not one (and is not read into memory).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _thresholds(path: str, load: Any) -> dict[str, Any]:
+    """``--config``'s tables, every name, type and range checked before the trace is read: one
+    InputError otherwise. Only a regular file is opened (a FIFO would block, a device never end)."""
+    p = Path(path)
+    try:
+        if not p.exists():
+            raise InputError(f"--config {path}: no such file")
+        if not p.is_file():
+            raise InputError(f"--config {path}: not a regular file")
+        if p.stat().st_size > MAX_CONFIG_BYTES:
+            raise InputError(f"--config {path}: larger than {MAX_CONFIG_BYTES} bytes; not a thresholds file")
+        loaded: dict[str, Any] = load(p)
+    except (OSError, ValueError, RecursionError) as exc:  # TOML errors and bad values are ValueErrors
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        raise InputError(f"--config {path}: {detail[:300]}") from None
+    return loaded
+
+
 def run(args: argparse.Namespace) -> int:
     from memwarden.analyze.analysis import Analysis
     from memwarden.analyze.diagnose import PATTERNS, diagnose, load_thresholds, report_json
@@ -30,14 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         check_output(args.html, flag="--html", allow_stdout=not args.json)
 
-    thresholds = {}
-    if args.config:
-        try:
-            thresholds = load_thresholds(args.config)
-        except FileNotFoundError:
-            raise InputError(f"{args.config}: no such file") from None
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{args.config}: {exc}") from None
+    thresholds = _thresholds(args.config, load_thresholds) if args.config else {}
     for pattern in args.pattern or []:
         if pattern not in PATTERNS:
             raise InputError(f"unknown pattern {pattern!r} (known: {', '.join(PATTERNS)})")

@@ -1,10 +1,11 @@
-"""memwarden estimate MODEL [--image WxH]... [--audio-seconds S] [--prompt-tokens N] [--new-tokens N]
+"""memwarden estimate MODEL [--image WxH]... [--video WxHxF]... [--audio-seconds S] [--prompt-tokens N] [--new-tokens N]
 [--batch B] [--dtype D] [--weights-dtype D] [--kv-dtype D] [--max-pixels N] [--logits last|full]
 [--device-profile PROFILE]... [--json | --format md] [--sweep] [--quiet]"""
 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from memwarden.commands._help import renamed
@@ -28,6 +29,10 @@ def register(sub: Any) -> None:
         "--image", action="append", default=[], metavar="WxH",
         help="an image of W x H px, resized, tiled or pixel-limited as the model's own processor does; repeat for "
         "several images (with --sweep: sizes to compare)",
+    )  # fmt: skip
+    p.add_argument(
+        "--video", action="append", default=[], metavar="WxHxFRAMES",
+        help="a video of FRAMES frames of W x H px, framed as the model's own video processor does; repeatable",
     )  # fmt: skip
     p.add_argument(
         "--max-pixels", default=None, metavar="N",
@@ -71,7 +76,7 @@ def register(sub: Any) -> None:
         help="solve the request backwards: a byte budget (6GiB) or a device profile whose limit the peak must fit",
     )  # fmt: skip
     p.add_argument(
-        "--solve", default=None, choices=("image", "images", "prompt-tokens", "new-tokens", "batch"),
+        "--solve", default=None, choices=("image", "images", "frames", "prompt-tokens", "new-tokens", "batch"),
         help="with --fit: the setting to make as large as fits (the others as given)",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -91,18 +96,22 @@ def _ints(value: str, flag: str) -> list[int]:
 
 def _float(value: str, flag: str) -> float:
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise InputError(f"{flag} takes a number; got {value!r}") from None
+    if not math.isfinite(number):  # inf would reach round(); nan compares false with every bound
+        raise InputError(f"{flag} takes a finite number; got {value!r}")
+    return number
 
 
 def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import print_json
-    from memwarden.estimate.run import estimate, load_device, parse_image, sweep
+    from memwarden.estimate.run import estimate, load_device, parse_image, parse_video, sweep
     from memwarden.report.estimate import card_text, sweep_text
     from memwarden.report.progress import progress
 
     images = [parse_image(v) for v in args.image]
+    videos = [parse_video(v) for v in args.video]
     prompts = _ints(args.prompt_tokens, "--prompt-tokens")
     if not prompts:
         raise InputError("--prompt-tokens takes an integer")
@@ -137,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             suggest=not args.no_suggest,
             max_pixels=max_pixels,
             logits=args.logits,
+            videos=videos,
             progress=step,
             fit=args.fit,
             solve=args.solve,

@@ -78,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
     if args.heatmap:
         from memwarden.report.heatmap import render_heatmap
 
+        if result.history is None or not result.history.blocks:
+            raise InputError(f"--heatmap: nothing to draw: {trace.devices[device]!r} has no allocations in this trace")
+
         try:
             times_s = (trace.events["time_us"] - trace.events["time_us"][0]) / 1e6
             render_heatmap(result, args.heatmap, times_s=times_s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -29,7 +30,11 @@ def register(sub: Any) -> None:
 def normalize_url(text: str) -> str:
     url = text if "://" in text else f"http://{text}"
     scheme, _, rest = url.partition("://")
-    if scheme not in ("http", "https") or not rest:
+    try:
+        port = urllib.parse.urlsplit(url).port  # ValueError: a port that is not a number in 0..65535
+    except ValueError:
+        port = -1
+    if scheme not in ("http", "https") or not rest or port == -1:
         raise InputError(f"{text!r}: expected http://HOST:PORT/metrics or HOST:PORT")
     return url if "/" in rest else url + "/metrics"
 

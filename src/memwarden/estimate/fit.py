@@ -1,18 +1,23 @@
 """``--fit BUDGET|DEVICE --solve ...``: the largest value of one request setting whose peak fits,
 found on the same meta estimator, printed as the settings users type.
 
-The peak grows with every solved setting (more pixels, images, tokens or sequences never free
-memory) and nearly linearly in the solved quantity (tokens, images, sequences; pixels for an
-image side), so the search is a safeguarded secant on the step grid: two probes give the bytes per
-step, each further guess interpolates between the closest value that fits and the closest that
-does not, and every third guess bisects so a bend in the curve cannot stall it. It ends, as a
-bisection does, with a value that fits next to one that does not, both run on the same estimator
-(typically 4-6 estimates instead of 2 log2(answer/step)).
+The peak grows with every solved setting (more pixels, frames, images, tokens or sequences never
+free memory) and is close to a straight line in the tokens the setting adds (an image side's grow
+with its area), so the search solves that line for the budget: from two fitting estimates while
+nothing above is bracketed, then between the bracket's ends (regula falsi, Illinois-weighted, with
+a bisection whenever one end stays put three times). The model's context bounds the solved tokens
+too: the first estimate tells how many each step adds, so no guess goes past the step the context
+is predicted to end at before that step has run, and a budget the context binds before costs four
+estimates (the first step, a cheap second one for the slope, the limit, the refused step above). It ends, as a bisection does, with a value that fits
+next to one that does not (or is refused), both run on the same estimator: about 4 estimates where the
+previous secant crept up from below in 5-22. A budget under the meta model's weights is refused
+before any request runs.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from memwarden.errors import InputError
@@ -23,9 +28,11 @@ from memwarden.estimate.resolve import ResolvedModel
 
 __all__ = ["SOLVES", "solve_fit"]
 
-SOLVES = ("image", "images", "prompt-tokens", "new-tokens", "batch")
+SOLVES = ("image", "images", "frames", "prompt-tokens", "new-tokens", "batch")
 _TOKEN_STEP = 64  # prompt/new tokens are solved to a multiple of 64
 _DEFAULT_IMAGE = (448, 448)
+_DEFAULT_VIDEO_FRAME = (448, 448)  # a video's frame size when the request gives no video
+_SLOPE_PROBE = 16  # the second image side tried, in steps
 _MAX_STEPS = 1 << 12  # no answer beyond 4096 steps (262144 tokens, 4096 images or sequences)
 
 
@@ -39,6 +46,12 @@ def _grid(resolved: ResolvedModel, base: Request, solve: str) -> tuple[int, int]
         if multiple is None:
             raise InputError(f"{resolved.name} takes images at a fixed size; solve 'images' (how many) instead")
         return multiple, multiple * 512
+    if solve == "frames":
+        # Qwen-VL towers take frames in temporal patches (the video processor pads the last one), so
+        # only a multiple of temporal_patch_size adds tokens; other towers take every frame
+        temporal = getattr(getattr(resolved.config, "vision_config", None), "temporal_patch_size", None)
+        step = temporal if isinstance(temporal, int) and 1 <= temporal <= 64 else 1
+        return step, step * _MAX_STEPS
     if solve == "prompt-tokens":
         return _TOKEN_STEP, context - base.new_tokens
     if solve == "new-tokens":
@@ -51,22 +64,31 @@ def _request(base: Request, solve: str, value: int) -> Request:
         return replace_request(base, images=((value, value),) * max(1, len(base.images)), max_pixels=value * value)
     if solve == "images":
         return replace_request(base, images=(base.images[0] if base.images else _DEFAULT_IMAGE,) * value)
+    if solve == "frames":
+        frames = tuple((w, h) for w, h, _ in base.videos) or (_DEFAULT_VIDEO_FRAME,)
+        return replace_request(base, videos=tuple((w, h, value) for w, h in frames))
     field = {"prompt-tokens": "prompt_tokens", "new-tokens": "new_tokens", "batch": "batch"}[solve]
     return replace_request(base, **{field: value})
 
 
 def settings(solve: str, value: int, req: Request, card: MemoryCard) -> dict[str, str]:
     """The answer as typed: processor keyword arguments and serving flags of transformers and vLLM."""
-    context = req.prompt_tokens + req.new_tokens + sum(card.tokens.values()) - card.tokens.get("text", 0)
+    context = _context(req, card)
     if solve == "image":
+        # Qwen-VL processors take a pixel budget, which transformers 5 keeps as size["longest_edge"]
         pixels = value * value
         return {
-            "processor kwargs": f'max_pixels={pixels} (Qwen-VL), size={{"longest_edge": {value}}}',
+            "processor kwargs": f'max_pixels={pixels} (or size={{"longest_edge": {pixels}}}): images up to {value}x{value} px',
             "vllm": f"--mm-processor-kwargs '{json.dumps({'max_pixels': pixels})}' --max-model-len {context}",
         }
     if solve == "images":
         return {"vllm": f"--limit-mm-per-prompt '{json.dumps({'image': value})}' --max-model-len {context}",
                 "transformers": f"at most {value} images per prompt"}  # fmt: skip
+    if solve == "frames":
+        videos = max(1, len(req.videos))
+        return {"transformers": f"video processor num_frames={value} (frames sampled per video)",
+                "vllm": f"--media-io-kwargs '{json.dumps({'video': {'num_frames': value}})}' "
+                        f"--limit-mm-per-prompt '{json.dumps({'video': videos})}' --max-model-len {context}"}  # fmt: skip
     if solve == "prompt-tokens":
         return {"transformers": f"tokenizer(..., truncation=True, max_length={value})",
                 "vllm": f"--max-model-len {context}"}  # fmt: skip
@@ -76,82 +98,183 @@ def settings(solve: str, value: int, req: Request, card: MemoryCard) -> dict[str
     return {"transformers": f"batch size {value}", "vllm": f"--max-num-seqs {value}"}
 
 
-def _search(peak: Any, budget: int, top: int, *, quadratic: bool) -> tuple[int, int | None]:
+class _Probes:
+    """The estimates a search has run: step count -> peak bytes, or the reason the model refused
+    that value (past its context). Pure: ``peak`` is the estimator, called once per step count."""
+
+    def __init__(self, peak: Callable[[int], int | None], budget: int) -> None:
+        self._peak, self.budget = peak, budget
+        self.peaks: dict[int, int] = {}
+        self.refused: set[int] = set()
+
+    def fits(self, k: int) -> bool:
+        if k not in self.peaks and k not in self.refused:
+            value = self._peak(k)
+            if value is None:
+                self.refused.add(k)
+            else:
+                self.peaks[k] = value
+        return k in self.peaks and self.peaks[k] <= self.budget
+
+
+def _search(probes: _Probes, top: int, ctx_cap: int | None, *, quadratic: bool) -> tuple[int, int | None]:
     """(lo, hi): lo the largest step count that fits, hi = lo + 1 (None when lo is ``top``).
-    ``peak(1)`` fits; the peak is non-decreasing in k, and near-linear in k (k*k when quadratic)."""
+    ``probes.fits(1)`` holds; the peak is non-decreasing in k and near-linear in x = k (k*k when
+    ``quadratic``: an image side, whose tokens grow with its area). ``ctx_cap``: the largest k the
+    model's context is predicted to take (None: no context bound): no guess goes past it until it
+    has been tried, since a refused estimate costs as much as one that runs.
+
+    Each guess solves the straight line through two measured peaks for the budget: the two largest
+    that fit while nothing above is bracketed, then the bracket's ends (regula falsi, with the
+    Illinois halving so a bent curve cannot pin one end). A refused end carries no peak, so guesses
+    below it come from the fitting side's slope. When three guesses in a row leave the same end in
+    place the bracket is halved instead, so the count stays within a few times log2(top) however the
+    curve bends; on the near-linear curves of real models it takes 2-4 estimates."""
 
     def x(k: int) -> float:
         return float(k * k) if quadratic else float(k)
 
-    lo, hi, prev, steps = 1, None, None, 0  # prev: the fitting value evaluated before lo
+    def k_of(target: float) -> int:  # the largest k with x(k) <= target (rounding error forgiven)
+        return int(max(target, 0.0) ** 0.5 + 1e-9) if quadratic else int(target + 1e-9)
+
+    budget = probes.budget
+    lo, hi = 1, None
+    undershoots = 0  # extrapolated guesses that still fitted: after two, a guess at least doubles lo
+    weight = {"lo": 1.0, "hi": 1.0}  # Illinois: the weight of an end kept twice in a row is halved
+    kept_last, kept_run = "", 0  # the end the last guess left in place, and how many guesses in a row
     while hi is None or hi - lo > 1:
-        steps += 1
+        fitting = sorted(k for k in probes.peaks if probes.peaks[k] <= budget)
         if hi is None:
             if lo == top:
                 break
-            if prev is None:
-                cand = lo + 1
-            else:  # extrapolate the bytes per step of the last two fitting values
-                slope = (peak(lo) - peak(prev)) / (x(lo) - x(prev))
-                room = budget - peak(lo)
-                target = x(lo) + room / slope if slope > 0 else float(2 * lo)
-                guess = int(target**0.5) if quadratic else int(target)
-                cand = min(top, max(lo + 1, guess, 2 * lo if steps % 3 == 0 else 0))  # doubling every third
-        elif steps % 3 == 0:
-            cand = (lo + hi) // 2  # a bisection every third guess
-        else:  # interpolate between the closest value that fits and the closest that does not
-            p_lo, p_hi = peak(lo), peak(hi)
-            frac = (budget - p_lo) / (p_hi - p_lo) if p_hi > p_lo else 0.5
-            target = x(lo) + frac * (x(hi) - x(lo))
-            guess = int(target**0.5) if quadratic else int(target)
-            cand = min(hi - 1, max(lo + 1, guess))
-        if peak(cand) <= budget:
-            prev, lo = lo, cand
+            if lo == ctx_cap:
+                cand = lo + 1  # the context is predicted to refuse it: confirm
+            elif len(fitting) < 2:
+                # the slope probe: a side of 16 steps (448 px on Qwen-VL) is still cheap, and far
+                # enough above the processor's min_pixels padding for its tokens to follow the area
+                cand = _SLOPE_PROBE if quadratic else lo + 1
+            else:
+                prev = fitting[-2]
+                slope = (probes.peaks[lo] - probes.peaks[prev]) / (x(lo) - x(prev))
+                guess = k_of(x(lo) + (budget - probes.peaks[lo]) / slope) if slope > 0 else 2 * lo
+                cand = max(lo + 1, guess, 2 * lo if undershoots >= 2 else 0)
+                undershoots += 1  # taken back below when the guess does not fit
+            if ctx_cap is not None and lo < ctx_cap and ctx_cap not in probes.refused:
+                cand = min(cand, ctx_cap)  # past the predicted limit the model refuses, at full cost
+            cand = min(top, cand)
+        elif kept_run >= 3:  # three guesses moved the same end: the curve bends, so halve the bracket
+            cand = (lo + hi) // 2
+        elif hi in probes.peaks:
+            p_lo, p_hi = probes.peaks[lo], probes.peaks[hi]
+            w_lo, w_hi = weight["lo"], weight["hi"]
+            # the straight line through (x(lo), w_lo*(p_lo-budget)) and (x(hi), w_hi*(p_hi-budget)) crosses zero here
+            f_lo, f_hi = w_lo * (p_lo - budget), w_hi * (p_hi - budget)
+            frac = f_lo / (f_lo - f_hi) if f_hi != f_lo else 0.5
+            cand = k_of(x(lo) + frac * (x(hi) - x(lo)))
+        else:  # hi was refused: the fitting side's slope, or halfway when the budget lies beyond hi
+            cand = (lo + hi) // 2
+            if len(fitting) >= 2:
+                prev = fitting[-2]
+                slope = (probes.peaks[lo] - probes.peaks[prev]) / (x(lo) - x(prev))
+                guess = k_of(x(lo) + (budget - probes.peaks[lo]) / slope) if slope > 0 else hi
+                cand = guess if guess < hi else cand
+        cand = max(lo + 1, cand if hi is None else min(hi - 1, cand))
+        kept = "hi" if probes.fits(cand) else "lo"
+        if kept == "lo":
+            undershoots = 0
+        if kept == "hi":
+            lo = cand
         else:
             hi = cand
+        moved = "lo" if kept == "hi" else "hi"
+        weight[moved] = 1.0
+        if hi is not None and kept == kept_last:
+            weight[kept] /= 2
+        kept_run = kept_run + 1 if kept == kept_last and hi is not None else 1
+        kept_last = kept
     return lo, hi
+
+
+def _context(req: Request, card: MemoryCard) -> int:
+    """Positions one sequence of the request takes: its text, media placeholders and new tokens."""
+    return req.prompt_tokens + req.new_tokens + sum(card.tokens.values()) - card.tokens.get("text", 0)
+
+
+def _context_cap(resolved: ResolvedModel, solve: str, step: int, first: MemoryCard, base: Request) -> int | None:
+    """The largest step count whose request the model's context is predicted to take, from the
+    first estimate: the solved setting's tokens grow in proportion to x (k, or k*k for an image
+    side, whose placeholders grow with its area); None where the context does not bound it."""
+    limit = getattr(resolved.config.get_text_config(), "max_position_embeddings", None)
+    if not isinstance(limit, int) or solve == "batch":
+        return None
+    req = first.request or base
+    media = sum(first.tokens.values()) - first.tokens.get("text", 0)
+    if solve == "image":
+        # the step is the tower's patch x merge, so k steps of side make k*k placeholders per image
+        # (the processor's min_pixels pads the smallest sizes, so the first estimate's count is no guide)
+        used, per_x = req.prompt_tokens + req.new_tokens, max(1, len(req.images))
+    elif solve == "images" or (solve == "frames" and not req.images and req.audio_seconds is None):
+        used, per_x = req.prompt_tokens + req.new_tokens, media  # every placeholder is the solved media's
+    elif solve == "frames":
+        return None  # the images' and audio's placeholders are not told apart from the video's
+    else:  # prompt-tokens, new-tokens
+        used, per_x = _context(req, first) - step, step
+    if per_x <= 0 or used + per_x > limit:
+        return None
+    room_x = (limit - used) / per_x  # x(k) that fills the context
+    return max(1, int(room_x**0.5) if solve == "image" else int(room_x))
+
+
+def _weights_bytes(resolved: ResolvedModel, req: Request) -> int:
+    """Bytes of the meta model's weights as the request holds them (tied tensors once): a lower
+    bound of every peak, known without running a request."""
+    from memwarden.estimate.metamodel import model_for
+
+    model = model_for(resolved, req.dtype, req.weights_dtype)
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if t.device.type == "meta"}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def solve_fit(
     resolved: ResolvedModel, base: Request, budget_bytes: int, solve: str
 ) -> tuple[MemoryCard, dict[str, Any]]:
     """(the card of the largest fitting value, the ``fit`` block); InputError when even the
-    smallest step does not fit."""
+    smallest step does not fit (without running a request when the weights alone do not)."""
     if solve not in SOLVES:
         raise InputError(f"--solve takes one of {', '.join(SOLVES)}; got {solve!r}")
     step, most = _grid(resolved, base, solve)
+    top = most // step
+    if top < 1:
+        raise InputError(f"not even {solve} = {step} fits {resolved.name}'s context")
+    weights = _weights_bytes(resolved, base)
+    if weights > budget_bytes:
+        raise InputError(f"not even the weights ({weights} bytes) fit {budget_bytes} bytes; no {solve} does")
     cards: dict[int, MemoryCard] = {}
     refused: dict[int, str] = {}  # k -> why the model does not accept that value (past its context)
 
-    def peak(k: int) -> int:  # k steps; a value the model refuses never fits
-        if k not in cards and k not in refused:
-            try:
-                cards[k] = card_for(resolved, _request(base, solve, k * step))[0]
-            except InputError as exc:
-                if k == 1:
-                    raise
-                refused[k] = str(exc)
-        return cards[k].peak_bytes if k in cards else budget_bytes + 1
+    def peak(k: int) -> int | None:  # the peak of k steps; None: the model refuses that value
+        try:
+            cards[k] = card_for(resolved, _request(base, solve, k * step))[0]
+        except InputError as exc:
+            if k == 1:
+                raise
+            refused[k] = str(exc)
+            return None
+        return cards[k].peak_bytes
 
-    top = most // step
-    if top < 1 or peak(1) > budget_bytes:
-        first = cards.get(1)
-        raise InputError(
-            f"not even {solve} = {step} fits {budget_bytes} bytes"
-            + (f" (peak {first.peak_bytes} bytes)" if first is not None else "")
-        )
-    lo, hi = _search(peak, budget_bytes, top, quadratic=solve == "image")
+    probes = _Probes(peak, budget_bytes)
+    if not probes.fits(1):
+        raise InputError(f"not even {solve} = {step} fits {budget_bytes} bytes (peak {cards[1].peak_bytes} bytes)")
+    cap = _context_cap(resolved, solve, step, cards[1], base)
+    lo, hi = _search(probes, top, cap, quadratic=solve == "image")
     card = cards[lo]
-    nxt = hi if hi is not None else None
-    if nxt is not None and nxt != lo + 1:
-        nxt = lo + 1
-    next_peak = cards[nxt].peak_bytes if nxt is not None and peak(nxt) and nxt in cards else None
+    next_peak = cards[hi].peak_bytes if hi is not None and hi in cards else None
     req = card.request or base
     block = {
         "solve": solve, "value": lo * step, "peak_bytes": card.peak_bytes, "budget_bytes": int(budget_bytes),
-        "next_value": nxt * step if nxt is not None else None, "next_peak_bytes": next_peak,
+        "next_value": hi * step if hi is not None else None, "next_peak_bytes": next_peak,
         "settings": settings(solve, lo * step, req, card), "estimates_run": len(cards) + len(refused),
     }  # fmt: skip
-    if nxt is not None and nxt in refused:
-        block["next_refused"] = refused[nxt]
+    if hi is not None and hi in refused:
+        block["next_refused"] = refused[hi]
     return card, block

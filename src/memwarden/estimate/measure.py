@@ -26,7 +26,9 @@ DTYPES = ("float32", "float16", "bfloat16")
 WEIGHT_DTYPES = ("int8", "int4")
 KV_DTYPES = ("float8", "int8", "int4")
 LOGITS = ("last", "full")
-_MEASURED_NEW_TOKENS = 8  # the shorter of the two runs a long generation is extrapolated from
+# The shorter of the two runs a long generation is extrapolated from: the longer one's decode steps
+# 2-4 are the three regular windows checked for steady state (step 1 may still set up the cache).
+_MEASURED_NEW_TOKENS = 5
 _STEADY_MARGIN = 4  # decode steps run past a sliding window's filling before steps count as steady
 
 Progress = Callable[..., None]  # progress(text, fraction=None)
@@ -57,6 +59,9 @@ def check_request(req: Request) -> None:
     for wh in req.images:
         if len(wh) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in wh):
             raise InputError(f"an image size is (width, height) in positive pixels; got {wh!r}")
+    for whf in req.videos:
+        if len(whf) != 3 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in whf):
+            raise InputError(f"a video is (width, height, frames), positive integers; got {whf!r}")
     if req.audio_seconds is not None and (not isinstance(req.audio_seconds, (int, float)) or not req.audio_seconds > 0):
         raise InputError(f"audio_seconds must be a positive number; got {req.audio_seconds!r}")
     if req.max_pixels is not None and (
@@ -77,18 +82,19 @@ def _inputs(resolved: ResolvedModel, req: Request, model: Any) -> tuple[dict[str
     from memwarden.estimate.request import build_request
     from memwarden.models import zoo
 
-    if req.audio_seconds is not None and not zoo_family(resolved):
-        raise InputError(f"audio requests for model_type {resolved.family!r} are not supported yet")
-    # The zoo's tiny models keep the zoo's builder (one image per row, exactly the native size);
-    # real configs' images go through the family's own processor, resized and tiled as it does.
-    if not resolved.source.startswith("zoo:") and req.audio_seconds is None:
+    # The zoo's tiny models keep the zoo's builder (one image per row, exactly the native size) and
+    # so does the zoo's audio family; real configs' images, videos and other families' audio go
+    # through the family's own processors, resized, tiled and chunked as they do.
+    zoo_audio = req.audio_seconds is not None and zoo_family(resolved)
+    if not resolved.source.startswith("zoo:") and not zoo_audio:
         zoo_request = False
     else:
-        zoo_request = zoo_family(resolved) and len(req.images) <= 1 and req.max_pixels is None
+        zoo_request = zoo_family(resolved) and len(req.images) <= 1 and req.max_pixels is None and not req.videos
     if not zoo_request or (not req.images and req.audio_seconds is None):
         return build_request(
             model, resolved.config, images=req.images, prompt_tokens=req.prompt_tokens,
-            new_tokens=req.new_tokens, batch=req.batch, max_pixels=req.max_pixels,
+            new_tokens=req.new_tokens, batch=req.batch, max_pixels=req.max_pixels, videos=req.videos,
+            audio_seconds=req.audio_seconds,
         )  # fmt: skip
     config = resolved.config
     if not resolved.source.startswith("zoo:"):

@@ -8,8 +8,11 @@
   only the shapes of its float outputs are kept: they go to the meta device.
 - The placeholder count of an image is what the model's own ``get_image_features`` returns for
   that processor output, run on the meta model (so it includes tiles, newline tokens, pooling).
+- Videos and audio (any family's, through its video processor's defaults and its feature
+  extractor) are built in :mod:`memwarden.estimate.request_media`; the same model call counts them.
 - Text is ids below the lowest special id; markers (BOS, image start/end, row/column tokens)
-  are ordinary text tokens and count towards ``prompt_tokens``.
+  are ordinary text tokens and count towards ``prompt_tokens``. A BOS that does not fit beside
+  the media markers is left out (Qwen's templates send none).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import inspect
 from typing import Any
 
 from memwarden.errors import InputError
+from memwarden.estimate.request_media import audio_media, feature_tokens, processed, video_media
 
 __all__ = ["MAX_IMAGE_PIXELS", "build_request", "image_processor", "placeholder_counts"]
 
@@ -123,14 +127,6 @@ def _check_image(config: Any, wh: tuple[int, int]) -> None:
             )
 
 
-def _processed(processor: Any, images: list[tuple[int, int]], copies: int) -> dict[str, Any]:
-    import numpy as np
-
-    blanks = [np.zeros((h, w, 3), dtype=np.uint8) for w, h in images]
-    out = processor(images=[list(blanks) for _ in range(copies)], return_tensors="pt")
-    return dict(out.items())
-
-
 def _accepted(fn: Any, values: dict[str, Any]) -> dict[str, Any]:
     params = inspect.signature(fn).parameters
     return {k: v for k, v in values.items() if k in params}
@@ -143,18 +139,6 @@ def _to_meta(values: dict[str, Any]) -> dict[str, Any]:
         k: (torch.empty_like(v, device="meta") if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
         for k, v in values.items()
     }
-
-
-def _feature_tokens(output: Any) -> int:
-    import torch
-
-    features = getattr(output, "pooler_output", None)
-    if features is None:
-        features = (
-            output[0] if isinstance(output, (tuple, list)) and not isinstance(output[0], torch.Tensor) else output
-        )
-    parts = [features] if isinstance(features, torch.Tensor) else list(features)
-    return sum(int(p.numel() // max(p.shape[-1], 1)) for p in parts)
 
 
 def placeholder_counts(model: Any, processor: Any, images: list[tuple[int, int]]) -> list[int]:
@@ -170,10 +154,10 @@ def placeholder_counts(model: Any, processor: Any, images: list[tuple[int, int]]
         raise InputError(f"{type(model).__name__} has no get_image_features; send a text-only request")
     counts = []
     for wh in images:
-        media = _to_meta(_processed(processor, [wh], 1))
+        media = _to_meta(processed(processor, [wh], 1))
         with placement(), torch.inference_mode():
             out = encode(**_accepted(encode, media), return_dict=True)
-        counts.append(_feature_tokens(out))
+        counts.append(feature_tokens(out))
     return counts
 
 
@@ -186,21 +170,22 @@ def _specials(config: Any) -> list[int]:
     return ids
 
 
-def _media_markers(config: Any) -> tuple[list[int], list[int]]:
-    """The begin/end-of-image ids the processor wraps each image in (Qwen-VL, GLM-4V); none elsewhere."""
-    for prefix in ("vision", "image"):
+def _media_markers(config: Any, kind: str = "image") -> tuple[list[int], list[int]]:
+    """The begin/end ids the processor wraps each image, video or audio in (Qwen-VL, GLM-4V); none elsewhere."""
+    prefixes = {"image": ("vision", "image"), "video": ("vision", "video"), "audio": ("audio",)}[kind]
+    for prefix in prefixes:
         start, end = getattr(config, f"{prefix}_start_token_id", None), getattr(config, f"{prefix}_end_token_id", None)
         if isinstance(start, int) and isinstance(end, int) and not isinstance(start, bool):
             return [start], [end]
     return [], []
 
 
-def image_token_id(config: Any) -> int:
-    for key in ("image_token_id", "image_token_index"):
+def image_token_id(config: Any, kind: str = "image") -> int:
+    for key in (f"{kind}_token_id", f"{kind}_token_index"):
         value = getattr(config, key, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    raise InputError(f"model_type {config.model_type!r} names no image token; send a text-only request")
+    raise InputError(f"model_type {config.model_type!r} names no {kind} token; send a text-only request")
 
 
 def build_request(
@@ -212,58 +197,78 @@ def build_request(
     new_tokens: int,
     batch: int,
     max_pixels: int | None = None,
+    videos: tuple[tuple[int, int, int], ...] = (),
+    audio_seconds: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, int]]:
-    """(generate() inputs with float tensors on meta, token counts per sequence)."""
+    """(generate() inputs with float tensors on meta, token counts per sequence). ``videos``: (W, H,
+    frames) each; ``audio_seconds``: one clip, through the family's feature extractor."""
     import torch
 
     text = config.get_text_config()
     context = getattr(text, "max_position_embeddings", None)
-    counts: list[int] = []
+    runs: list[tuple[str, int]] = []  # (kind, placeholders) in prompt order: images, videos, audio
     media: dict[str, Any] = {}
     if images:
         for wh in images:
             _check_image(config, wh)
         processor = image_processor(config.model_type, config, max_pixels)
-        counts = placeholder_counts(model, processor, list(images))
-        media = _to_meta(_processed(processor, list(images), batch))
-    total = prompt_tokens + sum(counts)
+        runs += [("image", n) for n in placeholder_counts(model, processor, list(images))]
+        media = _to_meta(processed(processor, list(images), batch))
+    if videos:
+        for w, h, _frames in videos:
+            _check_image(config, (w, h))
+        frames = image_processor(config.model_type, config, max_pixels)
+        video_inputs, video_counts = video_media(model, config, videos, batch, max_pixels, frames)
+        media.update(video_inputs)
+        runs += [("video", n) for n in video_counts]
+    if audio_seconds is not None:
+        audio_inputs, audio_count = audio_media(model, config, audio_seconds, batch)
+        media.update(audio_inputs)
+        runs.append(("audio", audio_count))
+    placeholders = sum(n for _, n in runs)
+    total = prompt_tokens + placeholders
     if isinstance(context, int) and total + new_tokens > context:
         raise InputError(
-            f"{total} prompt tokens ({sum(counts)} image) + {new_tokens} new tokens exceed the model's "
-            f"context of {context} (max_position_embeddings)"
+            f"{total} prompt tokens ({placeholders} image/video/audio) + {new_tokens} new tokens exceed the "
+            f"model's context of {context} (max_position_embeddings)"
         )
     bos = getattr(text, "bos_token_id", None)
     lead = [bos] if isinstance(bos, int) and 0 <= bos < text.vocab_size else []
-    if len(lead) > prompt_tokens:
-        lead = []
     specials = [i for i in _specials(config) if i >= _FIRST_TEXT_ID]
     top = min([text.vocab_size, *specials])
     if top <= _FIRST_TEXT_ID:
         raise InputError(f"model_type {config.model_type!r}: no ordinary text ids below its special tokens")
-    opening, closing = _media_markers(config) if counts else ([], [])
-    n_markers = len(lead) + len(counts) * (len(opening) + len(closing))
+    markers = {kind: _media_markers(config, kind) for kind in {k for k, _ in runs}}
+    n_wrap = sum(len(markers[kind][0]) + len(markers[kind][1]) for kind, _ in runs)
+    if prompt_tokens < len(lead) + n_wrap:
+        lead = []  # BOS is an ordinary text token here (Qwen's templates send none): the media markers first
+    n_markers = len(lead) + n_wrap
     if prompt_tokens < n_markers:
         raise InputError(
-            f"model_type {config.model_type!r} needs prompt_tokens >= {n_markers} for {len(counts)} image(s) "
-            f"(its BOS and begin/end-of-image markers); got {prompt_tokens}"
+            f"model_type {config.model_type!r} needs prompt_tokens >= {n_markers} for {len(runs)} image(s)/video(s) "
+            f"(their begin/end markers); got {prompt_tokens}"
         )
     n_text = prompt_tokens - n_markers
     words = (torch.arange(n_text, dtype=torch.long) % (top - _FIRST_TEXT_ID) + _FIRST_TEXT_ID).tolist()
     ids = list(lead)
-    if counts:
-        placeholder = image_token_id(config)
-        for i, n in enumerate(counts):
-            ids += opening + [placeholder] * n + closing
-            # Models that find images as runs of placeholders (Qwen-VL's rope index) need a text token
-            # between two images, as every chat template puts one.
-            if i + 1 < len(counts) and words:
-                ids.append(words.pop())
+    for i, (kind, n) in enumerate(runs):
+        opening, closing = markers[kind]
+        ids += opening + [image_token_id(config, kind)] * n + closing
+        # Models that find media as runs of placeholders (Qwen-VL's rope index) need a text token
+        # between two of them, as every chat template puts one.
+        if i + 1 < len(runs) and words:
+            ids.append(words.pop())
     ids += words
     input_ids = torch.tensor([ids] * batch, dtype=torch.long)
     inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     accepted = inspect.signature(model.forward).parameters
     inputs.update({k: v for k, v in media.items() if k in accepted})
-    if counts and "mm_token_type_ids" in accepted:
-        inputs["mm_token_type_ids"] = (input_ids == image_token_id(config)).int()
-    tokens = {"vision": sum(counts), "audio": 0, "text": prompt_tokens}
+    if runs and "mm_token_type_ids" in accepted:
+        kinds = {"image": 1, "video": 2, "audio": 3}
+        type_ids = torch.zeros_like(input_ids, dtype=torch.int)
+        for kind in {k for k, _ in runs}:
+            type_ids[input_ids == image_token_id(config, kind)] = kinds[kind]  # Qwen-VL: text 0, image 1, video 2
+        inputs["mm_token_type_ids"] = type_ids
+    count = {kind: sum(n for k, n in runs if k == kind) for kind in ("image", "video", "audio")}
+    tokens = {"vision": count["image"] + count["video"], "audio": count["audio"], "text": prompt_tokens}
     return inputs, tokens

@@ -36,16 +36,53 @@ Quantized storage is emulated on the meta model, so the estimate runs the same w
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
-from memwarden.errors import InputError
+from memwarden.errors import InputError, MemwardenError
 from memwarden.estimate.card import MemoryCard, Request
 from memwarden.estimate.measure import Progress, card_for, check_request
 from memwarden.estimate.rerun import image_multiple, replace_request, rerun_suggestions
-from memwarden.estimate.resolve import resolve_model
+from memwarden.estimate.resolve import CONFIG_DIR, resolve_model
 from memwarden.estimate.suggest import rank_suggestions
 
-__all__ = ["SweepResult", "estimate", "load_device", "parse_image", "sweep"]
+__all__ = ["SweepResult", "estimate", "load_device", "parse_image", "parse_video", "sweep"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def config_errors(fn: Callable[P, T]) -> Callable[P, T]:
+    """A config.json of the user's that passed ``resolve_model``'s checks can still hold a value that
+    transformers' own code trips over while building or running the meta model (a sub-config of
+    another family, a rope setting of the wrong type, sizes that do not divide): that is a bad
+    input, so it becomes one InputError naming the file and what transformers said. The zoo's and
+    the shipped configs are ours: an exception there is a bug and goes up as it is."""
+
+    @functools.wraps(fn)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> T:
+        model = args[0] if args else kwargs.get("model")
+        try:
+            return fn(*args, **kwargs)
+        except (MemwardenError, MemoryError):
+            raise
+        except Exception as exc:
+            if not _user_config(model):
+                raise
+            what = " ".join(str(exc).split())[:200]
+            raise InputError(
+                f"{model}: this config cannot be built or run by transformers ({type(exc).__name__}: {what})"
+            ) from exc
+
+    return guarded
+
+
+def _user_config(model: Any) -> bool:
+    from memwarden.models import zoo
+
+    name = str(model).partition(":")[0]
+    return name not in zoo.NAMES and not (CONFIG_DIR / f"{model}.json").is_file()
 
 
 def parse_image(text: str) -> tuple[int, int]:
@@ -60,6 +97,19 @@ def parse_image(text: str) -> tuple[int, int]:
     return wh
 
 
+def parse_video(text: str) -> tuple[int, int, int]:
+    """'448x448x16' -> (448, 448, 16): W x H px, frames; else InputError."""
+    parts = str(text).lower().split("x")
+    try:
+        whf = tuple(int(v) for v in parts)
+    except ValueError:
+        whf = ()
+    if len(whf) != 3 or any(v <= 0 for v in whf):
+        raise InputError(f"--video takes WIDTHxHEIGHTxFRAMES, e.g. 448x448x16; got {text!r}")
+    return whf
+
+
+@config_errors
 def estimate(
     model: str,
     *,
@@ -73,6 +123,7 @@ def estimate(
     kv_dtype: str | None = None,
     max_pixels: int | None = None,
     logits: str = "last",
+    videos: list[tuple[int, int, int]] | tuple[tuple[int, int, int], ...] | None = None,
     device: Any = None,
     suggest: bool = True,
     progress: Progress | None = None,
@@ -84,12 +135,14 @@ def estimate(
 
     ``dtype`` None: the checkpoint's (``torch_dtype``/``dtype`` of config.json; float32 when it
     states none). ``max_pixels``: a dynamic-resolution processor's pixel limit per image.
+    ``videos``: (W, H, frames) each, framed as the family's video processor does.
     ``logits="full"``: every prompt position's logits in float32, as transformers before 4.45
     computed them. ``progress(text, fraction=None)`` is told what the estimate is doing."""
     resolved = resolve_model(model)
     dtype = dtype or resolved.default_dtype
     req = Request(
         images=tuple(tuple(wh) for wh in (images or ())),  # type: ignore[misc]
+        videos=tuple(tuple(whf) for whf in (videos or ())),  # type: ignore[misc]
         audio_seconds=audio_seconds,
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
@@ -195,6 +248,7 @@ class SweepResult:
         }
 
 
+@config_errors
 def sweep(
     model: str,
     *,

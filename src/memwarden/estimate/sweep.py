@@ -16,6 +16,7 @@ parent). Estimates are deterministic, so both executors give identical tables.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,9 @@ def load_grid(path: str | os.PathLike[str]) -> Grid:
             _fail(
                 label, where, f"unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(_REQUEST_KEYS))}"
             )
+        for key in ("audio_seconds", "prompt_tokens", "new_tokens", "batch"):
+            if isinstance(raw.get(key), float) and not math.isfinite(raw[key]):  # TOML has inf and nan
+                _fail(label, f"{where}.{key}", f"must be a finite number; got {raw[key]}")
         req = {k: v for k, v in raw.items() if k not in ("name", "image")}
         if "image" in raw:
             if not isinstance(raw["image"], str):
@@ -125,6 +129,9 @@ def estimate_point(spec: dict[str, Any]) -> dict[str, Any]:
         return {**out, "error": str(exc)}
     except TypeError as exc:  # a request key estimate() does not take, or a value of the wrong type
         return {**out, "error": f"bad request: {exc}"}
+    except Exception as exc:  # noqa: BLE001 - one point's failure is that point's row, never a traceback
+        what = " ".join(str(exc).split())[:200]
+        return {**out, "error": f"this point failed ({type(exc).__name__}: {what})"}
     return {**out, "peak_bytes": card.peak_bytes, "weights_bytes": card.weights_bytes,
             "kv_cache_bytes": card.kv_cache_bytes,
             "phases": {name: info["peak_bytes"] for name, info in card.phases.items()}}  # fmt: skip

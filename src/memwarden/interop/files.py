@@ -32,6 +32,8 @@ def load_any(path: str | os.PathLike[str]) -> Trace:
     try:
         if path.is_dir():
             raise InputError(f"{path}: is a directory; expected {_EXPECTED}")
+        if path.exists() and not path.is_file():  # a FIFO would block the open for ever, a device never end
+            raise InputError(f"{path}: not a regular file (a FIFO, device or socket); expected {_EXPECTED}")
         with open(path, "rb") as fh:
             head = fh.read(len(FORMAT_MAGIC))
     except FileNotFoundError:

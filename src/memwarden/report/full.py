@@ -10,9 +10,11 @@ from typing import Any
 
 from memwarden.analyze.analysis import Analysis
 from memwarden.analyze.diagnose import Finding, diagnose
+from memwarden.analyze.lines import allocated_by_line
 from memwarden.report.answer import answer_sentence
 from memwarden.report.findings import finding_markers, findings_html
 from memwarden.report.html import Section, write_html
+from memwarden.report.source_view import read_source_lines, source_view_html
 from memwarden.trace.model import Action, Trace
 
 __all__ = ["HEATMAP_COLUMNS", "HEATMAP_MAX_EVENTS", "heatmap_for", "write_report"]
@@ -39,6 +41,16 @@ def _findings_section(analysis: Analysis, findings: list[Finding]) -> tuple[Sect
     s = analysis.summary
     markers = finding_markers(findings, s.peak_time_us, analysis.trace)
     return Section("Findings", findings_html(findings, s.peak_bytes)), markers
+
+
+def _source_section(analysis: Analysis) -> Section | None:
+    """The user's lines at the peak with their source text (read here, at the edge), or None when
+    no block carries a line (a trace recorded without lines, an estimate)."""
+    top = analysis.summary.top_lines_at_peak
+    if not top:
+        return None
+    source = read_source_lines((x.file, x.line) for x in top)
+    return Section("Source lines at peak", source_view_html(top, allocated_by_line(analysis.trace), source))
 
 
 def _annotation_markers(trace: Trace) -> list[dict[str, Any]]:
@@ -81,7 +93,8 @@ def write_report(
         section, markers = _findings_section(analysis, findings)
         sections.append(section)
     markers += _annotation_markers(trace)
+    source = _source_section(analysis)
     return write_html(
         trace, path, title=title, lead_sections=sections, markers=markers, heatmap_png=png, analysis=analysis,
-        answer=answer_sentence(analysis, findings),
+        answer=answer_sentence(analysis, findings), extra_sections=[source] if source is not None else [],
     )  # fmt: skip

@@ -2,10 +2,16 @@
 
 ``serve_metrics(session, port)`` starts ``prometheus_client``'s HTTP server on ``127.0.0.1:port``
 (``port=0``: the OS picks one; ``.port`` says which) with one collector that reads the session at
-each scrape. Every value of a scrape comes from one ``session.stats()`` call (plus the weight
-streamer's placement, which stats does not carry), so a scrape is one consistent moment and a
-value equals what ``stats()`` said at that moment. Nothing is sampled in the background: an idle
-session costs nothing, and a scrape costs one ``stats()``.
+each scrape. Every value of a scrape comes from one ``session.stats(include_requests=False)`` call
+(plus the weight streamer's placement, which stats does not carry), so a scrape is one consistent
+moment and a value equals what ``stats()`` said at that moment. Nothing is sampled in the
+background: an idle session costs nothing, and a scrape costs one ``stats()`` without the lists of
+events and requests: the counts it reports (requests, decisions, refusals, log entries) are kept as
+the session runs (``runtime/session_tally.py``), so a scrape costs the same after a million
+requests as after one. A scrape that finds the session as the last one left it (an idle service,
+a request still decoding, two Prometheus servers scraping one target) is answered with the last
+exposition's bytes instead of formatting them again: formatting is most of a scrape's cost, and
+the bytes are those of a snapshot equal to the session's stats at that moment.
 
 The exporter holds the session and never changes it; it is a separate object (composition), so a
 session runs the same with or without it.
@@ -26,7 +32,7 @@ kv_evictions                           counter  blocks evicted
 encoder_cache_hits / _misses           counter  encoder-output cache lookups
 requests                               counter  requests served
 admission_decisions{action}            counter  admit, degrade, ... per admitted request
-admission_refusals{reason}             counter  refusals the session recorded (``refuse`` events)
+admission_refusals{reason}             counter  refused requests by reason (``Refusal``: over_budget, ...)
 degradation_rung                       gauge    the rung of the latest request (0: none)
 latency_level                          gauge    the latency rung that persists across requests
 meta_predictions                       counter  meta-device predictions run
@@ -38,12 +44,14 @@ telemetry_fps                          gauge    (absent until the budget followe
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 from prometheus_client.registry import Collector, CollectorRegistry
 
 __all__ = ["PREFIX", "SessionMetrics", "families", "serve_metrics", "streamed_weight_bytes"]
@@ -80,11 +88,8 @@ def streamed_weight_bytes(session: Any) -> int:
 
 
 def families(stats: dict[str, Any], streamed_bytes: int = 0) -> list[Metric]:
-    """The metric families of one ``stats()`` snapshot: pure, so a test can compare the two."""
-    requests = stats.get("requests", [])
-    events = stats.get("events", [])
-    decisions = Counter(str(r["decision"]["action"]) for r in requests)
-    refusals = Counter(str(e.get("reason") or e.get("label", "")) for e in events if e.get("kind") == "refuse")
+    """The metric families of one ``stats()`` snapshot (with or without its lists: only the counts are
+    read, so the cost does not grow with the requests served); pure, so a test can compare the two."""
     out: list[Metric] = [
         _gauge("budget_bytes", "the memory budget in force, bytes", stats["budget_bytes"]),
         _labelled(
@@ -106,20 +111,18 @@ def families(stats: dict[str, Any], streamed_bytes: int = 0) -> list[Metric]:
         _counter("kv_evictions", "KV blocks evicted", stats["evictions"]),
         _counter("encoder_cache_hits", "media encodings served from the encoder cache", stats["encoder_hits"]),
         _counter("encoder_cache_misses", "media encodings computed", stats["encoder_misses"]),
-        _counter("requests", "requests served", len(requests)),
+        _counter("requests", "requests served", stats["requests_served"]),
         _labelled(
             CounterMetricFamily,
             "admission_decisions",
             "admitted requests by admission's action",
             "action",
-            dict(decisions),
+            stats["decisions"],
         ),  # fmt: skip
-        _labelled(CounterMetricFamily, "admission_refusals", "requests refused, by reason", "reason", dict(refusals)),
-        _gauge(
-            "degradation_rung",
-            "degradation rung of the latest request (0: none)",
-            requests[-1]["rung"] if requests else 0,
-        ),  # fmt: skip
+        _labelled(
+            CounterMetricFamily, "admission_refusals", "requests refused, by reason", "reason", stats["refusals"]
+        ),
+        _gauge("degradation_rung", "degradation rung of the latest request (0: none)", stats["degradation_rung"]),
         _gauge("latency_level", "latency rung that persists across requests", stats["latency_level"]),
         _counter("meta_predictions", "meta-device peak predictions run", stats["meta_predictions"]),
         _labelled(
@@ -127,18 +130,29 @@ def families(stats: dict[str, Any], streamed_bytes: int = 0) -> list[Metric]:
             "session_events",
             "the session's log entries, by kind",
             "kind",
-            dict(Counter(str(e.get("kind")) for e in events)),
+            stats["event_counts"],
         ),  # fmt: skip
     ]
-    reading = next((e for e in reversed(events) if e.get("kind") == "budget" and "temp_c" in e), None)
+    reading = stats["telemetry"]
     for key, name, doc in _TELEMETRY:
-        if reading is not None and reading.get(key) is not None:
-            out.append(_gauge(name, f"latest telemetry reading the budget followed: {doc}", float(reading[key])))
+        if key in reading:
+            out.append(_gauge(name, f"latest telemetry reading the budget followed: {doc}", reading[key]))
     return out
 
 
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """A scrape every few seconds is not news: log nothing."""
+
+
+Snapshot = tuple[dict[str, Any], int]  # stats(include_requests=False), streamed weight bytes
+
+
 class SessionMetrics(Collector):
-    """A Prometheus collector over one GovernedSession, and the HTTP server that exposes it."""
+    """A Prometheus collector over one GovernedSession, and the HTTP server that exposes it.
+
+    ``app`` is the WSGI application the server runs (prometheus_client's, answering from the last
+    exposition while the session is unchanged); it can be mounted in an application's own server."""
 
     def __init__(self, session: Any) -> None:
         self.session = session
@@ -148,15 +162,54 @@ class SessionMetrics(Collector):
         self._thread: Any = None
         self.port: int | None = None
         self.host = "127.0.0.1"
+        self._lock = threading.RLock()  # one exposition at a time; collect() under it renders its snapshot
+        self._rendering: Snapshot | None = None
+        self._last: tuple[tuple[Any, ...], tuple[str, list[tuple[str, str]], bytes]] | None = None
+        self._prometheus_app = make_wsgi_app(self.registry)
+
+    def snapshot(self) -> Snapshot:
+        return self.session.stats(include_requests=False), streamed_weight_bytes(self.session)
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(self.session.stats(), streamed_weight_bytes(self.session))
+        with self._lock:
+            stats, streamed = self._rendering or self.snapshot()
+        yield from families(stats, streamed)
+
+    def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        """The WSGI application: prometheus_client's, run again only when the session or the request
+        (method, path, query, accepted formats and encodings) differs from the last one's."""
+        request = tuple(environ.get(k) for k in ("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "HTTP_ACCEPT",
+                                                 "HTTP_ACCEPT_ENCODING"))  # fmt: skip
+        with self._lock:
+            snapshot = self.snapshot()
+            key = (snapshot, request)
+            if self._last is None or self._last[0] != key:
+                baked: dict[str, Any] = {}
+
+                def keep(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+                    baked.update(status=status, headers=headers)
+                    return lambda _: None
+
+                self._rendering = snapshot
+                try:
+                    body = b"".join(self._prometheus_app(environ, keep))
+                finally:
+                    self._rendering = None
+                self._last = (key, (baked["status"], baked["headers"], body))
+            status, headers, body = self._last[1]
+        start_response(status, list(headers))
+        return [body]
 
     def start(self, port: int, addr: str = "127.0.0.1") -> SessionMetrics:
-        """Serve ``/metrics`` on ``addr:port`` from a daemon thread (``port=0``: any free port)."""
+        """Serve ``/metrics`` on ``addr:port`` from a daemon thread (``port=0``: any free port); as
+        ``prometheus_client.start_http_server`` does, with :meth:`app` as the application."""
         if self._server is not None:
             raise RuntimeError(f"already serving on {self.url}")
-        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
+        self._server = make_server(addr, port, self.app, server_class, handler_class=_QuietHandler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
         self.host, self.port = addr, int(self._server.server_port)
         return self
 

@@ -35,10 +35,10 @@ from typing import Any
 import torch
 
 from memwarden.runtime import media as media_mod
-from memwarden.runtime.admission import AdmissionError, Decision, PeakPredictor
+from memwarden.runtime.admission import Decision, PeakPredictor
 from memwarden.runtime.degrade import Ladder, LadderConfig
 from memwarden.runtime.encoders import EncoderCache
-from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence
+from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence, cache_keyword
 from memwarden.runtime.session_admit import Admission, AdmissionDecision, apply_change
 from memwarden.runtime.session_chat import Conversation
 from memwarden.runtime.session_config import UNSET, SessionConfig, Unset, budget_source_of, resolve_config
@@ -47,6 +47,7 @@ from memwarden.runtime.session_log import EventLog
 from memwarden.runtime.session_memory import SessionMemory, _fix_mmap_threshold, _return_freed_memory
 from memwarden.runtime.session_owner import Restored, claim, release, restored
 from memwarden.runtime.session_request import FirstTokenStreamer, Request, RequestPlan, RequestRecord
+from memwarden.runtime.session_tally import SessionTally
 from memwarden.units import format_bytes
 
 
@@ -131,6 +132,7 @@ class GovernedSession:
         self._lock = threading.Lock()  # one request admitted and served at a time; pool resizes wait for it
         self._ids = itertools.count()
         self.records: list[RequestRecord] = []
+        self.tally = SessionTally()  # counts over records and events, kept as they grow: stats() without the lists
         self.conversations: dict[str, Conversation] = {}
 
         if claim(model, self, take_over=take_over) is not None:  # before touching the model: the old one restores it
@@ -152,7 +154,7 @@ class GovernedSession:
             self.predictor = PeakPredictor(model, self.spec)
             self.memory = SessionMemory(model, self.spec, self.predictor, config, self.log, device=self.device,
                                         budget_source=budget_source, example_inputs=example_inputs,
-                                        encoder_store=encoder_store)  # fmt: skip
+                                        encoder_store=encoder_store, processor=processor)  # fmt: skip
         except BaseException:  # a session that failed to start governs nothing
             self.closed = True
             release(model, self)
@@ -384,7 +386,7 @@ class GovernedSession:
                     self.log.note("degrade", "; ".join(changes), rung=request.rung)
                 return decision
             if decision.kind == "refuse":
-                raise AdmissionError(decision.reason)
+                raise self.admission.refuse(decision)  # recorded (log, stats, metrics), then raised
             if decision.kind == "wait":
                 if "waited for the budget" not in request.changes:
                     request.changes.append("waited for the budget")
@@ -415,7 +417,7 @@ class GovernedSession:
                 out = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=torch.ones_like(input_ids),
-                    cache=PagedCache(seq),
+                    **{cache_keyword(self.model): PagedCache(seq)},
                     max_new_tokens=request.max_new_tokens,
                     streamer=streamer,
                     **plan.media_in,
@@ -445,10 +447,16 @@ class GovernedSession:
 
     # -- reporting ------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, include_requests: bool = True) -> dict[str, Any]:
+        """What the session holds and has done: budget, pool and cache figures, and counts kept as it
+        runs (``requests_served``, ``decisions`` and ``refusals`` by reason, ``event_counts`` by kind,
+        the latest request's ``degradation_rung``, the latest ``telemetry`` reading the budget followed).
+        With ``include_requests`` (the default) also the log (``events``) and every request's record
+        (``requests``), which grow with every request served; a metrics scrape leaves them out."""
         blocks = self.pool.blocks
         enc = self.encoder_cache
-        return {
+        counts, num_records, num_events = self.tally.look(self.records, self.events)
+        out: dict[str, Any] = {
             "budget_bytes": self.budget_bytes,
             "weights_bytes": self.weights_bytes,
             "kv_pool_bytes": self.pool.nbytes,
@@ -463,9 +471,12 @@ class GovernedSession:
             "encoder_misses": enc.misses if enc else 0,
             "meta_predictions": self.predictor.meta_runs,
             "latency_level": self.ladder.latency.level,
-            "events": list(self.events),
-            "requests": [r.to_json() for r in self.records],
+            **counts,
         }
+        if include_requests:  # the lists end where the counts do
+            out["events"] = self.events[:num_events]
+            out["requests"] = [r.to_json() for r in self.records[:num_records]]
+        return out
 
 
 __all__ = ["GovernedSession"]

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from memwarden.runtime.admission import Decision, PeakPredictor
+from memwarden.runtime.admission import AdmissionError, Decision, PeakPredictor
 from memwarden.runtime.degrade import Ladder
 from memwarden.runtime.session_memory import SessionMemory
 from memwarden.runtime.session_request import Request, RequestPlan
@@ -33,6 +33,10 @@ from memwarden.units import format_bytes
 
 DecisionKind = Literal["admit", "change", "wait", "refuse"]
 Change = Literal["resize_pool", "drop_encoder_outputs", "stream_weights", "rung", "fallback"]
+# Why a request was refused, in a word that stays put (a metric label; the reason's text carries the figures):
+# a request longer than a fixed KV pool, KV the budget has no room for, no plan within max_wait_s, a peak
+# above the budget with every change tried.
+Refusal = Literal["kv_pool_fixed", "kv_pool_budget", "max_wait", "over_budget"]
 
 _WAIT_S = 0.01  # between two looks at a budget that may rise
 
@@ -47,7 +51,7 @@ class AdmissionDecision:
       quality ``rung``, or hand it to the fallback), then plan again; ``label`` is the change as the
       request's record lists it;
     - ``wait``: look again after ``wait_s`` (the budget may rise);
-    - ``refuse``: ``reason`` is the ``AdmissionError`` message.
+    - ``refuse``: ``reason`` is the ``AdmissionError`` message, ``refusal`` its short name.
     """
 
     kind: DecisionKind
@@ -61,6 +65,7 @@ class AdmissionDecision:
     rung: int | None = None
     wait_s: float = 0.0
     record: Decision | None = None
+    refusal: Refusal | None = None
 
 
 class Admission:
@@ -94,7 +99,7 @@ class Admission:
         need_blocks = pool.blocks.blocks_needed(total_tokens)
         budget = memory.budget_bytes
         if need_blocks > pool.num_blocks and memory.config.num_kv_blocks is not None:
-            return AdmissionDecision(kind="refuse", budget_bytes=budget, reason=(
+            return AdmissionDecision(kind="refuse", refusal="kv_pool_fixed", budget_bytes=budget, reason=(
                 f"the request needs {total_tokens} tokens of KV cache, the pool holds "
                 f"{pool.num_blocks * spec.block_size}: shorten it or give the session more KV blocks"
             ))  # fmt: skip
@@ -106,7 +111,8 @@ class Admission:
                                          reason="grow the KV pool to hold the request",
                                          label=f"grew the KV pool to {need_blocks} blocks",
                                          budget_bytes=budget, predicted_peak_bytes=predicted)  # fmt: skip
-            return AdmissionDecision(kind="refuse", budget_bytes=budget, predicted_peak_bytes=predicted, reason=(
+            return AdmissionDecision(kind="refuse", refusal="kv_pool_budget", budget_bytes=budget,
+                                     predicted_peak_bytes=predicted, reason=(
                 f"the request needs {total_tokens} tokens of KV cache ({format_bytes(grown - predicted)} more than the "
                 f"pool holds) and the budget {format_bytes(budget)} has no room for them"
             ))  # fmt: skip
@@ -125,7 +131,8 @@ class Admission:
 
         waited_s = time.perf_counter() - request.start_s
         if request.changes and waited_s > self.max_wait_s:
-            return AdmissionDecision(kind="refuse", budget_bytes=budget, predicted_peak_bytes=predicted, reason=(
+            return AdmissionDecision(kind="refuse", refusal="max_wait", budget_bytes=budget,
+                                     predicted_peak_bytes=predicted, reason=(
                 f"no plan fits within max_wait_s={self.max_wait_s:g} s: predicted peak {format_bytes(predicted)} "
                 f"exceeds the budget {format_bytes(budget)} less its safety margin ({format_bytes(admissible)}) "
                 f"after: {'; '.join(request.changes)}"
@@ -150,11 +157,27 @@ class Admission:
         if memory.budget_may_rise and time.perf_counter() - request.start_s < self.max_wait_s:
             return AdmissionDecision(kind="wait", wait_s=_WAIT_S, budget_bytes=budget, predicted_peak_bytes=predicted,
                                      reason="the budget may rise: waiting for it")  # fmt: skip
-        return AdmissionDecision(kind="refuse", budget_bytes=budget, predicted_peak_bytes=predicted, reason=(
+        return AdmissionDecision(kind="refuse", refusal="over_budget", budget_bytes=budget,
+                                 predicted_peak_bytes=predicted, reason=(
             f"predicted peak {format_bytes(predicted)} exceeds the budget {format_bytes(budget)} less its safety "
             f"margin ({format_bytes(admissible)}) even with the "
             "KV pool at the request's size: raise the budget, quantize (memwarden.quantize) or stream the weights"
         ))  # fmt: skip
+
+    def refuse(self, decision: AdmissionDecision) -> AdmissionError:
+        """Record a ``refuse`` decision the serving loop carries out, and return the error it raises.
+
+        The record is a ``refuse`` entry in the session's log (its label the reason's text, ``reason``
+        its short name): ``stats()["refusals"]`` and the refusal metric count it by that name. Only
+        here, not in ``step``: a step is also asked for a preview (``admission_step``), which refuses
+        nothing."""
+        self.memory.log.note("refuse", decision.reason, reason=decision.refusal or "refused",
+                             budget_bytes=decision.budget_bytes,
+                             predicted_peak_bytes=decision.predicted_peak_bytes)  # fmt: skip
+        from memwarden.capture.live.ring import dump_on_refusal  # a running flight recorder writes its window
+
+        dump_on_refusal(decision.reason)
+        return AdmissionError(decision.reason)
 
     def _admit(self, request: Request, predicted: int, budget: int) -> AdmissionDecision:
         changes = request.changes
@@ -186,4 +209,4 @@ def apply_change(decision: AdmissionDecision, request: Request, memory: SessionM
     request.streaming_failed = tried_streaming  # admission skips streaming only right after it freed nothing
 
 
-__all__ = ["Admission", "AdmissionDecision", "apply_change"]
+__all__ = ["Admission", "AdmissionDecision", "Refusal", "apply_change"]

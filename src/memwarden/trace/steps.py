@@ -29,6 +29,9 @@ class Step:
     tokens: dict[str, int] = field(default_factory=dict)  # tokens fed, by modality: {"vision": n, "text": m}
     input_ids: tuple[int, ...] = ()  # the first ids of the first row (a prefix, for re-prefill detection)
     grad: bool | None = None  # autograd recording when the call began (None: the trace does not say)
+    # The user's line that made the call ("file:line:function", memwarden.trace.sites): a model's
+    # forward is often the user's code too, and a block it allocates is then kept by this line.
+    call_site: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"phase": self.phase, "start_us": self.start_us, "end_us": self.end_us,
@@ -41,6 +44,8 @@ class Step:
             out["input_ids"] = list(self.input_ids)
         if self.grad is not None:
             out["grad"] = self.grad
+        if self.call_site is not None:
+            out["call_site"] = self.call_site
         return out
 
 
@@ -86,6 +91,7 @@ def _parse(item: Any) -> Step | None:
         ids = tuple(x for x in parsed if x is not None)
     module = item.get("module")
     grad = item.get("grad")
+    call_site = item.get("call_site")
     return Step(
         phase=phase,
         start_us=start,
@@ -96,4 +102,5 @@ def _parse(item: Any) -> Step | None:
         tokens=tokens,
         input_ids=ids,
         grad=grad if isinstance(grad, bool) else None,
+        call_site=call_site if isinstance(call_site, str) and call_site.count(":") >= 2 else None,
     )

@@ -153,7 +153,7 @@ def _check_metadata(metadata: dict[str, Any]) -> None:
         if value is not None and not isinstance(value, str) and not _number(value, -MAX_TIME_US, MAX_TIME_US):
             raise _bad(f"metadata.{key} is not a finite number in range")
     annotations = metadata.get("annotations")
-    if annotations is not None:
+    if "annotations" in metadata:  # null too: readers take .get("annotations", []) as the list
         if not isinstance(annotations, list):
             raise _bad(f"metadata.annotations must be a list, not {type(annotations).__name__}")
         for i, a in enumerate(annotations):

@@ -19,6 +19,10 @@ activations computed from a padded block while it was alive ("downstream":
 blocks whose shape carries the padded length on a non-feature axis). A group
 whose padding is not live at the peak reports the most padded bytes live at
 once, at low severity: fixing it does not lower the peak.
+
+Padding made outside torch (a tokenizer or collator padding to ``max_length`` in
+Python or numpy) is judged from the steps' attention masks instead: see
+``padding_inputs``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.patterns.padding_inputs import input_padding_findings
 from memwarden.trace.model import Action, Category, Trace
 from memwarden.units import format_bytes
 
@@ -145,10 +150,15 @@ def _fix(kind: int, module: str, saving: int, at_peak: bool) -> str:
 
 
 def detect(trace: Trace, ctx: Context) -> list[Finding]:
+    """Blocks torch ops padded, and batches padded outside torch (``padding_inputs``)."""
+    min_ratio = float(ctx.threshold(PATTERN, "min_ratio", 1.5))
+    return _op_findings(trace, ctx, min_ratio) + input_padding_findings(trace, ctx, min_ratio)
+
+
+def _op_findings(trace: Trace, ctx: Context, min_ratio: float) -> list[Finding]:
     n = trace.num_events
     if n == 0:
         return []
-    min_ratio = float(ctx.threshold(PATTERN, "min_ratio", 1.5))
     e = trace.events
     dev = ctx.analysis.device
     live = ctx.analysis.live_bytes

@@ -19,6 +19,11 @@ Matching is by (owning module, element count), a dictionary join: no data
 flow is recorded, so a module that legitimately makes weight-sized tensors
 from something else would match too; ``min_blocks`` repeats are required.
 
+Copies saved for backward (``F.linear(x, W.to(dtype) * scale)`` with ``x``
+requiring grad) outlive their step and die in the backward pass that follows;
+they are kept as candidates too, and the fix then names a custom
+``torch.autograd.Function`` that saves only the quantised weight.
+
 Waste: the matched blocks live at the trace's peak (what a fused kernel, which
 dequantises tiles in registers, never allocates).
 """
@@ -114,7 +119,12 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         k = np.searchsorted(s_start, t_alloc, side="right") - 1
         in_step = (k >= 0) & (t_alloc <= s_end[np.maximum(k, 0)])
         t_free = ev["time_us"][fidx[c_rows]]
-        short = ~in_step | (t_free <= s_end[np.maximum(k, 0)])
+        step_end = s_end[np.maximum(k, 0)]
+        # A copy that outlives its step but dies in the backward pass that follows was saved for
+        # backward (the costliest case): it stays a candidate.
+        bw_t = np.sort(ev["time_us"][(action == Action.ALLOC) & (ev["phase"] == Phase.BACKWARD)])
+        saved_for_backward = np.searchsorted(bw_t, t_free, side="right") > np.searchsorted(bw_t, step_end, side="right")
+        short = ~in_step | (t_free <= step_end) | saved_for_backward
         c_rows, c_numel, c_module = c_rows[short], c_numel[short], c_module[short]
 
     # Join on (module, element count): key = module << 40 | numel (element counts < 2**40).

@@ -21,9 +21,11 @@ Waste: the trace's peak minus its peak with the duplicates removed throughout
 mmap + assign leaves), so a load spike that is not the run's peak costs
 nothing.
 
-Limits: mmap'd weights are MAP rows only if they are still alive when the
-capture stops, and are stamped with the time the capture first saw them as
-weights (the first forward); duplicates are found by shape alone.
+Mapped weights: the capture records a checkpoint's mapped tensors from the
+moment they are set on a module (MAP) to their release (UNMAP), so the float32
+weights that ``from_pretrained(path).half()`` maps and then drops are
+duplicates too (mapped weights released inside the load window, with the shape
+of a weight the run keeps). Limit: duplicates are found by shape alone.
 """
 
 from __future__ import annotations
@@ -76,8 +78,13 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     weight_shapes = np.unique(ev["shape"][final_rows])
     weight_shapes = weight_shapes[weight_shapes >= 0]
     anon_start = is_start & (action != Action.MAP)
+    # Weights mapped from the checkpoint and released before the first call: a cast after loading
+    # (``from_pretrained(path).half()``) replaced them, so they are duplicates of the weights kept.
+    mapped_dropped = is_start & (action == Action.MAP) & is_weight & (fidx < end)
     dup_rows = np.flatnonzero(
-        anon_start & in_window & ~is_weight & (category != Category.INPUT) & np.isin(ev["shape"], weight_shapes)
+        ((anon_start & ~is_weight & (category != Category.INPUT)) | mapped_dropped)
+        & in_window
+        & np.isin(ev["shape"], weight_shapes)
     )
     # A duplicate must coexist with the weight it duplicates: one freed before any final weight of
     # its shape existed belongs to an earlier model that lived alone (built, saved or used, deleted,
@@ -157,18 +164,32 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         "peak_bytes": peak_bytes,
         "peak_without_duplicates_bytes": peak_without,
     }
-    how = (
-        "build in the target dtype (from_pretrained(..., dtype=...) / Model._from_config(config, dtype=...)) "
-        "instead of casting after materialising; "
-        if cast
-        else ""
+    saves = (
+        f"saves {format_bytes(wasted)} at the peak ({format_bytes(weights_at_load_peak)} of weights at the load "
+        f"peak = {ratio:.1f}x the {format_bytes(final_bytes)} the run keeps)"
     )
-    fix = (
-        f"{how}build on the meta device and load with torch.load(path, mmap=True) + "
-        f"load_state_dict(state, assign=True) (or from_pretrained / safetensors, which map the file), so each "
-        f"weight exists once, in its final dtype: saves {format_bytes(wasted)} at the peak ({format_bytes(weights_at_load_peak)} "
-        f"of weights at the load peak = {ratio:.1f}x the {format_bytes(final_bytes)} the run keeps)"
-    )
+    mapped_share = int(ev["nbytes"][rows[action[rows] == Action.MAP]].sum()) / max(1, dup_bytes)
+    evidence["mapped_duplicate_share"] = round(mapped_share, 3)
+    if cast and mapped_share >= 0.5:
+        # The checkpoint was mapped in its own dtype and the model cast afterwards.
+        target = ", ".join(sorted(final_dtypes)) or "the target dtype"
+        fix = (
+            f"load in the target dtype: from_pretrained(path, dtype=torch.{target}) (torch_dtype= in "
+            f"transformers 4) converts each weight as it is read, instead of mapping the checkpoint's "
+            f"{', '.join(sorted(dup_dtypes))} weights and casting the whole model afterwards (.half() / .to(dtype)): {saves}"
+        )
+    else:
+        how = (
+            "build in the target dtype (from_pretrained(..., dtype=...) / Model._from_config(config, dtype=...)) "
+            "instead of casting after materialising; "
+            if cast
+            else ""
+        )
+        fix = (
+            f"{how}build on the meta device and load with torch.load(path, mmap=True) + "
+            f"load_state_dict(state, assign=True) (or from_pretrained / safetensors, which map the file), so each "
+            f"weight exists once, in its final dtype: {saves}"
+        )
     top = blocks[0]
     return [
         Finding(

@@ -10,7 +10,7 @@ import numpy as np
 
 from memwarden.capture.attribution.categories import block_categories
 from memwarden.capture.attribution.emit_events import allocator_columns, intern_labels, merge, side_events
-from memwarden.capture.attribution.emit_spans import module_span_rows, phase_span_rows, step_records
+from memwarden.capture.attribution.emit_spans import input_padding, module_span_rows, phase_span_rows, step_records
 from memwarden.capture.attribution.log import CaptureLog
 from memwarden.capture.attribution.phases import StepTable, backward_ops, block_phases
 from memwarden.capture.attribution.recorded import Blocks, Clock, RecorderColumns
@@ -52,15 +52,20 @@ class Attributor:
                              self.log.optimizer_spans, self.end_ns)  # fmt: skip
         category = block_categories(blocks, spans.row_span[blocks.rows], spans.end_or(self.end_ns), is_backward)
         hits = match_tags(self.log.tags, blocks)
-        tagged = apply_tags(self.log.tags, hits, blocks, category, made_by, self.log.preexisting_storages, self.rules)
+        side = self.log.side_records()
+        tagged = apply_tags(self.log.tags, hits, blocks, category, made_by, self.log.preexisting_storages, self.rules,
+                            side, self.log.input_modalities)  # fmt: skip
 
         counters = {"untracked_frees": cols.untracked_frees, "unwrapped_allocations": cols.unwrapped_allocations}
         builder = TraceBuilder(devices=["cpu"], metadata={**self.metadata, **counters})
         label_ids = intern_labels(builder, labels)
         main = allocator_columns(builder, cols, blocks, tagged, phase, label_ids, self.dtype_names, clock)
-        side_events(builder, self.log.preexisting_storages, tagged.preexisting, self.log.mapped_storages, clock)
+        side_events(builder, self.log.preexisting_storages, tagged.preexisting, side, clock, tagged.side, steps)
         module_span_rows(builder, spans, module_modality, label_ids, steps, self.log.fingerprints, clock)
         phase_span_rows(builder, steps, self.log.optimizer_spans, self.end_ns, clock)
         builder.metadata["duration_us"] = clock.us(self.end_ns)
         builder.metadata["steps"] = steps_metadata(step_records(steps, labels, self.end_ns, clock))
+        padded = input_padding(spans, self.log.call_padding, clock)
+        if padded:  # the evidence alignment-padding judges padding made outside torch by
+            builder.metadata["input_padding"] = padded
         return merge(builder.build(), main)

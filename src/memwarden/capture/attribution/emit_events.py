@@ -1,6 +1,6 @@
 """Stage 5a: the trace's events. The allocator's rows become whole columns (a capture can hold
-millions); the storages the allocator never saw (alive before the capture, mapped from a file)
-become builder rows; ``merge`` puts both in time order.
+millions); the storages the allocator never saw (alive before the capture, mapped from a file,
+foreign: numpy, buffers, DLPack) become builder rows; ``merge`` puts both in time order.
 
 String ids are handed out in first-use order, so the order of the ``intern`` calls here fixes the
 trace's string table: module labels, owners' paths, ops, dtypes, then the builder rows.
@@ -14,10 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from memwarden.capture.attribution.log import StorageRecord
+from memwarden.capture.attribution.phases import StepTable
 from memwarden.capture.attribution.recorded import Blocks, Clock, RecorderColumns
-from memwarden.capture.attribution.tags import UNTAGGED, PreexistingTag, Tagged
+from memwarden.capture.attribution.tags import KIND_CATEGORY, UNTAGGED, PreexistingTag, Tagged
+from memwarden.capture.foreign import EXTERNAL_OP
 from memwarden.capture.native import NativeRecord
-from memwarden.trace.model import Action, Category, Phase, Trace, TraceBuilder
+from memwarden.trace.model import Action, Category, Modality, Phase, Trace, TraceBuilder
 from memwarden.trace.sites import split_site
 
 __all__ = ["DTYPE_NAMES", "allocator_columns", "intern_labels", "merge", "side_events", "site_columns"]
@@ -161,28 +163,49 @@ def _preexisting_rows(
     return freed
 
 
-def _mapped_rows(builder: TraceBuilder, mapped: Mapping[int, StorageRecord], first_id: int, clock: Clock) -> None:
-    """MAP (and UNMAP, if released) rows of the weights mapped from a file during the capture."""
-    for i, (p, rec) in enumerate(sorted(mapped.items())):
+def _side_rows(
+    builder: TraceBuilder,
+    records: Sequence[StorageRecord],
+    tags: Sequence[PreexistingTag | None],
+    first_id: int,
+    clock: Clock,
+    steps: StepTable | None,
+) -> None:
+    """MAP/UNMAP rows of the storages mapped from a file during the capture, ALLOC/FREE rows of
+    the foreign ones (numpy, buffers, DLPack), from when the capture first saw each to its release.
+    A weight or buffer belongs to the load phase; anything else to the step it was seen in."""
+    for i, (rec, tag) in enumerate(zip(records, tags, strict=True)):
+        if tag is None:  # an allocator block's memory wrapped again: the block counts it
+            continue
         tensor = first_id - i
-        builder.event(clock.us(rec.t_ns), Action.MAP, tensor, p, rec.nbytes, category=Category.WEIGHT,
-                      phase=Phase.LOAD, op=rec.file, dtype=rec.dtype, shape=rec.shape)  # fmt: skip
-        if rec.freed_ns is not None:
-            builder.event(clock.us(rec.freed_ns), Action.UNMAP, tensor, p, rec.nbytes, category=Category.WEIGHT,
-                          phase=Phase.LOAD, op=rec.file)  # fmt: skip
+        if tag.category in (Category.WEIGHT, Category.BUFFER) or steps is None:
+            phase = Phase.LOAD
+        else:
+            phase = Phase(int(steps.phase_at(np.array([rec.t_ns], dtype=np.int64), int(Phase.LOAD))[0]))
+        actions = (Action.MAP, Action.UNMAP) if rec.file else (Action.ALLOC, Action.FREE)
+        times = (rec.t_ns,) if rec.freed_ns is None else (rec.t_ns, rec.freed_ns)
+        for t_ns, action in zip(times, actions, strict=False):
+            builder.event(clock.us(t_ns), action, tensor, rec.ptr, rec.nbytes, category=tag.category,
+                          modality=tag.modality, phase=phase, module=tag.module, op=rec.file or EXTERNAL_OP,
+                          dtype=rec.dtype, shape=rec.shape)  # fmt: skip
 
 
 def side_events(
     builder: TraceBuilder,
     preexisting: Mapping[int, StorageRecord],
     tags: Mapping[int, PreexistingTag],
-    mapped: Mapping[int, StorageRecord],
+    side: Sequence[StorageRecord],
     clock: Clock,
+    side_tags: Sequence[PreexistingTag | None] | None = None,
+    steps: StepTable | None = None,
 ) -> None:
     """Builder rows for the storages the allocator never saw. Their tensor ids are negative
-    (-1, -2, ...: preexisting first, then mapped), apart from the allocator's block ids."""
+    (-1, -2, ...: preexisting first, then mapped and foreign), apart from the allocator's block
+    ids. ``side_tags``: each side record's attribution (default: the kind it was first seen as)."""
     freed = _preexisting_rows(builder, preexisting, tags, -1)
-    _mapped_rows(builder, mapped, -1 - len(preexisting), clock)
+    if side_tags is None:
+        side_tags = [PreexistingTag(KIND_CATEGORY.get(r.kind, Category.OTHER), Modality.SHARED, None) for r in side]
+    _side_rows(builder, side, side_tags, -1 - len(preexisting), clock, steps)
     for f in freed:
         builder.event(clock.us(f.t_ns), f.action, f.tensor, f.ptr, f.rec.nbytes, category=f.tag.category,
                       modality=f.tag.modality, phase=Phase.LOAD, module=f.tag.module, op=f.rec.file,

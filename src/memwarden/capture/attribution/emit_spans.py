@@ -13,7 +13,7 @@ from memwarden.capture.attribution.spans import ModuleSpans
 from memwarden.trace.model import Modality, Phase, SpanKind, TraceBuilder, enum_name
 from memwarden.trace.steps import Step
 
-__all__ = ["module_span_rows", "phase_span_rows", "step_records"]
+__all__ = ["input_padding", "module_span_rows", "phase_span_rows", "step_records"]
 
 
 def module_span_rows(
@@ -82,3 +82,21 @@ def step_records(steps: StepTable, labels: Sequence[str], capture_end_ns: int, c
         )
         for s in steps.steps
     ]
+
+
+def input_padding(
+    spans: ModuleSpans, call_padding: Sequence[tuple[int, dict[str, int]]], clock: Clock
+) -> list[dict[str, int]]:
+    """``metadata["input_padding"]``: per outermost call whose attention mask pads its batch, the
+    call's span and what the mask says (``length``, ``longest``, ``real``, ``batch``). The mask is
+    read before the call's ENTER marker, so its call is the first outermost span starting after."""
+    top = np.flatnonzero(spans.depth == 0)
+    starts = spans.start_ns[top]
+    out = []
+    for t_ns, padding in call_padding:
+        k = int(np.searchsorted(starts, t_ns, side="left"))
+        if k < len(top):
+            span = int(top[k])
+            out.append({"start_us": clock.us(int(spans.start_ns[span])), "end_us": clock.us(int(spans.end_ns[span])),
+                        **padding})  # fmt: skip
+    return out

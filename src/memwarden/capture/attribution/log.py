@@ -11,7 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memwarden.trace.model import Phase
+from memwarden.capture.foreign import ForeignFinder, is_foreign
+from memwarden.capture.inputs import mask_padding
+from memwarden.capture.modality import input_modality
+from memwarden.trace.model import Modality, Phase
 
 __all__ = ["CaptureLog", "StepRecord", "StorageRecord", "storage_of"]
 
@@ -31,8 +34,9 @@ def storage_of(tensor: Any) -> tuple[int, int] | None:
 
 @dataclass
 class StorageRecord:
-    """A storage that the allocator recorder does not see: alive before the capture, or mapped
-    from a file. ``freed_ns`` is set by a finalizer when the storage dies."""
+    """A storage that the allocator recorder does not see: alive before the capture, mapped from
+    a file, or foreign (numpy, a buffer, DLPack: see ``memwarden.capture.foreign``). ``freed_ns`` is
+    set by a finalizer when the storage dies."""
 
     ptr: int
     nbytes: int
@@ -41,6 +45,10 @@ class StorageRecord:
     file: str | None
     t_ns: int
     freed_ns: int | None = None
+    kind: str = "weight"  # the tag kind it was first seen as: its category when no tag names it
+
+    def alive_at(self, t_ns: int) -> bool:
+        return self.t_ns <= t_ns and (self.freed_ns is None or t_ns <= self.freed_ns)
 
 
 @dataclass
@@ -77,12 +85,63 @@ class CaptureLog:
     optimizer_spans: list[list[int]] = field(default_factory=list)  # [start_ns, end_ns], end -1 while running
     preexisting_storages: dict[int, StorageRecord] = field(default_factory=dict)
     mapped_storages: dict[int, StorageRecord] = field(default_factory=dict)
+    # Foreign storages not in a file, and mapped ones whose address a later mapping took over.
+    foreign_storages: list[StorageRecord] = field(default_factory=list)
+    input_modalities: list[tuple[int, int, int]] = field(default_factory=list)  # (t_ns, ptr, Modality)
+    # (t_ns, inputs.mask_padding) of an outermost call whose attention mask pads its batch
+    call_padding: list[tuple[int, dict[str, int]]] = field(default_factory=list)
     clock: Callable[[], int] | None = None
+    _foreign_live: dict[int, StorageRecord] = field(default_factory=dict, repr=False)
+    _finder: ForeignFinder = field(default_factory=ForeignFinder, repr=False)
 
     def tag(self, t_ns: int, tensor: Any, kind: str, path: str) -> None:
         found = storage_of(tensor)
         if found is not None:
             self.tags.append((t_ns, found[0], kind, path))
+            if is_foreign(tensor):
+                self.foreign(t_ns, tensor, kind)
+
+    def input(self, t_ns: int, tensor: Any, path: str, name: str) -> None:
+        """A tensor the program fed into an outermost call as argument ``name``: its modality is
+        the name's (``pixel_values``: vision), and an attention mask says how padded the batch is."""
+        self.tag(t_ns, tensor, "input", path)
+        found = storage_of(tensor)
+        modality = input_modality(name)
+        if found is not None and modality != Modality.SHARED:
+            self.input_modalities.append((t_ns, found[0], int(modality)))
+        if name == "attention_mask":
+            padding = mask_padding(tensor)
+            if padding is not None:
+                self.call_padding.append((t_ns, padding))
+
+    def side_records(self) -> list[StorageRecord]:
+        """The storages attribution emits after the preexisting ones, in a fixed order: mapped
+        (by address), then foreign (in the order seen)."""
+        return [rec for _ptr, rec in sorted(self.mapped_storages.items())] + self.foreign_storages
+
+    def foreign(self, t_ns: int, tensor: Any, kind: str) -> None:
+        """A storage PyTorch's allocator did not make, first seen now as ``kind``: recorded once
+        while it lives (a mapped one as a file-backed storage)."""
+        found = storage_of(tensor)
+        if found is None or found[1] == 0:
+            return
+        ptr = found[0]
+        for known in (self.preexisting_storages.get(ptr), self.mapped_storages.get(ptr), self._foreign_live.get(ptr)):
+            if known is not None and known.freed_ns is None:
+                return
+        path = self._finder.file_of(ptr)
+        rec = self._record(tensor, t_ns, path)
+        if rec is None:
+            return
+        rec.kind = kind
+        if path is None:
+            self.foreign_storages.append(rec)
+            self._foreign_live[ptr] = rec
+            return
+        old = self.mapped_storages.get(ptr)
+        if old is not None:  # a file mapped where an earlier, released one was: keep both
+            self.foreign_storages.append(old)
+        self.mapped_storages[ptr] = rec
 
     def enter(self, ctx: int, fingerprint: str | None) -> None:
         self.fingerprints.append(fingerprint)

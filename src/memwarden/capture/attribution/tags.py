@@ -56,6 +56,10 @@ class Tagged:
     modality: np.ndarray  # int64 Modality per block
     module_paths: dict[int, str]  # block index -> the module owning it (parameters, grads, optimizer state)
     preexisting: dict[int, PreexistingTag]  # ptr -> attribution; a storage no tag named is absent
+    # Per side record (``CaptureLog.side_records()``: mapped, then foreign): its attribution, or
+    # None for a foreign storage that is an allocator block's memory wrapped again
+    # (``torch.from_numpy(t.numpy())``), which the block already counts.
+    side: list[PreexistingTag | None]
 
 
 def match_tags(tags: Sequence[Tag], blocks: Blocks) -> list[int | None]:
@@ -101,6 +105,49 @@ def _preexisting_tag(kind: str, path: str, rules: ModalityRules) -> PreexistingT
     return PreexistingTag(category=KIND_CATEGORY[kind], modality=Modality.SHARED, module=None)
 
 
+def _side_tags(
+    tags: Sequence[Tag],
+    hits: Sequence[int | None],
+    blocks: Blocks,
+    records: Sequence[StorageRecord],
+    inputs: Sequence[tuple[int, int, int]],
+    rules: ModalityRules,
+) -> list[PreexistingTag | None]:
+    """Each side record's strongest tag while it lived; its first-seen kind when none named it."""
+    by_ptr: dict[int, list[int]] = {}
+    for i, rec in enumerate(records):
+        by_ptr.setdefault(rec.ptr, []).append(i)
+    best: dict[int, tuple[int, str, str]] = {}
+    for (t, p, kind, path), hit in zip(tags, hits, strict=True):
+        for i in by_ptr.get(p, ()) if hit is None else ():
+            if records[i].alive_at(t) and KIND_PRIORITY[kind] > best.get(i, (0, "", ""))[0]:
+                best[i] = (KIND_PRIORITY[kind], kind, path)
+    wrapped = match_tags([(rec.t_ns, rec.ptr, "", "") for rec in records], blocks)
+    out: list[PreexistingTag | None] = []
+    for i, rec in enumerate(records):
+        if wrapped[i] is not None and rec.file is None:
+            out.append(None)
+            continue
+        _rank, kind, path = best.get(i, (0, rec.kind, ""))
+        out.append(_preexisting_tag(kind, path, rules))
+    for t, p, m in inputs:  # an input's modality, from the name of the argument that carried it
+        for i in by_ptr.get(p, ()):
+            tag = out[i]
+            if tag is not None and tag.category == Category.INPUT and records[i].alive_at(t):
+                out[i] = PreexistingTag(category=tag.category, modality=Modality(m), module=tag.module)
+    return out
+
+
+def _input_modalities(
+    inputs: Sequence[tuple[int, int, int]], blocks: Blocks, category: np.ndarray, modality: np.ndarray
+) -> None:
+    """Set, in place, the modality of each input block from the argument that carried it."""
+    hits = match_tags([(t, p, "input", "") for t, p, _m in inputs], blocks)
+    for (_t, _p, m), hit in zip(inputs, hits, strict=True):
+        if hit is not None and category[hit] == int(Category.INPUT):
+            modality[hit] = m
+
+
 def apply_tags(
     tags: Sequence[Tag],
     hits: Sequence[int | None],
@@ -109,6 +156,8 @@ def apply_tags(
     modality: np.ndarray,
     preexisting: Mapping[int, StorageRecord],
     rules: ModalityRules,
+    side: Sequence[StorageRecord] = (),
+    inputs: Sequence[tuple[int, int, int]] = (),
 ) -> Tagged:
     """Apply each block's strongest tag to copies of ``category`` and ``modality``. An ``input`` tag
     on a block made inside a module is ignored (the model made it, not the program). A block a
@@ -128,10 +177,17 @@ def apply_tags(
             modality[hit] = int(Modality.TEXT)
     for k, path in paths.items():
         modality[k] = int(rules.modality_of(path))
+    _input_modalities(inputs, blocks, category, modality)
     pre = _strongest_preexisting(tags, hits, preexisting)
+    pre_tags = {p: _preexisting_tag(kind, path, rules) for p, (_rank, kind, path) in pre.items()}
+    for t, p, m in inputs:  # an input made before the capture: its modality from its argument's name
+        tag, rec = pre_tags.get(p), preexisting.get(p)
+        if tag is not None and rec is not None and tag.category == Category.INPUT and rec.alive_at(t):
+            pre_tags[p] = PreexistingTag(category=tag.category, modality=Modality(m), module=tag.module)
     return Tagged(
         category=category,
         modality=modality,
         module_paths=paths,
-        preexisting={p: _preexisting_tag(kind, path, rules) for p, (_rank, kind, path) in pre.items()},
+        preexisting=pre_tags,
+        side=_side_tags(tags, hits, blocks, side, inputs, rules),
     )

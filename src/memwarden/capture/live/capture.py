@@ -34,20 +34,21 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from memwarden.capture import native
 from memwarden.capture.attribution.attributor import Attributor
 from memwarden.capture.attribution.log import CaptureLog
+from memwarden.capture.foreign import registration_hooks
 from memwarden.capture.inputs import (
     DigestCache,
     _cache_in,
     _cache_is_empty,
     _sequence_length,
-    _tensors_in,
     bound_inputs,
     cache_tensors,
     fingerprint,
+    named_inputs,
     step_tokens,
 )
 from memwarden.capture.live.procmaps import FileMappings
 from memwarden.capture.live.ring import FlightRecorder
-from memwarden.capture.live.sites import SiteConfig
+from memwarden.capture.live.sites import CallSites, SiteConfig, apply_call_sites
 from memwarden.capture.live.stream import Streamer
 from memwarden.capture.modality import ModalityRules
 from memwarden.trace.io import save
@@ -113,6 +114,9 @@ class Capture:
         # or its whole Python stack (``stacks``); ``user_code``/``library_code`` are path prefixes
         # that widen or narrow what counts as the user's code (see capture/live/sites.py).
         self.sites = SiteConfig.of(lines=lines, stacks=stacks, user_code=user_code, library_code=library_code)
+        # Each step's call site (the user's line that called the model), by the step's start (ns).
+        self._callers = CallSites(self.sites) if self.sites.lines else None
+        self._call_sites: dict[int, str] = {}
         self.record_ops = record_ops
         # Streamed: the log is appended to this file as the run goes (a killed process leaves it,
         # and memwarden.load recovers it); a clean stop replaces it with the complete trace.
@@ -215,10 +219,13 @@ class Capture:
             phase = Phase.PREFILL if prefill else Phase.DECODE
             self._log.step_start(self._now(), ctx, phase, seq, step_tokens(module, named))
             self._log.steps[-1].grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+            site = self._callers.of_caller() if self._callers is not None else None
+            if site is not None:
+                self._call_sites[self._log.steps[-1].start_ns] = site
         if not self._stack:  # whatever the program feeds into a model from outside is its input
             now = self._now()
-            for t in _tensors_in((args, kwargs)):
-                self._log.tag(now, t, "input", info.path)
+            for name, t in named_inputs(module, args, kwargs):  # pixel_values: vision, even from numpy
+                self._log.input(now, t, info.path, name)
         self._entries.append((ctx, len(self._log.fingerprints) + self._fp_base, has_kwargs, is_step))
         self._log.enter(ctx, fp)
         self._stack.append(ctx)
@@ -255,8 +262,9 @@ class Capture:
         if self.fingerprints and self._modules[ctx].is_boundary and enter_index >= self._fp_base:
             self._log.fingerprints[enter_index - self._fp_base] = fingerprint((args, kwargs), self._digests)
         now = self._now()
-        for t in _tensors_in((args, kwargs)):
-            self._log.tag(now, t, "input", self._modules[ctx].path)
+        seen = self._log.steps[-1].start_ns if is_step and self._log.steps else now  # before the call: in its peak
+        for name, t in named_inputs(module, args, kwargs):
+            self._log.input(seen, t, self._modules[ctx].path, name)
         if is_step:
             kwargs = bound_inputs(module, args, kwargs)
             seq = _sequence_length(args, kwargs)
@@ -345,6 +353,7 @@ class Capture:
             torch.nn.modules.module.register_module_forward_hook(self._post_hook_adapter, always_call=True),
             register_optimizer_step_pre_hook(self._optimizer_pre),
             register_optimizer_step_post_hook(self._optimizer_post),
+            *registration_hooks(self._log, self._now),  # foreign (numpy, mmap'd) weights as they are set
         ]
         return self
 
@@ -422,6 +431,7 @@ class Capture:
             rules=self.rules,
         )
         self.trace = attributor.build(drained)
+        apply_call_sites(self.trace.metadata.get("steps", []), self._call_sites, self._t0)
         if streamer is not None and self.stream_to is not None:
             self.trace.metadata["streamed"] = {"flushes": streamer.flushes, "bytes": streamer.bytes_written}
             save(self.trace, self.stream_to)  # the complete trace replaces the stream, atomically

@@ -40,7 +40,9 @@ def run(
     stream: str, script: str | None, module: str | None, args: list[str], options: dict[str, Any] | None = None
 ) -> int:
     from memwarden.capture.live.capture import Capture
+    from memwarden.capture.live.stream import Streamer
 
+    Streamer.detail_every = 0  # the supervisor reads this process's smaps_rollup from outside
     if module is not None:
         sys.argv = [module, *args]
         sys.path.insert(0, os.getcwd())

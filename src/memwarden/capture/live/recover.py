@@ -12,6 +12,7 @@ import numpy as np
 
 from memwarden.capture.attribution.attributor import Attributor
 from memwarden.capture.attribution.log import CaptureLog, StepRecord, StorageRecord
+from memwarden.capture.live.sites import apply_call_sites
 from memwarden.capture.modality import ModalityRules
 from memwarden.trace.model import Phase, Trace
 from memwarden.trace.stream import StreamLog
@@ -71,5 +72,7 @@ def attribute_stream(log: StreamLog, metadata: dict[str, Any] | None = None) -> 
         rules=ModalityRules(),
     )
     trace = attributor.build(drained)
+    call_sites = {int(s["start_ns"]): str(s["call_site"]) for s in log.steps.values() if s.get("call_site")}
+    apply_call_sites(trace.metadata.get("steps", []), call_sites, log.t0_ns)
     trace.metadata["recovered"] = log.recovery_note()
     return trace

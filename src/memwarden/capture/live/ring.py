@@ -15,8 +15,10 @@ it takes is bounded the same way, and a process killed at any moment leaves its 
 
 The window is also written, as a complete ``.mwtrace`` beside the stream
 (``<stem>.<reason>-<n>.mwtrace``) without stopping the capture: on SIGUSR1 and when the
-process's resident size first crosses ``ring_rss_bytes`` (re-armed below 90% of it). A
-``MemoryError`` or ``torch.OutOfMemoryError`` that ends the capture writes it as the trace.
+process's resident size first crosses ``ring_rss_bytes`` (re-armed below 90% of it), and when a
+``GovernedSession`` refuses a request (``dump_on_refusal``, on the refusing thread, before the
+``AdmissionError`` is raised; once per cut, so a storm of refusals writes one window, not one
+each). A ``MemoryError`` or ``torch.OutOfMemoryError`` that ends the capture writes it as the trace.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from memwarden.capture.attribution.log import CaptureLog
     from memwarden.capture.live.capture import Capture
 
-__all__ = ["FlightRecorder", "prune_log"]
+__all__ = ["FlightRecorder", "dump_on_refusal", "prune_log"]
 
 _TICK_S = 0.1  # resident checks; cuts happen every ring_s / 2
 
@@ -81,15 +83,20 @@ class FlightRecorder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._previous_usr1: Any = None
+        self._refusal_armed = True  # re-armed at each cut
+        self._dump_lock = threading.Lock()  # the recorder's thread and a refusing thread may both write
 
     def start(self) -> None:
         self.window_start_ns = self.capture._t0
         self._thread = threading.Thread(target=self._run, name="memwarden-ring", daemon=True)
         self._thread.start()
+        _RECORDERS.append(self)
         if threading.current_thread() is threading.main_thread():
             self._previous_usr1 = signal.signal(signal.SIGUSR1, self._on_usr1)
 
     def close(self) -> None:
+        if self in _RECORDERS:
+            _RECORDERS.remove(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -144,6 +151,9 @@ class FlightRecorder:
             dropped, enters = cap._native.compact(cutoff)
             cap._fp_base += int(enters)
             prune_log(cap._log, cutoff, int(enters))
+            kept = {s.start_ns for s in cap._log.steps}
+            for start_ns in [k for k in list(cap._call_sites) if k not in kept]:  # steps the cut dropped
+                cap._call_sites.pop(start_ns, None)
             self.dropped_rows += int(dropped)
 
         if cap._streamer is not None:
@@ -152,6 +162,7 @@ class FlightRecorder:
             compact()
         self.window_start_ns = cutoff
         self.cuts += 1
+        self._refusal_armed = True
         cap.metadata["ring"] = self.stats()
 
     # -- writing the window ----------------------------------------------------------
@@ -160,8 +171,9 @@ class FlightRecorder:
         # flush that holds the stream's lock; the recorder's thread writes the window (<= 100 ms).
         self._usr1 = True
 
-    def dump(self, reason: str) -> str | None:
-        """Write the window so far as a complete trace beside the stream; returns its path."""
+    def dump(self, reason: str, detail: str | None = None) -> str | None:
+        """Write the window so far as a complete trace beside the stream; returns its path.
+        ``detail`` (a refusal's reason) goes into ``metadata.ring.detail``."""
         from memwarden.capture.live.recover import attribute_stream
         from memwarden.trace.io import save
         from memwarden.trace.stream import read_stream
@@ -169,12 +181,41 @@ class FlightRecorder:
         cap = self.capture
         if cap._streamer is None:
             return None
-        cap._streamer.flush(reason)
-        path = Path(cap._streamer.path)
-        trace = attribute_stream(read_stream(path.read_bytes()))
-        trace.metadata["ring"] = {**self.stats(), "written_for": reason}
-        trace.metadata.pop("recovered", None)
-        out = path.with_name(f"{path.stem}.{reason}-{len(self.dumps) + 1}.mwtrace")
-        save(trace, out)
-        self.dumps.append(str(out))
+        with self._dump_lock:
+            cap._streamer.flush(reason)
+            path = Path(cap._streamer.path)
+            trace = attribute_stream(read_stream(path.read_bytes()))
+            trace.metadata["ring"] = {**self.stats(), "written_for": reason}
+            if detail is not None:
+                trace.metadata["ring"]["detail"] = detail
+            trace.metadata.pop("recovered", None)
+            out = path.with_name(f"{path.stem}.{reason}-{len(self.dumps) + 1}.mwtrace")
+            save(trace, out)
+            self.dumps.append(str(out))
         return os.fspath(out)
+
+    def refused(self, reason: str) -> str | None:
+        """A request was refused: write the window, unless a refusal already did since the last cut."""
+        if not self._refusal_armed:
+            return None
+        self._refusal_armed = False
+        return self.dump("refusal", reason)
+
+
+_RECORDERS: list[FlightRecorder] = []  # flight recorders of running captures
+
+
+def dump_on_refusal(reason: str) -> list[str]:
+    """The hook a ``GovernedSession`` calls when it refuses a request (before raising its
+    ``AdmissionError``): every running flight recorder writes its window, ``metadata.ring``
+    saying ``"written_for": "refusal"`` and the refusal's reason. Returns the paths written; a
+    recorder that cannot write (a full disk) is skipped, never failing the caller."""
+    written = []
+    for recorder in list(_RECORDERS):
+        try:
+            path = recorder.refused(reason)
+        except Exception:  # the refusal itself must reach the caller
+            continue
+        if path is not None:
+            written.append(path)
+    return written

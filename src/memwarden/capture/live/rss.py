@@ -17,8 +17,20 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _ROLLUP_KEYS = {"Rss:": "rss", "Pss:": "pss", "Anonymous:": "anon", "Pss_File:": "pss_file"}
 
 
+_SELF: list[int] = [-1, -1]  # [pid, fd] of this process's own statm, kept open: one pread a sample
+
+
+def _self_statm() -> bytes:
+    pid = os.getpid()
+    if _SELF[0] != pid:  # first use, or a forked child holding its parent's file
+        _SELF[:] = [pid, os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)]
+    return os.pread(_SELF[1], 256, 0)
+
+
 def _statm_rss(pid: int | str) -> int | None:
     try:
+        if pid == "self":
+            return int(_self_statm().split()[1]) * _PAGE
         with open(f"/proc/{pid}/statm", "rb") as fh:
             return int(fh.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):

@@ -12,12 +12,16 @@ from __future__ import annotations
 import importlib.util
 import os
 import site
+import sys
 import sysconfig
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any
 
-__all__ = ["SiteConfig", "library_prefixes"]
+__all__ = ["CallSites", "SiteConfig", "apply_call_sites", "library_prefixes"]
 
 _LIBRARIES = ("torch", "transformers", "accelerate", "memwarden", "numpy", "safetensors", "tokenizers")
 
@@ -32,6 +36,11 @@ def _dirs(path: str | os.PathLike[str]) -> set[str]:
 
 def library_prefixes() -> list[str]:
     """Directories whose code is not the user's, each ending with a separator."""
+    return list(_library_prefixes())
+
+
+@lru_cache(maxsize=1)  # installed locations do not move during a run; each capture asks
+def _library_prefixes() -> tuple[str, ...]:
     found: set[str] = set()
     paths = sysconfig.get_paths()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
@@ -47,7 +56,7 @@ def library_prefixes() -> list[str]:
         for location in (spec.submodule_search_locations or []) if spec is not None else []:
             found |= _dirs(location)
     found |= _dirs(Path(__file__).resolve().parents[2])  # memwarden's own package
-    return sorted(found)
+    return tuple(sorted(found))
 
 
 @dataclass(frozen=True)
@@ -79,3 +88,42 @@ class SiteConfig:
             return
         library = [*library_prefixes(), *self.library_code]
         configure(self.lines, self.stacks, list(self.user_code), library)
+
+
+class CallSites:
+    """The user's line that called each step (a root module call): the innermost frame of the
+    user's code on the calling thread's stack, outside the module-call machinery, classified as
+    the recorder classifies frames (the same prefixes). ``"file:line:function"``, or None."""
+
+    def __init__(self, config: SiteConfig) -> None:
+        self._user = config.user_code
+        self._library = (*library_prefixes(), *config.library_code)
+        self._codes: dict[CodeType, bool] = {}  # each code object classified once
+
+    def _is_user(self, file: str) -> bool:  # native.cpp's is_user_file
+        if self._user and file.startswith(self._user):
+            return True
+        return not file.startswith(self._library) and not file.startswith("<frozen ")
+
+    def of_caller(self) -> str | None:
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            user = self._codes.get(code)
+            if user is None:
+                user = self._codes[code] = self._is_user(code.co_filename)
+            if user:
+                name = getattr(code, "co_qualname", code.co_name)
+                return f"{code.co_filename}:{frame.f_lineno}:{name}"
+            frame = frame.f_back
+        return None
+
+
+def apply_call_sites(steps: list[dict[str, Any]], call_sites: dict[int, str], t0_ns: int) -> None:
+    """Write each step's ``call_site`` into ``metadata["steps"]`` entries (``start_us`` as the
+    capture's clock gives it, ``call_sites`` keyed by the step's start in recorder ns)."""
+    by_us = {max(0, (start_ns - t0_ns) // 1000): site for start_ns, site in call_sites.items()}
+    for step in steps:
+        site = by_us.get(step.get("start_us", -1))
+        if site is not None:
+            step["call_site"] = site

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from memwarden.capture.attribution.emit_events import DTYPE_NAMES
-from memwarden.capture.attribution.log import StorageRecord
+from memwarden.capture.attribution.log import StepRecord, StorageRecord
 from memwarden.capture.live.rss import sample
 from memwarden.trace.stream import encode_chunk, stream_header
 
@@ -38,7 +38,11 @@ if TYPE_CHECKING:
 __all__ = ["Streamer", "flush_active"]
 
 _BOUNDARY_GAP_NS = 10_000_000  # step/optimizer boundaries flush at most once per 10 ms (see ``boundary``)
-_DETAIL_EVERY = 10  # smaps_rollup costs ~0.5 ms: read it on every 10th interval flush (1 s)
+# ...and at most so often that boundary flushes take no more than 1/_BUDGET of the run: after a
+# flush that took d, the next boundary flush waits max(10 ms, _BUDGET * d), never longer than the
+# interval (the loss bound is the interval's either way).
+_BUDGET = 50
+_LIGHT = frozenset({"step", "optimizer"})  # boundary flushes (see ``_flush_locked``)
 
 
 def _storage(rec: StorageRecord) -> dict[str, Any]:
@@ -46,16 +50,28 @@ def _storage(rec: StorageRecord) -> dict[str, Any]:
             "t_ns": rec.t_ns, "freed_ns": rec.freed_ns}  # fmt: skip
 
 
-def _step(step: Any) -> dict[str, Any]:
-    out = dataclasses.asdict(step)
+_STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord))
+
+
+def _step(step: StepRecord, call_sites: dict[int, str]) -> dict[str, Any]:
+    # By hand, not dataclasses.asdict: asdict deep-copies field by field and cost ~0.1 ms a step,
+    # most of a light flush on a loop of sub-millisecond steps.
+    out = {name: getattr(step, name) for name in _STEP_FIELDS}
     out["phase"] = int(step.phase)
+    out["tokens"] = dict(step.tokens)
     out["input_ids"] = list(step.input_ids)
+    out["call_site"] = call_sites.get(step.start_ns)
     return out
 
 
 class Streamer:
     """Appends one capture's log to ``path``; ``start`` after the recorder starts, ``close`` before
     it is drained."""
+
+    # The process samples its own PSS and anonymous/file split (``smaps_rollup``, a walk of every
+    # mapping: ~5 ms in a torch process) on every ``detail_every``-th interval flush (10 s); 0: never
+    # (``memwarden trace``'s child, whose supervisor samples it from outside every 100 ms).
+    detail_every = 100
 
     def __init__(self, capture: Capture, path: str | os.PathLike[str], interval_s: float = 0.1) -> None:
         self.capture = capture
@@ -73,6 +89,7 @@ class Streamer:
         self._ticks = 0
         self.flushes = 0
         self._last_ns = 0
+        self._gap_ns = _BOUNDARY_GAP_NS
         self.bytes_written = 0
 
     # -- lifecycle -----------------------------------------------------------------
@@ -143,9 +160,10 @@ class Streamer:
 
     # -- chunks --------------------------------------------------------------------
     def boundary(self, reason: str) -> None:
-        """A step or optimizer step ended: flush, unless a flush ran in the last 10 ms (a decode
-        loop of sub-millisecond steps would otherwise spend more time flushing than computing)."""
-        if time.monotonic_ns() - self._last_ns >= _BOUNDARY_GAP_NS:
+        """A step or optimizer step ended: flush, unless a flush ran within the gap (10 ms, or 50
+        times what the last flush took, at most the interval): a decode loop of sub-millisecond
+        steps would otherwise spend more time flushing than computing."""
+        if time.monotonic_ns() - self._last_ns >= self._gap_ns:
             self.flush(reason)
 
     def flush(self, reason: str = "flush") -> None:
@@ -157,18 +175,26 @@ class Streamer:
             self._flush_locked(reason)
 
     def _flush_locked(self, reason: str) -> None:
+        began_ns = time.monotonic_ns()
         cap = self.capture
         rows, n_rows, dims, n_dims, ops = cap._native.stream_since(*self._cursor)
         self._cursor = (n_rows, n_dims, self._cursor[2] + len(ops))
-        sites = list(cap._native.site_names_since(self._sites_sent))  # after the rows: covers them
+        sites = cap._native.site_names_since(self._sites_sent)  # after the rows: covers them
         self._sites_sent += len(sites)
         head: dict[str, Any] = {"kind": "events", "reason": reason, "t_ns": time.monotonic_ns(), "ops": ops,
                                 "sites": sites}  # fmt: skip
-        self._python_side(head)
-        self._ticks += reason == "interval"
-        res = sample("self", detail=reason == "interval" and self._ticks % _DETAIL_EVERY == 1)
-        if res is not None:
-            head["resident"] = [res]
+        # A step boundary flushes light: the rows and what the hooks logged since. Storages outside
+        # the allocator (a scan of every one), annotations and the resident sample wait for the next
+        # full flush (every interval, at most 100 ms away), so a decode loop of sub-millisecond steps
+        # pays for what changed, not for what the process holds.
+        full = reason not in _LIGHT
+        self._python_side(head, full)
+        if full:
+            self._ticks += reason == "interval"
+            every = self.detail_every
+            res = sample("self", detail=every > 0 and reason == "interval" and self._ticks % every == 1)
+            if res is not None:
+                head["resident"] = [res]
         columns: list[tuple[str, np.ndarray]] = [
             ("events", np.frombuffer(rows, dtype=np.uint8)),
             ("shapes", np.frombuffer(dims, np.int64)),
@@ -176,31 +202,42 @@ class Streamer:
         self._write(encode_chunk(head, columns))
         self.flushes += 1
         self._last_ns = time.monotonic_ns()
+        if reason in _LIGHT:
+            self._gap_ns = min(max(_BOUNDARY_GAP_NS, _BUDGET * (self._last_ns - began_ns)), int(self.interval_s * 1e9))
 
     def _delta(self, name: str, items: list[Any]) -> list[Any]:
+        """What ``items`` gained since the last chunk: one slice, never a copy of the whole list
+        (the lists only grow between two flushes; the ring's cut resets the cursors)."""
         start = self._sent[name]
-        self._sent[name] = len(items)
-        return items[start:]
+        new = items[start:]
+        self._sent[name] = start + len(new)
+        return new
 
-    def _python_side(self, head: dict[str, Any]) -> None:
+    def _python_side(self, head: dict[str, Any], full: bool = True) -> None:
         cap = self.capture
         log = cap._log
-        head["modules"] = [[m.path, m.label, m.modality] for m in self._delta("modules", list(cap._modules))]
-        head["tags"] = [list(t) for t in self._delta("tags", log.tags[:])]
-        head["fingerprints"] = self._delta("fingerprints", log.fingerprints[:])
+        head["modules"] = [[m.path, m.label, m.modality] for m in self._delta("modules", cap._modules)]
+        head["tags"] = [list(t) for t in self._delta("tags", log.tags)]
+        head["fingerprints"] = self._delta("fingerprints", log.fingerprints)
         # Steps and optimizer spans change until they end: resend from the first one still open.
-        steps = log.steps[:]
         first = self._sent["steps"]
-        head["steps"] = [[i, _step(s)] for i, s in enumerate(steps[first:], first)]
-        while first < len(steps) and steps[first].end_ns is not None:
+        steps = log.steps[first:]
+        head["steps"] = [[i, _step(s, cap._call_sites)] for i, s in enumerate(steps, first)]
+        for s in steps:
+            if s.end_ns is None:
+                break
             first += 1
         self._sent["steps"] = first
-        spans = [list(s) for s in log.optimizer_spans[:]]
         first = self._sent["optimizer"]
-        head["optimizer"] = [[i, s] for i, s in enumerate(spans[first:], first)]
-        while first < len(spans) and spans[first][1] >= 0:
+        spans = [list(s) for s in log.optimizer_spans[first:]]
+        head["optimizer"] = [[i, s] for i, s in enumerate(spans, first)]
+        for span in spans:
+            if span[1] < 0:
+                break
             first += 1
         self._sent["optimizer"] = first
+        if not full:
+            return
         storages, freed = [], []
         for prefix, table in (("pre", log.preexisting_storages), ("map", log.mapped_storages)):
             for ptr, rec in list(table.items()):

@@ -1,0 +1,265 @@
+"""Audio and video inputs of any transformers config, shaped as the family's own processor shapes them.
+
+- Audio: the family's feature extractor (transformers' auto mapping), built from its defaults with
+  the config's mel-bin count, called with the processor class's own default audio kwargs (padding,
+  truncation, ``pad_to_multiple_of``) on silence. A processor that splits the features into fixed
+  windows (``max_source_positions`` in its defaults: Voxtral's 30 s chunks) is followed: the
+  extractor runs on one window and the chunk count is arithmetic, so an hour of audio allocates
+  one window. Placeholders are what the model's ``get_audio_features`` makes of it on meta.
+- Video: frames of ``W x H`` go through the family's image processor with the video processor's
+  size defaults (read from the video processor class, or from its source where its torchvision
+  backend is missing: only literal dicts and integer arithmetic are evaluated). Qwen-style
+  processors (a temporal patch) give one frame's patch grid, repeated over ``ceil(F / t)``
+  temporal patches as the video processor pads the last one; fixed-size processors (LLaVA-NeXT-
+  Video, -OneVision) give one frame's pixels, stacked ``F`` times. Placeholders are what the
+  model's ``get_video_features`` makes of it on meta.
+
+Only shapes are kept: every float tensor goes to the meta device.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import math
+from pathlib import Path
+from typing import Any
+
+from memwarden.errors import InputError
+
+__all__ = ["MAX_AUDIO_SECONDS", "MAX_VIDEO_FRAMES", "audio_media", "feature_tokens", "processed", "video_media"]
+
+MAX_AUDIO_SECONDS = 4 * 3600.0  # beyond any model's context at 12.5+ tokens per second
+MAX_VIDEO_FRAMES = 4096  # Qwen2-VL's video processor samples at most 768
+_MAX_WAVEFORM_SAMPLES = 1 << 24  # 64 MiB of float32 silence: 17 min at 16 kHz
+
+
+def _class(mapping: dict[str, Any], family: str, backend: str | None = None) -> Any:
+    import transformers
+
+    name = mapping.get(family)
+    if isinstance(name, dict):
+        name = name.get(backend) if backend else next(iter(name.values()), None)
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    return cls if isinstance(cls, type) else None
+
+
+def _processor_defaults(family: str, kind: str) -> dict[str, Any]:
+    """The processor class's own default ``{kind}_kwargs`` (a class attribute; no tokenizer is built)."""
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    cls = _class(PROCESSOR_MAPPING_NAMES, family)
+    value = getattr(cls, f"{kind}_kwargs", None) if cls is not None else None
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _encoder(model: Any, name: str) -> Any:
+    encode = getattr(model, name, None) or getattr(getattr(model, "model", None), name, None)
+    if encode is None:
+        raise InputError(f"{type(model).__name__} has no {name}; this model takes no such media")
+    return encode
+
+
+def _tokens(model: Any, encoder: str, media: dict[str, Any]) -> int:
+    import torch
+
+    from memwarden.capture.meta.capture import placement
+
+    encode = _encoder(model, encoder)
+    params = inspect.signature(encode).parameters
+    forwards = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())  # (*args, **kwargs) wrappers
+    with placement(), torch.inference_mode():
+        out = encode(**{k: v for k, v in media.items() if forwards or k in params}, return_dict=True)
+    return feature_tokens(out)
+
+
+def processed(processor: Any, images: list[tuple[int, int]], copies: int) -> dict[str, Any]:
+    """An image processor's outputs for ``copies`` rows of blank uint8 images of the given (W, H)."""
+    import numpy as np
+
+    blanks = [np.zeros((h, w, 3), dtype=np.uint8) for w, h in images]
+    out = processor(images=[list(blanks) for _ in range(copies)], return_tensors="pt")
+    return dict(out.items())
+
+
+def feature_tokens(output: Any) -> int:
+    """Tokens in a ``get_*_features`` output: rows of its pooled features, over every part."""
+    import torch
+
+    features = getattr(output, "pooler_output", None)
+    if features is None:
+        features = (
+            output[0] if isinstance(output, (tuple, list)) and not isinstance(output[0], torch.Tensor) else output
+        )
+    parts = [features] if isinstance(features, torch.Tensor) else list(features)
+    return sum(int(p.numel() // max(p.shape[-1], 1)) for p in parts)
+
+
+# -- audio ----------------------------------------------------------------------------------------
+
+
+def audio_media(model: Any, config: Any, seconds: float, batch: int) -> tuple[dict[str, Any], int]:
+    """(the model's audio inputs on meta for ``batch`` rows, placeholder tokens per row)."""
+    import numpy as np
+    import torch
+    from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_MAPPING_NAMES
+
+    family = config.model_type
+    if not 0 < seconds <= MAX_AUDIO_SECONDS:
+        raise InputError(f"audio_seconds must be in (0, {MAX_AUDIO_SECONDS:g}]; got {seconds!r}")
+    cls = _class(FEATURE_EXTRACTOR_MAPPING_NAMES, family)
+    ac = getattr(config, "audio_config", None)
+    if cls is None or ac is None:
+        raise InputError(f"model_type {family!r} has no audio encoder and feature extractor in transformers")
+    kwargs: dict[str, Any] = {}
+    mel = getattr(ac, "num_mel_bins", None)
+    if isinstance(mel, int) and "feature_size" in inspect.signature(cls.__init__).parameters:
+        kwargs["feature_size"] = mel
+    extractor = cls(**kwargs)
+    rate = int(extractor.sampling_rate)
+    defaults = _processor_defaults(family, "audio")
+    window = defaults.pop("max_source_positions", None)
+    multiple = defaults.get("pad_to_multiple_of")
+    accepted = inspect.signature(extractor.__call__).parameters
+    call = {k: v for k, v in defaults.items() if k in accepted and k not in ("return_tensors", "sampling_rate")}
+    samples = max(1, round(seconds * rate))
+    chunks = 1
+    if isinstance(window, int) and isinstance(multiple, int) and multiple > 0:
+        chunks, samples = math.ceil(samples / multiple), multiple  # one window run; the rest is arithmetic
+    elif samples > _MAX_WAVEFORM_SAMPLES:  # the processor takes the clip whole: its silence is real memory
+        raise InputError(
+            f"model_type {family!r} takes an audio clip whole; at most {_MAX_WAVEFORM_SAMPLES // rate} s here"
+        )
+    out = extractor(np.zeros(samples, dtype=np.float32), sampling_rate=rate, return_tensors="pt", **call)
+    features = out["input_features"]  # (1, mel, frames)
+    if isinstance(window, int):
+        features = features.reshape(extractor.feature_size, -1, window).transpose(0, 1)  # (chunks, mel, window)
+    shape = (features.shape[0] * chunks, *features.shape[1:])
+    media = {"input_features": torch.empty(shape, dtype=features.dtype, device="meta")}
+    tokens = _tokens(model, "get_audio_features", media)
+    media["input_features"] = torch.empty((shape[0] * batch, *shape[1:]), dtype=features.dtype, device="meta")
+    return media, tokens
+
+
+# -- video ----------------------------------------------------------------------------------------
+
+
+def _literal(node: ast.AST) -> Any:
+    """A literal dict/number/string with integer arithmetic (``128 * 28 * 28``); anything else: ValueError."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Add, ast.Sub, ast.FloorDiv)):
+        a, b = _literal(node.left), _literal(node.right)
+        if not (isinstance(a, int) and isinstance(b, int)):
+            raise ValueError("not integer arithmetic")
+        ops = {ast.Mult: a * b, ast.Add: a + b, ast.Sub: a - b}
+        return ops.get(type(node.op), a // b if b else 0)
+    if isinstance(node, ast.Dict):
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values, strict=True) if k is not None}
+    return ast.literal_eval(node)
+
+
+def _video_defaults(family: str) -> dict[str, Any]:
+    """size / crop_size / temporal_patch_size of the family's video processor class."""
+    import transformers
+    from transformers.models.auto.video_processing_auto import VIDEO_PROCESSOR_MAPPING_NAMES
+
+    names = VIDEO_PROCESSOR_MAPPING_NAMES.get(family) or {}
+    name = next(iter(names.values()), None) if isinstance(names, dict) else names
+    keys = ("size", "crop_size", "temporal_patch_size", "do_center_crop")
+    found: dict[str, Any] = {}
+    try:
+        cls = getattr(transformers, name, None) if isinstance(name, str) else None
+        found = {k: getattr(cls, k) for k in keys if isinstance(getattr(cls, k, None), (dict, int))}
+    except ImportError:  # its backend (torchvision) is missing: the class is a placeholder
+        pass
+    if found:
+        return found
+    # Without torchvision the mapping holds no name and the class is a placeholder: read the class
+    # attributes of the family's video processor (``video_processing_<family>.py``) from its source.
+    module = getattr(transformers.models, family, None)
+    folder = Path(module.__file__).parent if module is not None and module.__file__ else None
+    for path in sorted(folder.glob("video_processing_*.py")) if folder else []:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("VideoProcessor") and not found:
+                for stmt in node.body:
+                    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                        target = stmt.targets[0]
+                        if isinstance(target, ast.Name) and target.id in keys:
+                            try:
+                                found[target.id] = _literal(stmt.value)
+                            except (ValueError, SyntaxError, TypeError):
+                                pass
+    return found
+
+
+def _timestamped(family: str) -> bool:
+    """Whether the family's processor writes timestamps between a video's frames (its source says so)."""
+    import transformers
+
+    module = getattr(transformers.models, family, None)
+    folder = Path(module.__file__).parent if module is not None and module.__file__ else None
+    return any("timestamp" in path.read_text() for path in (folder.glob("processing_*.py") if folder else ()))
+
+
+def video_media(
+    model: Any,
+    config: Any,
+    videos: tuple[tuple[int, int, int], ...],
+    batch: int,
+    max_pixels: int | None,
+    processor: Any,
+) -> tuple[dict[str, Any], list[int]]:
+    """(the model's video inputs on meta for ``batch`` rows, placeholder tokens of each video);
+    ``processor``: the family's image processor, which frames go through."""
+    import torch
+
+    family = config.model_type
+    for _w, _h, frames in videos:
+        if not 1 <= frames <= MAX_VIDEO_FRAMES:
+            raise InputError(f"a video has 1 to {MAX_VIDEO_FRAMES} frames; got {frames}")
+    if _timestamped(family):
+        # GLM-4V and Qwen3-VL frame each temporal patch with its own markers and timestamp text: not built yet
+        raise InputError(f"video requests for model_type {family!r} are not supported yet; send its frames as images")
+    defaults = _video_defaults(family)
+    if not defaults:
+        raise InputError(f"transformers has no video processor for model_type {family!r}; send images instead")
+    temporal = getattr(processor, "temporal_patch_size", None)
+    if isinstance(temporal, int):  # Qwen-style: the video processor's own pixel limits, one frame's grid
+        size = dict(defaults.get("size") or {})
+        if max_pixels is not None:
+            size["longest_edge"] = max_pixels
+        if size:
+            processor.size = size if isinstance(processor.size, dict) else type(processor.size)(**size)
+    vc = getattr(config, "vision_config", None)
+    side = getattr(vc, "image_size", None)
+    rows: list[dict[str, Any]] = []
+    counts: list[int] = []
+    for w, h, frames in videos:
+        if isinstance(temporal, int):
+            one = processed(processor, [(w, h)], 1)
+            t = math.ceil(frames / temporal)  # the last temporal patch padded with the last frame
+            _, gh, gw = (int(v) for v in one["image_grid_thw"][0])
+            pixels = one["pixel_values"]  # (gh * gw, C * t * p * p): one temporal patch
+            media = {
+                "pixel_values_videos": torch.empty((t * pixels.shape[0], pixels.shape[1]), device="meta"),
+                "video_grid_thw": torch.tensor([[t, gh, gw]]),
+            }
+        elif isinstance(side, int):  # every frame resized and cropped to the tower's side
+            channels = getattr(vc, "num_channels", 3)
+            media = {"pixel_values_videos": torch.empty((1, frames, channels, side, side), device="meta")}
+        else:
+            raise InputError(f"model_type {family!r}: no frame size in its vision config; send images instead")
+        counts.append(_tokens(model, "get_video_features", media))
+        rows.append(media)
+    out: dict[str, Any] = {}
+    for key in rows[0]:
+        parts = [r[key] for r in rows] * batch
+        out[key] = torch.cat(parts) if parts[0].device.type != "meta" else _meta_cat(parts)
+    return out, counts
+
+
+def _meta_cat(parts: list[Any]) -> Any:
+    import torch
+
+    first = parts[0]
+    rows = sum(int(p.shape[0]) for p in parts)
+    return torch.empty((rows, *first.shape[1:]), dtype=first.dtype, device="meta")

@@ -1,0 +1,126 @@
+"""Storages PyTorch's CPU allocator did not make are in the trace (``memwarden.capture.foreign``).
+
+numpy arrays (``torch.from_numpy``, a processor's ``pixel_values``), Python buffers
+(``torch.frombuffer``), DLPack capsules and checkpoints memory-mapped by ``from_pretrained`` wrap
+memory the native recorder never sees. Each test feeds such a tensor to a real model inside a
+capture and finds it in the trace with its size, category, modality and release.
+"""
+
+from __future__ import annotations
+
+import gc
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import CLIPImageProcessor, LlamaConfig, LlamaForCausalLM
+
+import memwarden
+from memwarden.capture.foreign import EXTERNAL_OP, is_foreign
+from memwarden.models import zoo
+from memwarden.trace.model import Action, Category, Modality, Trace
+
+
+def _tiny_llama(dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)  # fmt: skip
+    return LlamaForCausalLM._from_config(config, dtype=dtype).eval()
+
+
+def _external_rows(trace: Trace) -> list[dict[str, Any]]:
+    ev = trace.events
+    rows = np.flatnonzero(ev["op"] == trace.strings.index(EXTERNAL_OP)) if EXTERNAL_OP in trace.strings else []
+    return [
+        {"action": Action(int(ev["action"][i])), "nbytes": int(ev["nbytes"][i]), "tensor": int(ev["tensor"][i]),
+         "category": Category(int(ev["category"][i])), "modality": Modality(int(ev["modality"][i]))}
+        for i in rows
+    ]  # fmt: skip
+
+
+def _ids_from_numpy(tokens: int) -> torch.Tensor:
+    return torch.from_numpy(np.arange(3, 3 + tokens, dtype=np.int64).reshape(1, tokens) % 400)
+
+
+def _ids_from_buffer(tokens: int) -> torch.Tensor:
+    data = bytearray((np.arange(3, 3 + tokens, dtype=np.int64) % 400).tobytes())
+    return torch.frombuffer(data, dtype=torch.int64).reshape(1, tokens)
+
+
+def _ids_from_dlpack(tokens: int) -> torch.Tensor:
+    return torch.from_dlpack(np.arange(3, 3 + tokens, dtype=np.int64).reshape(1, tokens) % 400)
+
+
+@pytest.mark.parametrize(
+    "make", [_ids_from_numpy, _ids_from_buffer, _ids_from_dlpack], ids=["numpy", "frombuffer", "dlpack"]
+)
+def test_input_wrapping_foreign_memory_is_an_input_with_its_release(make: Any) -> None:
+    model = _tiny_llama()
+    tokens = 300
+    with memwarden.capture() as cap, torch.no_grad():
+        ids = make(tokens)
+        assert is_foreign(ids)
+        model(ids)  # positional: read as input_ids, a text input
+        del ids
+        gc.collect()
+        model(torch.ones(1, 4, dtype=torch.long))  # an allocator-made input adds no external row
+    rows = _external_rows(cap.trace)
+    assert [(r["action"], r["nbytes"], r["category"], r["modality"]) for r in rows] == [
+        (Action.ALLOC, tokens * 8, Category.INPUT, Modality.TEXT),
+        (Action.FREE, tokens * 8, Category.INPUT, Modality.TEXT),
+    ]
+    assert rows[0]["tensor"] == rows[1]["tensor"] < 0  # one storage, apart from the allocator's block ids
+
+
+def test_processor_pixel_values_from_numpy_are_a_vision_input() -> None:
+    """A real transformers image processor builds ``pixel_values`` in numpy; a tiny LLaVA reads them."""
+    model = zoo.build_model("llava", size="tiny")
+    inputs = zoo.make_inputs(model, prompt_tokens=4)
+    side = model.config.vision_config.image_size
+    processor = CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8))
+    with memwarden.capture() as cap, torch.no_grad():
+        pixel_values = processor(images=image, return_tensors="pt")["pixel_values"]  # (1, 3, side, side)
+        assert is_foreign(pixel_values)
+        model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], pixel_values=pixel_values)
+    rows = _external_rows(cap.trace)
+    assert [(r["action"], r["nbytes"], r["category"], r["modality"]) for r in rows] == [
+        (Action.ALLOC, 3 * side * side * 4, Category.INPUT, Modality.VISION)
+    ]  # still alive when the capture stops: no release row
+
+
+def test_mapped_weights_that_half_drops_are_mapped_then_released() -> None:
+    """transformers maps a safetensors checkpoint; ``.half()`` replaces every fp32 weight."""
+    path = Path(tempfile.mkdtemp(prefix="memwarden-foreign-"))
+    _tiny_llama().save_pretrained(path)
+    fp32_bytes = sum(t.numel() * 4 for t in _tiny_llama().state_dict().values())
+    with memwarden.capture() as cap:
+        model = LlamaForCausalLM.from_pretrained(path).half().eval()
+        with torch.no_grad():
+            model(torch.ones(1, 4, dtype=torch.long))
+    ev = cap.trace.events
+    is_map, is_unmap = ev["action"] == Action.MAP, ev["action"] == Action.UNMAP
+    in_file = np.array([(s or "").startswith(str(path)) for s in cap.trace.strings] + [False])[ev["op"]]
+    mapped, released = is_map & in_file, is_unmap & in_file
+    # every fp32 weight the checkpoint holds was mapped (tied embeddings are one storage) and released
+    assert int(ev["nbytes"][mapped].sum()) == int(ev["nbytes"][released].sum()) > 0
+    assert int(ev["nbytes"][mapped].sum()) <= fp32_bytes
+    assert int(ev["nbytes"][mapped].sum()) >= 0.9 * fp32_bytes
+    assert set(ev["category"][mapped].tolist()) == {Category.WEIGHT}
+    assert sorted(ev["tensor"][mapped].tolist()) == sorted(ev["tensor"][released].tolist())
+    # the half weights the run keeps are the allocator's, half the size
+    kept = (ev["action"] == Action.ALLOC) & (ev["category"] == Category.WEIGHT)
+    assert int(ev["nbytes"][kept].sum()) == sum(p.numel() * 2 for p in model.state_dict().values())
+
+
+def test_a_wrapped_allocator_block_is_counted_once() -> None:
+    """``torch.from_numpy(t.numpy())`` is a second storage over an allocator block's memory."""
+    model = _tiny_llama()
+    with memwarden.capture() as cap, torch.no_grad():
+        ids = torch.arange(3, 203, dtype=torch.long).reshape(1, 200)
+        model(torch.from_numpy(ids.numpy()))
+    assert _external_rows(cap.trace) == []
