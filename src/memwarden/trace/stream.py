@@ -57,6 +57,8 @@ RAW_EVENT_DTYPE = np.dtype(
     }
 )  # fmt: skip
 
+_SAVED = "saved"  # the tag of a tensor autograd saved for backward: no category of its own
+_NOT_ACTIVATIONS = {int(Category.WEIGHT), int(Category.BUFFER), int(Category.GRADIENT), int(Category.OPTIMIZER_STATE)}
 _TAG_CATEGORY = {
     "weight": Category.WEIGHT,
     "buffer": Category.BUFFER,
@@ -206,20 +208,26 @@ def _blocks(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return allocs, frees[hit], pos[hit]
 
 
-def _tag_categories(log: StreamLog, raw: np.ndarray, allocs: np.ndarray, free_ns: np.ndarray) -> dict[int, Category]:
+def _tag_categories(
+    log: StreamLog, raw: np.ndarray, allocs: np.ndarray, free_ns: np.ndarray
+) -> tuple[dict[int, Category], set[int]]:
+    """Per block, the category its first tag names; and the blocks autograd saved for backward."""
     by_ptr: dict[int, list[int]] = {}
     for k, ptr in enumerate(raw["ptr"][allocs].tolist()):
         by_ptr.setdefault(int(ptr), []).append(k)
     alloc_ns = raw["t_ns"][allocs]
     found: dict[int, Category] = {}
+    saved: set[int] = set()
     for t_ns, ptr, kind, _path in log.tags:
         category = _TAG_CATEGORY.get(str(kind))
         for k in reversed(by_ptr.get(int(ptr), ())):
             if alloc_ns[k] <= t_ns < free_ns[k]:
                 if category is not None and k not in found:
                     found[k] = category
+                elif kind == _SAVED:
+                    saved.add(k)
                 break
-    return found
+    return found, saved
 
 
 def trace_from_stream(log: StreamLog, metadata: dict[str, Any] | None = None) -> Trace:
@@ -242,8 +250,10 @@ def trace_from_stream(log: StreamLog, metadata: dict[str, Any] | None = None) ->
     ctx = np.clip(raw["ctx"][allocs].astype(np.int64), -1, len(log.modules) - 1)
     category = np.where(free_ns < np.iinfo(np.int64).max, int(Category.TEMPORARY), int(Category.OTHER))
     category = np.where((free_ns == np.iinfo(np.int64).max) & (ctx >= 0), int(Category.ACTIVATION), category)
-    for k, cat in _tag_categories(log, raw, allocs, free_ns).items():
+    found, saved = _tag_categories(log, raw, allocs, free_ns)
+    for k, cat in found.items():
         category[k] = int(cat)
+    kept = sorted(k for k in saved if category[k] not in _NOT_ACTIVATIONS)
     steps = sorted(log.steps.values(), key=lambda s: int(s["start_ns"]))
     step_start = np.array([int(s["start_ns"]) for s in steps], dtype=np.int64)
     step_phase = np.array([int(s["phase"]) for s in steps] + [int(Phase.LOAD)], dtype=np.int64)
@@ -284,6 +294,11 @@ def trace_from_stream(log: StreamLog, metadata: dict[str, Any] | None = None) ->
                      phase=Phase(int(step["phase"])))  # fmt: skip
     builder.metadata["duration_us"] = max(0, (end_ns - t0) // 1000)
     builder.metadata["recovered"] = log.recovery_note()
+    if kept:  # as the capture's own attribution names them (capture/attribution/tags.py)
+        builder.metadata["saved_for_backward"] = {
+            "tensors": [int(i) for i in raw["id"][allocs][kept]],
+            "nbytes": int(raw["nbytes"][allocs][kept].sum()),
+        }
     if log.annotations:
         builder.metadata.setdefault("annotations", list(log.annotations))
     side = builder.build()

@@ -15,7 +15,7 @@ from memwarden.capture.attribution.log import CaptureLog
 from memwarden.capture.attribution.phases import StepTable, backward_ops, block_phases
 from memwarden.capture.attribution.recorded import Blocks, Clock, RecorderColumns
 from memwarden.capture.attribution.spans import module_spans
-from memwarden.capture.attribution.tags import apply_tags, match_tags
+from memwarden.capture.attribution.tags import apply_tags, match_tags, saved_for_backward, split_saved
 from memwarden.capture.modality import ModalityRules
 from memwarden.trace.model import Modality, Trace, TraceBuilder
 from memwarden.trace.steps import steps_metadata
@@ -51,9 +51,10 @@ class Attributor:
         phase = block_phases(blocks, made_by, is_backward, steps, spans.first_start_ns(self.end_ns),
                              self.log.optimizer_spans, self.end_ns)  # fmt: skip
         category = block_categories(blocks, spans.row_span[blocks.rows], spans.end_or(self.end_ns), is_backward)
-        hits = match_tags(self.log.tags, blocks)
+        tags, saved = split_saved(self.log.tags)
+        hits = match_tags(tags, blocks)
         side = self.log.side_records()
-        tagged = apply_tags(self.log.tags, hits, blocks, category, made_by, self.log.preexisting_storages, self.rules,
+        tagged = apply_tags(tags, hits, blocks, category, made_by, self.log.preexisting_storages, self.rules,
                             side, self.log.input_modalities)  # fmt: skip
 
         counters = {"untracked_frees": cols.untracked_frees, "unwrapped_allocations": cols.unwrapped_allocations}
@@ -65,6 +66,9 @@ class Attributor:
         phase_span_rows(builder, steps, self.log.optimizer_spans, self.end_ns, clock)
         builder.metadata["duration_us"] = clock.us(self.end_ns)
         builder.metadata["steps"] = steps_metadata(step_records(steps, labels, self.end_ns, clock))
+        kept = saved_for_backward(saved, blocks, cols.nbytes[blocks.rows], tagged.category)
+        if kept is not None:  # activations autograd kept for backward, told apart from the others
+            builder.metadata["saved_for_backward"] = kept
         padded = input_padding(spans, self.log.call_padding, clock)
         if padded:  # the evidence alignment-padding judges padding made outside torch by
             builder.metadata["input_padding"] = padded

@@ -16,7 +16,9 @@ from memwarden.capture.inputs import mask_padding
 from memwarden.capture.modality import input_modality
 from memwarden.trace.model import Modality, Phase
 
-__all__ = ["CaptureLog", "StepRecord", "StorageRecord", "storage_of"]
+__all__ = ["SAVED", "CaptureLog", "StepRecord", "StorageRecord", "storage_of"]
+
+SAVED = "saved"  # the tag kind of a tensor autograd saved for backward
 
 
 def storage_of(tensor: Any) -> tuple[int, int] | None:
@@ -100,6 +102,13 @@ class CaptureLog:
             self.tags.append((t_ns, found[0], kind, path))
             if is_foreign(tensor):
                 self.foreign(t_ns, tensor, kind)
+
+    def saved(self, t_ns: int, tensor: Any) -> None:
+        """A tensor autograd saved for backward (its pack hook ran now): a ``saved`` tag, which
+        names no category of its own (attribution keeps it apart from the other kinds)."""
+        found = storage_of(tensor)
+        if found is not None:
+            self.tags.append((t_ns, found[0], SAVED, ""))
 
     def input(self, t_ns: int, tensor: Any, path: str, name: str) -> None:
         """A tensor the program fed into an outermost call as argument ``name``: its modality is

@@ -14,12 +14,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memwarden.capture.attribution.log import StorageRecord
+from memwarden.capture.attribution.log import SAVED, StorageRecord
 from memwarden.capture.attribution.recorded import Blocks
 from memwarden.capture.modality import ModalityRules
 from memwarden.trace.model import Category, Modality
 
-__all__ = ["KIND_CATEGORY", "KIND_PRIORITY", "UNTAGGED", "PreexistingTag", "Tagged", "apply_tags", "match_tags"]
+__all__ = [
+    "KIND_CATEGORY",
+    "KIND_PRIORITY",
+    "UNTAGGED",
+    "PreexistingTag",
+    "Tagged",
+    "apply_tags",
+    "match_tags",
+    "saved_for_backward",
+    "split_saved",
+]
 
 Tag = tuple[int, int, str, str]  # (t_ns, ptr, kind, module path)
 
@@ -191,3 +201,29 @@ def apply_tags(
         preexisting=pre_tags,
         side=_side_tags(tags, hits, blocks, side, inputs, rules),
     )
+
+
+_NOT_ACTIVATIONS = [int(Category.WEIGHT), int(Category.BUFFER), int(Category.GRADIENT), int(Category.OPTIMIZER_STATE)]
+
+
+def split_saved(tags: Sequence[Tag]) -> tuple[list[Tag], list[Tag]]:
+    """The tags that decide categories, and the ``saved`` ones (autograd's pack hook), apart."""
+    kinds: list[Tag] = []
+    saved: list[Tag] = []
+    for tg in tags:
+        (saved if tg[2] == SAVED else kinds).append(tg)
+    return kinds, saved
+
+
+def saved_for_backward(
+    saved: Sequence[Tag], blocks: Blocks, nbytes: np.ndarray, category: np.ndarray
+) -> dict[str, object] | None:
+    """The blocks autograd saved for backward while they were alive (activations, inputs and
+    what else a forward kept for its gradient; parameters and their state are not counted):
+    ``{"tensors": [block id, ...], "nbytes": total}``, None when backward saved nothing."""
+    hits = np.array([-1 if h is None else h for h in match_tags(saved, blocks)], dtype=np.int64)
+    hits = np.unique(hits[hits >= 0])
+    hits = hits[~np.isin(category[hits], _NOT_ACTIVATIONS)]
+    if not len(hits):
+        return None
+    return {"tensors": [int(i) for i in blocks.ids[hits]], "nbytes": int(nbytes[hits].sum())}

@@ -48,6 +48,7 @@ from memwarden.capture.inputs import (
 )
 from memwarden.capture.live.procmaps import FileMappings
 from memwarden.capture.live.ring import FlightRecorder
+from memwarden.capture.live.saved import saved_tensors
 from memwarden.capture.live.sites import CallSites, SiteConfig, apply_call_sites
 from memwarden.capture.live.stream import Streamer
 from memwarden.capture.modality import ModalityRules
@@ -251,6 +252,8 @@ class Capture:
             now = self._now()
             for t in cache_tensors(output):
                 self._log.tag(now, t, "kv_cache", "")
+            for t in saved_tensors(output):  # what the call's graph keeps for backward
+                self._log.saved(now, t)
             self._log.step_end(now)
             if self._streamer is not None:
                 self._streamer.boundary("step")

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memwarden.capture.attribution.log import SAVED
 from memwarden.capture.live.rss import sample
 
 if TYPE_CHECKING:
@@ -47,11 +48,13 @@ def prune_log(log: CaptureLog, cutoff_ns: int, enters_dropped: int) -> None:
     Each list is replaced by one slice assignment over the part that existed when pruning began,
     so entries the traced thread appends meanwhile are kept (one C-level call under the GIL)."""
     n = len(log.tags)
-    latest: dict[int, tuple[int, int, str, str]] = {}  # the last tag of each storage: weights stay tagged
+    # The last tag of each storage: weights stay tagged (a later ``saved`` tag, autograd's, is
+    # kept beside its kind, not in its place).
+    latest: dict[tuple[int, bool], tuple[int, int, str, str]] = {}
     old = log.tags[:n]
     for t in old:
         if t[0] < cutoff_ns:
-            latest[t[1]] = t
+            latest[t[1], t[2] == SAVED] = t
     log.tags[:n] = sorted(latest.values()) + [t for t in old if t[0] >= cutoff_ns]
     del log.fingerprints[:enters_dropped]
     n = len(log.steps)
