@@ -1,12 +1,14 @@
 """PyTorch eager vs ONNX Runtime on the zoo's exported VLM parts, and the capture's check.
 
-    .venv/bin/python benchmarks/bench_onnx.py [--size tiny|small] [--memray]
+    .venv/bin/python benchmarks/bench_onnx.py [--size tiny|small] [--check-only]
 
 Per part (vision + projector, prefill, decode) of LLaVA and Qwen2-VL: the PyTorch eager capture's
 peak (``memwarden.capture`` around the same wrapper module ``torch.onnx.export`` traced) and the
-ORT captures' peaks under three settings; then the ORT capture's run peak (bytes ORT allocates
-above the weights) against ORT's own allocator counters and, with ``--memray``, a malloc-level
-measurement of the same run with the arena off (``memwarden.capture.onnx.measure``).
+ORT captures' peaks under three settings; then the capture's check: two runs in one session with
+the arena off, memory pattern off and on, the second run's capture peak (bytes ORT allocates
+above the weights) against a malloc-level count of the same run in a fresh process
+(``memwarden.capture.onnx.measure``: the preloaded counter, and memray where installed), with
+ORT's own requested-bytes counter (arena-on twin) beside them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from memwarden.analyze.analysis import Analysis
 from memwarden.capture.api import capture
 from memwarden.capture.onnx.capture import capture_onnx
 from memwarden.capture.onnx.export import export_parts, export_zoo
-from memwarden.capture.onnx.measure import measure_run, ort_counter_peak, ort_high_water, run_peak_bytes
+from memwarden.capture.onnx.measure import measure_run, ort_runs, run_peaks
 from memwarden.capture.onnx.session import OrtSettings
 from memwarden.units import format_bytes
 
@@ -35,16 +37,18 @@ SETTINGS = {
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", default="tiny")
-    ap.add_argument("--memray", action="store_true")
+    ap.add_argument("--check-only", action="store_true", help="only the capture's check, not the PyTorch table")
     args = ap.parse_args()
     out = Path(tempfile.mkdtemp(prefix="bench-onnx-"))
+    if args.check_only:
+        check(out, args.size)
+        return
     print(
         "| part | PyTorch eager peak | "
         + " | ".join(f"ORT {k}" for k in SETTINGS)
         + " | weights (PT / ORT) | above weights (PT / ORT pattern off) |"
     )
     print("|---|---:|" + "---:|" * len(SETTINGS) + "---:|---:|")
-    checks = []
     for name in ("llava", "qwen2-vl"):
         paths = export_zoo(name, out, size=args.size)
         for part, (module, inputs, names, _) in export_parts(name, args.size).items():
@@ -61,22 +65,6 @@ def main() -> None:
                 cells.append(format_bytes(s.peak_bytes))
                 if label == "arena on, pattern off":
                     ort_above = s.peak_bytes - s.weights_bytes
-                if "pattern off" in label:
-                    memray = (
-                        measure_run(paths[part], feeds, settings).memray_peak_bytes
-                        if args.memray and "arena off" in label
-                        else None
-                    )
-                    checks.append(
-                        (
-                            f"{name}-{part}",
-                            label,
-                            run_peak_bytes(trace),
-                            ort_counter_peak(trace),
-                            ort_high_water(trace),
-                            memray,
-                        )
-                    )
             print(
                 f"| {name} {part} | {format_bytes(torch_summary.peak_bytes)} | "
                 + " | ".join(cells)
@@ -84,14 +72,42 @@ def main() -> None:
                 + f" | {format_bytes(torch_summary.peak_bytes - torch_summary.weights_bytes)} / {format_bytes(ort_above)} |"
             )
     print()
+    check(out, args.size)
+
+
+CHECKS = {
+    "arena off, pattern off": OrtSettings(arena=False, mem_pattern=False),
+    "arena off, pattern on": OrtSettings(arena=False, mem_pattern=True),
+}
+
+
+def check(out: Path, size: str) -> None:
+    """Second run of a session: the capture's peak against the malloc counter (and memray)."""
     print(
-        "| part | setting | capture run peak (B) | ORT requested peak | diff | ORT arena high-water | memray, arena off | diff |"
+        "| part | setting | capture, run 2 (B) | malloc counter, run 2 | diff | within 5% | memray | "
+        "ORT requested, run 2 | pattern buffer: replayed / ORT counters |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for part, label, ours, ort, high, memray in checks:
-        d1 = f"{(ours - ort) / ort:+.1%}" if ort else "-"
-        d2 = f"{(ours - memray) / memray:+.1%}" if memray else "-"
-        print(f"| {part} | {label} | {ours:,} | {ort or 0:,} | {d1} | {high or 0:,} | {memray or '-'} | {d2} |")
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|")
+    for name in ("llava", "qwen2-vl"):
+        paths = export_zoo(name, out / "check", size=size)
+        for part, (_, inputs, names, _) in export_parts(name, size).items():
+            feeds = {n: t.detach().numpy() for n, t in zip(names, inputs, strict=True)}
+            for label, settings in CHECKS.items():
+                trace = capture_onnx(paths[part], [feeds, feeds], settings=settings)
+                ours = run_peaks(trace)[1]
+                first, second = ort_runs(trace)
+                ort = int(second["arena_in_use_peak_bytes"]) - int(first["arena_in_use_before_bytes"])
+                measured = measure_run(paths[part], feeds, settings, runs=2)
+                malloc = measured.malloc_peak_bytes or 0
+                diff = (ours - malloc) / malloc if malloc else float("nan")
+                buffer = (
+                    f"{second['mem_pattern_replayed_bytes']:,} / {second['mem_pattern_ort_bytes']:,}"
+                    if "mem_pattern_bytes" in second
+                    else "-"
+                )
+                print(f"| {name}-{part} | {label} | {ours:,} | {malloc:,} | {diff:+.1%} | "
+                      f"{'yes' if abs(diff) <= 0.05 else 'no'} | {measured.memray_peak_bytes or '-'} | {ort:,} | {buffer} |",
+                      flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,16 +1,21 @@
 """Partition speed on large graphs, and the solver against the baselines on them.
 
     .venv/bin/python benchmarks/bench_partition.py [NODES] [UNITS]
+    .venv/bin/python benchmarks/bench_partition.py --zoo [--size small] [--dtype fp16] [--time-limit S] [--only GRAPH:DEVICE]
 
 A random layered DAG (each node reads 1-2 earlier nodes, as a transformer's residual stream
 does) with memory limits that bind on the accelerators; graphs above ``MILP_MAX_NODES`` use the
-coarse program (see ``memwarden.plan.partition``).
+local search (see ``memwarden.plan.partition``). ``--zoo`` exports the zoo's LLaVA and Qwen2-VL
+parts and partitions each on every built-in profile with compute units, as ``memwarden
+partition`` does (``partition_result``), checking 0 violations and latency <= every baseline.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -40,9 +45,56 @@ def layered(n: int, nu: int, seed: int = 0) -> PartitionProblem:
     )  # fmt: skip
 
 
+ZOO_DEVICES = ("galaxy-s24-ultra-12gb", "jetson-orin-nx-16gb", "iphone-15-pro")
+
+
+def zoo(size: str, dtype: str, time_limit_s: float, only: str | None) -> None:
+    from memwarden.capture.onnx.export import export_zoo
+    from memwarden.models.compute_units import load_compute_units
+    from memwarden.plan.partition_onnx import load_problem
+    from memwarden.plan.partition_report import partition_result
+
+    out = Path(tempfile.mkdtemp(prefix="bench-partition-"))
+    names = ["all-cpu", "first-claim", "capacity-halt", "affinity-greedy", "single-split"]
+    print("| graph | device | nodes | memwarden | exact | " + " | ".join(names) + " | solve + baselines |")
+    print("|---|---|---:|---|---|" + "---:|" * len(names) + "---:|")
+    bad = 0
+    for model in ("llava", "qwen2-vl"):
+        for part, path in export_zoo(model, out, size=size).items():
+            for device in ZOO_DEVICES:
+                if only and only != f"{model}-{part}:{device}":
+                    continue
+                problem = load_problem(path, load_compute_units(device), dtype=dtype)
+                start = time.perf_counter()
+                result = partition_result(problem, time_limit_s=time_limit_s)
+                elapsed = time.perf_counter() - start
+                sol = result["solution"]
+                lat = sol["latency_us"]
+                units = ", ".join(f"{u} {k}" for u, k in sol["nodes_per_unit"].items() if k)
+                cells = []
+                for b in result["baselines"]:
+                    cells.append(f"{b['latency_us'] / 1e3:.3f}" + ("" if b["feasible"] else " ✗"))
+                    bad += b["feasible"] and b["latency_us"] < lat - 1e-6
+                bad += bool(sol["violations"])
+                print(f"| {model}-{part} | {device} | {result['nodes']} | {lat / 1e3:.3f} ms ({sol['method']}, {units}) "
+                      f"| {'yes' if sol['exact'] else 'no'} | " + " | ".join(cells) + f" | {elapsed:.2f} s |", flush=True)  # fmt: skip
+    print(f"\nrows over a limit or slower than a feasible baseline: {bad}")
+
+
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
-    nu = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    ap = argparse.ArgumentParser()
+    ap.add_argument("nodes", nargs="?", type=int, default=2000)
+    ap.add_argument("units", nargs="?", type=int, default=4)
+    ap.add_argument("--zoo", action="store_true", help="the exported zoo graphs on the built-in profiles")
+    ap.add_argument("--size", default="small")
+    ap.add_argument("--dtype", default="fp16")
+    ap.add_argument("--time-limit", type=float, default=30.0, help="solver time limit (s), as the CLI's")
+    ap.add_argument("--only", help="one row: GRAPH:DEVICE, e.g. llava-prefill:galaxy-s24-ultra-12gb")
+    args = ap.parse_args()
+    if args.zoo:
+        zoo(args.size, args.dtype, args.time_limit, args.only)
+        return
+    n, nu = args.nodes, args.units
     problem = layered(n, nu)
     start = time.perf_counter()
     solution = solve(problem)

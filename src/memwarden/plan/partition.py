@@ -6,9 +6,10 @@ The model (``PartitionProblem``), shared by the solvers, the baselines and the b
 - nodes run one at a time in topological order (one inference stream, as ORT's sequential
   executor and a single-request deployment run them); node ``v`` on unit ``u`` costs
   ``compute_us[v, u]`` (``inf`` where the unit lacks the op type or dtype);
-- every edge whose ends sit on different units pays a transfer: the slower side's latency plus
-  bytes over the slower bandwidth (``memwarden.models.compute_units.transfer_us``); graph inputs
-  start on the host unit and graph outputs end there. Each consumer edge pays its own copy;
+- a tensor read on a unit other than its producer's is moved there once: the slower side's
+  latency plus bytes over the slower bandwidth (``memwarden.models.compute_units.transfer_us``),
+  however many of its readers sit on that unit (two readers on one unit share one copy; readers
+  on two units pay two); graph inputs start on the host unit and graph outputs end there;
 - memory: a unit holds the weights of its nodes for the whole run, plus every node output that
   is live (from its producer to its last consumer, in the topological order) and either produced
   on the unit or read by a node on it. This is the sum of live bytes at each step: the lower
@@ -37,6 +38,7 @@ __all__ = [
     "PartitionProblem",
     "Solution",
     "chain_dp",
+    "edge_transfer_us",
     "evaluate",
     "is_chain",
     "memory_peaks",
@@ -68,6 +70,9 @@ class PartitionProblem:
     host: int = 0  # the unit graph inputs come from and outputs go to
     priority: tuple[int, ...] = ()  # ORT-style claim order per unit (lower first)
     modules: tuple[str, ...] = ()
+    # (E,) int: the tensor each edge carries; edges with one id share one producer and one copy per
+    # unit. None: the edges of one producer with equal bytes carry the same tensor.
+    edge_values: np.ndarray | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -80,6 +85,21 @@ class PartitionProblem:
     def transfer_cost(self, src: np.ndarray | int, dst: np.ndarray | int, nbytes: np.ndarray | float) -> Any:
         """µs to move ``nbytes`` from unit ``src`` to unit ``dst`` (0 when equal); broadcasts."""
         return self.transfer_latency_us[src, dst] + self.transfer_us_per_byte[src, dst] * nbytes
+
+    def edge_groups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The tensors the edges carry: (group of each edge (E,), producer of each group (G,), bytes
+        of each group (G,)). A group is moved to a unit at most once."""
+        if not len(self.edges):
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, np.zeros(0)
+        if self.edge_values is not None:
+            key = np.stack([self.edges[:, 0], np.asarray(self.edge_values, dtype=np.int64)], axis=1)
+            _, first, group = np.unique(key, axis=0, return_index=True, return_inverse=True)
+        else:
+            key = np.stack([self.edges[:, 0].astype(float), self.edge_bytes.astype(float)], axis=1)
+            _, first, group = np.unique(key, axis=0, return_index=True, return_inverse=True)
+        group = np.asarray(group, dtype=np.int64).reshape(-1)
+        return group, self.edges[first, 0].astype(np.int64), self.edge_bytes[first].astype(float)
 
     def last_use(self) -> np.ndarray:
         """Per node: the step of its output's last reader (itself when none; N for graph outputs)."""
@@ -135,10 +155,7 @@ def evaluate(problem: PartitionProblem, assign: np.ndarray) -> Evaluation:
     assign = np.asarray(assign, dtype=np.int64)
     n = problem.num_nodes
     compute = float(problem.compute_us[np.arange(n), assign].sum())
-    transfer = 0.0
-    if len(problem.edges):
-        a, b = assign[problem.edges[:, 0]], assign[problem.edges[:, 1]]
-        transfer += float(np.sum(problem.transfer_cost(a, b, problem.edge_bytes) * (a != b)))
+    transfer = edge_transfer_us(problem, assign)
     host = problem.host
     reads = problem.input_bytes > 0
     transfer += float(
@@ -155,6 +172,20 @@ def evaluate(problem: PartitionProblem, assign: np.ndarray) -> Evaluation:
     if unsupported:
         violations.append(f"{unsupported} node(s) on a unit that cannot run them")
     return Evaluation(compute + transfer, compute, transfer, tuple(int(p) for p in peaks), tuple(violations))
+
+
+def edge_transfer_us(problem: PartitionProblem, assign: np.ndarray) -> float:
+    """µs of moving tensors between units: each tensor once to each unit, other than its
+    producer's, where some reader of it runs."""
+    if not len(problem.edges):
+        return 0.0
+    group, producer, nbytes = problem.edge_groups()
+    src = assign[producer][group]
+    dst = assign[problem.edges[:, 1]]
+    moved = src != dst
+    keys = np.unique(group[moved] * problem.num_units + dst[moved])  # one copy per (tensor, unit)
+    g, w = keys // problem.num_units, keys % problem.num_units
+    return float(np.sum(problem.transfer_cost(assign[producer[g]], w, nbytes[g])))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@
   would have claimed go to the next unit ("halts at the first node that would exceed the
   budget; ONNX Runtime does not search ahead");
 - ``affinity-greedy``: the usual hand-written pass: each node to the unit where it finishes
-  soonest (its compute plus moving its inputs there), then, while a unit is over its limit,
+  soonest (its compute plus moving its inputs there, unless an earlier reader already moved
+  them), then, while a unit is over its limit,
   backtrack by moving that unit's heaviest node to its next-best unit;
 - ``single-split``: Neurosurgeon: a prefix of the topological order on one unit and the rest on
   another (nodes a unit cannot run stay on the host), best over every split and unit pair.
@@ -68,17 +69,21 @@ def capacity_halt(problem: PartitionProblem) -> Solution:
 def affinity_greedy(problem: PartitionProblem, max_moves: int | None = None) -> Solution:
     n, nu = problem.num_nodes, problem.num_units
     units = np.arange(nu)
-    preds: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    for (a, b), nbytes in zip(problem.edges.tolist(), problem.edge_bytes.tolist(), strict=True):
-        preds[b].append((a, nbytes))
+    group, _, _ = problem.edge_groups()
+    preds: list[list[tuple[int, int, float]]] = [[] for _ in range(n)]  # (producer, tensor, bytes)
+    for (a, b), g, nbytes in zip(problem.edges.tolist(), group.tolist(), problem.edge_bytes.tolist(), strict=True):
+        preds[b].append((a, g, nbytes))
     assign = np.full(n, problem.host, dtype=np.int64)
     finish = np.zeros((n, nu))
+    moved: set[tuple[int, int]] = set()  # (tensor, unit) already copied there
     for v in range(n):
         cost = problem.compute_us[v].copy()
-        for a, nbytes in preds[v]:
-            cost = cost + problem.transfer_cost(assign[a], units, nbytes) * (units != assign[a])
+        for a, g, nbytes in preds[v]:
+            there = np.array([(g, u) in moved for u in range(nu)])
+            cost = cost + problem.transfer_cost(assign[a], units, nbytes) * ((units != assign[a]) & ~there)
         finish[v] = cost
         assign[v] = int(np.argmin(cost))
+        moved.update((g, int(assign[v])) for _, g, _ in preds[v])
     # backtrack: move the heaviest node off an overfull unit to its next-best unit
     budget = max_moves if max_moves is not None else 4 * n
     for _ in range(budget):

@@ -1,9 +1,11 @@
 """The exact partitioner: a mixed-integer program solved by HiGHS (``scipy.optimize.milp``).
 
 Variables, per node ``v`` and unit ``u``: ``x[v,u]`` (binary: v runs on u), ``r[v,u]`` (v's
-output is held on u: r >= x of v and of each consumer), and per edge ``e = (a, b)`` and ordered
-pair ``u != w``: ``z[e,u,w]`` >= x[a,u] + x[b,w] - 1 (the edge pays u -> w). Objective: compute
-+ host transfers (linear in x) + sum of z times the pair's transfer time. Memory: at every step
+output is held on u: r >= x of v and of each consumer), and per tensor ``g`` (the edges' groups,
+``PartitionProblem.edge_groups``) and ordered pair ``u != w``: ``z[g,u,w]`` >= x[a,u] + x[b,w] - 1
+for every edge ``(a, b)`` carrying g (the tensor is moved u -> w once, whichever of its readers on
+w asks). Objective: compute + host transfers (linear in x) + sum of z times the pair's transfer
+time. Memory: at every step
 ``t`` and unit ``u``, weights on u + bytes of live outputs held on u <= the unit's limit; steps
 whose live set another step's contains are dropped, and units that cannot overflow even with
 everything on them get no rows.
@@ -34,15 +36,16 @@ def solve_milp(problem: PartitionProblem, *, time_limit_s: float = 30.0) -> tupl
     cx = cx + np.where(problem.result_bytes[:, None] > 0,
                        problem.transfer_cost(units[None, :], host, problem.result_bytes[:, None]) * (units[None, :] != host), 0.0)  # fmt: skip
     pairs = [(u, w) for u in range(nu) for w in range(nu) if u != w]
+    group, _, group_bytes = problem.edge_groups()
     ne, npairs = len(problem.edges), len(pairs)
-    nx, nr, nz = n * nu, n * nu, ne * npairs
+    nx, nr, nz = n * nu, n * nu, len(group_bytes) * npairs
     total = nx + nr + nz
     c = np.zeros(total)
     c[:nx] = cx.ravel()
+    pu = np.array([p[0] for p in pairs], dtype=np.int64)
+    pw = np.array([p[1] for p in pairs], dtype=np.int64)
     if ne:
-        pu = np.array([p[0] for p in pairs])
-        pw = np.array([p[1] for p in pairs])
-        c[nx + nr :] = problem.transfer_cost(pu[None, :], pw[None, :], problem.edge_bytes[:, None]).ravel()
+        c[nx + nr :] = problem.transfer_cost(pu[None, :], pw[None, :], group_bytes[:, None]).ravel()
 
     rows: list[np.ndarray] = []
     cols: list[np.ndarray] = []
@@ -75,10 +78,10 @@ def solve_milp(problem: PartitionProblem, *, time_limit_s: float = 30.0) -> tupl
         k = np.arange(m)
         add(np.concatenate([k, k]), np.concatenate([xi[b].ravel(), ri[a].ravel()]),
             np.concatenate([np.ones(m), -np.ones(m)]), np.full(m, -np.inf), np.zeros(m), m)  # fmt: skip
-        # x[a,u] + x[b,w] - z[e,u,w] <= 1
+        # x[a,u] + x[b,w] - z[g(e),u,w] <= 1
         m = ne * npairs
         k = np.arange(m)
-        zi = nx + nr + np.arange(nz)
+        zi = (nx + nr + group[:, None] * npairs + np.arange(npairs)[None, :]).ravel()
         xa = xi[a][:, pu].ravel()
         xb = xi[b][:, pw].ravel()
         add(np.concatenate([k, k, k]), np.concatenate([xa, xb, zi]),

@@ -138,7 +138,8 @@ def _build(nodes: list[Any], graph: Any, info: dict[str, tuple[int, tuple[int, .
     output_bytes = np.zeros(n)
     input_bytes = np.zeros(n)
     result_bytes = np.zeros(n)
-    edges: dict[tuple[int, int], float] = {}
+    edges: dict[tuple[int, int, int], float] = {}  # (producer, consumer, tensor) -> bytes
+    tensor_ids: dict[str, int] = {}
     claimed: set[str] = set()
     for i, node in enumerate(nodes):
         cls = op_class(node.op_type)
@@ -165,8 +166,7 @@ def _build(nodes: list[Any], graph: Any, info: dict[str, tuple[int, tuple[int, .
                         _DEPLOY_BYTES[deploy] / 4 if info[value][0] == 1 and dtype != "auto" else 1
                     )
             elif value in producer and producer[value] < i:
-                key = (producer[value], i)
-                edges[key] = edges.get(key, 0.0) + nbytes(value)
+                edges[(producer[value], i, tensor_ids.setdefault(value, len(tensor_ids)))] = float(nbytes(value))
             elif value in graph_inputs:
                 input_bytes[i] += nbytes(value)
             elif value in producer:
@@ -180,7 +180,8 @@ def _build(nodes: list[Any], graph: Any, info: dict[str, tuple[int, tuple[int, .
                      for b in range(nu)] for a in range(nu)])  # fmt: skip
     per_byte = np.array([[0.0 if a == b else 1.0 / (min(units[a].transfer_bandwidth_gbps, units[b].transfer_bandwidth_gbps) * 1e3)
                           for b in range(nu)] for a in range(nu)])  # fmt: skip
-    edge_list = np.array(sorted(edges), dtype=np.int64).reshape(-1, 2)
+    edge_keys = sorted(edges)
+    edge_list = np.array([(a, b) for a, b, _ in edge_keys], dtype=np.int64).reshape(-1, 2)
     return PartitionProblem(
         names=tuple(node.name or f"{node.op_type}_{i}" for i, node in enumerate(nodes)),
         op_types=tuple(node.op_type for node in nodes),
@@ -189,7 +190,8 @@ def _build(nodes: list[Any], graph: Any, info: dict[str, tuple[int, tuple[int, .
         weight_bytes=weight_bytes,
         output_bytes=output_bytes,
         edges=edge_list,
-        edge_bytes=np.array([edges[(int(a), int(b))] for a, b in edge_list.tolist()], dtype=float),
+        edge_bytes=np.array([edges[k] for k in edge_keys], dtype=float),
+        edge_values=np.array([t for _, _, t in edge_keys], dtype=np.int64),
         input_bytes=input_bytes,
         result_bytes=result_bytes,
         capacity_bytes=np.array([u.memory_bytes for u in units], dtype=float),

@@ -5,6 +5,8 @@
 - ``memwarden.capture.onnx.profile``: ORT's profiling JSON, read into per-node records.
 - ``memwarden.capture.onnx.graph``: the ONNX graph (consumers, initializers, module paths).
 - ``memwarden.capture.onnx.build``: lifetimes as ORT's CPU allocation planner gives them.
-- ``memwarden.capture.onnx.measure``: the independent check (ORT's allocator counters, memray, RSS).
+- ``memwarden.capture.onnx.pattern``: ORT's memory-pattern planner, replayed over a run's plan.
+- ``memwarden.capture.onnx.measure``: the independent check (a preloaded malloc counter, ``mallocpeak``;
+  ORT's allocator counters, memray where installed, RSS).
 - ``memwarden.capture.onnx.export``: zoo VLM parts (vision + projector, prefill, decode) to ONNX.
 """

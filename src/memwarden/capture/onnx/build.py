@@ -10,6 +10,8 @@ The lifetimes follow ORT's sequential executor and allocation planner on the CPU
 - ops whose CPU kernel declares ``Alias`` (Reshape, Squeeze, Unsqueeze, Flatten, Identity,
   ...) write no new buffer: their output is the input's buffer, whose lifetime it extends;
 - feeds are the caller's arrays (category ``input``): ORT reads them in place.
+- with the memory pattern on, a run at shapes the session ran before also holds the unused part of
+  ORT's pattern buffer (``hold_pattern``).
 
 Sizes are the shapes ORT reports per kernel in its profile, times the element size.
 """
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 from memwarden.capture.modality import ModalityRules
 from memwarden.capture.onnx.graph import DTYPE_BYTES, GraphInfo, NodeInfo
+from memwarden.capture.onnx.pattern import pattern_bytes
 from memwarden.capture.onnx.profile import NodeRun, RunProfile
 from memwarden.trace.model import Action, Category, Modality, Phase, SpanKind, TraceBuilder
 
@@ -97,17 +100,37 @@ def add_runs(
     inputs: Sequence[RunInput],
     rules: ModalityRules,
     ids: _Ids,
+    *,
+    mem_pattern: bool = False,
 ) -> list[dict[str, int]]:
-    """The events of each run; returns per run its span (``start_us``/``end_us``) on the trace clock."""
+    """The events of each run; returns per run its span (``start_us``/``end_us``) on the trace clock.
+
+    With ``mem_pattern`` (the session's ``enable_mem_pattern``) a run at input shapes an earlier run
+    of the session had holds ORT's pattern buffer from start to end (``memwarden.capture.onnx.pattern``)."""
     by_name = {n.name: n for n in graph.nodes}
     origin = runs[0].start_us - 1 if runs else 0  # weights sit at 0, the first run starts at 1
     spans = []
     clock = 1
+    seen: dict[tuple[tuple[str, tuple[int, ...]], ...], int | None] = {}  # shapes -> ORT bytes before that first run
+    scratch: dict[tuple[tuple[str, tuple[int, ...]], ...], dict[str, int]] = {}  # shapes -> node -> scratch bytes
     for run, run_input in zip(runs, inputs, strict=True):
         start = max(clock, run.start_us - origin)
-        clock = _one_run(builder, graph, by_name, run, run_input, rules, ids, start, origin)
+        shapes = tuple(sorted((name, shape) for name, (_, shape, _) in run_input.feeds.items()))
+        counters = run.arena_peak()
+        pattern: int | None = None  # not a pattern run
+        if mem_pattern and shapes in seen:
+            first = seen[shapes]
+            # ORT allocates the pattern buffer before the run's first kernel: its counter's rise since
+            # the first run at these shapes began is the buffer's size
+            pattern = max(0, counters[0] - first) if counters is not None and first is not None else 0
+        known = scratch.get(shapes)
+        seen.setdefault(shapes, counters[0] if counters is not None else None)
+        clock, taken, held = _one_run(
+            builder, graph, by_name, run, run_input, rules, ids, start, origin, pattern, known
+        )
+        scratch.setdefault(shapes, taken)
         builder.span(start, clock, SpanKind.PHASE, run_input.phase.name.lower(), phase=run_input.phase)
-        spans.append({"start_us": start, "end_us": clock})
+        spans.append({"start_us": start, "end_us": clock, **held})
         clock += 1
     return spans
 
@@ -122,7 +145,14 @@ def _one_run(
     ids: _Ids,
     start: int,
     origin: int,
-) -> int:
+    pattern: int | None = None,
+    known_scratch: dict[str, int] | None = None,
+) -> tuple[int, dict[str, int], dict[str, int]]:
+    """The events of one run; returns the clock at its end, the scratch each kernel took and, for
+    a run on ORT's memory pattern, the pattern buffer's size (replayed, and from ORT's counters).
+
+    Scratch is seen where ORT's high-water mark rises, which it only does in the first run at
+    given shapes: a later run at those shapes (``known_scratch``) gives each kernel the first's."""
     executed = [(r, by_name.get(r.name)) for r in run.nodes]
     planner = _Planner(graph, executed, run_input, rules, ids)
     clock = start
@@ -130,6 +160,7 @@ def _one_run(
         category = Category.KV_CACHE if value_category(name) == Category.KV_CACHE else Category.INPUT
         planner.new_buffer(name, clock, nbytes, category, None, "feed", dtype, shape, held=True)
     previous_peak = None
+    taken: dict[str, int] = {}
     first = run.nodes[0] if run.nodes else None
     before = (
         first.requested_bytes - first.requested_delta_bytes
@@ -147,7 +178,12 @@ def _one_run(
         end = max(clock, record.start_us + record.dur_us - origin)
         # Scratch a kernel took and gave back: ORT's high-water mark rose above what stayed in use.
         peak, in_use = record.in_use_peak_bytes, record.in_use_bytes
-        if peak is not None and in_use is not None and previous_peak is not None and peak > max(previous_peak, in_use):
+        if known_scratch is not None:
+            if known_scratch.get(record.name, 0) > 0:
+                planner.temporary(node, record.op_type, known_scratch[record.name], clock, end)
+        elif (peak is not None and in_use is not None and previous_peak is not None
+              and peak > max(previous_peak, in_use)):  # fmt: skip
+            taken[record.name] = peak - in_use
             planner.temporary(node, record.op_type, peak - in_use, clock, end)
         previous_peak = peak if peak is not None else previous_peak
         clock = end
@@ -155,8 +191,13 @@ def _one_run(
     clock = max(clock, run.end_us - origin)
     planner.finish(clock)
     planner.reconcile()
+    held: dict[str, int] = {}
+    if pattern is not None:
+        replayed = planner.hold_pattern(pattern)
+        held = {"mem_pattern_bytes": max(replayed, pattern), "mem_pattern_replayed_bytes": replayed,
+                "mem_pattern_ort_bytes": pattern}  # fmt: skip
     planner.emit(builder)
-    return clock
+    return clock, taken, held
 
 
 class _Planner:
@@ -196,6 +237,8 @@ class _Planner:
         self.seq = 0  # order of events as the plan makes them (FREEs cancelled later keep the others' seqs)
         # (seq before the kernel's allocations, seq after, ORT bytes in use after them, node, time)
         self.marks: list[tuple[int, int, int, NodeInfo | None, int]] = []
+        # planned activations (what ORT's memory pattern places) -> the first buffer of their reuse chain
+        self.block_of: dict[int, int] = {}
 
     def _event(self, time_us: int, action: Action, buffer: int) -> None:
         self.events.append((time_us, self.seq, action, buffer))
@@ -227,7 +270,7 @@ class _Planner:
             self.buffer_of[value] = buffer
             self.refs[buffer] += 1
             return
-        if node and node.op_type in INPLACE_OPS:
+        if node and node.op_type in INPLACE_OPS and value not in self.outputs:  # a graph output is its own buffer
             for source in inputs:
                 buffer = self.buffer_of.get(source, -1)
                 if (buffer >= 0 and buffer not in self.held and self.uses.get(source) == 1 and self.refs[buffer] == 1
@@ -239,11 +282,14 @@ class _Planner:
         category = value_category(value) if value in self.outputs else Category.ACTIVATION
         module = node.module if node else None
         reusable = self.free_list.get(nbytes)
+        old = -1
         if reusable and value not in self.outputs:
             old, seq = reusable.pop()
             self.cancelled.add(seq)
             self._event(time_us, Action.FREE, old)
-        self.new_buffer(value, time_us, nbytes, category, module, op, dtype, shape)
+        buffer = self.new_buffer(value, time_us, nbytes, category, module, op, dtype, shape)
+        if value not in self.outputs:
+            self.block_of[buffer] = self.block_of.get(old, buffer)
 
     def _retag(self, buffer: int, node: NodeInfo, value: str, op: str, dtype: str, shape: tuple[int, ...],
                time_us: int) -> None:  # fmt: skip
@@ -306,6 +352,57 @@ class _Planner:
         if hold >= 0:
             out.append((out[-1][0], 0, Action.FREE, hold))
         self.events = [(t, seq, a, b) for seq, (t, _, a, b) in enumerate(out)]
+
+    def hold_pattern(self, ort_bytes: int) -> int:
+        """A run that uses ORT's memory pattern holds the pattern buffer for its whole span: add its
+        unused part as a ``mem_pattern`` block (category other) that shrinks as planned activations
+        take their place in it and grows as they go, so live bytes are the buffer plus what ORT
+        allocates outside it (outputs, scratch). The buffer's size is ORT's planner replayed over
+        this plan, or ``ort_bytes`` (ORT's counters, 0 without them) where that is larger: the
+        replay misses the buffers ORT's planner keeps for reuses it does not predict (``reconcile``).
+        Returns the replayed size."""
+        events = sorted(self.events, key=lambda e: e[1])
+        steps: dict[int, int] = {}  # event index -> signed bytes of a planned activation
+        for i, (_, _, action, buffer) in enumerate(events):
+            block = self.block_of.get(buffer)
+            if block is None:
+                continue
+            prev = events[i - 1] if i else None
+            after = events[i + 1] if i + 1 < len(events) else None
+            if action == Action.FREE and after and after[2] == Action.ALLOC and self.block_of.get(after[3]) == block:
+                continue  # the block passes to the next value (reuse, in place): it stays where it is
+            if action == Action.ALLOC and prev and prev[2] == Action.FREE and self.block_of.get(prev[3]) == block:
+                continue
+            steps[i] = self.attrs[buffer][2] * (1 if action == Action.ALLOC else -1)
+        replayed = pattern_bytes((n > 0, self.block_of[events[i][3]], abs(n)) for i, n in steps.items())
+        total = max(replayed, ort_bytes)
+        if not total or not events:
+            return replayed
+        out: list[tuple[int, int, Action, int]] = []
+        hold, live = -1, 0
+
+        def resize(time_us: int) -> None:
+            nonlocal hold
+            if hold >= 0:
+                out.append((time_us, 0, Action.FREE, hold))
+                hold = -1
+            if total - live > 0:
+                hold = self._buffer(total - live, Category.OTHER, None, "mem_pattern", "uint8", (total - live,))
+                out.append((time_us, 0, Action.ALLOC, hold))
+
+        resize(events[0][0])
+        for i, event in enumerate(events):
+            if steps.get(i, 0) > 0:  # the activation takes its place in the buffer
+                live += steps[i]
+                resize(event[0])
+            out.append(event)
+            if steps.get(i, 0) < 0:
+                live += steps[i]
+                resize(event[0])
+        live = total
+        resize(events[-1][0])
+        self.events = [(t, seq, a, b) for seq, (t, _, a, b) in enumerate(out)]
+        return replayed
 
     def _buffer(self, nbytes: int, category: Category, module: str | None, op: str, dtype: str,
                 shape: tuple[int, ...]) -> int:  # fmt: skip

@@ -100,7 +100,7 @@ def capture_onnx(
     ]
     builder = TraceBuilder(devices=[chosen.ep], metadata={"capture": "onnxruntime", "device": chosen.ep})
     ids = add_weights(builder, graph, rules)
-    spans = add_runs(builder, graph, runs, inputs, rules, ids)
+    spans = add_runs(builder, graph, runs, inputs, rules, ids, mem_pattern=chosen.mem_pattern)
     import onnxruntime as ort
 
     builder.metadata["model"] = graph.metadata.get("memwarden.model") or (
@@ -113,7 +113,10 @@ def capture_onnx(
         "mem_pattern": chosen.mem_pattern,
         "optimization": chosen.optimization,
         "nodes": len(graph.nodes),
-        "runs": [_run_stats(r) for r in runs],
+        "runs": [
+            _run_stats(r) | {k: v for k, v in s.items() if k.startswith("mem_pattern")}
+            for r, s in zip(runs, spans, strict=True)
+        ],
     }
     builder.metadata["steps"] = steps_metadata(
         Step(
