@@ -65,6 +65,16 @@ def register(sub: Any) -> None:
         action="store_true",
         help="draw live bytes by category and modality, the phase and the top lines while the script runs",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve the script's live bytes by category and modality, peak and phase as Prometheus metrics "
+        "on http://ADDR:PORT/metrics while it runs (0: any free port; the URL is printed)",
+    )
+    p.add_argument(
+        "--metrics-addr", default="127.0.0.1", metavar="ADDR", help="address to serve metrics on (default: %(default)s)"
+    )
     p.add_argument("script", nargs="?", help="Python script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(func=run)
@@ -92,13 +102,37 @@ def run(args: argparse.Namespace) -> int:
 
     from memwarden.capture.live.supervisor import supervise
 
-    if getattr(args, "live", False):
-        from memwarden.commands._live_trace import run_live
+    metrics = _serve_metrics(args, out)
+    try:
+        if getattr(args, "live", False):
+            from memwarden.commands._live_trace import run_live
 
-        trace = run_live(out, script=str(script), args=list(args.args), options=options).trace
-        return _report(script.name, out, trace)
-    trace = supervise(out, script=str(script), args=list(args.args), options=options).trace
+            trace = run_live(out, script=str(script), args=list(args.args), options=options).trace
+        else:
+            trace = supervise(out, script=str(script), args=list(args.args), options=options).trace
+    finally:
+        if metrics is not None:
+            metrics.stop()
     return _report(script.name, out, trace)
+
+
+def _serve_metrics(args: argparse.Namespace, out: Path) -> Any:
+    """``--metrics-port``: the exporter over the stream the child writes to ``out`` (or None)."""
+    port = getattr(args, "metrics_port", None)
+    if port is None:
+        return None
+    if not 0 <= port <= 65535:
+        raise InputError(f"--metrics-port {port}: give a TCP port, 0-65535 (0: any free port)")
+    from memwarden.commands._trace_metrics import StreamMetrics
+
+    try:
+        metrics = StreamMetrics(out).start(port, args.metrics_addr)
+    except OSError as exc:
+        raise InputError(
+            f"--metrics-port {port}: cannot serve on {args.metrics_addr}:{port} ({exc.strerror or exc})"
+        ) from None
+    print(f"memwarden: serving metrics on {metrics.url}", file=sys.stderr, flush=True)
+    return metrics
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
