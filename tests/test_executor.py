@@ -24,9 +24,9 @@ def test_local_and_ray_give_identical_results(tmp_path) -> None:
     a = write_script_config(tmp_path, "a", workers=2)
     b = write_script_config(tmp_path, "b", limit="4GiB")
     with make_executor("local", jobs=2) as local:
-        local_run = run_campaign(a, b, runs=6, seed=3, executor=local).to_json(records=True)
+        local_run = run_campaign(a, b, runs=3, seed=3, executor=local).to_json(records=True)
     with make_executor("ray", jobs=2) as ray_executor:
-        ray_run = run_campaign(a, b, runs=6, seed=3, executor=ray_executor).to_json(records=True)
+        ray_run = run_campaign(a, b, runs=3, seed=3, executor=ray_executor).to_json(records=True)
     import ray
 
     assert not ray.is_initialized()  # the executor started it, so it shut it down
