@@ -185,6 +185,21 @@ def test_estimate_sweep_with_infinite_audio(capsys) -> None:
     assert "--audio-seconds takes a finite number" in one_error_line(argv, capsys)
 
 
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [(["estimate", "qwen2-vl-2b-instruct", "--batch", "1" + "0" * 400], "--batch 1000"),
+     (["trace", "--ring", "1e999", "SCRIPT"], "--ring inf: give the window in seconds"),
+     (["trace", "--ring", "nan", "SCRIPT"], "--ring nan: give the window in seconds")],
+)  # fmt: skip
+def test_numbers_past_any_real_request_are_one_error(argv: list[str], expected: str, tmp_path: Path, capsys) -> None:
+    """Found by the CLI fuzzer: a TypeError deep in torch.randint and an OverflowError in the ring
+    supervisor; now refused where the flag is read."""
+    script = tmp_path / "script.py"
+    script.write_text("print('ran')\n")
+    argv = [str(script) if a == "SCRIPT" else a for a in argv]
+    assert expected in one_error_line(argv, capsys)
+
+
 def test_sweep_grid_with_infinite_audio(tmp_path: Path, capsys) -> None:
     grid = tmp_path / "g.toml"
     grid.write_text('models = ["qwen2-audio"]\n[[requests]]\naudio_seconds = inf\n')
@@ -196,6 +211,134 @@ def test_sweep_point_whose_config_cannot_be_built(unbuildable_config: Path, tmp_
     grid.write_text(f'models = ["{unbuildable_config}"]\n[[requests]]\nprompt_tokens = 8\nnew_tokens = 2\n')
     line = one_error_line(["sweep", str(grid), "--jobs", "1", "--quiet"], capsys)
     assert "request '8 prompt, 2 new'" in line and "cannot be built or run by transformers" in line
+
+
+# -- sizes beyond any device: refused where the file is read, not three commands later ---------
+
+
+def _snapshot_with(tmp_path: Path, **fields: int) -> Path:
+    """The fuzzer's seed snapshot with ``fields`` set on one of its allocations."""
+    import pickle
+
+    from memwarden.interop.snapshot import _restricted_loads
+
+    snap = _restricted_loads(bench_fuzz.seed_snapshot())
+    entry = next(e for entries in snap["device_traces"] for e in entries if e["action"] == "alloc")
+    entry.update(fields)
+    path = tmp_path / "huge.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    return path
+
+
+@pytest.mark.parametrize("field", ["size", "time_us"])
+def test_snapshot_sizes_beyond_any_device_are_refused_at_import(field: str, tmp_path: Path, capsys) -> None:
+    """A 2**62-byte malloc loaded, then the allocator model (diagnose, replay) and the arena (plan)
+    raised ValueError: the importer now holds sizes and times to what a .mwtrace may hold."""
+    path = _snapshot_with(tmp_path, **{field: 2**62})
+    for argv in (["diagnose"], ["plan"], ["replay"], ["replay", "--allocator", "arena"], ["summary", "--json"]):
+        line = one_error_line([*argv, str(path)], capsys)
+        assert f"'{field}' is out of range (4611686018427387904; expected 0.." in line, line
+
+
+def test_a_device_past_256_tib_is_one_error_in_the_planners(tmp_path: Path, capsys) -> None:
+    """Sizes each within a trace's limits (2**48) that the allocator model (48-bit sizes) or the arena
+    (48-bit offsets) cannot hold: one error line, not a ValueError traceback."""
+    from memwarden.trace.format import dumps, loads
+    from memwarden.trace.model import Trace
+
+    trace = loads(bench_fuzz.seed_trace())
+    nbytes = trace.events["nbytes"].copy()
+    nbytes[nbytes > 0] = 2**48  # the largest one event may declare
+    big = Trace(events={**trace.events, "nbytes": nbytes}, spans=trace.spans, strings=trace.strings,
+                shapes=trace.shapes, devices=trace.devices, metadata=trace.metadata)  # fmt: skip
+    path = tmp_path / "big.mwtrace"
+    path.write_bytes(dumps(big))
+    assert "more than 256 TiB" in one_error_line(["plan", str(path)], capsys)
+    assert "more than 256 TiB" in one_error_line(["replay", "--allocator", "arena", str(path)], capsys)
+    assert "cannot model a malloc of 281474976710656 bytes" in one_error_line(["replay", str(path)], capsys)
+
+
+# -- config.json: dimensions no real model has, named, before any model is built -----------------
+
+
+def _zoo_config(tmp_path: Path, name: str, **vision: int) -> Path:
+    from memwarden.models import zoo
+
+    doc = json.loads(json.dumps(zoo.build_config(name, "tiny").to_dict(), default=str))
+    doc["vision_config"].update(vision)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "vision", "field"),
+    [
+        ("qwen2-vl", {"depth": 2**64}, "vision_config.depth"),  # ran past 60 s
+        ("qwen2-vl", {"depth": 32_000}, "vision_config.depth"),  # a plain "x1000" mutation: minutes
+        ("llava", {"image_size": 32768, "patch_size": 1024}, "vision_config.image_size"),  # PIL MemoryError
+    ],
+)
+def test_config_dimensions_beyond_any_real_model(name: str, vision: dict[str, int], field: str, tmp_path: Path,
+                                                 capsys) -> None:  # fmt: skip
+    from memwarden.errors import InputError
+    from memwarden.estimate.resolve import resolve_model
+
+    path = _zoo_config(tmp_path, name, **vision)
+    # resolving first: the old code accepted these and went on to build (for minutes, or out of memory)
+    with pytest.raises(InputError, match=re.escape(field)):
+        resolve_model(str(path))
+    argv = ["estimate", str(path), "--no-suggest", "--image", "64x48", "--prompt-tokens", "8", "--new-tokens", "2"]
+    line = one_error_line(argv, capsys)
+    assert f"{field} = " in line and ("beyond any real model" in line or "not a size this tool accepts" in line)
+
+
+def test_real_and_zoo_configs_pass_the_dimension_checks() -> None:
+    from memwarden.estimate.resolve import CONFIG_DIR, _check_sizes
+    from memwarden.models import zoo
+
+    for config in sorted(CONFIG_DIR.glob("*.json")):
+        _check_sizes(json.loads(config.read_text()), config)
+    for name in zoo.NAMES:
+        _check_sizes(json.loads(json.dumps(zoo.build_config(name, "tiny").to_dict(), default=str)), Path(name))
+
+
+# -- top: a URL http.client refuses ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", [" ", "127.0.0.1:9\x01", "host name:80", "127.0.0.1:9/me trics\n"])
+def test_top_refuses_control_characters_and_spaces_in_the_url(url: str, capsys) -> None:
+    """http.client raised InvalidURL (neither OSError nor ValueError) out of ``fetch``."""
+    assert "expected http://HOST:PORT/metrics" in one_error_line(["top", url, "--once"], capsys)
+
+
+# -- lora: a device or FIFO is refused before it is read -----------------------------------------
+
+
+@pytest.fixture
+def adapter(tmp_path: Path) -> Path:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "adapter.safetensors"
+    save_file({"base_model.model.layers.0.q_proj.lora_A.weight": np.ones((2, 8), np.float32),
+               "base_model.model.layers.0.q_proj.lora_B.weight": np.zeros((8, 2), np.float32)}, str(path))  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize("command", ["diff", "apply", "manifest"])
+def test_lora_refuses_a_device_before_reading_it(command: str, adapter: Path, tmp_path: Path) -> None:
+    """``lora diff OLD /dev/zero`` read the device until MemoryError. A subprocess under a 3 GiB
+    address-space limit, so the old code fails the test instead of taking the machine's memory."""
+    argv = {"diff": ["diff", str(adapter), "/dev/zero", "-o", str(tmp_path / "d.st")],
+            "apply": ["apply", str(adapter), "/dev/zero", "-o", str(tmp_path / "n.st")],
+            "manifest": ["manifest", "/dev/zero"]}[command]  # fmt: skip
+    code = "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+    code += "from memwarden.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", code, "lora", *argv], capture_output=True, text=True,
+                          timeout=240)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "/dev/zero: not a regular file" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 # -- the fuzzer, briefly ---------------------------------------------------------------------------

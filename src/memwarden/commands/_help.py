@@ -116,7 +116,7 @@ _FLAG_OF = {
     "an image size is": "--image takes", "image_size": "--image",
     "dtype must": "--dtype must", "batch must": "--batch must",  # plain words: only as the subject of an error
 }  # fmt: skip
-_API_NAME = re.compile(r"(?<![-\w])(" + "|".join(map(re.escape, sorted(_FLAG_OF, key=len, reverse=True))) + r")\b")
+_API_NAME = re.compile(r"(?<![-\w.])(" + "|".join(map(re.escape, sorted(_FLAG_OF, key=len, reverse=True))) + r")\b")
 
 
 def flag_names(message: str) -> str:

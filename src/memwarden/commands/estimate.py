@@ -85,9 +85,12 @@ def register(sub: Any) -> None:
 
 def _int(value: str, flag: str) -> int:
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError):
         raise InputError(f"{flag} takes an integer; got {value!r}") from None
+    if abs(number) > 10**12:  # past float range the arithmetic downstream would fail, not refuse
+        raise InputError(f"{flag} {value[:20]}{'...' if len(value) > 20 else ''}: too large (at most 10^12)")
+    return number
 
 
 def _ints(value: str, flag: str) -> list[int]:

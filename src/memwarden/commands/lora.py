@@ -59,13 +59,29 @@ def register(sub: Any) -> None:
     a.set_defaults(func=run_apply)
 
 
+_MAX_ADAPTER_BYTES = 16 << 30  # a rank-64 adapter of a 70B model is ~1.7 GB; a delta or manifest less
+
+
 def _read(path: str) -> bytes:
+    """A regular file's bytes (or a PEFT folder's adapter file): a device (/dev/zero), FIFO or socket is
+    refused before it is opened, since reading one never ends or blocks; so is a file past the cap."""
     p = Path(path)
     if p.is_dir():
         p = p / _PEFT_FILE
         if not p.is_file():
             raise InputError(f"{path}: a folder without {_PEFT_FILE}")
-    return p.read_bytes()
+    if p.exists() and not p.is_file():
+        raise InputError(f"{path}: not a regular file (a device, FIFO or socket); expected an adapter file")
+    try:
+        size = p.stat().st_size
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+    if size > _MAX_ADAPTER_BYTES:
+        raise InputError(f"{path}: {size} bytes is larger than any adapter (limit {_MAX_ADAPTER_BYTES})")
+    try:
+        return p.read_bytes()
+    except MemoryError:
+        raise InputError(f"{path}: {size} bytes do not fit in this process's memory") from None
 
 
 def _old_manifest(path: str, name: str | None, version: int | None) -> Any:

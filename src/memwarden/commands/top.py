@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import http.client
 import time
 import urllib.error
 import urllib.parse
@@ -34,7 +35,9 @@ def normalize_url(text: str) -> str:
         port = urllib.parse.urlsplit(url).port  # ValueError: a port that is not a number in 0..65535
     except ValueError:
         port = -1
-    if scheme not in ("http", "https") or not rest or port == -1:
+    # http.client refuses control characters and spaces with InvalidURL, which is no ValueError
+    printable = all(33 <= ord(c) < 127 or ord(c) > 159 for c in url)
+    if scheme not in ("http", "https") or not rest or port == -1 or not printable:
         raise InputError(f"{text!r}: expected http://HOST:PORT/metrics or HOST:PORT")
     return url if "/" in rest else url + "/metrics"
 
@@ -46,7 +49,7 @@ def fetch(url: str, timeout_s: float = 5.0) -> dict[tuple[str, tuple[tuple[str, 
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             text = response.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         raise InputError(f"{url}: cannot read metrics ({reason})") from None
     try:

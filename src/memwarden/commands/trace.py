@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -142,7 +143,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         options["stacks"] = True
     ring = getattr(args, "ring", None)
     if ring is not None:
-        if not ring > 0:
+        if not (ring > 0 and math.isfinite(ring)):
             raise InputError(f"--ring {ring}: give the window in seconds, e.g. --ring 30")
         options["ring_s"] = float(ring)
     if getattr(args, "ring_rss", None):

@@ -5,6 +5,7 @@ folder holding one, into a transformers config and the model class that runs it.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -94,33 +95,73 @@ def resolve_model(model: str) -> ResolvedModel:
 
 
 _MAX_CONFIG_BYTES = 4 * 1024**2  # real config.json files are a few KiB
-# Sizes beyond any real model: a config declaring them would make the meta run take hours.
+# Sizes beyond any real model: a config declaring them would make the meta run take hours, or the
+# image processor allocate gigabytes (an image is resized to the tower's image_size before it is
+# measured; the largest real one is 1540, Mistral 3's).
 _SIZE_LIMITS = {
     "num_hidden_layers": 1024, "num_layers": 1024, "hidden_size": 1 << 17, "intermediate_size": 1 << 19,
-    "vocab_size": 1 << 24, "num_attention_heads": 4096, "num_key_value_heads": 4096, "image_size": 1 << 15,
+    "vocab_size": 1 << 24, "num_attention_heads": 4096, "num_key_value_heads": 4096, "image_size": 1 << 11,
     "head_dim": 1 << 14, "num_mel_bins": 1 << 12, "mm_tokens_per_image": 1 << 16, "max_position_embeddings": 1 << 23,
 }  # fmt: skip
 _SIZE_FLOORS = {"patch_size": 2}  # a 1-pixel patch makes an image hundreds of thousands of tokens
+# Integer fields the table does not name, by what their names say they count (checked when they are
+# integers; other types are transformers' to judge). Layers and depths are loops the meta run goes
+# through (a 2**64-deep vision tower never ends); sizes and dims become tensor shapes and token counts.
+_NAMED_LIMITS = (
+    (("layers", "depth", "depths"), 1024),
+    (("heads",), 4096),
+    (("_size", "_dim", "d_model", "_tokens", "_length", "_latents", "_frames", "_positions"), 1 << 24),
+    (("_pinpoints",), 1 << 12),
+)
+# Any other integer: token ids, rope bases and the like stay far below this in every real config.
+_MAX_ANY_INT = 1 << 40
 
 
-def _check_sizes(data: Any, path: Path, depth: int = 0) -> None:
+def _named_limit(key: str) -> int:
+    lowered = key.lower()
+    for endings, limit in _NAMED_LIMITS:
+        if lowered.endswith(endings):
+            return limit
+    return _MAX_ANY_INT
+
+
+def _check_numbers(key: str, value: Any, path: Path, where: str) -> None:
+    """Every integer under ``key`` (itself, or inside its lists) within the key's limit; no NaN/inf."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{path}: {where} = {value} is not a finite number")
+    if isinstance(value, int) and not isinstance(value, bool):
+        limit = _named_limit(key)
+        if not -_MAX_ANY_INT <= value <= limit:
+            raise InputError(
+                f"{path}: {where} = {str(value)[:40]} is beyond any real model's (at most {limit} for {key!r})"
+            )
+
+
+def _check_sizes(data: Any, path: Path, depth: int = 0, where: str = "", key: str = "") -> None:
     if depth > 8:
         raise InputError(f"{path}: config nested deeper than any real one")
     if isinstance(data, dict):
         for key, value in data.items():
+            name = f"{where}.{key}" if where else str(key)
             limit = _SIZE_LIMITS.get(key, 1 << 15 if key in _SIZE_FLOORS else None)
             if limit is not None and value is not None:
                 floor = _SIZE_FLOORS.get(key, 1)
                 sizes = value if isinstance(value, list) and 0 < len(value) <= 3 else [value]  # [448, 448]
                 if any(isinstance(v, bool) or not isinstance(v, int) or not floor <= v <= limit for v in sizes):
                     raise InputError(
-                        f"{path}: {key} = {str(value)[:40]} is not a size this tool accepts ({floor}..{limit})"
+                        f"{path}: {name} = {str(value)[:40]} is not a size this tool accepts ({floor}..{limit})"
                     )
             if isinstance(value, (dict, list)) and key not in _SIZE_LIMITS and key not in _SIZE_FLOORS:
-                _check_sizes(value, path, depth + 1)
+                _check_sizes(value, path, depth + 1, name, str(key))
+            else:
+                _check_numbers(str(key), value, path, name)
     elif isinstance(data, list):
-        for value in data[:4096]:
-            _check_sizes(value, path, depth + 1)
+        for i, value in enumerate(data[:4096]):
+            name = f"{where}[{i}]"
+            if isinstance(value, (dict, list)):
+                _check_sizes(value, path, depth + 1, name, key)
+            else:
+                _check_numbers(key, value, path, name)
 
 
 def _from_file(path: Path, name: str) -> ResolvedModel:

@@ -27,12 +27,17 @@ from memwarden.trace.model import (
     SpanKind,
     Trace,
     TraceBuilder,
+    TraceFormatError,
     parse_enum,
 )
+from memwarden.trace.validate import MAX_EVENT_BYTES, MAX_TIME_US, check_trace
 
 EXPORT_MARKER = "memwarden"  # top-level key of snapshots memwarden wrote; torch's tools ignore it
 
-_MAX_INT64 = 2**63 - 1
+# Sizes and times are held to what a loaded .mwtrace may hold (trace.validate), so every command
+# after the import sees the values it would see from a trace file: no 2**62-byte malloc reaches the
+# allocator model, no 2**63-µs time a subtraction.
+_MAX_BYTES = MAX_EVENT_BYTES
 _MAX_ADDR = 2**64 - 1
 _MAX_DEVICE = 4096
 _FRAMES_SCANNED = 64  # attribution reads the innermost frames only
@@ -67,14 +72,14 @@ def _bad(where: str, what: str) -> InputError:
     return InputError(f"malformed snapshot: {where} {what}")
 
 
-def _int(d: dict[Any, Any], key: str, where: str, *, hi: int = _MAX_INT64, default: int | None = None) -> int:
+def _int(d: dict[Any, Any], key: str, where: str, *, hi: int = _MAX_BYTES, default: int | None = None) -> int:
     value = d.get(key, default)
     if value is None:
         raise _bad(where, f"has no {key!r}")
     if type(value) is not int:
         raise _bad(where, f"{key!r} must be an integer, got {type(value).__name__}")
     if not 0 <= value <= hi:
-        raise _bad(where, f"{key!r} is out of range ({value}): huge or negative declared size")
+        raise _bad(where, f"{key!r} is out of range ({value}; expected 0..{hi})")
     return value
 
 
@@ -315,7 +320,9 @@ class _Importer:
             if action not in _KNOWN_ACTIONS:
                 self.skipped += 1
                 continue
-            t = _int(e, "time_us", where, default=t + 1 if k else t)  # snapshots before torch 2.1 have no times
+            t = _int(
+                e, "time_us", where, hi=MAX_TIME_US, default=t + 1 if k else t
+            )  # snapshots before torch 2.1 have no times
             size = _int(e, "size", where, default=0)
             a = self.attribution(e, where)
             if action == "oom":
@@ -468,4 +475,11 @@ def snapshot_to_trace(obj: Any, data_bytes: int) -> Trace:
         imp.builder.metadata["ooms"] = imp.ooms
     if not imp.builder.devices:
         imp.builder.device("cuda:0")
-    return imp.build()
+    trace = imp.build()
+    try:  # the checks every loaded .mwtrace passes: what a command relies on holds for snapshots too
+        check_trace(trace)
+    except TraceFormatError as exc:
+        raise _bad(
+            "snapshot", f"converts to an unusable trace ({str(exc).removeprefix('trace is corrupt ')})"
+        ) from None
+    return trace

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from memwarden.errors import InputError
 from memwarden.interop.cuda_blocks import K_SMALL_SIZE, round_block
 
 __all__ = ["AllocatorConfig", "SimulatedOOM", "parse_alloc_conf"]
@@ -294,6 +295,12 @@ def _parse_divisions(tokens: list[str], i: int, fail: Any) -> tuple[int, int | t
 # How the model packs an allocated block: one int per address, block size << REQ_BITS | requested bytes.
 REQ_BITS = 48
 REQ_MASK = (1 << REQ_BITS) - 1
+
+
+class SizeLimitError(InputError, ValueError):
+    """A size past what the allocator model and the arena planner pack (48 bits: 256 TiB). It comes
+    from the input (a trace may hold one 2**48-byte event, a device's tensors may add up past it), so
+    it is an ``InputError`` the CLI prints as one line; a ``ValueError`` for callers that caught one."""
 
 
 def allocation_size(size: int) -> int:

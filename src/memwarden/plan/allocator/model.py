@@ -9,9 +9,7 @@ parsing and the allocator's constants live in ``memwarden.plan.allocator.config`
 trace replay through the model in ``memwarden.plan.allocator.replay``. The model's read-only
 views (``segments``, ``layout``, ``check_invariants``) are in ``memwarden.plan.allocator.views``.
 
-Why it is fast: see the package docstring (``memwarden.plan.allocator``).
-
-``limit_bytes`` plays both parts a real limit can: the
+Why it is fast: see the package docstring (``memwarden.plan.allocator``). ``limit_bytes`` plays both parts a real limit can: the
 ``set_per_process_memory_fraction`` check before every cudaMalloc/mapping
 (``reserved + segment size > limit`` fails) and the device running out of
 physical pages when an expandable segment grows.
@@ -31,6 +29,7 @@ from memwarden.plan.allocator.config import (
     REQ_MASK,
     AllocatorConfig,
     SimulatedOOM,
+    SizeLimitError,
     allocation_size,
 )
 
@@ -103,7 +102,9 @@ class CachingAllocatorModel:
     # -- public API -------------------------------------------------------------------
     def malloc(self, nbytes: int) -> int:
         """Allocate ``nbytes`` (> 0) and return the block's address."""
-        if not 0 < nbytes <= REQ_MASK:
+        if nbytes > REQ_MASK:
+            raise SizeLimitError(f"cannot model a malloc of {nbytes} bytes (the model packs sizes in 48 bits)")
+        if nbytes <= 0:
             raise ValueError(f"cannot model a malloc of {nbytes} bytes (PyTorch returns no block for 0)")
         size = (nbytes + 511) & -512 if self._plain_rounding else self.config.round_size(nbytes)
         small = size <= K_SMALL_SIZE

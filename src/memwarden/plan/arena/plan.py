@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.plan.allocator.config import SizeLimitError
 from memwarden.plan.arena.index import _SPAN_MASK, _OverlapIndex
 from memwarden.trace.model import Action, Trace
 
@@ -148,7 +149,9 @@ def plan_arena(
     lower = _max_live(life.first, life.last, sizes, life.num_events)
     naive = int(sizes.sum())
     if naive > _SPAN_MASK:
-        raise ValueError("tensors add up to more than 256 TiB; the planner packs offsets in 48 bits")
+        raise SizeLimitError(
+            f"device {device}'s tensors add up to {naive} bytes, more than 256 TiB; the planner packs offsets in 48 bits"
+        )
     index = _OverlapIndex(life.first, life.last)
     # Breadth first: it packs the busiest moment's tensors side by side from offset 0, so it
     # reaches the lower bound more often, and reaching it makes the second run unnecessary.
