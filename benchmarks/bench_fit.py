@@ -9,7 +9,10 @@ estimator's. CPU seconds stand for the wall time on an idle machine where other 
     python benchmarks/bench_fit.py [--json] [--only SUBSTRING] [--search-from FIT_PY]
 
 ``--search-from`` runs another version's ``solve_fit`` on the same estimator, for a before/after
-comparison: ``git show REV:src/memwarden/estimate/fit.py > /tmp/fit_before.py``.
+comparison: ``git show REV:src/memwarden/estimate/fit.py > /tmp/fit_before.py``. ``--compare SRC``
+runs every case first with another version's whole ``src`` folder ahead on ``PYTHONPATH`` (its
+search and its estimator: ``git archive REV src | tar -x -C /tmp/before``), then with this checkout,
+interleaved, so both see the same load on a shared machine.
 """
 
 from __future__ import annotations
@@ -54,34 +57,40 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--only", default="", help="run the cases whose model or flags contain this")
     parser.add_argument("--search-from", default=None, metavar="FIT_PY", help="another version's fit.py to run")
+    parser.add_argument("--compare", default=None, metavar="SRC", help="another version's src folder, run first")
     args = parser.parse_args()
     env = dict(os.environ)
     if args.search_from:
         env["BENCH_FIT_SEARCH_FROM"] = os.path.abspath(args.search_from)
+    trees = [("before", os.path.abspath(args.compare)), ("after", None)] if args.compare else [("", None)]
     rows = []
     for model, request in CASES:
         if args.only and args.only not in f"{model} {request}":
             continue
-        proc = subprocess.run(
-            [sys.executable, "-c", CHILD, model, *request.split()], capture_output=True, text=True, env=env
-        )
-        if proc.returncode != 0:
-            raise SystemExit(f"{model} {request}: {proc.stderr.strip().splitlines()[-1]}")
-        line = next(x for x in proc.stderr.splitlines() if x.startswith("@@ "))
-        seconds, cpu = float(line.split()[1]), float(line.split()[2])
-        fit = json.loads(proc.stdout)["fit"]
-        rows.append({"model": model, "request": request, "seconds": seconds, "cpu_seconds": cpu,
-                     "estimates_run": fit["estimates_run"], "value": fit["value"], "next_value": fit["next_value"],
-                     "peak_bytes": fit["peak_bytes"], "budget_bytes": fit["budget_bytes"],
-                     "next_refused": "next_refused" in fit})  # fmt: skip
-        if not args.json:
-            r = rows[-1]
-            print(
-                f"{model:22s} {request:44s} {r['seconds']:6.1f} s ({r['cpu_seconds']:5.1f} s CPU)  "
-                f"{r['estimates_run']:2d} estimates  answer {r['value']} (next {r['next_value']}"
-                f"{', refused' if r['next_refused'] else ''})",
-                flush=True,
+        for tree, src in trees:
+            child_env = dict(env)
+            if src is not None:
+                child_env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+            proc = subprocess.run(
+                [sys.executable, "-c", CHILD, model, *request.split()], capture_output=True, text=True, env=child_env
             )
+            if proc.returncode != 0:
+                raise SystemExit(f"{model} {request}: {proc.stderr.strip().splitlines()[-1]}")
+            line = next(x for x in proc.stderr.splitlines() if x.startswith("@@ "))
+            seconds, cpu = float(line.split()[1]), float(line.split()[2])
+            fit = json.loads(proc.stdout)["fit"]
+            rows.append({"tree": tree, "model": model, "request": request, "seconds": seconds, "cpu_seconds": cpu,
+                         "estimates_run": fit["estimates_run"], "value": fit["value"],
+                         "next_value": fit["next_value"], "peak_bytes": fit["peak_bytes"],
+                         "budget_bytes": fit["budget_bytes"], "next_refused": "next_refused" in fit})  # fmt: skip
+            if not args.json:
+                r = rows[-1]
+                print(
+                    f"{tree:6s} {model:22s} {request:44s} {r['seconds']:6.1f} s ({r['cpu_seconds']:5.1f} s CPU)  "
+                    f"{r['estimates_run']:2d} estimates  answer {r['value']} (next {r['next_value']}"
+                    f"{', refused' if r['next_refused'] else ''})",
+                    flush=True,
+                )
     if args.json:
         print(json.dumps(rows, indent=2))
 

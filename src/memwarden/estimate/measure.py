@@ -17,10 +17,21 @@ from typing import Any
 from memwarden.errors import InputError
 from memwarden.estimate.build import card_from_trace
 from memwarden.estimate.card import MemoryCard, ModelFacts, Request
+from memwarden.estimate.request_media import MAX_AUDIO_SECONDS
 from memwarden.estimate.resolve import ResolvedModel
 from memwarden.estimate.steady import Extrapolated, extrapolate_decode
 
-__all__ = ["DTYPES", "KV_DTYPES", "LOGITS", "WEIGHT_DTYPES", "card_for", "check_request", "measure", "run_estimate"]
+__all__ = [
+    "DTYPES",
+    "KV_DTYPES",
+    "LOGITS",
+    "WEIGHT_DTYPES",
+    "RequestError",
+    "card_for",
+    "check_request",
+    "measure",
+    "run_estimate",
+]
 
 DTYPES = ("float32", "float16", "bfloat16")
 WEIGHT_DTYPES = ("int8", "int4")
@@ -38,7 +49,22 @@ def _quiet(text: str, fraction: float | None = None) -> None:
     return None
 
 
+class RequestError(InputError, ValueError):
+    """A request setting out of range: a bad input (the CLI prints it as one line) and a ValueError
+    for callers of the API."""
+
+
 def check_request(req: Request) -> None:
+    """Every setting of ``req`` checked before anything is built: one RequestError naming it."""
+    try:
+        _check_request(req)
+    except RequestError:
+        raise
+    except InputError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def _check_request(req: Request) -> None:
     for label, value, low in (
         ("prompt_tokens", req.prompt_tokens, 1),
         ("new_tokens", req.new_tokens, 1),
@@ -62,8 +88,14 @@ def check_request(req: Request) -> None:
     for whf in req.videos:
         if len(whf) != 3 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in whf):
             raise InputError(f"a video is (width, height, frames), positive integers; got {whf!r}")
-    if req.audio_seconds is not None and (not isinstance(req.audio_seconds, (int, float)) or not req.audio_seconds > 0):
-        raise InputError(f"audio_seconds must be a positive number; got {req.audio_seconds!r}")
+    seconds = req.audio_seconds
+    # inf passes "> 0" and nan fails every comparison: both are refused here, before an int() of them
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_AUDIO_SECONDS
+    ):
+        raise InputError(
+            f"audio_seconds must be a finite number of seconds in (0, {MAX_AUDIO_SECONDS:g}]; got {seconds!r}"
+        )
     if req.max_pixels is not None and (
         isinstance(req.max_pixels, bool) or not isinstance(req.max_pixels, int) or not 1 <= req.max_pixels <= 1 << 26
     ):

@@ -4,10 +4,13 @@
   backend: no torchvision needed), constructed from its defaults plus the sizes the config
   states (vision ``image_size``, ``patch_size``, ``spatial_merge_size``, ``image_grid_pinpoints``,
   tile counts), so tiling, splitting and pixel limits are exactly the processor's. It runs on a
-  blank uint8 image of the requested size (one image at a time; sizes are checked first) and
-  only the shapes of its float outputs are kept: they go to the meta device.
+  blank uint8 image of the requested size (sizes are checked first) without its elementwise
+  rescale/normalize steps, once per (processor settings, sizes), and only the shapes and dtypes
+  of its float outputs are kept: they go to the meta device
+  (:func:`memwarden.estimate.request_media.processed`).
 - The placeholder count of an image is what the model's own ``get_image_features`` returns for
-  that processor output, run on the meta model (so it includes tiles, newline tokens, pooling).
+  that processor output, run on the meta model (so it includes tiles, newline tokens, pooling),
+  kept by value (model class and config, processor settings, size).
 - Videos and audio (any family's, through its video processor's defaults and its feature
   extractor) are built in :mod:`memwarden.estimate.request_media`; the same model call counts them.
 - Text is ids below the lowest special id; markers (BOS, image start/end, row/column tokens)
@@ -18,16 +21,20 @@
 from __future__ import annotations
 
 import inspect
+from collections import OrderedDict
 from typing import Any
 
 from memwarden.errors import InputError
-from memwarden.estimate.request_media import audio_media, feature_tokens, processed, video_media
+from memwarden.estimate.request_media import audio_media, feature_tokens, processed, processor_key, video_media
 
 __all__ = ["MAX_IMAGE_PIXELS", "build_request", "image_processor", "placeholder_counts"]
 
 MAX_IMAGE_PIXELS = 64 * 1024**2  # 8192 x 8192: larger than any camera image a processor is fed
 _MAX_PATCHES_PER_IMAGE = 1 << 18  # 4x Qwen2-VL's largest (3584^2 / 14^2); beyond it a config is broken
 _FIRST_TEXT_ID = 3  # 0 pad, 1 BOS, 2 EOS in most vocabularies
+# (model class, its config, processor settings, (W, H)) -> placeholder tokens of that image
+_COUNTS: OrderedDict[tuple[Any, ...], int] = OrderedDict()
+_COUNTS_KEPT = 256
 
 
 def _vision(config: Any) -> Any:
@@ -152,12 +159,22 @@ def placeholder_counts(model: Any, processor: Any, images: list[tuple[int, int]]
     )
     if encode is None:
         raise InputError(f"{type(model).__name__} has no get_image_features; send a text-only request")
+    # The count depends on the model's code and config, the processor's settings and the size only:
+    # kept by those values, so the points of a --fit search or a sweep that share an image run it once.
+    model_key = (f"{type(model).__module__}.{type(model).__qualname__}", model.config.to_json_string())
     counts = []
     for wh in images:
-        media = _to_meta(processed(processor, [wh], 1))
-        with placement(), torch.inference_mode():
-            out = encode(**_accepted(encode, media), return_dict=True)
-        counts.append(feature_tokens(out))
+        key = (*model_key, processor_key(processor), tuple(wh))
+        count = _COUNTS.get(key)
+        if count is None:
+            media = _to_meta(processed(processor, [wh], 1))
+            with placement(), torch.inference_mode():
+                out = encode(**_accepted(encode, media), return_dict=True)
+            count = _COUNTS[key] = feature_tokens(out)
+            while len(_COUNTS) > _COUNTS_KEPT:
+                _COUNTS.popitem(last=False)
+        _COUNTS.move_to_end(key)
+        counts.append(count)
     return counts
 
 

@@ -22,16 +22,31 @@ from __future__ import annotations
 import ast
 import inspect
 import math
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from memwarden.errors import InputError
 
-__all__ = ["MAX_AUDIO_SECONDS", "MAX_VIDEO_FRAMES", "audio_media", "feature_tokens", "processed", "video_media"]
+__all__ = [
+    "MAX_AUDIO_SECONDS",
+    "MAX_VIDEO_FRAMES",
+    "audio_media",
+    "feature_tokens",
+    "forget_processed",
+    "processed",
+    "processor_key",
+    "video_media",
+]
 
 MAX_AUDIO_SECONDS = 4 * 3600.0  # beyond any model's context at 12.5+ tokens per second
 MAX_VIDEO_FRAMES = 4096  # Qwen2-VL's video processor samples at most 768
 _MAX_WAVEFORM_SAMPLES = 1 << 24  # 64 MiB of float32 silence: 17 min at 16 kHz
+_SHAPE_ONLY = {"do_rescale": False, "do_normalize": False}  # elementwise steps: no shape depends on them
+_REFERENCE_IMAGE = (224, 224)  # (W, H) of the full run that checks a shape-only run and gives its dtypes
+_PROCESSED: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()  # (processor, sizes, copies) -> outputs
+_PROCESSED_KEPT = 16
+_DTYPES: dict[tuple[str, str], dict[str, Any] | None] = {}  # processor -> its outputs' dtypes (None: run in full)
 
 
 def _class(mapping: dict[str, Any], family: str, backend: str | None = None) -> Any:
@@ -73,13 +88,93 @@ def _tokens(model: Any, encoder: str, media: dict[str, Any]) -> int:
     return feature_tokens(out)
 
 
-def processed(processor: Any, images: list[tuple[int, int]], copies: int) -> dict[str, Any]:
-    """An image processor's outputs for ``copies`` rows of blank uint8 images of the given (W, H)."""
+def _run_processor(processor: Any, images: list[tuple[int, int]], copies: int, **kwargs: Any) -> dict[str, Any]:
     import numpy as np
 
     blanks = [np.zeros((h, w, 3), dtype=np.uint8) for w, h in images]
-    out = processor(images=[list(blanks) for _ in range(copies)], return_tensors="pt")
+    out = processor(images=[list(blanks) for _ in range(copies)], return_tensors="pt", **kwargs)
     return dict(out.items())
+
+
+def processor_key(processor: Any) -> tuple[str, str]:
+    """A processor by value: its class and every setting it serialises (sizes, pixel limits, tiling)."""
+    cls = type(processor)
+    return f"{cls.__module__}.{cls.__qualname__}", processor.to_json_string()
+
+
+def _shape_dtypes(processor: Any, key: tuple[str, str]) -> dict[str, Any] | None:
+    """The dtype of each output of the full run, when a run without rescaling and normalizing gives
+    the same keys, shapes and non-float values at the reference size; None: run it in full."""
+    if key in _DTYPES:
+        return _DTYPES[key]
+    import torch
+
+    dtypes: dict[str, Any] | None = None
+    try:
+        full = _run_processor(processor, [_REFERENCE_IMAGE], 1)
+        fast = _run_processor(processor, [_REFERENCE_IMAGE], 1, **_SHAPE_ONLY)
+    except (TypeError, ValueError):
+        full = fast = {}
+    if full and full.keys() == fast.keys():
+        same = all(
+            isinstance(a, torch.Tensor) and isinstance(fast[k], torch.Tensor) and a.shape == fast[k].shape
+            and (a.is_floating_point() or (a.dtype == fast[k].dtype and torch.equal(a, fast[k])))
+            for k, a in full.items()
+        )  # fmt: skip
+        dtypes = {k: a.dtype for k, a in full.items()} if same else None
+    if len(_DTYPES) >= _PROCESSED_KEPT:
+        _DTYPES.clear()
+    _DTYPES[key] = dtypes
+    return dtypes
+
+
+def processed(processor: Any, images: list[tuple[int, int]], copies: int) -> dict[str, Any]:
+    """An image processor's outputs for ``copies`` rows of blank uint8 images of the given (W, H):
+    float outputs on meta (only their shapes are used), the others real.
+
+    Rescaling and normalizing are elementwise (they change no shape), so they are left out where a
+    full run at a reference size shows the outputs' keys, shapes and non-float values unchanged;
+    each float output then takes the full run's dtype. The result is kept per (processor settings,
+    sizes, copies): an estimate counts an image's tokens and builds its inputs from one run."""
+    import torch
+
+    key = processor_key(processor)
+    memo_key = (key, tuple(images), copies)
+    kept = _PROCESSED.get(memo_key)
+    if kept is None:
+        dtypes = _shape_dtypes(processor, key)
+        out = _run_processor(processor, images, copies, **(_SHAPE_ONLY if dtypes is not None else {}))
+        kept = {}
+        for k, v in out.items():
+            if isinstance(v, torch.Tensor):
+                dtype = (dtypes or {}).get(k, v.dtype)
+                if v.is_floating_point() or dtype.is_floating_point:  # pixels: only the shape is used
+                    v = torch.empty(v.shape, dtype=dtype, device="meta")
+                else:  # kept as numpy: a torch tensor held here would be counted by a later live capture
+                    v = v.numpy().copy()
+            kept[k] = v
+        _PROCESSED[memo_key] = kept
+        while len(_PROCESSED) > _PROCESSED_KEPT:
+            _PROCESSED.popitem(last=False)
+    _PROCESSED.move_to_end(memo_key)
+    return {
+        k: torch.empty_like(v, device="meta") if isinstance(v, torch.Tensor) and v.is_meta else _copy(v)
+        for k, v in kept.items()
+    }
+
+
+def forget_processed() -> None:
+    """Drop the kept processor outputs: their non-float outputs (masks, grids) are real CPU tensors,
+    which a live capture in the same process would count."""
+    _PROCESSED.clear()
+    _DTYPES.clear()
+
+
+def _copy(value: Any) -> Any:
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(value).clone() if isinstance(value, np.ndarray) else value
 
 
 def feature_tokens(output: Any) -> int:
