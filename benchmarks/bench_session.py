@@ -11,7 +11,11 @@ noisy: the ratios, taken within one run, are the result; absolute times move wit
   (c) ``GovernedSession.chat`` (prefix reuse: only the new message is prefilled);
   outputs of the three must be equal token for token;
 - per-request overhead: the session's own time per request (admission, hashing, bookkeeping:
-  ``RequestRecord.overhead_s``) and governed minus careful total time per turn at equal work;
+  ``RequestRecord.overhead_s``, and ``overhead_cpu_s`` in CPU time) and governed minus careful total
+  time per turn at equal work;
+- each TTFT also in CPU time of the one thread that runs everything (``time.thread_time()``, torch
+  at 1 thread): on a shared machine wall times stretch with other processes' load, CPU times do not,
+  so the governed / careful ratio in CPU time is the one that says what the session costs;
 - transformers' continuous batching (``generate_batch``) takes token ids only (no ``pixel_values``):
   it does not apply to a chat about an image; ``--cb`` times it on the text turns alone;
 - KV memory waste, reserved-but-unused KV bytes / KV bytes in use:
@@ -39,14 +43,17 @@ from memwarden.runtime.session import GovernedSession
 
 
 class FirstToken:
+    """Notes when the first new token arrives: wall clock and this thread's CPU time."""
+
     def __init__(self) -> None:
         self.calls = 0
         self.at: float | None = None
+        self.cpu_at: float | None = None
 
     def put(self, value) -> None:
         self.calls += 1
         if self.calls == 2:
-            self.at = time.perf_counter()
+            self.at, self.cpu_at = time.perf_counter(), time.thread_time()
 
     def end(self) -> None:
         pass
@@ -62,9 +69,18 @@ def media_of(inputs):
     return {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
 
 
+def timed(call):
+    """``call(streamer)``'s result and (TTFT, total) in wall time then in this thread's CPU time, in s."""
+    streamer = FirstToken()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    out = call(streamer)
+    t1, c1 = time.perf_counter(), time.thread_time()
+    return out, (streamer.at - t0, t1 - t0, streamer.cpu_at - c0, c1 - c0)
+
+
 def run_chat(model, name, turns, new_tokens, session, conversation):
     """One conversation served by the three peers, turn by turn interleaved; per turn and peer:
-    (TTFT s, total s); and whether their outputs are equal."""
+    (TTFT s, total s, TTFT CPU s, total CPU s); and whether their outputs are equal."""
     from transformers import DynamicCache
 
     gk = zoo.generate_kwargs(name)
@@ -75,23 +91,15 @@ def run_chat(model, name, turns, new_tokens, session, conversation):
     for i, t in enumerate(turns):
         history = t["input_ids"] if history is None else torch.cat([history, t["input_ids"]], 1)
         row = {}
-        streamer = FirstToken()
-        t0 = time.perf_counter()
-        out = model.generate(input_ids=history, attention_mask=torch.ones_like(history), max_new_tokens=new_tokens,
-                             streamer=streamer, **media, **gk)  # fmt: skip
-        row["naive"] = (streamer.at - t0, time.perf_counter() - t0)
-        streamer = FirstToken()
-        t0 = time.perf_counter()
-        careful = model.generate(input_ids=history, attention_mask=torch.ones_like(history), cache=cache,
-                                 max_new_tokens=new_tokens, streamer=streamer, **(media if i == 0 else {}), **gk)  # fmt: skip
-        row["careful"] = (streamer.at - t0, time.perf_counter() - t0)
-        streamer = FirstToken()
-        t0 = time.perf_counter()
-        reply = session.chat(t["input_ids"], conversation=conversation, max_new_tokens=new_tokens, streamer=streamer,
-                             **media_of(t), **gk)  # fmt: skip
+        out, row["naive"] = timed(lambda s, h=history: model.generate(
+            input_ids=h, attention_mask=torch.ones_like(h), max_new_tokens=new_tokens, streamer=s, **media, **gk))  # fmt: skip
+        careful, row["careful"] = timed(lambda s, h=history, i=i: model.generate(
+            input_ids=h, attention_mask=torch.ones_like(h), cache=cache, max_new_tokens=new_tokens, streamer=s,
+            **(media if i == 0 else {}), **gk))  # fmt: skip
+        reply, row["governed"] = timed(lambda s, t=t: session.chat(
+            t["input_ids"], conversation=conversation, max_new_tokens=new_tokens, streamer=s, **media_of(t), **gk))  # fmt: skip
         record = session.records[-1]
-        row["governed"] = (streamer.at - t0, time.perf_counter() - t0)
-        row["overhead"] = (record.overhead_s, record.overhead_s)
+        row["overhead"] = (record.overhead_s, record.overhead_s, record.overhead_cpu_s, record.overhead_cpu_s)
         reference = out[:, history.shape[1] :]
         equal &= torch.equal(reply, reference) and torch.equal(careful[:, history.shape[1] :], reference)
         history = torch.cat([history, reply], 1)
@@ -138,6 +146,27 @@ def dynamic_waste(model, name, inputs, new_tokens, cache_factory=None) -> tuple[
     return (peak - in_use) / in_use, peak, in_use
 
 
+def gather_vs_cat(spec: KVSpec, tokens: int, repeats: int = 300) -> tuple[float, float]:
+    """CPU µs of one layer's keys for one decode step at ``tokens`` of context: the paged cache's gather
+    (``index_select`` of the sequence's slots from the pool) vs ``DynamicCache``'s ``cat`` of the old
+    keys and the new token."""
+    pool = torch.randn(spec.num_kv_heads, 8 * tokens, spec.head_dim)  # (kv_heads, slots, head_dim)
+    slots = torch.randperm(8 * tokens)[:tokens]  # a scattered block table: the slow case for a gather
+    old, new = (
+        torch.randn(1, spec.num_kv_heads, tokens - 1, spec.head_dim),
+        torch.randn(1, spec.num_kv_heads, 1, spec.head_dim),
+    )
+
+    def cpu_us(fn) -> float:
+        fn()
+        c0 = time.thread_time()
+        for _ in range(repeats):
+            fn()
+        return (time.thread_time() - c0) / repeats * 1e6
+
+    return cpu_us(lambda: pool.index_select(1, slots).unsqueeze(0)), cpu_us(lambda: torch.cat([old, new], -2))
+
+
 def build(name: str, size: str, image_px: int):
     """A zoo model; for llava, its vision tower at ``image_px`` (LLaVA-1.5 sees 336 px: 576 tokens)."""
     if name != "llava" or image_px is None:
@@ -182,13 +211,19 @@ def main() -> None:
         cb = continuous_batching(model, turns, args.new_tokens) if args.cb else None
     per_turn = []
     for i in range(args.turns):
-        med = {p: [statistics.median(run[i][p][k] for run in runs) for k in (0, 1)] for p in peers}
+        med = {p: [statistics.median(run[i][p][k] for run in runs) for k in range(4)] for p in peers}
         diffs = [run[i]["governed"][1] - run[i]["careful"][1] for run in runs]
+        cpu_diffs = [run[i]["governed"][3] - run[i]["careful"][3] for run in runs]
         per_turn.append({
             "turn": i + 1, **{f"{p}_ttft_s": med[p][0] for p in peers[:3]},
+            **{f"{p}_ttft_cpu_s": med[p][2] for p in peers[:3]},
             "naive_over_governed": med["naive"][0] / med["governed"][0],
             "governed_over_careful": med["governed"][0] / med["careful"][0],
-            "session_overhead_s": med["overhead"][0], "governed_minus_careful_total_s": statistics.median(diffs),
+            "naive_over_governed_cpu": med["naive"][2] / med["governed"][2],
+            "governed_over_careful_cpu": med["governed"][2] / med["careful"][2],
+            "session_overhead_s": med["overhead"][0], "session_overhead_cpu_s": med["overhead"][2],
+            "governed_minus_careful_total_s": statistics.median(diffs),
+            "governed_minus_careful_total_cpu_s": statistics.median(cpu_diffs),
         })  # fmt: skip
     later = per_turn[1:]
     image_tokens = int(getattr(model.config, "image_seq_length", 0) or 0)
@@ -199,12 +234,18 @@ def main() -> None:
         "turns": per_turn,
         "min_naive_over_governed_turns_2plus": min(t["naive_over_governed"] for t in later),
         "max_governed_over_careful_turns_2plus": max(t["governed_over_careful"] for t in later),
+        "max_governed_over_careful_cpu_turns_2plus": max(t["governed_over_careful_cpu"] for t in later),
         "max_session_overhead_s": max(t["session_overhead_s"] for t in per_turn),
+        "max_session_overhead_cpu_s_turns_2plus": max(t["session_overhead_cpu_s"] for t in later),
         "kv_waste_governed": paged_waste(session),
         "kv_waste_dynamic_cache": dyn,
         "dynamic_cache_peak_kv_bytes": dyn_peak,
         "dynamic_cache_kv_in_use_bytes": dyn_use,
         "continuous_batching": cb,
+        "decode_gather_vs_cat_us": gather_vs_cat(
+            KVSpec.from_config(model.config),
+            sum(int(t["input_ids"].shape[1]) + args.new_tokens for t in turns),  # the last turn's context
+        ),
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -219,8 +260,20 @@ def main() -> None:
               f"{t['governed_ttft_s'] * 1e3:.1f} ms | {t['naive_over_governed']:.1f}x | "
               f"{t['governed_over_careful']:.2f}x | {t['session_overhead_s'] * 1e3:.2f} ms | "
               f"{t['governed_minus_careful_total_s'] * 1e3:+.1f} ms |")  # fmt: skip
+    print("The same in CPU time of the serving thread (what load on a shared machine does not stretch):")
+    print("| turn | naive TTFT | careful TTFT | governed TTFT | naive / governed | governed / careful | "
+          "session overhead | governed − careful (total) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for t in per_turn:
+        print(f"| {t['turn']} | {t['naive_ttft_cpu_s'] * 1e3:.1f} ms | {t['careful_ttft_cpu_s'] * 1e3:.1f} ms | "
+              f"{t['governed_ttft_cpu_s'] * 1e3:.1f} ms | {t['naive_over_governed_cpu']:.1f}x | "
+              f"{t['governed_over_careful_cpu']:.2f}x | {t['session_overhead_cpu_s'] * 1e3:.2f} ms | "
+              f"{t['governed_minus_careful_total_cpu_s'] * 1e3:+.1f} ms |")  # fmt: skip
     print(f"KV waste: GovernedSession {result['kv_waste_governed']:.2%}, DynamicCache {dyn:.2%} "
           f"(peak live KV {dyn_peak} B vs {dyn_use} B in use)")  # fmt: skip
+    gather_us, cat_us = result["decode_gather_vs_cat_us"]
+    print(f"one layer's keys per decode step at the last turn's context: paged gather {gather_us:.0f} µs CPU, "
+          f"DynamicCache cat {cat_us:.0f} µs CPU")  # fmt: skip
     if cb is not None:
         print(f"generate_batch (text turns only, no image): {cb['requests']} requests x {cb['new_tokens']} tokens "
               f"in {cb['wall_s']:.2f} s")  # fmt: skip

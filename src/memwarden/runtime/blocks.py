@@ -8,7 +8,13 @@ of cached blocks. Modelled on vLLM v1's KV cache manager:
 - A *full* block's hash covers its parent's hash, its token ids and ``extra`` keys — the
   content fingerprints of the image/audio items that overlap the block — so the same image
   in a later request hashes to the same blocks and is neither re-encoded nor re-prefilled.
-  Only full blocks are cached (a partial block's content is still changing).
+  Only full blocks are shared (a partial block's content is still changing).
+- A sequence's last, *partial* block is cached too once its KV is written (:meth:`BlockPool.commit`),
+  under a hash that covers its length (so it never matches a full block): a conversation's next
+  turn extends exactly those tokens, so it takes the block over — unreferenced, it leaves the cache
+  and becomes the new sequence's own block, whose free slots it fills — and prefills only the
+  tokens after the previous turn's last cached one, as a ``DynamicCache`` passed back would. A
+  partial block still referenced is never shared (its owner may still write into it).
 - A freed block keeps its hash and stays findable until it is reused: freeing puts it at
   the tail of the free queue; allocation takes from the head, evicting the oldest cached
   content first. A sequence's blocks are freed tail first, so its longest prefixes are
@@ -119,6 +125,9 @@ class BlockPool:
         self.cached: dict[BlockHash, Block] = {}
         self.tables: dict[str, list[Block]] = {}
         self.hits = self.misses = self.evictions = 0
+        # The last chain hashed: a request is planned, allocated and committed over the same leading
+        # tokens, and a chat's next turn starts with them, so only the blocks after them are hashed.
+        self._memo: tuple[list[int], list[tuple[str, ...]], list[BlockHash]] = ([], [], [])
 
     @property
     def num_free_blocks(self) -> int:
@@ -139,13 +148,20 @@ class BlockPool:
 
     def hashes(self, tokens: Sequence[int], extra: Sequence[Sequence[str]] = ()) -> list[BlockHash]:
         """Chained hashes of the full blocks of ``tokens``."""
-        out: list[BlockHash] = []
-        parent: BlockHash | None = None
-        for i in range(len(tokens) // self.block_size):
-            chunk = tokens[i * self.block_size : (i + 1) * self.block_size]
-            parent = block_hash(parent, chunk, extra[i] if i < len(extra) else ())
+        bs = self.block_size
+        n = len(tokens) // bs
+        keys = [tuple(extra[i]) if i < len(extra) else () for i in range(n)]
+        seen_tokens, seen_keys, seen = self._memo
+        same = min(n, len(seen))  # leading blocks equal to the memo's (one comparison each way, in C)
+        while same and (list(tokens[: same * bs]) != seen_tokens[: same * bs] or keys[:same] != seen_keys[:same]):
+            same //= 2
+        out = seen[:same]
+        parent = out[-1] if out else None
+        for i in range(same, n):
+            parent = block_hash(parent, tokens[i * bs : (i + 1) * bs], keys[i])
             out.append(parent)
-        return out
+        self._memo = (list(tokens[: n * bs]), keys, out)
+        return list(out)
 
     def cached_prefix_blocks(self, tokens: Sequence[int], extra: Sequence[Sequence[str]] = ()) -> int:
         """How many leading full blocks of ``tokens`` are in the pool (a lookup, nothing changes)."""
@@ -156,6 +172,33 @@ class BlockPool:
             n += 1
         return n
 
+    def cached_prefix_tokens(self, tokens: Sequence[int], extra: Sequence[Sequence[str]] = (),
+                             max_tokens: int | None = None) -> int:  # fmt: skip
+        """How many leading tokens of ``tokens`` (at most ``max_tokens``) have their KV in the pool: the
+        cached full blocks, then a free partial block that continues them (a lookup, nothing changes)."""
+        limit = len(tokens) if max_tokens is None else min(max_tokens, len(tokens))
+        hashes = self.hashes(tokens, extra)
+        full = 0
+        while full < limit // self.block_size and hashes[full] in self.cached:
+            full += 1
+        start = full * self.block_size
+        if start >= limit:
+            return start
+        hit = self._partial_hit(hashes[full - 1] if full else None, tokens, full, extra)
+        return start + min(hit[1], limit - start) if hit is not None else start
+
+    def _partial_hit(self, parent: BlockHash | None, tokens: Sequence[int], index: int,
+                     extra: Sequence[Sequence[str]]) -> tuple[Block, int] | None:  # fmt: skip
+        """The free cached partial block that holds the longest run of ``tokens`` from block ``index`` on,
+        and how many tokens it holds. One hash per candidate length: fewer than ``block_size`` each."""
+        start = index * self.block_size
+        keys = extra[index] if index < len(extra) else ()
+        for n in range(min(len(tokens) - start, self.block_size - 1), 0, -1):
+            b = self.cached.get(block_hash(parent, tokens[start : start + n], keys))
+            if b is not None and b.ref_count == 0:
+                return b, n
+        return None
+
     def allocate(
         self,
         seq_id: str,
@@ -164,27 +207,41 @@ class BlockPool:
         *,
         register: bool = True,
         max_hit_blocks: int | None = None,
+        max_hit_tokens: int | None = None,
     ) -> Allocation:
         """Block table for a new sequence of ``tokens``, reusing cached full blocks of its prefix.
 
         ``extra[i]`` are the media fingerprints overlapping block ``i`` (empty if none).
         ``register=False`` leaves new blocks unhashed until :meth:`commit` — for callers that
         fill the KV after allocating and must not advertise blocks whose KV is not written yet.
-        ``max_hit_blocks`` caps the reused prefix (a caller may need to recompute its tail).
+        ``max_hit_blocks`` caps the reused prefix in full blocks (a caller may need to recompute its
+        tail). ``max_hit_tokens`` caps it in tokens and lets it end inside a block: after the cached
+        full blocks, a free cached partial block continuing them (see :meth:`commit`) is taken over —
+        out of the cache, into this table — and its leading tokens count as cached.
         All-or-nothing: on NoFreeBlocks the pool is left as it was.
         """
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id!r} already has blocks")
         n_blocks = self.blocks_needed(len(tokens))
         hashes = self.hashes(tokens, extra)
+        cap = len(hashes)
+        if max_hit_blocks is not None:
+            cap = min(cap, max_hit_blocks)
+        if max_hit_tokens is not None:
+            cap = min(cap, max_hit_tokens // self.block_size)
         hit_blocks: list[Block] = []
-        for h in hashes[: max_hit_blocks if max_hit_blocks is not None else len(hashes)]:
+        for h in hashes[:cap]:
             b = self.cached.get(h)
             if b is None:
                 break
             hit_blocks.append(b)
-        need_new = n_blocks - len(hit_blocks)
-        reusable_free = sum(1 for b in hit_blocks if b.ref_count == 0)
+        cached_tokens = len(hit_blocks) * self.block_size
+        partial = None
+        if max_hit_tokens is not None and max_hit_tokens > cached_tokens:
+            parent = hit_blocks[-1].hash if hit_blocks else None
+            partial = self._partial_hit(parent, tokens, len(hit_blocks), extra)
+        need_new = n_blocks - len(hit_blocks) - (partial is not None)
+        reusable_free = sum(1 for b in hit_blocks if b.ref_count == 0) + (partial is not None)
         if need_new > self.num_free_blocks - reusable_free:
             raise NoFreeBlocks(f"need {need_new} free blocks, {self.num_free_blocks - reusable_free} available")
         table: list[Block] = []
@@ -193,16 +250,24 @@ class BlockPool:
                 self.free.remove(b)
             b.ref_count += 1
             table.append(b)
-        for i in range(len(hit_blocks), n_blocks):
+        if partial is not None:  # taken over: its content will grow, so it leaves the cache
+            b, held = partial
+            assert b.hash is not None and max_hit_tokens is not None  # found in the cache, looked up only then
+            self.free.remove(b)
+            del self.cached[b.hash]
+            b.hash, b.ref_count = None, 1
+            table.append(b)
+            cached_tokens += min(held, max_hit_tokens - cached_tokens)
+        for i in range(len(table), n_blocks):
             b = self._take_free()
             if register and i < len(hashes):
                 b.hash = hashes[i]
                 self.cached.setdefault(b.hash, b)
             table.append(b)
-        self.hits += len(hit_blocks)
-        self.misses += n_blocks - len(hit_blocks)
+        self.hits += len(hit_blocks) + (partial is not None)
+        self.misses += n_blocks - len(hit_blocks) - (partial is not None)
         self.tables[seq_id] = table
-        return Allocation(block_ids=[b.block_id for b in table], num_cached_tokens=len(hit_blocks) * self.block_size)
+        return Allocation(block_ids=[b.block_id for b in table], num_cached_tokens=cached_tokens)
 
     def append_block(self, seq_id: str) -> int:
         """One more (unhashed) block at the end of a sequence's table; its id."""
@@ -212,10 +277,19 @@ class BlockPool:
         return b.block_id
 
     def commit(self, seq_id: str, tokens: Sequence[int], extra: Sequence[Sequence[str]] = ()) -> int:
-        """Hash and advertise the sequence's full blocks whose KV now holds ``tokens``; how many."""
+        """Hash and advertise the sequence's blocks whose KV now holds ``tokens``; how many.
+
+        Its full blocks, and its last block if ``tokens`` end inside it: that one is findable by
+        :meth:`allocate` (``max_hit_tokens``) once the sequence is freed, and must not be written
+        after this call — the caller commits when its sequence is done."""
         table = self.tables[seq_id]
+        hashes = self.hashes(tokens, extra)
+        full = len(hashes)
+        if len(tokens) % self.block_size and full < len(table):
+            keys = extra[full] if full < len(extra) else ()
+            hashes.append(block_hash(hashes[-1] if hashes else None, tokens[full * self.block_size :], keys))
         n = 0
-        for b, h in zip(table, self.hashes(tokens, extra), strict=False):
+        for b, h in zip(table, hashes, strict=False):
             if b.hash is None:
                 if h in self.cached:  # same content computed twice: keep the older copy findable
                     continue

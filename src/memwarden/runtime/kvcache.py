@@ -222,6 +222,8 @@ class PagedLayer(CacheLayerMixin):
         self.is_initialized = True
         self.length = seq.length
         self.device = seq.pool.data.device
+        # (kv_heads, slots, head_dim) views of this layer, made once: the pool does not move during a request
+        self.k_pool, self.v_pool = seq.pool.keys(layer_idx), seq.pool.values(layer_idx)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         return None
@@ -235,13 +237,13 @@ class PagedLayer(CacheLayerMixin):
         start, stop = self.length, self.length + n
         self.seq.reserve(stop)
         slots = self.seq.slots(stop)
-        pool = self.seq.pool
-        k_pool, v_pool = pool.keys(self.layer_idx), pool.values(self.layer_idx)
+        k_pool, v_pool = self.k_pool, self.v_pool
         k_pool.index_copy_(1, slots[start:], key_states[0].to(k_pool.dtype))
         v_pool.index_copy_(1, slots[start:], value_states[0].to(v_pool.dtype))
         self.length = stop
         self.seq.length = max(self.seq.length, stop)
-        # (1, kv_heads, T, head_dim), contiguous: what DynamicCache would hold
+        # (1, kv_heads, T, head_dim), contiguous: what DynamicCache would hold (one copy per layer and
+        # step, as DynamicCache's cat is; bench_session.py prints the two side by side)
         keys = k_pool.index_select(1, slots).unsqueeze(0).to(key_states.dtype)
         values = v_pool.index_select(1, slots).unsqueeze(0).to(value_states.dtype)
         return keys, values
@@ -283,12 +285,20 @@ class PagedCache(Cache):
         return [self.seq.pool.data]
 
 
+_CACHE_KEYWORDS: dict[type, str] = {}
+
+
 def cache_keyword(model: Any) -> str:
     """The ``generate()`` keyword a model takes its cache by: ``cache`` in transformers releases that
-    renamed it, ``past_key_values`` before (both are in use: GPU images pin older releases)."""
+    renamed it, ``past_key_values`` before (both are in use: GPU images pin older releases). Read once
+    per model class: ``inspect.signature`` costs ~50 µs, on every request otherwise."""
     import inspect
 
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    keyword = _CACHE_KEYWORDS.get(type(model))
+    if keyword is None:
+        keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        _CACHE_KEYWORDS[type(model)] = keyword
+    return keyword
 
 
 __all__ = ["KVPool", "KVSpec", "NoFreeBlocks", "PagedCache", "PagedLayer", "Sequence", "cache_keyword"]

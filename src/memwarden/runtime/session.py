@@ -324,16 +324,16 @@ class GovernedSession:
             items = [dataclasses.replace(it, fingerprint=it.fingerprint + media_tag) for it in items]
         reuse = 0
         if self.config.prefix_reuse:
-            hit_blocks = self.pool.blocks.cached_prefix_blocks(ids, media_mod.block_extras(items, len(ids), bs))
-            hit_blocks = min(hit_blocks, (len(ids) - 1) // bs)  # at least one token is prefilled
-            reuse = media_mod.reuse_boundary(items, hit_blocks * bs, bs, config, inputs)
+            extras = media_mod.block_extras(items, len(ids), bs)  # cached: full blocks, then a turn's partial tail
+            cached = self.pool.blocks.cached_prefix_tokens(ids, extras, max_tokens=len(ids) - 1)  # ≥ 1 to prefill
+            reuse = media_mod.reuse_boundary(items, cached, bs, config, inputs)
         media_in = media_mod.inputs_after(inputs, items, reuse) if items else {}
         return RequestPlan(input_ids=input_ids, inputs=inputs, items=items, reuse_tokens=reuse, media_in=media_in,
                            pruned=pruned, unpruned=unpruned)  # fmt: skip
 
     def _serve(self, input_ids: torch.Tensor, inputs: dict[str, Any], max_new_tokens: int) -> torch.Tensor:
         self._check_open()
-        serve_start = time.perf_counter()
+        serve_start, serve_cpu = time.perf_counter(), time.thread_time()
         self.memory.poll()
         self._wait_while_squeezed()
         self.follow_budget()
@@ -344,7 +344,7 @@ class GovernedSession:
             with self._lock:
                 decision = self._admit(request)
                 if decision.kind == "admit":
-                    return self._run(request, streamer, serve_start)
+                    return self._run(request, streamer, serve_start, serve_cpu)
             if decision.kind != "wait":
                 break
             time.sleep(decision.wait_s)  # without the lock: telemetry and other requests go on meanwhile
@@ -396,7 +396,9 @@ class GovernedSession:
                 return decision
             apply_change(decision, request, self.memory)
 
-    def _run(self, request: Request, streamer: FirstTokenStreamer, serve_start: float) -> torch.Tensor:
+    def _run(
+        self, request: Request, streamer: FirstTokenStreamer, serve_start: float, serve_cpu: float
+    ) -> torch.Tensor:
         """Generate an admitted request on its plan; its KV blocks are committed for reuse, then freed."""
         plan, decision = request.plan, request.decision
         assert plan is not None and decision is not None
@@ -407,12 +409,12 @@ class GovernedSession:
         extras = media_mod.block_extras(items, len(ids), bs)
         seq_id = f"seq-{next(self._ids)}"
         pool = self.pool
-        alloc = pool.blocks.allocate(seq_id, ids, extras, register=False, max_hit_blocks=reuse // bs)
+        alloc = pool.blocks.allocate(seq_id, ids, extras, register=False, max_hit_tokens=reuse)
         seq = Sequence(pool, seq_id, alloc.block_ids, alloc.num_cached_tokens)
         encoder = self.encoder_cache
         encoder_before = encoder.encoder_s if encoder is not None else 0.0
         try:
-            generate_start = time.perf_counter()
+            generate_start, generate_cpu = time.perf_counter(), time.thread_time()
             with self.ladder.installed(plan.pruned):
                 out = self.model.generate(
                     input_ids=input_ids,
@@ -423,7 +425,7 @@ class GovernedSession:
                     **plan.media_in,
                     **passthrough,
                 )
-            generate_s = time.perf_counter() - generate_start
+            generate_s, generate_cpu = time.perf_counter() - generate_start, time.thread_time() - generate_cpu
             written = out[0, : seq.length].tolist()
             pool.blocks.commit(seq_id, written, media_mod.block_extras(items, len(written), bs))
         finally:
@@ -436,6 +438,7 @@ class GovernedSession:
             media_reencoded=bool(plan.media_in), decision=decision,
             prefill_s=(streamer.first_token_at or t1) - t0, total_s=t1 - t0, rung=request.rung,
             encoder_s=encoder_s, overhead_s=t1 - serve_start - generate_s,
+            overhead_cpu_s=time.thread_time() - serve_cpu - generate_cpu,
         ))  # fmt: skip
         step = self.ladder.latency.observe(encoder_s, max(0.0, t1 - t0 - encoder_s))
         if step is not None:

@@ -22,6 +22,7 @@ class Conversation:
     media: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     per_token: dict[str, list[int]] = field(default_factory=dict)
     joined: dict[str, torch.Tensor] | None = None  # the media as one tensor per key, until new media come
+    ids: torch.Tensor | None = None  # input_ids as (1, T), grown by cat: a tensor from the list costs ~0.1 ms a turn
 
     def turn(self, input_ids: torch.Tensor, inputs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
         """Add a message (``input_ids`` (1, T) and its media); returns the whole conversation's ids and inputs."""
@@ -33,7 +34,9 @@ class Conversation:
             if isinstance(inputs.get(key), torch.Tensor):
                 self.per_token.setdefault(key, [0] * len(self.input_ids)).extend(inputs[key][0].tolist())
         self.input_ids.extend(input_ids[0].tolist())
-        full = torch.tensor([self.input_ids], dtype=input_ids.dtype)  # (1, conversation length)
+        new = input_ids.detach().cpu()
+        full = new.clone() if self.ids is None else torch.cat([self.ids.to(new.dtype), new], 1)  # (1, T)
+        self.ids = full
         if self.joined is None:
             self.joined = {k: v[0] if len(v) == 1 else torch.cat(v) for k, v in self.media.items()}
         call: dict[str, Any] = dict(self.joined)
@@ -44,6 +47,8 @@ class Conversation:
     def reply(self, reply: list[int]) -> None:
         """Add the session's reply (token ids) to the conversation."""
         self.input_ids.extend(reply)
+        if self.ids is not None:
+            self.ids = torch.cat([self.ids, torch.tensor([reply], dtype=self.ids.dtype)], 1)
         for key in self.per_token:
             self.per_token[key].extend([0] * len(reply))
 

@@ -31,6 +31,8 @@ class RequestRecord:
     rung: int = 0  # degradation rung the request was served at (0: none)
     encoder_s: float = 0.0  # time in media encoders
     overhead_s: float = 0.0  # the session's own time: admission, hashing, bookkeeping (serving less generate())
+    # the same in CPU time of the serving thread: what the session costs, not what a loaded machine makes it wait
+    overhead_cpu_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -45,6 +47,7 @@ class RequestRecord:
             "encoder_s": round(self.encoder_s, 6),
             "total_s": round(self.total_s, 6),
             "overhead_s": round(self.overhead_s, 6),
+            "overhead_cpu_s": round(self.overhead_cpu_s, 6),
         }
 
 
