@@ -62,9 +62,10 @@ class ThermalResult:
 
 @dataclass
 class LimitedResult:
-    """Plain ``generate()`` and a GovernedSession run one after the other in a child process whose
-    address space is really limited to what it held after building the model plus the budget left
-    after the weights: an allocation past it fails in the allocator, as on a device."""
+    """Plain ``generate()`` and a GovernedSession (with the fp32 weights, then with int4 weights) run one
+    after the other, each in a child process whose address space is really limited to what it held after
+    building the model plus the budget left after the weights: an allocation past it fails in the
+    allocator, as on a device."""
 
     budget_bytes: int
     limit_bytes: int  # the child's RLIMIT_AS
@@ -76,20 +77,33 @@ class LimitedResult:
     outputs_equal: bool  # the turns both answered are equal
     pool_bytes: int = 0  # the session's KV pool, reserved up front
     pool_used_bytes: int = 0  # the most of it one request held
+    int4_answered: int = 0  # the session with int4 weights (quantize=4): its outputs are int4's, not fp32's
+    int4_error: str | None = None
+    int4_ran: bool = False
 
     @property
     def story(self) -> str:
         from memwarden.units import format_bytes
 
+        limit = f"a real {format_bytes(self.budget_bytes)} limit"
         if self.plain_error is not None and self.governed_error is None:
-            return (f"under a real {format_bytes(self.budget_bytes)} limit plain generate() failed at turn "
-                    f"{self.plain_answered + 1} ({self.plain_error}); the GovernedSession answered all {self.turns}")  # fmt: skip
+            return (f"under {limit} plain generate() failed at turn {self.plain_answered + 1} ({self.plain_error}); "
+                    f"the GovernedSession answered all {self.turns}")  # fmt: skip
+        if self.plain_error is not None and self.int4_ran and self.int4_error is None:
+            return (f"under {limit} plain generate() failed at turn {self.plain_answered + 1} ({self.plain_error}); "
+                    f"a GovernedSession with the same fp32 weights {self._fp32()}; with int4 weights "
+                    f"(quantize=4) it answered all {self.turns}")  # fmt: skip
         if self.plain_error is None and self.governed_error is None:
-            return (f"both fit a real {format_bytes(self.budget_bytes)} limit; the GovernedSession reserves its KV pool "
-                    f"up front ({format_bytes(self.pool_bytes)}, at most {format_bytes(self.pool_used_bytes)} used by "
-                    "one request), which plain generate() grows only as it goes")  # fmt: skip
-        return (f"under a real {format_bytes(self.budget_bytes)} limit: plain {self.plain_error or 'answered'}; "
-                f"GovernedSession {self.governed_error or 'answered'}")  # fmt: skip
+            return (f"both fit {limit}; the GovernedSession reserves its KV pool up front "
+                    f"({format_bytes(self.pool_bytes)}, at most {format_bytes(self.pool_used_bytes)} used by one "
+                    "request), which plain generate() grows only as it goes")  # fmt: skip
+        int4 = f"; with int4 weights {self.int4_error or 'answered'}" if self.int4_ran else ""
+        return f"under {limit}: plain {self.plain_error or 'answered'}; GovernedSession {self._fp32()}{int4}"
+
+    def _fp32(self) -> str:
+        if self.governed_error is None:
+            return f"answered all {self.turns}"
+        return f"failed at turn {self.governed_answered + 1} too ({self.governed_error})"
 
 
 @dataclass
@@ -168,39 +182,54 @@ def run_demo(
     return DemoResult(trace, result, report_path, trace_path, config, outputs, findings, governed, thermal, limited)
 
 
-def run_limited(config: DemoConfig, timeout_s: float = 600.0) -> LimitedResult:
+ARMS = ("plain", "governed", "governed-int4")
+
+
+def run_limited(config: DemoConfig, timeout_s: float = 600.0, arms: tuple[str, ...] = ARMS) -> LimitedResult:
     """Run :func:`limited_child` for each arm, each in a fresh child process (a real limit must not
-    touch this process, and neither arm may inherit what the other left mapped)."""
+    touch this process, and neither arm may inherit what the other left mapped). The int4 arm runs
+    only where plain failed and the fp32 session did not answer (or when ``arms`` names it alone with plain)."""
     import dataclasses
     import json
+    import os
     import subprocess
     import sys
 
     code = "import json, sys; from memwarden.demo import limited_child; print(json.dumps(limited_child(*sys.argv[1:])))"
-    arms: dict[str, dict[str, Any]] = {}
-    for arm in ("plain", "governed"):
+    # glibc gives each thread a 64 MiB malloc arena of address space, which RLIMIT_AS counts: two arenas, as
+    # campaign workers have (resilience/runner.py), so that a thread the session starts costs what it uses.
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
+    empty: dict[str, Any] = {"limit_bytes": 0, "answers": [], "error": None, "pool_bytes": 0, "pool_used_bytes": 0}
+    ran: dict[str, dict[str, Any]] = {}
+    for arm in arms:
+        if arm == "governed-int4" and "governed" in ran and (ran["plain"]["error"] is None or ran["governed"]["error"]
+                                                             is None):  # fmt: skip
+            continue  # nothing left to show
         proc = subprocess.run([sys.executable, "-c", code, json.dumps(dataclasses.asdict(config)), arm],
-                              capture_output=True, text=True, timeout=timeout_s, check=False)  # fmt: skip
+                              capture_output=True, text=True, timeout=timeout_s, check=False, env=env)  # fmt: skip
         lines = proc.stdout.strip().splitlines()
         if proc.returncode != 0 or not lines:  # died under the limit (native code aborting on a refused mapping)
             tail = proc.stderr.strip().splitlines()[-1:] or [""]
-            arms[arm] = {"limit_bytes": 0, "answers": [], "error": f"the process died (exit {proc.returncode}): "
-                         f"{tail[0][:160]}", "pool_bytes": 0, "pool_used_bytes": 0}  # fmt: skip
+            ran[arm] = {**empty, "error": f"the process died (exit {proc.returncode}): {tail[0][:160]}"}
             continue
-        arms[arm] = json.loads(lines[-1])
-    plain, governed = arms["plain"], arms["governed"]
+        ran[arm] = json.loads(lines[-1])
+    plain, governed = ran["plain"], ran.get("governed", {**empty, "error": "not run"})
+    int4 = ran.get("governed-int4")
     both = min(len(plain["answers"]), len(governed["answers"]))
     return LimitedResult(budget_bytes=config.budget_bytes, limit_bytes=plain["limit_bytes"], turns=config.turns,
                          plain_answered=len(plain["answers"]), plain_error=plain["error"],
                          governed_answered=len(governed["answers"]), governed_error=governed["error"],
                          outputs_equal=plain["answers"][:both] == governed["answers"][:both],
-                         pool_bytes=governed["pool_bytes"], pool_used_bytes=governed["pool_used_bytes"])  # fmt: skip
+                         pool_bytes=governed["pool_bytes"], pool_used_bytes=governed["pool_used_bytes"],
+                         int4_answered=len(int4["answers"]) if int4 else 0, int4_error=int4["error"] if int4 else None,
+                         int4_ran=int4 is not None)  # fmt: skip
 
 
 def limited_child(config_json: str, arm: str) -> dict[str, Any]:
     """In a child process: build the deployment, limit the address space to what is mapped now plus the
     budget left after the weights, then serve the turns with plain ``generate()`` (``arm="plain"``) or
-    a GovernedSession; a failure is the allocator's own (or the session's refusal), caught and reported."""
+    a GovernedSession (``"governed"``; ``"governed-int4"``: with ``quantize=4``, which shrinks the weights
+    under the limit); a failure is the allocator's own (or the session's refusal), caught and reported."""
     import gc
     import json
     import os
@@ -224,14 +253,15 @@ def limited_child(config_json: str, arm: str) -> dict[str, Any]:
     answers: list[list[int]] = []
     error: str | None = None
     pool_bytes = used_bytes = 0
-    with torch.inference_mode():
+    with torch.no_grad():  # as transformers' generate() runs; the session runs its own modes
         try:
             if arm == "plain":
                 for request in inputs:
                     out = model.generate(**request, max_new_tokens=config.new_tokens, **gen_kwargs)
                     answers.append(out[0, request["input_ids"].shape[1] :].tolist())
             else:
-                session = GovernedSession(model, budget=config.budget_bytes)
+                bits = 4 if arm == "governed-int4" else None
+                session = GovernedSession(model, budget=config.budget_bytes, quantize=bits)
                 pool_bytes, page = session.pool.nbytes, session.spec.page_size_bytes
                 for request in inputs:
                     out = session.generate(**request, max_new_tokens=config.new_tokens, **gen_kwargs)

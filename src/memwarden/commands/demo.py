@@ -123,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
             )  # fmt: skip
         if result.limited is not None:
             lim = result.limited
-            ok = lim.governed_error is None
+            ok = lim.governed_error is None or (lim.int4_ran and lim.int4_error is None)
             out_console.print(f"[{'green' if ok else 'bold red'}]Real limit: {lim.story}.[/]", highlight=False)
         out_console.print(f"wrote {result.report_path}, {result.trace_path} (before) and "
                           f"{result.governed.report_path}, {result.governed.trace_path} (after)")  # fmt: skip

@@ -121,7 +121,9 @@ def _script_shard(config: CampaignConfig, spec: dict[str, Any], work_dir: Path) 
 def _serve_shard(config: CampaignConfig, spec: dict[str, Any], work_dir: Path) -> list[dict[str, Any]]:
     job = {"workload": config.workload, "serving": {"mode": config.mode, "options": config.options},
            "budget_bytes": config.budget_bytes, "limit_bytes": config.limits.address_space_bytes,
-           "gpu_limit_bytes": config.limits.gpu_bytes, "inject": spec["inject"], "threads": config.threads}  # fmt: skip
+           "gpu_limit_bytes": config.limits.gpu_bytes, "inject": spec["inject"], "threads": config.threads,
+           "fit_to_limits": config.fit_to_limits, "rss_limit_bytes": config.limits.rss_bytes,
+           "rss_counts": config.limits.rss_counts, "request_timeout_s": config.limits.request_timeout_s}  # fmt: skip
     records: list[dict[str, Any]] = []
     worker: ServeWorker | None = None
     starts = 0

@@ -12,10 +12,17 @@ turns = 4
 [serving]
 mode = "plain"                 # plain | governed | package.module:factory
 budget = "320MiB"              # the session's memory budget (governed); squeezes scale it
+fit_to_limits = false          # governed: lower the budget to what the watchdog leaves the session's tensors
+                               # (limit - what the worker holds beside the model's tensors - jitter chunks)
 [serving.options]              # keyword arguments of the mode's factory (GovernedSession(...))
 [limits]
 address_space = "1.25GiB"      # RLIMIT_AS of each worker (includes ~600 MiB of torch libraries)
 rss = "900MiB"                 # optional watchdog: SIGKILL past this resident set (lmkd / jetsam)
+# device = "iphone-13"         # ... or the watchdog from a device profile (memwarden.models.devices):
+# share = 0.33                 #     share x the profile's usable memory (its per-app kill limit)
+count = "resident"             # what the watchdog counts: resident (every resident page) | footprint
+                               # (anonymous and shared memory, as iOS's phys_footprint; not clean file pages:
+                               # libraries and memory-mapped weights, which the kernel drops under pressure)
 gpu_memory = "4GiB"            # optional CUDA cap
 request_timeout_s = 120
 [run]
@@ -51,8 +58,9 @@ __all__ = ["CampaignConfig", "load_config", "parse_config"]
 
 MAX_CONFIG_BYTES = 1 << 20
 _TOP = {"name", "workload", "serving", "limits", "run"}
-_SERVING = {"mode", "budget", "options"}
-_LIMITS = {"address_space", "rss", "gpu_memory", "request_timeout_s", "start_timeout_s"}
+_SERVING = {"mode", "budget", "options", "fit_to_limits"}
+_LIMITS = {"address_space", "rss", "device", "share", "count", "gpu_memory", "request_timeout_s", "start_timeout_s"}
+_COUNTS = ("resident", "footprint")
 _RUN = {"workers", "max_restarts", "restart_after_oom", "threads", "inject"}
 _BUILT_IN_MODES = ("plain", "governed")
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -64,6 +72,7 @@ class CampaignConfig:
     workload: dict[str, Any]  # scenario + DemoConfig fields, or script (absolute) + args
     mode: str = "plain"
     budget_bytes: int | None = None
+    fit_to_limits: bool = False  # governed: the budget is what the RSS watchdog leaves (worker.py)
     options: dict[str, Any] = field(default_factory=dict)
     limits: Limits = Limits()
     workers: int = 1
@@ -80,7 +89,7 @@ class CampaignConfig:
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name, "workload": self.workload, "mode": self.mode, "budget_bytes": self.budget_bytes,
-            "options": self.options, "limits": self.limits.to_json(), "workers": self.workers,
+            "fit_to_limits": self.fit_to_limits, "options": self.options, "limits": self.limits.to_json(), "workers": self.workers,
             "max_restarts": self.max_restarts, "restart_after_oom": self.restart_after_oom, "threads": self.threads,
             "inject": list(self.inject),
         }  # fmt: skip
@@ -135,10 +144,12 @@ def parse_config(data: bytes, *, label: str = "<config>", base_dir: Path = Path(
         workload=workload,
         mode=r.mode(serving.get("mode", "plain")),
         budget_bytes=r.nbytes("serving.budget", serving.get("budget")),
+        fit_to_limits=r.fit_to_limits(serving, limits),
         options=r.options(serving.get("mode", "plain"), r.table("serving.options", serving.get("options", {}))),
         limits=Limits(
             address_space_bytes=r.nbytes("limits.address_space", limits.get("address_space")),
-            rss_bytes=r.nbytes("limits.rss", limits.get("rss")),
+            rss_bytes=r.rss(limits),
+            rss_counts=r.choice("limits.count", limits.get("count", "resident"), _COUNTS),
             gpu_bytes=r.nbytes("limits.gpu_memory", limits.get("gpu_memory")),
             request_timeout_s=r.number("limits.request_timeout_s", limits.get("request_timeout_s", 120.0)),
             start_timeout_s=r.number("limits.start_timeout_s", limits.get("start_timeout_s", 300.0)),
@@ -196,6 +207,38 @@ class _Reader:
 
             self.keys("[serving.options]", options, set(KNOBS) - {"budget"})
         return options
+
+    def choice(self, where: str, value: Any, choices: tuple[str, ...]) -> str:
+        if value not in choices:
+            self.fail(where, f"must be one of {', '.join(choices)}; got {value!r:.80}")
+        return str(value)
+
+    def rss(self, limits: dict[str, Any]) -> int | None:
+        """``rss`` as given, or ``share`` x the usable memory of the device profile ``device`` (its per-app
+        kill limit where it has one): a limit that comes from the device, not from where plain peaks."""
+        if "device" not in limits:
+            if "share" in limits:
+                self.fail("limits.share", "is a share of a device profile's memory: give limits.device too")
+            return self.nbytes("limits.rss", limits.get("rss"))
+        if "rss" in limits:
+            self.fail("limits.device", "give limits.rss or limits.device (with limits.share), not both")
+        from memwarden.models.devices import builtin_ids, load_profile
+
+        name = self.string("limits.device", limits["device"])
+        if name not in builtin_ids():  # a campaign config names a built-in profile, never a path
+            self.fail("limits.device", f"unknown device profile {name!r:.80}; built-in: {', '.join(builtin_ids())}")
+        share = limits.get("share", 1.0)
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+            self.fail("limits.share", f"must be a fraction in (0, 1] of the device's usable memory; got {share!r:.80}")
+        return int(load_profile(name).usable_bytes * share)
+
+    def fit_to_limits(self, serving: dict[str, Any], limits: dict[str, Any]) -> bool:
+        fit = self.boolean("serving.fit_to_limits", serving.get("fit_to_limits", False))
+        if fit and serving.get("mode", "plain") != "governed":
+            self.fail("serving.fit_to_limits", "only a governed session has a budget to fit")
+        if fit and "rss" not in limits and "device" not in limits:
+            self.fail("serving.fit_to_limits", "needs an RSS watchdog to fit under: give limits.rss or limits.device")
+        return fit
 
     def integer(self, where: str, value: Any, lo: int, hi: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:

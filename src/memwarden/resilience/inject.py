@@ -294,6 +294,7 @@ class JitterThread(threading.Thread):
         self.spec = spec
         self.stats = JitterStats()
         self._stop_event = threading.Event()
+        self.first_pass = threading.Event()  # set once the first chunk is resident (or was refused)
 
     def run(self) -> None:
         npages = self.spec.size_bytes // PAGE_BYTES
@@ -304,11 +305,13 @@ class JitterThread(threading.Thread):
             except (OSError, MemoryError) as exc:
                 self.stats.failed += 1
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                self.first_pass.set()
             else:
                 try:
                     _touch(chunk)  # a write fault per page: the memory is really resident
                     self.stats.touched_bytes += npages * PAGE_BYTES
                     self.stats.held_bytes = npages * PAGE_BYTES
+                    self.first_pass.set()
                     self._stop_event.wait(self.spec.hold_s)
                 finally:
                     chunk.close()  # munmap: returned to the OS at once, unlike a malloc'd buffer

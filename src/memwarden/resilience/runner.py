@@ -1,7 +1,7 @@
 """The parent side of a worker: spawn it under limits, talk to it, watch it, tell how it ended.
 
-Imports no torch: a campaign process only starts children and reads pipes. Each child is
-``python -m memwarden.resilience.worker`` with its job in the environment (see worker.py).
+Imports no torch: a campaign process only starts children and reads pipes. Each child runs
+``memwarden/resilience/worker.py`` with its job in the environment (see worker.py).
 
 How a run ends, as the campaign counts it:
 
@@ -29,13 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from memwarden.errors import InputError
-from memwarden.resilience.worker import EXIT_OOM, JOB_ENV
+from memwarden.resilience.worker import EXIT_OOM, JOB_ENV, resident_bytes
 
 __all__ = ["ExitInfo", "Limits", "RunOutcome", "ServeWorker", "WorkerDied", "classify_exit", "run_limited"]
 
 _POLL_S = 0.01  # the watchdog samples RSS this often: a 128 MiB jitter cycle takes ~0.1 s to fault in
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 _SRC_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the memwarden package
+# The worker runs by path, not ``-m memwarden.resilience.worker``: importing it as a module would import the
+# memwarden package first (~0.6 s of CPU), which a script workload without injections never needs.
+_BOOT = f"import runpy; runpy.run_path({str(Path(__file__).with_name('worker.py'))!r}, run_name='__main__')"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +46,10 @@ class Limits:
 
     address_space_bytes: int | None = None  # RLIMIT_AS in the child: the kernel refuses mappings past it
     rss_bytes: int | None = None  # parent watchdog: SIGKILL when the resident set passes it
+    # What the watchdog counts: "resident" (every resident page) or "footprint" (anonymous and shared memory: as
+    # iOS's phys_footprint, clean file pages — libraries, memory-mapped weights — are left out, since
+    # the kernel drops them under pressure instead of killing anyone).
+    rss_counts: str = "resident"
     gpu_bytes: int | None = None  # CUDA caching allocator cap (set_per_process_memory_fraction)
     request_timeout_s: float = 120.0
     start_timeout_s: float = 300.0  # python + torch import + model build under a tight limit
@@ -81,14 +87,6 @@ class WorkerDied(Exception):
         self.info = info
 
 
-def _rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as fh:
-            return int(fh.read().split()[1]) * _PAGE_BYTES
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
 def _tail(path: Path, limit_bytes: int = 2000) -> str:
     try:
         with open(path, "rb") as fh:
@@ -116,7 +114,7 @@ class _Child:
         self.log_path = log_path
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "memwarden.resilience.worker"], stdin=stdin, stdout=self._log,
+            [sys.executable, "-c", _BOOT], stdin=stdin, stdout=self._log,
             stderr=subprocess.STDOUT, pass_fds=pass_fds, env=env, start_new_session=True,
         )  # fmt: skip
         self.info: ExitInfo | None = None
@@ -127,7 +125,10 @@ class _Child:
             return self.info
         pid, status, rusage = os.wait4(self.proc.pid, os.WNOHANG)
         if pid == 0:
-            if self.limits.rss_bytes is not None and _rss_bytes(self.proc.pid) > self.limits.rss_bytes:
+            if (
+                self.limits.rss_bytes is not None
+                and resident_bytes(self.proc.pid, self.limits.rss_counts) > self.limits.rss_bytes
+            ):
                 return self.kill("watchdog")
             return None
         return self._reaped(status, rusage, None)

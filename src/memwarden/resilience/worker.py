@@ -1,4 +1,5 @@
-"""The child side of a campaign: ``python -m memwarden.resilience.worker``.
+"""The child side of a campaign: this file run as ``__main__`` (``runner`` runs it by path, so that a
+script workload without injections imports nothing of memwarden: its top level is the standard library).
 
 The job comes as JSON in ``MEMWARDEN_WORKER_JOB``. The address-space limit is set before
 anything heavy is imported (torch maps ~600 MiB of libraries, and they must fit under the
@@ -16,6 +17,7 @@ watchdog) from the wait status.
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import os
@@ -27,6 +29,10 @@ from typing import Any
 EXIT_OOM = 86
 EXIT_CRASH = 87
 JOB_ENV = "MEMWARDEN_WORKER_JOB"
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+# fit_to_limits: what the worker keeps free of the budget beside what it measured (the session's
+# bookkeeping and allocator rounding, beyond its tensor prediction: ~8 MiB measured on the demo deployment).
+_FIT_MARGIN_BYTES = 16 * 1024**2
 
 
 def _status_kib(field: str) -> int:
@@ -44,6 +50,25 @@ def reset_peak_rss() -> None:
             fh.write("5")
     except OSError:
         pass
+
+
+def resident_bytes(pid: int | str = "self", counts: str = "resident") -> int:
+    """The resident set of ``pid`` or, with ``counts="footprint"``, its anonymous and shared-memory pages
+    (RssAnon + RssShmem): what iOS's phys_footprint counts of them, leaving out clean file pages
+    (libraries, memory-mapped weights) that the kernel drops under pressure. The jitter's chunk is
+    shared anonymous memory (``mmap.mmap(-1, n)``): shmem, counted."""
+    try:
+        if counts != "footprint":
+            with open(f"/proc/{pid}/statm") as fh:
+                return int(fh.read().split()[1]) * _PAGE_BYTES
+        total = 0
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(("RssAnon:", "RssShmem:")):
+                    total += int(line.split()[1]) * 1024
+        return total
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def peak_rss_bytes() -> int:
@@ -67,7 +92,7 @@ class _Injected:
         self.gpu_limit_bytes: int | None = job.get("gpu_limit_bytes")
         self.server: Any = None
         self.telemetry_samples = 0
-        self._jitter_specs = [s for s in specs if isinstance(s, Jitter)]
+        self.jitter_specs = [s for s in specs if isinstance(s, Jitter)]
         self.jitters: list[Any] = []
         # Squeezes are relative to the first of: the host limit, the GPU limit, the budget.
         base = next((b for b in (self.limit_bytes, self.gpu_limit_bytes, self.budget_bytes) if b is not None), None)
@@ -80,8 +105,11 @@ class _Injected:
 
     def start(self) -> None:
         """Jitter and the schedule's clock start here: when the script starts, or when serving starts
-        (after the model is loaded, so that squeeze times are times into serving)."""
-        self.jitters = [s.start() for s in self._jitter_specs]
+        (after the model is loaded, so that squeeze times are times into serving). The other app is
+        resident before the first request: each jitter's first chunk is touched (or refused) first."""
+        self.jitters = [s.start() for s in self.jitter_specs]
+        for jitter in self.jitters:
+            jitter.first_pass.wait(timeout=120)
         self.schedule.start()
 
     def _on_limit(self, new_bytes: int) -> None:
@@ -141,16 +169,22 @@ def _serve(job: dict[str, Any], injected: _Injected, out: Any) -> int:
         _cuda_limit(int(job["gpu_limit_bytes"]))
     scenario = load_scenario(job["workload"])
     serving = job.get("serving", {})
+    fit: dict[str, Any] | None = None
+    if job.get("fit_to_limits") and job.get("rss_limit_bytes"):
+        fit = fit_budget(scenario.model, injected, int(job["rss_limit_bytes"]), job.get("rss_counts", "resident"))
+        injected.budget_bytes = fit["budget_bytes"]  # squeezes scale the fitted budget
     server = make_server(serving.get("mode", "plain"), scenario.model, budget_bytes=injected.budget_bytes,
                          options=serving.get("options", {}), gen_kwargs=scenario.gen_kwargs)  # fmt: skip
     injected.server = server
     injected.start()
-    _send(out, {"ready": True, "load_s": time.monotonic() - begin})
+    _send(out, {"ready": True, "load_s": time.monotonic() - begin, "fit": fit})
     for line in sys.stdin:
         req = json.loads(line)
         if req.get("stop"):
             break
         reset_peak_rss()
+        if job.get("request_timeout_s"):  # a request that hangs leaves every thread's stack in the log
+            faulthandler.dump_traceback_later(max(1.0, float(job["request_timeout_s"]) - 2.0))
         t0 = time.perf_counter()
         answer: dict[str, Any] = {"index": req["index"]}
         try:
@@ -162,9 +196,12 @@ def _serve(job: dict[str, Any], injected: _Injected, out: Any) -> int:
 
             gc.collect()
         answer["latency_s"] = time.perf_counter() - t0
+        faulthandler.cancel_dump_traceback_later()
         answer["peak_rss_bytes"] = peak_rss_bytes()
         answer["address_space_bytes"] = _status_kib("VmSize") * 1024  # what RLIMIT_AS compares against
         answer["injected"] = injected.record()
+        if fit is not None:
+            answer["injected"]["fit"] = fit
         if hasattr(server, "stats"):
             try:
                 answer["server_stats"] = server.stats()
@@ -172,6 +209,39 @@ def _serve(job: dict[str, Any], injected: _Injected, out: Any) -> int:
                 answer["server_stats"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
         _send(out, answer)
     return 0
+
+
+def _state_bytes(model: Any) -> int:
+    """Bytes of the model's parameters and buffers, each storage once (tied weights share one)."""
+    seen: dict[int, int] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        storage = t.untyped_storage()
+        if t.device.type == "cpu":
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def fit_budget(model: Any, injected: _Injected, limit_bytes: int, counts: str = "resident") -> dict[str, Any]:
+    """The budget a governed session can have under an RSS watchdog of ``limit_bytes``.
+
+    The watchdog counts the whole process: the interpreter, torch's and transformers' code and data,
+    and another app's pages (the jitter's chunk, which runs in this process) — not only the tensors a
+    session's budget is about. So the worker plays the device's memory report (iOS's
+    ``os_proc_available_memory``, Android's ``ActivityManager.MemoryInfo``): it measures what the
+    process holds beside the model's tensors once the model is built, and takes another app's pages
+    at their largest (the jitter specs' sizes: measuring them by exposure would mean being killed for
+    them first). The session gets the rest, less a margin, capped at the configured budget; it
+    streams the weights that do not fit (``stream = "auto"``)."""
+    import gc
+
+    gc.collect()
+    other = max(0, resident_bytes("self", counts) - _state_bytes(model))
+    pressure = sum(spec.size_bytes for spec in injected.jitter_specs)
+    budget = limit_bytes - other - pressure - _FIT_MARGIN_BYTES
+    if injected.budget_bytes is not None:
+        budget = min(budget, injected.budget_bytes)
+    return {"budget_bytes": max(1, budget), "limit_bytes": limit_bytes, "counts": counts, "other_bytes": other,
+            "pressure_bytes": pressure, "margin_bytes": _FIT_MARGIN_BYTES}  # fmt: skip
 
 
 def _send(out: Any, message: dict[str, Any]) -> None:
@@ -188,12 +258,11 @@ def main() -> int:
         _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         resource.setrlimit(resource.RLIMIT_AS, (int(job["limit_bytes"]), hard))
     try:
-        from memwarden.resilience.inject import is_oom_error
-
-        injected = _Injected(job)
         if job["kind"] == "script":
-            injected.start()
+            if job.get("inject"):  # the injections are memwarden's code: a script without any imports none of it
+                _Injected(job).start()
             return _run_script(job)
+        injected = _Injected(job)
         out = os.fdopen(int(job["result_fd"]), "w", buffering=1)
         return _serve(job, injected, out)
     except SystemExit as exc:  # a script's own exit status is its verdict
@@ -201,11 +270,18 @@ def main() -> int:
         return code if isinstance(code, int) else (0 if code is None else 1)
     except BaseException as exc:
         traceback.print_exc()
-        try:
-            oom = is_oom_error(exc)
-        except NameError:  # the limit refused even memwarden's own import
-            oom = isinstance(exc, MemoryError)
-        return EXIT_OOM if oom else EXIT_CRASH
+        exc.__traceback__ = None  # frees the failed frames (what a hog had allocated) before classifying
+        return EXIT_OOM if _is_oom(exc) else EXIT_CRASH
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):  # no import needed to tell
+        return True
+    try:
+        from memwarden.resilience.inject import is_oom_error
+    except BaseException:  # the limit refused even memwarden's own import
+        return isinstance(exc, MemoryError)
+    return is_oom_error(exc)
 
 
 if __name__ == "__main__":

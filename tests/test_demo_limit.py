@@ -1,0 +1,34 @@
+"""`memwarden demo --real-limit`: under a real address-space limit (RLIMIT_AS in a child process) plain
+generate() fails with the allocator's own out-of-memory, caught and shown, where the GovernedSession answers."""
+
+from __future__ import annotations
+
+from memwarden.demo import LimitedResult, run_limited
+from memwarden.models.chat import DemoConfig
+
+MiB = 1024**2
+
+
+def test_plain_fails_where_the_governed_session_answers_under_a_real_limit() -> None:
+    # 210 MiB: the fp32 weights (180 MiB) leave plain generate() too little for its first turn (measured:
+    # plain needs ~225 MiB); the session quantizes the weights under the same limit and answers every turn.
+    config = DemoConfig(budget_bytes=210 * MiB, turns=2, new_tokens=4)
+    result = run_limited(config, arms=("plain", "governed-int4"))
+    assert result.limit_bytes > 0
+    assert result.plain_answered < config.turns and result.plain_error is not None
+    assert "allocate" in result.plain_error or "MemoryError" in result.plain_error, result.plain_error
+    assert result.int4_ran and result.int4_error is None and result.int4_answered == config.turns
+    assert "plain generate() failed at turn" in result.story and "int4 weights" in result.story
+    assert f"answered all {config.turns}" in result.story
+
+
+def test_story_says_which_side_failed() -> None:
+    base = {"budget_bytes": 210 * MiB, "limit_bytes": 1 << 30, "turns": 3, "outputs_equal": True}
+    plain_fails = LimitedResult(**base, plain_answered=1, plain_error="RuntimeError: can't allocate memory",
+                                governed_answered=3, governed_error=None)  # fmt: skip
+    assert plain_fails.story.startswith("under a real 210.0 MiB limit plain generate() failed at turn 2")
+    both_fail = LimitedResult(**base, plain_answered=0, plain_error="MemoryError", governed_answered=0,
+                              governed_error="MemoryError", int4_ran=True, int4_error="MemoryError")  # fmt: skip
+    assert "failed at turn 1 too" in both_fail.story and "with int4 weights MemoryError" in both_fail.story
+    fits = LimitedResult(**base, plain_answered=3, plain_error=None, governed_answered=3, governed_error=None)
+    assert fits.story.startswith("both fit")
