@@ -3,13 +3,17 @@
   tiny16   a tiny llava ``generate`` of 16 new tokens (~150 ms plain)
   tiny64   the same with 64 new tokens
   demo     the default workload: the demo deployment's chat turns (llava small, 4 turns)
+  train    (not in the table; opt in) 4 training steps of the tiny llava with AdamW: what reading
+           the autograd graph for saved-for-backward tensors (capture/live/saved.py) costs
 
 On each workload, interleaved in one process so machine noise hits all modes alike:
   untraced              plain run
   memwarden             under memwarden.capture() (source lines on: the default)
   memwarden(lines=False) the same without source lines (what line attribution costs)
   torch.profiler        under torch.profiler.profile(profile_memory=True) alone (the reference)
-and reports median wall and process CPU times and the ratios to the untraced run.
+and reports median wall, process CPU and main-thread CPU times and the ratios to the untraced run
+(on a loaded machine the CPU times are the steadier figures; the process's includes torch's
+intra-op threads, which spin while they wait).
 
     python benchmarks/bench_capture.py [--repeats 7] [--workloads tiny16,tiny64,demo] [--threads N] [--json]
 """
@@ -43,6 +47,21 @@ def _tiny(new_tokens: int) -> tuple[str, Callable[[], None]]:
     return f"llava (tiny) generate, {new_tokens} new tokens", run
 
 
+def _train() -> tuple[str, Callable[[], None]]:
+    model = zoo.build_model("llava", size="tiny").train()
+    inputs = zoo.make_inputs(model, prompt_tokens=16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def run() -> None:
+        for _ in range(4):
+            out = model(**inputs, labels=inputs["input_ids"])
+            out.loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    return "llava (tiny) training, 4 steps of forward, backward, AdamW", run
+
+
 def _demo() -> tuple[str, Callable[[], None]]:
     config = DemoConfig()
     model, turn_inputs, gen_kwargs = build_deployment(config)
@@ -54,7 +73,7 @@ def _demo() -> tuple[str, Callable[[], None]]:
 
 
 WORKLOADS: dict[str, Callable[[], tuple[str, Callable[[], None]]]] = {
-    "tiny16": lambda: _tiny(16), "tiny64": lambda: _tiny(64), "demo": _demo}  # fmt: skip
+    "tiny16": lambda: _tiny(16), "tiny64": lambda: _tiny(64), "demo": _demo, "train": _train}  # fmt: skip
 
 
 def measure(workload: Callable[[], None], repeats: int) -> dict[str, Any]:
@@ -76,15 +95,20 @@ def measure(workload: Callable[[], None], repeats: int) -> dict[str, Any]:
         fn()
     times: dict[str, list[float]] = {name: [] for name in modes}
     cpu: dict[str, list[float]] = {name: [] for name in modes}
+    thread: dict[str, list[float]] = {name: [] for name in modes}
     for _ in range(repeats):
         for name, fn in modes.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
+            start, start_cpu, start_thread = time.perf_counter(), time.process_time(), time.thread_time()
             fn()
             times[name].append(time.perf_counter() - start)
             cpu[name].append(time.process_time() - start_cpu)
+            thread[name].append(time.thread_time() - start_thread)
     base = statistics.median(times["untraced"])
     base_cpu = statistics.median(cpu["untraced"])
+    base_thread = statistics.median(thread["untraced"])
     return {
+        "thread_cpu_s": {k: round(statistics.median(v), 4) for k, v in thread.items()},
+        "thread_cpu_ratio_to_untraced": {k: round(statistics.median(v) / base_thread, 3) for k, v in thread.items()},
         "median_s": {k: round(statistics.median(v), 4) for k, v in times.items()},
         "ratio_to_untraced": {k: round(statistics.median(v) / base, 3) for k, v in times.items()},
         "cpu_s": {k: round(statistics.median(v), 4) for k, v in cpu.items()},
@@ -116,6 +140,8 @@ def main() -> None:
             print(
                 f"  {name:32s} wall median {result['median_s'][name]:.3f} s ratio {result['ratio_to_untraced'][name]:.3f}"
                 f"   cpu median {result['cpu_s'][name]:.3f} s ratio {result['cpu_ratio_to_untraced'][name]:.3f}"
+                f"   thread cpu {result['thread_cpu_s'][name]:.3f} s ratio"
+                f" {result['thread_cpu_ratio_to_untraced'][name]:.3f}"
             )
 
 

@@ -124,3 +124,21 @@ def test_a_wrapped_allocator_block_is_counted_once() -> None:
         ids = torch.arange(3, 203, dtype=torch.long).reshape(1, 200)
         model(torch.from_numpy(ids.numpy()))
     assert _external_rows(cap.trace) == []
+
+
+def test_the_captures_own_reading_leaves_the_programs_tensors_as_they_were() -> None:
+    """Fingerprinting a call's inputs and reading its attention mask must not go through
+    ``Tensor.numpy()``, which marks a storage non-resizable for good: the program's ``resize_``
+    would then fail after the capture, and the capture would take the tensors it read for
+    foreign memory (a /proc/self/maps read each)."""
+    model = _tiny_llama()
+    ids = torch.arange(3, 35, dtype=torch.long).reshape(2, 16)  # (B, T)
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 12:] = 0  # the second row is padded
+    with memwarden.capture() as cap, torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+        model(ids, attention_mask=mask)  # positional: read through the forward's signature
+    assert not is_foreign(ids) and not is_foreign(mask)
+    ids.resize_(2, 17)  # what a program may do with its own tensor after the capture
+    assert _external_rows(cap.trace) == []
+    assert cap.trace.metadata["input_padding"]  # the mask was still read

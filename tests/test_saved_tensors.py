@@ -120,6 +120,9 @@ torch.manual_seed(0)
 m = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.GELU(), torch.nn.Linear(512, 128))
 x = torch.randn(64, 128)
 cap = memwarden.capture(stream_to={path!r}).__enter__()
+# No 100 ms flush from the streamer's thread: on a loaded machine one can land mid-op and stream a
+# row before its op fills in its shape; step boundaries and the flush below see finished ops only.
+cap._streamer._stop.set()
 m(x).pow(2).mean().backward()
 kept = m(x)  # a graph held when the process dies: its saved activations are alive
 cap._streamer.flush("test")  # what the 100 ms flush would write, without waiting for it

@@ -3,14 +3,51 @@ root (model) calls, the KV cache in their outputs. Used by live and meta capture
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import inspect
 import weakref
 from typing import Any
 
+import numpy as np
 import torch
 
 _FINGERPRINT_FULL_BYTES = 64 * 1024 * 1024  # hash every byte up to this; sample beyond
+
+# Dtypes numpy can view as they are (bfloat16 and the float8s it cannot).
+_NUMPY_DTYPES = {
+    torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16,
+    torch.int32: np.int32, torch.int64: np.int64, torch.float16: np.float16, torch.float32: np.float32,
+    torch.float64: np.float64, torch.complex64: np.complex64, torch.complex128: np.complex128,
+}  # fmt: skip
+
+
+def _memory(address: int, nbytes: int) -> Any:
+    """``nbytes`` of host memory at ``address``, as a buffer, read in place."""
+    return (ctypes.c_char * nbytes).from_address(address) if nbytes > 0 else b""
+
+
+def host_array(t: torch.Tensor) -> np.ndarray | None:
+    """A numpy view of a CPU tensor's elements, made without ``Tensor.numpy()``, which marks the
+    storage non-resizable for good: the capture would change the program it watches (a later
+    ``resize_`` of that tensor fails) and take the tensors it read for foreign memory (which
+    ``memwarden.capture.foreign`` tells apart by that flag). None for a dtype numpy has no view of
+    or a tensor without plain strided host memory."""
+    np_dtype = _NUMPY_DTYPES.get(t.dtype)
+    if np_dtype is None or t.device.type != "cpu" or t.is_meta or t.layout != torch.strided:
+        return None
+    if t.is_conj() or t.is_neg():
+        return None
+    item = t.element_size()
+    if t.numel() == 0:
+        return np.empty(tuple(t.shape), dtype=np_dtype)
+    try:
+        address = t.data_ptr()
+    except RuntimeError:  # a wrapper subclass without storage
+        return None
+    span = (sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1) * item  # strides are >= 0
+    flat: np.ndarray = np.frombuffer(_memory(address, span), dtype=np_dtype)
+    return np.lib.stride_tricks.as_strided(flat, tuple(t.shape), tuple(s * item for s in t.stride()), writeable=False)
 
 
 def tensor_digest(t: torch.Tensor) -> bytes:
@@ -27,7 +64,9 @@ def tensor_digest(t: torch.Tensor) -> bytes:
     if flat.numel() * flat.element_size() > _FINGERPRINT_FULL_BYTES:
         step = max(1, flat.numel() // (_FINGERPRINT_FULL_BYTES // flat.element_size()))
         flat = flat[::step]
-    h.update(flat.cpu().contiguous().numpy().tobytes())
+    flat = flat.cpu().contiguous()
+    # The bytes in place, not through ``numpy()``: see ``host_array``.
+    h.update(_memory(flat.data_ptr(), flat.numel() * flat.element_size()))
     return h.digest()
 
 
@@ -44,6 +83,8 @@ class DigestCache:
         self._limit = limit
 
     def digest(self, t: torch.Tensor) -> bytes:
+        if t.is_inference():  # no version counter to tell a stale digest by (raising costs more)
+            return tensor_digest(t)
         try:
             key = (id(t), t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype)
         except Exception:  # tensors without storage: hash them plainly
@@ -78,7 +119,7 @@ def fingerprint(values: Any, cache: DigestCache | None = None) -> str | None:
     return h.hexdigest() if seen else None
 
 
-_SIGNATURES: dict[type, inspect.Signature | None] = {}
+_POSITIONAL: dict[type, list[str] | None] = {}  # per module class: its forward's positional names
 
 
 def bound_inputs(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -88,15 +129,15 @@ def bound_inputs(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[st
     if not args:
         return kwargs
     cls = type(module)
-    if cls not in _SIGNATURES:
+    if cls not in _POSITIONAL:
         try:
-            _SIGNATURES[cls] = inspect.signature(module.forward)
+            params = inspect.signature(module.forward).parameters.values()
+            _POSITIONAL[cls] = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         except (TypeError, ValueError):
-            _SIGNATURES[cls] = None
-    sig = _SIGNATURES[cls]
-    if sig is None:
+            _POSITIONAL[cls] = None
+    names = _POSITIONAL[cls]
+    if names is None:
         return kwargs
-    names = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     bound = dict(zip(names, args, strict=False))
     bound.update(kwargs)
     return bound
@@ -148,16 +189,16 @@ def step_tokens(module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, An
 def mask_padding(mask: Any) -> dict[str, int] | None:
     """How much of a (B, T) batch is padding, read from its attention mask: ``length`` T, the
     ``longest`` row's real tokens, all ``real`` tokens and the ``batch``. None when the mask pads
-    nothing or is not a plain CPU (B, T) mask. Read through numpy: the capture's own reading
-    allocates nothing the allocator recorder would log."""
+    nothing or is not a plain CPU (B, T) mask. Read through numpy (``host_array``): the capture's
+    own reading allocates nothing the allocator recorder would log."""
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
         return None
     if mask.device.type != "cpu" or mask.is_meta or mask.requires_grad or mask.dtype.is_complex:
         return None
-    try:
-        rows = (mask.numpy() != 0).sum(axis=1)
-    except (RuntimeError, TypeError):  # a dtype numpy cannot view (bfloat16)
+    view = host_array(mask)
+    if view is None:  # a dtype numpy cannot view (bfloat16)
         return None
+    rows = (view != 0).sum(axis=1)
     real = int(rows.sum())
     if real == mask.numel():
         return None

@@ -40,6 +40,8 @@
 #define MEMWARDEN_FRAMES 1
 #define Py_BUILD_CORE
 #include <internal/pycore_frame.h>
+#undef _PyGC_FINALIZED  // the public objimpl.h defines it too; pycore_gc.h's is the same test
+#include <internal/pycore_gc.h>
 #undef Py_BUILD_CORE
 #else
 #define MEMWARDEN_FRAMES 0
@@ -104,11 +106,13 @@ bool g_stacks = false;
 std::vector<std::string> g_user_prefixes, g_library_prefixes;
 struct CodeInfo {
   const void* filename;  // the code's co_filename and co_qualname objects and first line: a code
-  const void* name;      // object freed and its address reused by another fails this check
+  const void* name;      // object freed and its address reused by another fails this check...
   int firstlineno;
   bool user;
-  uint32_t index;  // into g_code_names
-};
+  uint32_t index;       // into g_code_names
+  std::string raw_file;  // ...unless its strings were freed and reused too (a script run again by
+  std::string raw_name;  // runpy: "<module>", line 1, a new path at the old one's address), so the
+};                       // strings' contents are compared as well (raw code units: no allocation)
 std::unordered_map<const void*, CodeInfo> g_codes;
 std::vector<std::pair<std::string, std::string>> g_code_names;  // (file, function)
 std::unordered_map<uint64_t, int32_t> g_site_ids;  // (code index, line) -> site, without stacks
@@ -153,16 +157,33 @@ bool is_user_file(const std::string& file) {
   return !starts_with(file, "<frozen ");
 }
 
+// The code units of a str as bytes (its kind first), or "" for anything else.
+std::string raw_of(PyObject* text) {
+  if (text == nullptr || !PyUnicode_Check(text) || !PyUnicode_IS_READY(text)) return std::string();
+  const int kind = PyUnicode_KIND(text);
+  std::string out(1, static_cast<char>(kind));
+  out.append(static_cast<const char*>(PyUnicode_DATA(text)), static_cast<size_t>(PyUnicode_GET_LENGTH(text)) * kind);
+  return out;
+}
+
+bool same_text(PyObject* text, const std::string& raw) {
+  if (text == nullptr || !PyUnicode_Check(text) || !PyUnicode_IS_READY(text)) return raw.empty();
+  const int kind = PyUnicode_KIND(text);
+  const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(text)) * kind;
+  return raw.size() == n + 1 && raw[0] == static_cast<char>(kind) && std::memcmp(raw.data() + 1, PyUnicode_DATA(text), n) == 0;
+}
+
 // Caller holds g_mu.
 const CodeInfo& code_info(PyCodeObject* code) {
   auto it = g_codes.find(code);
   if (it != g_codes.end() && it->second.filename == code->co_filename && it->second.name == code->co_qualname &&
-      it->second.firstlineno == code->co_firstlineno) {
+      it->second.firstlineno == code->co_firstlineno && same_text(code->co_filename, it->second.raw_file) &&
+      same_text(code->co_qualname, it->second.raw_name)) {
     return it->second;
   }
   std::string file = utf8_of(code->co_filename);
   CodeInfo info{code->co_filename, code->co_qualname, code->co_firstlineno, is_user_file(file),
-                static_cast<uint32_t>(g_code_names.size())};
+                static_cast<uint32_t>(g_code_names.size()), raw_of(code->co_filename), raw_of(code->co_qualname)};
   g_code_names.emplace_back(std::move(file), utf8_of(code->co_qualname));
   return g_codes[code] = info;
 }
@@ -216,6 +237,84 @@ int32_t current_site() {
 #else
 int32_t current_site() { return -1; }
 #endif
+
+// The capture's start-up scan: every object the garbage collector tracks whose type derives from
+// one of `bases` (tensors, modules), in gc.get_objects() order, or None where this interpreter's
+// layout cannot be confirmed (the caller then filters gc.get_objects() itself). Walking the
+// generations here costs a pointer chase per object; gc.get_objects() builds a list of every
+// object of the process (~4x10^5 in a transformers process) that Python then filters, which cost
+// more than a tiny model's whole generate(). Runs with the GIL held (pybind11 takes it), so no
+// other thread moves objects between generations meanwhile.
+py::object gc_instances(const py::tuple& bases) {
+#if MEMWARDEN_FRAMES
+  std::vector<PyTypeObject*> types;
+  for (const auto& b : bases) {
+    if (!PyType_Check(b.ptr())) throw py::type_error("gc_instances: bases must be types");
+    types.push_back(reinterpret_cast<PyTypeObject*>(b.ptr()));
+  }
+  // A new container is tracked at the young end of generation 0, so the node after it is that
+  // generation's list head, which lies inside the collector's state: confirm the layout by the
+  // state's own pointer to generation 0 before reading anything else through it.
+  PyObject* probe = PyList_New(0);
+  if (probe == nullptr) throw py::error_already_set();
+  PyGC_Head* head0 = _PyGCHead_NEXT(_Py_AS_GC(probe));
+  auto* state = reinterpret_cast<struct _gc_runtime_state*>(reinterpret_cast<char*>(head0) -
+                                                             offsetof(struct _gc_runtime_state, generations));
+  if (state->generation0 != head0 || state->collecting || _PyGCHead_PREV(head0) != _Py_AS_GC(probe)) {
+    Py_DECREF(probe);
+    return py::none();
+  }
+  // Each list is walked from both ends at once, meeting in the middle: the walk waits on one
+  // cache miss per object, and two independent chains let the CPU wait on two at a time.
+  std::vector<PyObject*> found, from_back;
+  auto keep = [&](PyGC_Head* g, std::vector<PyObject*>& into) {
+    PyObject* op = reinterpret_cast<PyObject*>(g + 1);
+    if (op == probe) return;
+    for (PyTypeObject* type : types) {
+      if (PyType_IsSubtype(Py_TYPE(op), type)) {
+        Py_INCREF(op);  // kept alive if building the list below runs a collection
+        into.push_back(op);
+        return;
+      }
+    }
+  };
+  for (int i = 0; i < NUM_GENERATIONS; ++i) {
+    PyGC_Head* head = &state->generations[i].head;
+    PyGC_Head* front = _PyGCHead_NEXT(head);
+    PyGC_Head* back = _PyGCHead_PREV(head);
+    from_back.clear();
+    // Invariant: the nodes strictly between `front` and `back` (and both, unless they crossed)
+    // are still to visit; a list of n nodes ends after n visits, whatever its parity.
+    while (front != head && back != head) {
+      if (front == back) {
+        keep(front, found);
+        break;
+      }
+      keep(front, found);
+      PyGC_Head* next = _PyGCHead_NEXT(front);
+      if (next == back) {
+        keep(back, from_back);
+        break;
+      }
+      keep(back, from_back);
+      front = next;
+      back = _PyGCHead_PREV(back);
+    }
+    found.insert(found.end(), from_back.rbegin(), from_back.rend());
+  }
+  Py_DECREF(probe);
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(found.size()));
+  if (out == nullptr) {
+    for (PyObject* op : found) Py_DECREF(op);
+    throw py::error_already_set();
+  }
+  for (size_t k = 0; k < found.size(); ++k) PyList_SET_ITEM(out, static_cast<Py_ssize_t>(k), found[k]);
+  return py::reinterpret_steal<py::object>(out);
+#else
+  (void)bases;
+  return py::none();
+#endif
+}
 
 inline int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -627,5 +726,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("site_names_since", &site_names_since);
   m.def("frames_supported", []() { return static_cast<bool>(MEMWARDEN_FRAMES); });
   m.def("scalar_type_names", &scalar_type_names);
+  m.def("gc_instances", &gc_instances);
   m.def("recording", []() { return g_recording.load(); });
 }

@@ -200,7 +200,8 @@ class CaptureLog:
         ptr = found[0]
         if ptr in self.preexisting_storages:
             return
-        rec = self._record(tensor, 0, maps.file_of(ptr))
+        # Memory PyTorch's allocator made is never file-backed: only a foreign storage is looked up.
+        rec = self._record(tensor, 0, maps.file_of(ptr) if is_foreign(tensor) else None)
         if rec is not None:
             self.preexisting_storages[ptr] = rec
 
@@ -210,8 +211,8 @@ class CaptureLog:
         if found is None:
             return
         ptr = found[0]
-        if ptr in self.preexisting_storages or ptr in self.mapped_storages:
-            return
+        if ptr in self.preexisting_storages or ptr in self.mapped_storages or not is_foreign(tensor):
+            return  # known already, or made by PyTorch's allocator (never file-backed)
         path = maps.file_of(ptr)
         if path is None:
             return

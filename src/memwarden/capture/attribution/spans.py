@@ -40,27 +40,29 @@ class ModuleSpans:
 def module_spans(action: np.ndarray, ids: np.ndarray, time_ns: np.ndarray, capture_end_ns: int) -> ModuleSpans:
     """Pair the markers into calls. An EXIT closes every call opened after its own ENTER too (a
     call cut short by an exception never logs its EXIT)."""
-    n = len(action)
-    row_span = np.full(n, -1, dtype=np.int64)
+    enter, exit_ = int(NativeRecord.ENTER), int(NativeRecord.EXIT)
+    is_marker = (action == enter) | (action == exit_)
+    markers = np.flatnonzero(is_marker)
     spans: list[list[int]] = []  # [start_ns, end_ns, ctx, parent, depth]
     stack: list[int] = []
-    markers = np.flatnonzero((action == NativeRecord.ENTER) | (action == NativeRecord.EXIT))
-    # Walk the markers only; the rows between two markers share the open span (one slice each).
-    prev = 0
-    for m in markers.tolist():
-        row_span[prev:m] = stack[-1] if stack else -1
-        if action[m] == NativeRecord.ENTER:
-            spans.append([int(time_ns[m]), capture_end_ns, int(ids[m]), stack[-1] if stack else -1, len(stack)])
+    open_after = [-1]  # the innermost call open after each marker (-1 before the first)
+    # Plain ints, not numpy scalars: a numpy scalar compared with an IntEnum member probes the
+    # member's attributes (Enum.__getattr__), which cost more than the rest of the stage.
+    rows = zip(action[markers].tolist(), ids[markers].tolist(), time_ns[markers].tolist(), strict=True)
+    for kind, ctx, t_ns in rows:
+        if kind == enter:
+            spans.append([t_ns, capture_end_ns, ctx, stack[-1] if stack else -1, len(stack)])
             stack.append(len(spans) - 1)
         else:
-            ctx = int(ids[m])
             while stack:
                 top = stack.pop()
-                spans[top][1] = int(time_ns[m])
+                spans[top][1] = t_ns
                 if spans[top][2] == ctx:
                     break
-        prev = m + 1
-    row_span[prev:] = stack[-1] if stack else -1
+        open_after.append(stack[-1] if stack else -1)
+    # A row between two markers lies in the call open after the earlier one; markers lie in none.
+    row_span = np.array(open_after, dtype=np.int64)[np.cumsum(is_marker)]
+    row_span[is_marker] = -1
     table = np.array(spans, dtype=np.int64).reshape(len(spans), 5)
     return ModuleSpans(
         start_ns=table[:, 0],

@@ -77,12 +77,17 @@ def _all_subclasses(root: type) -> set[type]:
     return found
 
 
-def _gc_objects() -> list[Any]:
-    """Every live tensor and module, from the garbage collector's list (one pass)."""
+def _gc_objects(recorder: Any = None) -> list[Any]:
+    """Every live tensor and module, from the garbage collector's lists (one pass)."""
+    bases = (torch._C.TensorBase, torch.nn.Module)
+    walk = getattr(recorder, "gc_instances", None)
+    found = walk(bases) if walk is not None else None
+    if found is not None:  # walked natively, without a list of every object (native.cpp)
+        return list(found)
     # isinstance(o, torch.Tensor) goes through a Python-level metaclass check; over the
     # ~10^5 objects of a transformers process that dominates the scan. Membership of the
     # exact type in the set of all tensor and module classes is a C-speed test instead.
-    classes = _all_subclasses(torch._C.TensorBase) | _all_subclasses(torch.nn.Module)
+    classes = _all_subclasses(bases[0]) | _all_subclasses(bases[1])
     objects = gc.get_objects()
     return list(itertools.compress(objects, map(classes.__contains__, map(type, objects))))
 
@@ -187,7 +192,7 @@ class Capture:
         when their model is first seen, so they stay in the trace even if the model is gone
         by the time the capture stops (a local of the script's main())."""
         if self._active:
-            self._maps.refresh()
+            self._maps.invalidate()
         for path, module in root.named_modules():
             for _name, p in module.named_parameters(recurse=False):
                 self._log.tag(t_ns, p, "weight", path)
@@ -313,7 +318,7 @@ class Capture:
         return tensors, modules
 
     def _scan_live_tensors(self) -> list[torch.Tensor]:
-        return self._split(_gc_objects())[0]
+        return self._split(_gc_objects(self._native))[0]
 
     @staticmethod
     def _roots_of(modules: list[torch.nn.Module]) -> list[torch.nn.Module]:
@@ -321,7 +326,7 @@ class Capture:
         return [m for m in modules if id(m) not in children]
 
     def _roots_alive(self) -> list[torch.nn.Module]:
-        return self._roots_of(self._split(_gc_objects())[1])
+        return self._roots_of(self._split(_gc_objects(self._native))[1])
 
     # -- context manager ---------------------------------------------------------------
     def __enter__(self) -> Capture:
@@ -331,10 +336,10 @@ class Capture:
         self._t0 = self._now()
         self._log.clock = self._native.now_ns
         self._wall0 = time.time()
-        tensors, modules = self._split(_gc_objects())
+        tensors, modules = self._split(_gc_objects(self._native))
         for root in self._roots_of(modules):
             self._register_root(root)
-        self._maps.refresh()
+        self._maps.invalidate()
         for t in tensors:
             self._log.preexisting(t, self._maps)
         self.sites.apply(self._native)
@@ -404,7 +409,7 @@ class Capture:
                 self._note_parameters(module, end)
         # File-backed storages: those of the modules that ran (mmap'd checkpoints end up as
         # their parameters). A full gc scan here would cost as much as the one at start.
-        self._maps.refresh()
+        self._maps.invalidate()
         for info in self._modules:
             module = info.ref()
             if module is not None and info.path == "":

@@ -18,6 +18,13 @@ class FileMappings:
         self._maps_path = Path(maps_path)
         self._starts: list[int] = []
         self._ranges: list[tuple[int, int, str]] = []
+        self._stale = False
+
+    def invalidate(self) -> None:
+        """Forget the mappings; the next lookup reads them again. Reading /proc/self/maps of a
+        torch process costs milliseconds, and most captures never ask (only storages PyTorch's
+        allocator did not make can lie in a file)."""
+        self._stale = True
 
     def refresh(self) -> None:
         ranges: list[tuple[int, int, str]] = []
@@ -40,8 +47,11 @@ class FileMappings:
         ranges.sort()
         self._ranges = ranges
         self._starts = [r[0] for r in ranges]
+        self._stale = False
 
     def file_of(self, address: int) -> str | None:
+        if self._stale:
+            self.refresh()
         i = bisect.bisect_right(self._starts, address) - 1
         if i >= 0:
             lo, hi, path = self._ranges[i]
