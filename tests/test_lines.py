@@ -283,6 +283,15 @@ PLANTED_LINES = {
     "concat_manual_past": ("kv-concat-growth", "k = torch.cat([past[0], k], dim=2)"),
     "dequant_cast_every_forward": ("dequant-temporaries", "self.weight.to(x.dtype) * self.scale"),
     "reprefill_generate_one_token": ("kv-reprefill", "ids = model.generate(ids, attention_mask="),
+    # The graphs are kept by the statement after the call, not by the call: the holder line (the
+    # newest block the loop's own function made after the oldest kept step and still live at the
+    # peak) comes first.
+    "graph_total_loss": ("graph-retention", "total_loss += loss  # a differentiable tensor"),
+    # Padding made outside torch: the line that built the padded ids (a step's input) comes first.
+    "padding_tokenizer_list": ("alignment-padding", "ids = torch.tensor([r + [0] * (MAX_LENGTH - len(r))"),
+    # Ids padded in numpy carry no allocation line (torch never allocated them): the line that
+    # builds and feeds the padded batch, ``model(**collate(...))``, is the nearest the trace knows.
+    "padding_max_length": ("alignment-padding", "logits = model(**collate(sentences(b))).logits"),
 }
 
 

@@ -35,7 +35,7 @@ CLEAN = [c for c in CASES if not c.expect]
 
 # Cases the detectors do not get right yet (see docs/diagnose-accuracy.md, "Not yet"): marked
 # xfail(strict=True), so fixing one fails here until it is moved out of this list.
-KNOWN_MISSES = {"frag_variable_length"}
+KNOWN_MISSES: set[str] = set()
 
 
 def test_corpus_size_and_sources() -> None:

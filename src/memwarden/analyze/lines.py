@@ -24,7 +24,17 @@ from memwarden.trace.model import Action, Category, Trace
 from memwarden.trace.sites import parse_line
 from memwarden.trace.steps import steps_of
 
-__all__ = ["INNER_FIRST", "LineBytes", "allocated_by_line", "finding_lines", "lines_of_rows"]
+__all__ = [
+    "INNER_FIRST",
+    "LineBytes",
+    "allocated_by_line",
+    "finding_lines",
+    "holder_line",
+    "input_lines",
+    "lines_of_rows",
+    "merge_lines",
+    "row_lines",
+]
 
 # Patterns whose waste a line inside the model makes (its fix goes there), not the call's caller.
 INNER_FIRST = frozenset({"kv-concat-growth", "dequant-temporaries", "alignment-padding", "load-spike"})
@@ -68,15 +78,18 @@ def _caller_keys(trace: Trace, rows: np.ndarray, line: np.ndarray) -> tuple[np.n
     return np.where(inside, key[np.maximum(k, 0)], line), sites
 
 
+def _row_keys(trace: Trace, rows: np.ndarray, callers: bool) -> tuple[np.ndarray, list[str]]:
+    """Each row's line key (a string index, ``-2 - i`` for ``sites[i]``, -1 for none) and the sites."""
+    line = trace.events["line"][rows].astype(np.int64)
+    return _caller_keys(trace, rows, line) if callers else (line, [])
+
+
 def lines_of_rows(trace: Trace, rows: np.ndarray, limit: int = 10, callers: bool = True) -> list[LineBytes]:
     """The rows' bytes summed per user line, heaviest first; rows without a line are left out.
     ``callers``: a row allocated during a step counts for the step's call site (see above)."""
     if not len(rows):
         return []
-    line = trace.events["line"][rows].astype(np.int64)
-    sites: list[str] = []
-    if callers:
-        line, sites = _caller_keys(trace, rows, line)
+    line, sites = _row_keys(trace, rows, callers)
     has = line != -1
     if not has.any():
         return []
@@ -90,6 +103,20 @@ def lines_of_rows(trace: Trace, rows: np.ndarray, limit: int = 10, callers: bool
         src = parse_line(trace.strings[key] if key >= 0 else sites[-2 - key])
         out.append(LineBytes(src.file, src.line, src.function, int(nbytes[k]), int(counts[k])))
     return out
+
+
+def row_lines(trace: Trace, rows: np.ndarray, callers: bool = True) -> list[tuple[str, int, str] | None]:
+    """Each row's user line as ``(file, line, function)`` (None: no line), as ``lines_of_rows``
+    groups them (``callers``: a row allocated during a step is its call site's)."""
+    if not len(rows):
+        return []
+    line, sites = _row_keys(trace, rows, callers)
+    names: dict[int, tuple[str, int, str]] = {}
+    for k in np.unique(line).tolist():
+        if k != -1:
+            src = parse_line(trace.strings[k] if k >= 0 else sites[-2 - k])
+            names[k] = (src.file, src.line, src.function)
+    return [names.get(k) for k in line.tolist()]
 
 
 def _alloc_rows(trace: Trace) -> np.ndarray:
@@ -138,3 +165,71 @@ def finding_lines(
             view = lines_of_rows(trace, _working(trace, live_rows, pattern), limit, callers)
         found += [x for x in view if (x.file, x.line) not in {(y.file, y.line) for y in found}]
     return [{"file": x.file, "line": x.line, "nbytes": x.nbytes} for x in found[:limit]]
+
+
+def _line_bytes(trace: Trace, row: int, nbytes: int) -> LineBytes:
+    src = parse_line(trace.strings[int(trace.events["line"][row])])
+    return LineBytes(src.file, src.line, src.function, nbytes, 1)
+
+
+def holder_line(
+    trace: Trace, start_us: int, end_us: int, live_rows: np.ndarray, call_site: str | None = None
+) -> LineBytes | None:
+    """The user line that made the last block, among those allocated in ``[start_us, end_us]`` and
+    still live at the peak (``live_rows``), that is neither a weight, a buffer nor a step's input;
+    with ``call_site`` (the step's caller, ``file:line:function``), a line of the same function.
+
+    Graph retention's keeper: between the step whose graph outlives its iteration and the next
+    step, the script builds what keeps that graph (``total_loss += loss``, ``losses.append(loss)``);
+    the newest such block is the holder (a graph's saved tensors are made before its root). The
+    next step's inputs made in the same window are freed before the peak, or tagged as inputs, and
+    a helper the loop calls (a batch loader) runs in another function than the loop's."""
+    e = trace.events
+    rows = live_rows[(e["time_us"][live_rows] >= start_us) & (e["time_us"][live_rows] <= end_us)]
+    skip = [int(Category.WEIGHT), int(Category.BUFFER), int(Category.INPUT)]
+    rows = rows[(e["line"][rows] >= 0) & ~np.isin(e["category"][rows], skip)]
+    if call_site is not None and len(rows):
+        site = parse_line(call_site)
+        same = []
+        for i in np.unique(e["line"][rows]).tolist():
+            src = parse_line(trace.strings[int(i)])
+            if (src.file, src.function) == (site.file, site.function):
+                same.append(int(i))
+        rows = rows[np.isin(e["line"][rows], same)]
+    if not len(rows):
+        return None
+    last = int(rows[np.argmax(e["time_us"][rows])])
+    return _line_bytes(trace, last, int(e["nbytes"][last]))
+
+
+def input_lines(trace: Trace, at_us: int, free_rows: np.ndarray, limit: int = 3) -> list[LineBytes]:
+    """The user lines that made the inputs live at ``at_us`` (blocks tagged ``input`` by the capture:
+    a root call's arguments), heaviest first, the earliest made first among equals. Inputs built
+    outside torch (numpy, a buffer) carry no line and are left out. ``free_rows``: the trace's
+    free index (each block's FREE row)."""
+    e = trace.events
+    rows = _alloc_rows(trace)
+    rows = rows[(e["category"][rows] == int(Category.INPUT)) & (e["time_us"][rows] <= at_us) & (e["line"][rows] >= 0)]
+    if not len(rows):
+        return []
+    freed = np.searchsorted(e["time_us"], at_us, side="left")  # rows freed before at_us are gone
+    rows = rows[free_rows[rows] >= freed]
+    best: dict[int, tuple[int, int]] = {}  # line id -> (bytes, first row)
+    for r in rows.tolist():
+        key = int(e["line"][r])
+        nbytes, first = best.get(key, (0, r))
+        best[key] = (nbytes + int(e["nbytes"][r]), min(first, r))
+    order = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[1][1]))[:limit]
+    return [_line_bytes(trace, first, nbytes) for _, (nbytes, first) in order]
+
+
+def merge_lines(*groups: list[LineBytes], limit: int = 3) -> list[dict[str, Any]]:
+    """``{file, line, nbytes}`` of the groups' lines in order, each line once, up to ``limit``."""
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[str, int]] = set()
+    for group in groups:
+        for x in group:
+            if (x.file, x.line) not in seen:
+                seen.add((x.file, x.line))
+                out.append({"file": x.file, "line": x.line, "nbytes": x.nbytes})
+    return out[:limit]

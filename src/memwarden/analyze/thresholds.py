@@ -50,6 +50,9 @@ THRESHOLDS: dict[str, dict[str, Threshold]] = {
         "min_unused_bytes": _count(),
         "max_replay_events": _count(lo=1),
         "max_split_size_mb": _count(hi=2**30),  # 0: chosen from the trace
+        "min_excess_fraction": Threshold(integer=False, lo=0.0, hi=1e6),
+        "min_excess_bytes": _count(),
+        "max_windows": _count(lo=1),
     },
     "load-spike": {"min_ratio": Threshold(integer=False, lo=0.0, hi=1e6), "min_share_of_weights": _fraction()},
     "vision-token-dominance": {"min_share": _fraction(), "min_media_tokens": _count()},

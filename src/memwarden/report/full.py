@@ -8,11 +8,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from memwarden.analyze.analysis import Analysis
 from memwarden.analyze.diagnose import Finding, diagnose
 from memwarden.analyze.lines import allocated_by_line
+from memwarden.analyze.timeline import live_blocks_at
 from memwarden.report.answer import answer_sentence
 from memwarden.report.findings import finding_markers, findings_html
+from memwarden.report.flame import flame_svg, flame_tree
 from memwarden.report.html import Section, write_html
 from memwarden.report.source_view import read_source_lines, source_view_html
 from memwarden.trace.model import Action, Trace
@@ -51,6 +55,16 @@ def _source_section(analysis: Analysis) -> Section | None:
         return None
     source = read_source_lines((x.file, x.line) for x in top)
     return Section("Source lines at peak", source_view_html(top, allocated_by_line(analysis.trace), source))
+
+
+def _flame_section(analysis: Analysis) -> Section | None:
+    """The bytes at the peak from the user's lines down to module and op, or None when empty."""
+    trace = analysis.trace
+    if not trace.num_events:
+        return None
+    peak = int(np.argmax(analysis.live_bytes))
+    root = flame_tree(trace, live_blocks_at(trace, peak, analysis.device, analysis.free_index))
+    return Section("Flame graph at peak", flame_svg(root)) if root.nbytes > 0 else None
 
 
 def _annotation_markers(trace: Trace) -> list[dict[str, Any]]:
@@ -93,8 +107,8 @@ def write_report(
         section, markers = _findings_section(analysis, findings)
         sections.append(section)
     markers += _annotation_markers(trace)
-    source = _source_section(analysis)
+    extra = [s for s in (_source_section(analysis), _flame_section(analysis)) if s is not None]
     return write_html(
         trace, path, title=title, lead_sections=sections, markers=markers, heatmap_png=png, analysis=analysis,
-        answer=answer_sentence(analysis, findings), extra_sections=[source] if source is not None else [],
+        answer=answer_sentence(analysis, findings), extra_sections=extra,
     )  # fmt: skip

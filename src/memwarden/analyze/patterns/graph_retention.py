@@ -31,6 +31,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.lines import LineBytes, finding_lines, holder_line, merge_lines
+from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
 from memwarden.trace.steps import Step
 from memwarden.units import format_bytes
@@ -233,5 +235,31 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             where=root,
             evidence=evidence,
             fix=fix,
+            lines=_lines(trace, ctx, peak_row, root, starts, ends, group, graphs_at_peak),
         )
     ]
+
+
+def _lines(
+    trace: Trace, ctx: Context, peak_row: int, root: str, starts: np.ndarray, ends: np.ndarray,
+    group: np.ndarray, graphs_at_peak: np.ndarray,
+) -> list[dict[str, object]]:  # fmt: skip
+    """The line that keeps the oldest extra graph first (what the script made between that step
+    and the next one of its root module, still live at the peak: ``total_loss += loss``), then the
+    lines the graphs' activations came from (the calls' lines)."""
+    live = live_blocks_at(trace, peak_row, ctx.analysis.device, ctx.analysis.free_index)
+    calls = finding_lines(trace, root, live, pattern=PATTERN)
+    if len(graphs_at_peak) < 2:
+        return calls
+    oldest = int(graphs_at_peak[0])
+    later = np.flatnonzero((group == group[oldest]) & (starts > starts[oldest]))
+    until = int(starts[later[0]]) if len(later) else int(trace.events["time_us"][peak_row])
+    site = next((s.call_site for s in ctx.analysis.steps if s.start_us == int(starts[oldest])), None)
+    holder = holder_line(trace, int(ends[oldest]) + 1, until - 1, live, site)
+    if holder is None:
+        return calls
+    return merge_lines([holder], [_as_line(x) for x in calls])
+
+
+def _as_line(x: dict[str, object]) -> LineBytes:
+    return LineBytes(str(x["file"]), int(x["line"]), "", int(x["nbytes"]), 0)  # type: ignore[call-overload]

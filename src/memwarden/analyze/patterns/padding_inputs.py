@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.lines import input_lines, merge_lines
 from memwarden.trace.model import Trace
 from memwarden.units import format_bytes
 
@@ -86,6 +87,11 @@ def input_padding_findings(trace: Trace, ctx: Context, min_ratio: float) -> list
         "peak_in_padded_step": bool(at_peak),
         "min_ratio": min_ratio,
     }
+    # The padded ids and mask are the mistake: the lines that built them come first (a tokenizer list
+    # turned into a tensor); inputs built outside torch carry no line, and diagnose() then names the
+    # call that fed them. The lines holding the most at the peak follow (the call, by its caller).
+    shown = at_peak[0] if at_peak else worst
+    made = input_lines(trace, int(shown["start_us"]), ctx.analysis.free_index)
     gain = f"saves {format_bytes(wasted)}" + (" at the peak" if at_peak else " (not at the peak)")
     fix = (
         f"The batches are padded to {', '.join(map(str, lengths))} positions outside torch (tokenizer or collator "
@@ -103,5 +109,6 @@ def input_padding_findings(trace: Trace, ctx: Context, min_ratio: float) -> list
             fix=fix,
             peak_added_bytes=int(peak_added),
             allocated_bytes=int(sum(s["waste_bytes"] for s in per_step)),
+            lines=merge_lines(made, ctx.analysis.lines_at(p, 3)) if made else [],
         )
     ]
