@@ -75,6 +75,23 @@ def test_budget_just_above_the_weights_ends_with_an_answer():
     assert proc.stdout.startswith(("served", "refused: ")), proc.stdout
 
 
+def test_resident_weights_give_way_to_a_longer_requests_cache():
+    """stream="auto" keeps weights resident while they fit beside one KV block; a later request
+    whose cache cannot grow beside them gets the weights streamed (it was refused: "kv_pool_budget",
+    seen in the fp32 stress arm at 192 MiB of jitter), and its output is generate()'s."""
+    model = zoo.build_model("llava", "small")
+    inputs = zoo.make_inputs(model, prompt_tokens=300)
+    kwargs = zoo.generate_kwargs("llava")
+    weights = state_bytes(model)
+    expected = model.generate(**inputs, max_new_tokens=NEW, **kwargs)
+    with GovernedSession(model, budget=weights + 4 * 2**20) as session:
+        assert session.stats()["weights_bytes"] == weights  # resident at the start
+        out = session.generate(**inputs, max_new_tokens=NEW, **kwargs)
+        stats = session.stats()
+    assert torch.equal(out, expected)
+    assert stats["weights_bytes"] < weights and not stats["refusals"]
+
+
 @pytest.mark.parametrize("fraction", [0.0, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.5, 1.0])  # dense near the weights
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
           derandomize=True)  # fmt: skip

@@ -111,6 +111,14 @@ class Admission:
                                          reason="grow the KV pool to hold the request",
                                          label=f"grew the KV pool to {need_blocks} blocks",
                                          budget_bytes=budget, predicted_peak_bytes=predicted)  # fmt: skip
+            if memory.stream_allowed and memory.streamer is None and not request.streaming_failed:
+                # Resident weights give way to the cache the request needs (stream="auto" kept them resident
+                # while they fitted beside one block): stream them, planned for this request, then grow.
+                reserve = max(memory.activation_reserve_bytes, grown - memory.held_bytes)
+                return AdmissionDecision(kind="change", change="stream_weights", reserve_bytes=reserve,
+                                         reason="the KV pool cannot grow beside resident weights",
+                                         label=f"streamed weights to leave {format_bytes(reserve)} for the request",
+                                         budget_bytes=budget, predicted_peak_bytes=predicted)  # fmt: skip
             return AdmissionDecision(kind="refuse", refusal="kv_pool_budget", budget_bytes=budget,
                                      predicted_peak_bytes=predicted, reason=(
                 f"the request needs {total_tokens} tokens of KV cache ({format_bytes(grown - predicted)} more than the "
