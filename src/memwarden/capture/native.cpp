@@ -106,13 +106,11 @@ bool g_stacks = false;
 std::vector<std::string> g_user_prefixes, g_library_prefixes;
 struct CodeInfo {
   const void* filename;  // the code's co_filename and co_qualname objects and first line: a code
-  const void* name;      // object freed and its address reused by another fails this check...
+  const void* name;      // object freed and its address reused by another fails this check
   int firstlineno;
   bool user;
-  uint32_t index;       // into g_code_names
-  std::string raw_file;  // ...unless its strings were freed and reused too (a script run again by
-  std::string raw_name;  // runpy: "<module>", line 1, a new path at the old one's address), so the
-};                       // strings' contents are compared as well (raw code units: no allocation)
+  uint32_t index;  // into g_code_names
+};
 std::unordered_map<const void*, CodeInfo> g_codes;
 std::vector<std::pair<std::string, std::string>> g_code_names;  // (file, function)
 std::unordered_map<uint64_t, int32_t> g_site_ids;  // (code index, line) -> site, without stacks
@@ -157,33 +155,16 @@ bool is_user_file(const std::string& file) {
   return !starts_with(file, "<frozen ");
 }
 
-// The code units of a str as bytes (its kind first), or "" for anything else.
-std::string raw_of(PyObject* text) {
-  if (text == nullptr || !PyUnicode_Check(text) || !PyUnicode_IS_READY(text)) return std::string();
-  const int kind = PyUnicode_KIND(text);
-  std::string out(1, static_cast<char>(kind));
-  out.append(static_cast<const char*>(PyUnicode_DATA(text)), static_cast<size_t>(PyUnicode_GET_LENGTH(text)) * kind);
-  return out;
-}
-
-bool same_text(PyObject* text, const std::string& raw) {
-  if (text == nullptr || !PyUnicode_Check(text) || !PyUnicode_IS_READY(text)) return raw.empty();
-  const int kind = PyUnicode_KIND(text);
-  const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(text)) * kind;
-  return raw.size() == n + 1 && raw[0] == static_cast<char>(kind) && std::memcmp(raw.data() + 1, PyUnicode_DATA(text), n) == 0;
-}
-
 // Caller holds g_mu.
 const CodeInfo& code_info(PyCodeObject* code) {
   auto it = g_codes.find(code);
   if (it != g_codes.end() && it->second.filename == code->co_filename && it->second.name == code->co_qualname &&
-      it->second.firstlineno == code->co_firstlineno && same_text(code->co_filename, it->second.raw_file) &&
-      same_text(code->co_qualname, it->second.raw_name)) {
+      it->second.firstlineno == code->co_firstlineno) {
     return it->second;
   }
   std::string file = utf8_of(code->co_filename);
   CodeInfo info{code->co_filename, code->co_qualname, code->co_firstlineno, is_user_file(file),
-                static_cast<uint32_t>(g_code_names.size()), raw_of(code->co_filename), raw_of(code->co_qualname)};
+                static_cast<uint32_t>(g_code_names.size())};
   g_code_names.emplace_back(std::move(file), utf8_of(code->co_qualname));
   return g_codes[code] = info;
 }

@@ -16,7 +16,6 @@ import torch
 
 from memwarden.errors import InputError
 from memwarden.estimate.card import ModelFacts, Request
-from memwarden.estimate.request_media import forget_processed
 from memwarden.estimate.stored import StoredLayout, StoredLinear
 
 if TYPE_CHECKING:
@@ -58,11 +57,9 @@ def model_for(resolved: ResolvedModel, dtype: str, weights_dtype: str | None) ->
 
 def forget_models() -> None:
     """Drop the kept meta models. Their weights are on meta, but a few buffers (rotary
-    ``inv_freq`` and the like) are real CPU tensors: a live capture in the same process counts them.
-    The kept processor outputs (masks, grids: real tensors too) go with them."""
+    ``inv_freq`` and the like) are real CPU tensors: a live capture in the same process counts them."""
     _MODELS.clear()
     _LAYOUTS.clear()
-    forget_processed()
 
 
 def layout_for(model: Any) -> StoredLayout | None:

@@ -33,7 +33,6 @@ __all__ = [
     "MAX_VIDEO_FRAMES",
     "audio_media",
     "feature_tokens",
-    "forget_processed",
     "processed",
     "processor_key",
     "video_media",
@@ -161,13 +160,6 @@ def processed(processor: Any, images: list[tuple[int, int]], copies: int) -> dic
         k: torch.empty_like(v, device="meta") if isinstance(v, torch.Tensor) and v.is_meta else _copy(v)
         for k, v in kept.items()
     }
-
-
-def forget_processed() -> None:
-    """Drop the kept processor outputs: their non-float outputs (masks, grids) are real CPU tensors,
-    which a live capture in the same process would count."""
-    _PROCESSED.clear()
-    _DTYPES.clear()
 
 
 def _copy(value: Any) -> Any:
