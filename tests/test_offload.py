@@ -160,3 +160,42 @@ def test_device_map_dispatches_with_accelerate(tmp_path) -> None:
         p.device.type == "meta" for n, p in dispatched.named_parameters() if n.startswith(placement.streamed_names()[0])
     )
     assert torch.equal(_generate(dispatched, inputs, "llava"), expected)
+
+
+_UNDER_A_REAL_LIMIT = """
+import gc, os, sys, tempfile, torch
+from memwarden.models import zoo
+from memwarden.resilience.inject import apply_address_space_limit
+from memwarden.runtime.offload import stream_weights
+from memwarden.runtime.session_memory import _return_freed_memory, state_bytes
+torch.set_num_threads(1)  # no thread (and stack) created after the limit
+torch.manual_seed(0)
+model = zoo.build_model('llava', 'small').eval()
+ids = torch.randint(5, 100, (1, 16))
+with torch.no_grad():
+    want = model(input_ids=ids).logits
+weights = state_bytes(model)
+gc.collect(); _return_freed_memory()
+mapped = int(open('/proc/self/statm').read().split()[0]) * os.sysconf('SC_PAGE_SIZE')
+apply_address_space_limit(mapped + weights // 4)  # room for a quarter of the weights more, not for a copy of them
+with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+    streamer = stream_weights(model, weights // 2, tmp)
+    got = model(input_ids=ids).logits
+    print(torch.equal(got, want), streamer.stats.loads > 0, sum(1 for _ in os.scandir(tmp)))
+"""
+
+
+def test_streaming_fits_an_address_space_limit_below_twice_the_weights() -> None:
+    # Streaming is what a process turns to when memory is short: writing the groups out may not need
+    # a second copy of the weights at once (a memory map of every file did, and ENOMEM'd under RLIMIT_AS).
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
+    out = subprocess.run(
+        [sys.executable, "-c", _UNDER_A_REAL_LIMIT], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    equal, loaded, files = out.stdout.split()
+    assert (equal, loaded) == ("True", "True") and int(files) > 0

@@ -2,8 +2,9 @@
 
 :func:`stream_weights` splits the model into weight groups (each linear, embedding, norm: see
 :func:`weight_groups`), asks :func:`memwarden.plan.placement.place` which stay resident, writes
-the others to one safetensors file per group in ``offload_dir`` and memory-maps the files.
-A streamed group's forward pre-hook copies it from its mapping into one of two staging slots
+the others to one safetensors file per group in ``offload_dir``, releasing each group's memory
+as soon as its file is written. A streamed group's forward pre-hook reads it from its file into one
+of two staging slots
 (unless a prefetch already did) and makes its parameters views of that slot, then starts
 copying the group predicted to run next into the other slot on a background thread; its
 forward hook releases the parameters. Streamed weights thus never hold more than two slots of
@@ -17,8 +18,13 @@ Why the details are what they are:
   module call and counts each storage it sees, so mapped views would count in full; and code
   that reads a weight outside its module's forward gets NaNs, which tests catch, rather than
   silently working.
-- Copies are ``ctypes.memmove``, not torch ops: they release the GIL (the prefetch overlaps
-  compute) and the profiler never sees the mapped source.
+- Copies are ``os.preadv`` straight into the slot, not torch ops and not a memory map: they release
+  the GIL (the prefetch overlaps compute), the profiler never sees a source tensor, and the file's
+  pages stay in the page cache (reclaimable) instead of the resident set or the address space —
+  a mapping of every streamed group cost as much address space as the weights it replaced, which
+  an ``RLIMIT_AS`` (or a 32-bit board) refuses exactly when streaming is needed.
+- Each group's original storage is released once its file is written, so streaming never holds
+  more than the weights plus one group; a failure part-way reads the released groups back.
 - The next group is learned from what ran after each group last time (a decode step runs the
   text layers but not the vision tower), starting from registration order.
 - Streamed parameters get ``requires_grad=False``: a backward pass would read slots that later
@@ -33,7 +39,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import mmap
 import os
 import shutil
 import struct
@@ -106,9 +111,6 @@ class _Group:
     path: Path
     tensors: list[_Tensor]
     slot_bytes: int
-    mapping: mmap.mmap | None = None
-    anchor: Any = None  # ctypes view pinning the mapping's address while it is in use
-    base_address: int = 0
     hooks: list[Any] = field(default_factory=list)
 
 
@@ -270,17 +272,19 @@ class WeightStreamer:
         names = [i.name for i in placement.weights if i.streamed and i.nbytes > 0 and streamable[i.name]]
 
         self._groups: list[_Group] = []
+        self._requires_grad: dict[int, bool] = {}
         try:
             for name in names:
-                self._groups.append(self._write(name, streamable[name]))
+                group = self._write(name, streamable[name])
+                self._groups.append(group)
+                for t in group.tensors:  # released now: the next group's write needs the room
+                    self._requires_grad[id(t.param)] = t.param.requires_grad
+                    t.param.requires_grad_(False)
+                    t.param.data = t.placeholder
         except BaseException:
+            self._read_back()
             self._close_files(delete=True)
             raise
-        self._requires_grad = {id(t.param): t.param.requires_grad for g in self._groups for t in g.tensors}
-        for g in self._groups:
-            for t in g.tensors:
-                t.param.requires_grad_(False)
-                t.param.data = t.placeholder  # the original storage is freed here
 
         self.slot_bytes = max((g.slot_bytes for g in self._groups), default=0)
         self._slots = [_Slot(torch.empty(self.slot_bytes, dtype=torch.uint8)) for _ in range(placement.staging_slots)]
@@ -323,14 +327,7 @@ class WeightStreamer:
                 )
             )
             slot_offset += _aligned(end - begin)
-        group = _Group(name=name, path=path, tensors=tensors, slot_bytes=slot_offset)
-        # ACCESS_COPY: a private mapping is writable, which ctypes needs for its address; nothing is
-        # ever written, so no page is copied and the file is never changed.
-        with path.open("rb") as f:  # the mapping keeps its own handle
-            group.mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        group.anchor = ctypes.c_char.from_buffer(group.mapping)
-        group.base_address = ctypes.addressof(group.anchor)
-        return group
+        return _Group(name=name, path=path, tensors=tensors, slot_bytes=slot_offset)
 
     def _pre_hook(self, index: int, module: torch.nn.Module, args: Any) -> None:
         if index in self._active:  # a group re-entered from inside itself
@@ -421,11 +418,15 @@ class WeightStreamer:
             self.stats.wait_s += time.perf_counter() - start
 
     def _copy(self, index: int, slot: int) -> None:
-        """Copy group ``index`` from its mapping into ``slot`` (runs on the prefetch thread too)."""
+        """Read group ``index`` from its file into ``slot`` (runs on the prefetch thread too)."""
         group = self._groups[index]
         slot_address = self._slots[slot].buffer.data_ptr()
-        for t in group.tensors:
-            ctypes.memmove(slot_address + t.slot_offset, group.base_address + t.file_offset, t.nbytes)
+        fd = os.open(group.path, os.O_RDONLY)
+        try:
+            for t in group.tensors:
+                _read_exactly(fd, slot_address + t.slot_offset, t.file_offset, t.nbytes, group.path)
+        finally:
+            os.close(fd)
 
     def _count_load(self, index: int) -> None:
         # Counted on the compute thread only, so the counters need no lock.
@@ -460,10 +461,7 @@ class WeightStreamer:
         for g in self._groups:
             for hook in g.hooks:
                 hook.remove()
-            with safe_open(str(g.path), framework="pt") as f:
-                for t in g.tensors:
-                    t.param.data = f.get_tensor(t.key)
-                    t.param.requires_grad_(self._requires_grad[id(t.param)])
+        self._read_back()
         self._views.clear()
         self._slots.clear()
         self._active.clear()
@@ -471,12 +469,18 @@ class WeightStreamer:
         self._attached = False
         self.model._memwarden_streamer = None  # type: ignore[assignment]
 
-    def _close_files(self, *, delete: bool) -> None:
+    def _read_back(self) -> None:
+        """Every released weight back into memory from its file, as it was before streaming."""
         for g in self._groups:
-            g.anchor = None  # release ctypes' export of the mapping, or close() refuses
-            if g.mapping is not None:
-                g.mapping.close()
-            if delete:
+            with safe_open(str(g.path), framework="pt") as f:
+                for t in g.tensors:
+                    if id(t.param) in self._requires_grad:
+                        t.param.data = f.get_tensor(t.key)
+                        t.param.requires_grad_(self._requires_grad.pop(id(t.param)))
+
+    def _close_files(self, *, delete: bool) -> None:
+        if delete:
+            for g in self._groups:
                 g.path.unlink(missing_ok=True)
 
     def __enter__(self) -> WeightStreamer:
@@ -484,6 +488,17 @@ class WeightStreamer:
 
     def __exit__(self, *exc: Any) -> None:
         self.detach()
+
+
+def _read_exactly(fd: int, address: int, offset: int, nbytes: int, path: Path) -> None:
+    """``nbytes`` of ``fd`` from ``offset`` into memory at ``address`` (``os.preadv`` releases the GIL)."""
+    done = 0
+    while done < nbytes:
+        view = (ctypes.c_char * (nbytes - done)).from_address(address + done)
+        n = os.preadv(fd, [view], offset + done)
+        if n <= 0:
+            raise OSError(f"{path}: the offload file ends early ({done} of {nbytes} bytes at offset {offset})")
+        done += n
 
 
 def _aligned(nbytes: int) -> int:
