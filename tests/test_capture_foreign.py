@@ -142,3 +142,33 @@ def test_the_captures_own_reading_leaves_the_programs_tensors_as_they_were() -> 
     ids.resize_(2, 17)  # what a program may do with its own tensor after the capture
     assert _external_rows(cap.trace) == []
     assert cap.trace.metadata["input_padding"]  # the mask was still read
+
+
+def test_a_governed_session_leaves_the_models_weights_as_they_were() -> None:
+    """The session fingerprints its encoders' weights (the encoder cache's contract): read without
+    ``Tensor.numpy()``, or every vision weight turns non-resizable and a later capture takes it for
+    foreign memory."""
+    from memwarden.runtime.session import GovernedSession
+
+    model = zoo.build_model("llava", "tiny")
+    GovernedSession(model, budget="256MiB").close()
+    assert [name for name, p in model.named_parameters() if is_foreign(p)] == []
+
+
+def test_weights_already_foreign_when_a_capture_starts_are_counted_once() -> None:
+    """A storage first recorded where it enters a call (foreign) and then found by the scan of what
+    existed before the capture is one storage: one row, not two (the demo's thermal check saw its
+    vision weights twice, 42 MiB over a budget the session kept)."""
+    model = zoo.build_model("llava", "tiny")
+    for p in model.parameters():
+        p.detach().numpy()  # what user code (or an older session) may have done: non-resizable from now on
+    inputs = zoo.make_inputs("llava")
+    with memwarden.capture() as cap, torch.no_grad():
+        model(**inputs)
+    ev, trace = cap.trace.events, cap.trace
+    born = np.isin(ev["action"], [int(Action.PREEXISTING), int(Action.ALLOC), int(Action.MAP)])
+    weights = born & (ev["category"] == int(Category.WEIGHT))
+    addresses, counts = np.unique(ev["address"][weights], return_counts=True)
+    assert counts.max() == 1, f"{int((counts > 1).sum())} weight storages recorded twice"
+    assert int(ev["nbytes"][weights].sum()) == sum(p.numel() * p.element_size() for p in model.parameters())
+    del trace

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from memwarden.capture.inputs import host_array
 from memwarden.runtime.encoders import find_encoders
 from memwarden.runtime.featcache import FeatureCache, FeatureValue
 from memwarden.runtime.lora.slot import AdapterSlot
@@ -81,8 +82,16 @@ def weights_digest(encoders: dict[str, torch.nn.Module]) -> str:
             if t.device.type == "meta":  # streamed weights (runtime.offload): no bytes here to hash
                 continue
             flat = t.detach().to("cpu").contiguous().reshape(-1)
-            h.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+            h.update(_host_bytes(flat))
     return h.hexdigest()
+
+
+def _host_bytes(flat: torch.Tensor) -> bytes:
+    """A contiguous CPU tensor's bytes, read without ``Tensor.numpy()``: that marks the storage of the
+    model's own weights non-resizable for good, which the capture takes for foreign memory (and a
+    later ``resize_`` of a weight would fail)."""
+    view = host_array(flat.view(torch.uint8)) if flat.numel() else None
+    return view.tobytes() if view is not None else b""
 
 
 def _token(encoders: dict[str, torch.nn.Module]) -> tuple[Any, ...]:
@@ -96,9 +105,7 @@ def _token(encoders: dict[str, torch.nn.Module]) -> tuple[Any, ...]:
             flat = t.detach().reshape(-1)
             step = max(1, flat.numel() // _SAMPLES)
             sample = flat[::step][:_SAMPLES].to("cpu").contiguous()
-            parts.append(
-                (id(t), t.data_ptr(), t._version, t.dtype, tuple(t.shape), sample.view(torch.uint8).numpy().tobytes())
-            )
+            parts.append((id(t), t.data_ptr(), t._version, t.dtype, tuple(t.shape), _host_bytes(sample)))
     return tuple(parts)
 
 

@@ -200,6 +200,9 @@ class CaptureLog:
         ptr = found[0]
         if ptr in self.preexisting_storages:
             return
+        foreign = self._foreign_live.get(ptr)
+        if foreign is not None and foreign.freed_ns is None:
+            return  # recorded already, from when it was first seen: one storage, one row
         # Memory PyTorch's allocator made is never file-backed: only a foreign storage is looked up.
         rec = self._record(tensor, 0, maps.file_of(ptr) if is_foreign(tensor) else None)
         if rec is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from memwarden.capture.inputs import host_array
 from memwarden.edge.sync.manifest import AdapterFormatError, RawTensor, canonical_name
 
 __all__ = ["adapter_parameters", "from_raw", "logical_view", "padded", "to_raw"]
@@ -28,7 +29,9 @@ def to_raw(t: torch.Tensor) -> RawTensor:
     if dtype is None:
         raise AdapterFormatError(f"dtype {t.dtype} has no safetensors name")
     flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return RawTensor(dtype=dtype, shape=tuple(t.shape), data=flat.view(torch.uint8).numpy().tobytes())
+    # not Tensor.numpy(): it would mark the live adapter weight's storage non-resizable for good
+    view = host_array(flat.view(torch.uint8)) if flat.numel() else None
+    return RawTensor(dtype=dtype, shape=tuple(t.shape), data=view.tobytes() if view is not None else b"")
 
 
 def from_raw(raw: RawTensor) -> torch.Tensor:
