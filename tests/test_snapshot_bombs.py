@@ -54,3 +54,40 @@ def test_the_same_entries_written_out_in_full_still_load():
                                                     for k in range(2000)]]}  # fmt: skip
     trace = load_snapshot(pickle.dumps(snapshot, protocol=4))
     assert len(trace) == 2000
+
+
+_PEAK_OF_LOADING = """
+import resource, sys
+from memwarden.errors import InputError
+from memwarden.interop.snapshot import load_snapshot
+data = bytes.fromhex(sys.argv[1])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    load_snapshot(data)
+except InputError as exc:
+    print(str(exc).splitlines()[0])
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+@pytest.mark.parametrize(
+    "bomb",
+    [
+        # LONG_BINPUT 2^25: the C unpickler grows its memo array to 2^26 slots and zeroes them (512 MiB)
+        b"\x80\x02}r" + (1 << 25).to_bytes(4, "little") + b"X\x08\x00\x00\x00segments]s.",
+        # BYTEARRAY8 of 512 MiB in a 30-byte file: made and zeroed before the read finds the end
+        b"\x80\x05\x96" + (1 << 29).to_bytes(8, "little") + b"abc.",
+    ],
+    ids=["long-binput-memo", "bytearray8"],
+)
+def test_a_tiny_file_cannot_make_the_unpickler_allocate_for_sizes_it_only_declares(bomb: bytes) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK_OF_LOADING, bomb.hex()], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    message, grown_mib = out.stdout.strip().splitlines()[-2:]
+    assert "snapshot" in message  # one clear error (or a refusal further on), not a crash
+    assert int(grown_mib) < 64, f"loading a {len(bomb)}-byte file took {grown_mib} MiB more"
