@@ -40,7 +40,8 @@ from accelerate import dispatch_model, infer_auto_device_map
 
 from memwarden.capture.live.reference import state_bytes
 from memwarden.models import zoo
-from memwarden.runtime.offload import plan_streaming, stream_weights
+from memwarden.runtime.offload import stream_weights
+from memwarden.runtime.offload_plan import plan_streaming
 
 
 def build(text_layers: int) -> torch.nn.Module:

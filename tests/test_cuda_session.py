@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from memwarden.models import zoo
+from memwarden.runtime.host_memory import limit_cap
 from memwarden.runtime.session import GovernedSession
-from memwarden.runtime.session_memory import _limit_cap, state_bytes
+from memwarden.runtime.session_memory import state_bytes
 
 NEW = 8
 
@@ -25,7 +26,7 @@ def _to(inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]
 
 def test_the_cpu_limit_is_not_read_from_a_gpu() -> None:
     """On CPU the cap is the process's cgroup / RLIMIT_AS (or none), never a device query."""
-    cap, kind = _limit_cap(123, torch.device("cpu"))
+    cap, kind = limit_cap(123, torch.device("cpu"))
     assert kind != "GPU's free memory (cudaMemGetInfo)"
     assert cap is None or cap >= 123
 

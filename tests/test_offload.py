@@ -12,7 +12,8 @@ from torch.profiler import profile
 from memwarden.capture.live.reference import profiler_peak_bytes, state_bytes
 from memwarden.models import zoo
 from memwarden.plan.placement import PlacementError
-from memwarden.runtime.offload import plan_streaming, stream_weights, weight_groups
+from memwarden.runtime.offload import stream_weights
+from memwarden.runtime.offload_plan import plan_streaming, weight_groups
 
 NEW_TOKENS = 4
 
@@ -167,7 +168,8 @@ import gc, os, sys, tempfile, torch
 from memwarden.models import zoo
 from memwarden.resilience.inject import apply_address_space_limit
 from memwarden.runtime.offload import stream_weights
-from memwarden.runtime.session_memory import _return_freed_memory, state_bytes
+from memwarden.runtime.host_memory import return_freed_memory
+from memwarden.runtime.session_memory import state_bytes
 torch.set_num_threads(1)  # no thread (and stack) created after the limit
 torch.manual_seed(0)
 model = zoo.build_model('llava', 'small').eval()
@@ -175,7 +177,7 @@ ids = torch.randint(5, 100, (1, 16))
 with torch.no_grad():
     want = model(input_ids=ids).logits
 weights = state_bytes(model)
-gc.collect(); _return_freed_memory()
+gc.collect(); return_freed_memory()
 mapped = int(open('/proc/self/statm').read().split()[0]) * os.sysconf('SC_PAGE_SIZE')
 apply_address_space_limit(mapped + weights // 4)  # room for a quarter of the weights more, not for a copy of them
 with tempfile.TemporaryDirectory() as tmp, torch.no_grad():

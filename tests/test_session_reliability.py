@@ -4,6 +4,7 @@ are honoured, and a request's inputs are checked as ``model.generate()`` checks 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -323,3 +324,48 @@ def test_an_all_zero_attention_mask_is_refused(llava):
     inputs["attention_mask"] = torch.zeros_like(inputs["input_ids"])
     with GovernedSession(llava, budget="1GiB") as session, pytest.raises(ValueError, match="all zeros"):
         session.generate(**inputs, max_new_tokens=NEW)
+
+
+_DEMO_UNDER_A_LIMIT = """
+import gc, os, sys, torch
+from memwarden.demo import build_deployment
+from memwarden.models.chat import DemoConfig
+from memwarden.resilience.inject import apply_address_space_limit
+from memwarden.runtime.admission import AdmissionError
+from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.host_memory import return_freed_memory
+from memwarden.runtime.session_memory import BudgetError, state_bytes
+torch.set_num_threads(1)
+config = DemoConfig(budget_bytes=int(sys.argv[1]) * 2**20, turns=2)
+model, turn_inputs, gen_kwargs = build_deployment(config)
+inputs = [turn_inputs(t) for t in range(config.turns)]
+gc.collect(); return_freed_memory()
+mapped = int(open('/proc/self/statm').read().split()[0]) * os.sysconf('SC_PAGE_SIZE')
+apply_address_space_limit(mapped + config.budget_bytes - state_bytes(model))
+session = None
+with torch.no_grad():
+    try:
+        session = GovernedSession(model, budget=config.budget_bytes)
+        for request in inputs:
+            session.generate(**request, max_new_tokens=config.new_tokens, **gen_kwargs)
+        print('answered')
+    except (AdmissionError, BudgetError) as exc:
+        print('refused', type(exc).__name__)
+    hits = [e for e in (session.events if session is not None else []) if e['kind'] == 'limit']
+    print(len(hits))
+"""
+
+
+@pytest.mark.parametrize("budget_mib", [196, 202])
+def test_where_the_processs_real_needs_exceed_the_plan_the_session_refuses_or_answers(budget_mib):
+    """Just above the weights under a real limit, what native code holds beside the tensors (~25 MiB
+    on the demo deployment) is more than the plan's margin: the session learns a larger margin and
+    serves again, or refuses with the reason — never the allocator's raw error from inside generate()."""
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
+    proc = subprocess.run([sys.executable, "-c", _DEMO_UNDER_A_LIMIT, str(budget_mib)], capture_output=True,
+                          text=True, timeout=600, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    outcome, hits = proc.stdout.split("\n")[:2]
+    assert outcome == "answered" or outcome.startswith("refused"), proc.stdout
+    if outcome == "refused AdmissionError":
+        assert int(hits) >= 1  # it had learned from the limit before it refused

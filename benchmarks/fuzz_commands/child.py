@@ -73,7 +73,10 @@ def _child(runs: list[list[str]], workdir: Path, wfd: int, mem_cap: int) -> None
             pass
         rec["rss"] = _hwm_bytes()
         stderr = Path(f"err{i}").read_bytes()[:200_000]
-        if b"Traceback (most recent call last)" in stderr:
+        # `trace` runs the file it is given as Python, by design: that script's own traceback, followed
+        # by memwarden's one line saying it failed, is the user's error reported, not memwarden's.
+        script_failed = argv[:1] == ["trace"] and b" failed (exit status " in stderr
+        if b"Traceback (most recent call last)" in stderr and not script_failed:
             rec["stderr_tb"] = stderr.decode("utf-8", "replace")[-1200:]
         printed = Path(f"out{i}").read_bytes()
         # --json in the list, but usage or the version printed: --json was not in force

@@ -8,6 +8,7 @@ run is captured, summarised and written as an HTML report. Later capabilities
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -237,15 +238,17 @@ def limited_child(config_json: str, arm: str) -> dict[str, Any]:
     import torch
 
     from memwarden.resilience.inject import apply_address_space_limit, is_oom_error
+    from memwarden.runtime.admission import AdmissionError
+    from memwarden.runtime.host_memory import return_freed_memory
     from memwarden.runtime.session import GovernedSession
-    from memwarden.runtime.session_memory import _return_freed_memory, state_bytes
+    from memwarden.runtime.session_memory import BudgetError, state_bytes
 
     torch.set_num_threads(1)  # no thread (and stack) created after the limit
     config = DemoConfig(**json.loads(config_json))
     model, turn_inputs, gen_kwargs = build_deployment(config)
     inputs = [turn_inputs(t) for t in range(config.turns)]
     gc.collect()
-    _return_freed_memory()
+    return_freed_memory()
     with open("/proc/self/statm") as fh:
         mapped = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     limit = mapped + max(0, config.budget_bytes - state_bytes(model))
@@ -267,11 +270,18 @@ def limited_child(config_json: str, arm: str) -> dict[str, Any]:
                     out = session.generate(**request, max_new_tokens=config.new_tokens, **gen_kwargs)
                     answers.append(out[0, request["input_ids"].shape[1] :].tolist())
                     used_bytes = max(used_bytes, session.pool.blocks.blocks_needed(out.shape[1]) * page)
-                session.close()
+                try:
+                    session.close()
+                except BudgetError:
+                    pass  # streamed weights that cannot come back under the limit: the process ends here anyway
+        except (AdmissionError, BudgetError) as exc:  # the session refused, with its reason
+            error = f"refused ({str(exc).splitlines()[0][:160]})"
         except Exception as exc:  # noqa: BLE001 (an allocator failure is the story; anything else is re-raised)
             if not is_oom_error(exc):
                 raise
-            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            first = re.sub(r"^\[enforce fail at [^\]]*\]\s*(err == 0\.\s*)?", "", first)  # c10's assertion prefix
+            error = f"{type(exc).__name__}: {first[:160]}"
     return {"limit_bytes": limit, "answers": answers, "error": error, "pool_bytes": pool_bytes,
             "pool_used_bytes": used_bytes}  # fmt: skip
 

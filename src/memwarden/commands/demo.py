@@ -13,12 +13,14 @@ def register(sub: Any) -> None:
     p.add_argument("-o", "--out-dir", default=".", help="where report.html and demo.mwtrace go (default: .)")
     p.add_argument("--model", default=None, help="zoo model (default: the built-in deployment, llava)")
     p.add_argument("--size", default="small", choices=["tiny", "small"], help="zoo size (default: small)")
-    p.add_argument("--turns", type=int, default=4, help="chat turns (default: 4)")
-    p.add_argument("--budget", default=None, help="simulated device budget, e.g. 320MiB")
+    p.add_argument("--turns", type=int, default=None, help="chat turns (default: 4)")
+    p.add_argument("--budget", default=None,
+                   help="device budget, e.g. 320MiB (default: 196MiB for the built-in deployment, where plain "
+                        "generate() fails under the real limit and the GovernedSession answers; 320MiB otherwise)")  # fmt: skip
     p.add_argument("--naive-only", action="store_true", help="skip the GovernedSession part (before only)")
-    p.add_argument("--real-limit", action="store_true",
+    p.add_argument("--real-limit", action=argparse.BooleanOptionalAction, default=True,
                    help="also run plain generate() and the GovernedSession in child processes under a real "
-                        "address-space limit of the budget, and show which one fails")  # fmt: skip
+                        "address-space limit of the budget, and show which one fails (default: on)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
@@ -41,20 +43,24 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from memwarden.demo import run_demo, verdict
-    from memwarden.models.chat import DemoConfig
+    from memwarden.models.chat import DEMO_DEVICE_BUDGET_BYTES, DEMO_TURNS, DemoConfig
     from memwarden.units import parse_bytes
 
     out = Path(args.out_dir)
     if not out.is_dir():
         raise InputError(f"{args.out_dir}: not a directory")
-    if args.turns < 1:
+    built_in = not args.model and args.size == "small"
+    turns = args.turns if args.turns is not None else DEMO_TURNS
+    if turns < 1:
         raise InputError("--turns must be at least 1")
-    kwargs: dict[str, Any] = {"size": args.size, "turns": args.turns, "governed": not args.naive_only}
+    kwargs: dict[str, Any] = {"size": args.size, "turns": turns, "governed": not args.naive_only}
     if args.model:
         from memwarden.models import zoo
 
         zoo.spec(args.model)  # unknown names fail here with the list of valid ones
         kwargs["model"] = args.model
+    if args.budget is None and built_in:
+        kwargs["budget_bytes"] = DEMO_DEVICE_BUDGET_BYTES
     if args.budget:
         try:
             kwargs["budget_bytes"] = parse_bytes(args.budget)
@@ -65,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         from memwarden.commands._common import print_json
 
-        result = run_demo(config, out, real_limit=args.real_limit)
+        result = run_demo(config, out, real_limit=args.real_limit and not args.naive_only)
         doc = {"summary": result.summary.to_json(), "fits_budget": result.fits, "budget_bytes": config.budget_bytes,
                "findings": [f.to_json() for f in result.findings],
                "report": str(result.report_path), "trace": str(result.trace_path)}  # fmt: skip
@@ -94,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
     from memwarden.report.progress import progress
 
     with progress("memwarden demo", enabled=not args.quiet) as step:
-        result = run_demo(config, out, progress=step, real_limit=args.real_limit)
+        result = run_demo(config, out, progress=step, real_limit=args.real_limit and not args.naive_only)
     out_console = Console()
     out_console.print(
         render_summary(result.summary, source=f"{config.model} ({config.size}), {config.turns}-turn chat")
@@ -103,7 +109,10 @@ def _run(args: argparse.Namespace) -> int:
 
     out_console.print(render_findings(result.findings, result.summary.peak_bytes))
     style = "green" if result.fits else "bold red"
-    out_console.print(f"[{style}]Peak {verdict(result)}.[/]")
+    process = ""
+    if result.fits and result.limited is not None and result.limited.plain_error is not None:
+        style, process = "yellow", " in tensors; the process as a whole does not (the real limit, below)"
+    out_console.print(f"[{style}]Peak {verdict(result)}{process}.[/]")
     if result.governed is not None:
         from memwarden.report.console import render_before_after
 
@@ -124,7 +133,9 @@ def _run(args: argparse.Namespace) -> int:
         if result.limited is not None:
             lim = result.limited
             ok = lim.governed_error is None or (lim.int4_ran and lim.int4_error is None)
-            out_console.print(f"[{'green' if ok else 'bold red'}]Real limit: {lim.story}.[/]", highlight=False)
+            from rich.markup import escape
+
+            out_console.print(f"[{'green' if ok else 'bold red'}]Real limit: {escape(lim.story)}.[/]", highlight=False)
         out_console.print(f"wrote {result.report_path}, {result.trace_path} (before) and "
                           f"{result.governed.report_path}, {result.governed.trace_path} (after)")  # fmt: skip
     else:

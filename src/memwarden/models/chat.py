@@ -9,11 +9,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_BUDGET_BYTES", "DemoConfig", "build_deployment", "conversation_inputs", "run_chat"]
+__all__ = [
+    "DEFAULT_BUDGET_BYTES",
+    "DEMO_DEVICE_BUDGET_BYTES",
+    "DEMO_TURNS",
+    "DemoConfig",
+    "build_deployment",
+    "conversation_inputs",
+    "run_chat",
+]
 
 # A phone or Jetson-class share of memory for this small model: weights plus a
 # few image prefills fit, a careless chat loop does not leave much headroom.
 DEFAULT_BUDGET_BYTES = 320 * 1024**2
+# The device budget and chat length `memwarden demo` serves the built-in deployment (llava small) with,
+# under a real address-space limit. The fp32 weights are 180 MiB; plain generate() needs the process
+# to hold 205-207 MiB by its first answer (its tensors ~200 MiB, plus kernel scratch, JIT code and
+# the heap's waste) and 218-222 MiB by turn 4, so it fails at turn 1. The GovernedSession, with the
+# same fp32 weights, streams what does not fit and reuses the conversation's prefix: it answers all
+# four turns with the same tokens (docs/benchmarks.md, "The demo under a real limit").
+DEMO_DEVICE_BUDGET_BYTES = 196 * 1024**2
+DEMO_TURNS = 4
 
 
 @dataclass(frozen=True, kw_only=True)

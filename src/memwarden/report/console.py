@@ -138,6 +138,13 @@ def render_before_after(result: object) -> Table:
     kv_before = before.by_category_at_peak.get("kv_cache", 0)
     kv_after = after.by_category_at_peak.get("kv_cache", 0)
     table.add_row("KV cache at peak", format_bytes(kv_before), f"{format_bytes(kv_after)} (pool, allocated once)")
+    if after.peak_bytes > before.peak_bytes:
+        table.add_row(
+            "why the session peaks higher",
+            "",
+            f"its KV pool ({format_bytes(g.stats.get('kv_pool_bytes', kv_after))}) is reserved up front for the "
+            f"whole conversation; plain's cache grows as it goes ({format_bytes(kv_before)} at its peak)",
+        )
     reqs = g.stats.get("requests", [])
     if len(reqs) > 1:
         reused = sum(r["reused_tokens"] for r in reqs[1:])

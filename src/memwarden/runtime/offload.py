@@ -1,7 +1,7 @@
 """Weight streaming: run a transformers model whose weights do not fit its memory budget.
 
 :func:`stream_weights` splits the model into weight groups (each linear, embedding, norm: see
-:func:`weight_groups`), asks :func:`memwarden.plan.placement.place` which stay resident, writes
+:func:`memwarden.runtime.offload_plan.weight_groups`), asks :func:`memwarden.plan.placement.place` which stay resident, writes
 the others to one safetensors file per group in ``offload_dir``, releasing each group's memory
 as soon as its file is written. A streamed group's forward pre-hook reads it from its file into one
 of two staging slots
@@ -40,34 +40,21 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import shutil
 import struct
 import time
-from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
-from memwarden.capture.modality import ModalityRules
 from memwarden.models.devices import MemoryTier
-from memwarden.plan.placement import Placement, WeightGroup, place
-from memwarden.trace.model import Modality
+from memwarden.plan.placement import Placement
+from memwarden.runtime.offload_plan import aligned, nan_placeholder, plan_streaming, streamable_params
 
-__all__ = ["StreamStats", "WeightStreamer", "default_tiers", "plan_streaming", "stream_weights", "weight_groups"]
-
-ALIGN_BYTES = 64  # what PyTorch's CPU allocator gives a fresh tensor; kernels see the same alignment
-# Modules whose weights their parent's forward reads directly, never calling them, so no hook of
-# theirs can bring the weights in: Whisper-style audio encoders (Qwen2-Audio, Whisper) read
-# `embed_positions.weight`. They stay resident. Others show up as NaN outputs (see _placeholder).
-READ_BY_PARENT = ("embed_positions",)
-_ONCE_PER_REQUEST = (Modality.VISION, Modality.AUDIO, Modality.FUSION)  # encoders and projectors
+__all__ = ["StreamStats", "WeightStreamer", "stream_weights"]
 
 
 @dataclass
@@ -112,103 +99,6 @@ class _Group:
     tensors: list[_Tensor]
     slot_bytes: int
     hooks: list[Any] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------------------------------------
-# Groups and plans
-
-
-def weight_groups(model: torch.nn.Module, *, split_layers: bool = False) -> list[tuple[str, torch.nn.Module]]:
-    """The model's weight groups in registration order: disjoint module subtrees that cover every
-    parameter and buffer. A group is a module with tensors of its own (a linear, an embedding, a
-    norm) or a leaf; with ``split_layers=False`` an element of a ModuleList/ModuleDict (a whole
-    decoder layer) is one group."""
-    out: list[tuple[str, torch.nn.Module]] = []
-
-    def visit(prefix: str, module: torch.nn.Module, is_layer: bool) -> None:
-        own = any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False))
-        children = list(module.named_children())
-        if (is_layer and not split_layers) or own or not children:
-            if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
-                out.append((prefix, module))
-            return
-        container = isinstance(module, torch.nn.ModuleList | torch.nn.ModuleDict)
-        for name, child in children:
-            visit(f"{prefix}.{name}" if prefix else name, child, container)
-
-    visit("", model, False)
-    return out
-
-
-def _streamable(groups: list[tuple[str, torch.nn.Module]]) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
-    """Per group, the parameters it may stream: those no other group uses (a tied parameter is
-    in two groups) of a module no parent reads directly (READ_BY_PARENT). The rest stay resident."""
-    uses = Counter(id(p) for _, module in groups for p in module.parameters())  # each module lists a tensor once
-    return {
-        name: [(k, p) for k, p in module.named_parameters() if uses[id(p)] == 1]
-        if name.rsplit(".", 1)[-1] not in READ_BY_PARENT
-        else []
-        for name, module in groups
-    }
-
-
-def _specs(model: torch.nn.Module, split_layers: bool) -> list[WeightGroup]:
-    rules = ModalityRules()
-    groups = weight_groups(model, split_layers=split_layers)
-    streamable = _streamable(groups)
-    counted: set[int] = set()  # tied tensors are pinned in every group that uses them; count them once
-    specs = []
-    for order, (name, module) in enumerate(groups):
-        streamable_ids = {id(p) for _, p in streamable[name]}
-        pinned_bytes = 0
-        for t in list(module.parameters()) + list(module.buffers()):
-            if id(t) not in streamable_ids and id(t) not in counted:
-                counted.add(id(t))
-                pinned_bytes += t.nbytes
-        specs.append(
-            WeightGroup(
-                name=name,
-                weight_bytes=sum(_aligned(p.nbytes) for _, p in streamable[name]),  # as laid out in a slot
-                order=order,
-                per_token=rules.modality_of(name) not in _ONCE_PER_REQUEST,
-                pinned_bytes=pinned_bytes,
-            )
-        )
-    return specs
-
-
-def default_tiers(offload_dir: str | os.PathLike[str]) -> tuple[MemoryTier, ...]:
-    """This machine as a CPU-only device: host memory and the disk holding ``offload_dir``.
-    Bandwidths are rough assumptions (dual-channel DDR, NVMe) that only feed
-    ``predicted_stream_us_per_token``; pass a device profile's tiers to plan for real hardware."""
-    path = Path(offload_dir)
-    while not path.exists():
-        path = path.parent
-    return (
-        MemoryTier(name="host", capacity_bytes=psutil.virtual_memory().total, bandwidth_gbps=20.0, latency_us=0.1),
-        MemoryTier(name="disk", capacity_bytes=shutil.disk_usage(path).free, bandwidth_gbps=2.0, latency_us=100.0),
-    )
-
-
-def plan_streaming(
-    model: torch.nn.Module,
-    budget_bytes: int,
-    *,
-    kv_cache_bytes: int = 0,
-    activation_bytes: int = 0,
-    tiers: tuple[MemoryTier, ...] | None = None,
-    offload_dir: str | os.PathLike[str] = ".",
-    split_layers: bool = True,
-) -> Placement:
-    """The placement :func:`stream_weights` would carry out; changes nothing. ``split_layers``:
-    see :func:`weight_groups`."""
-    return place(
-        _specs(model, split_layers),
-        budget_bytes=budget_bytes,
-        tiers=tiers or default_tiers(offload_dir),
-        kv_cache_bytes=kv_cache_bytes,
-        activation_bytes=activation_bytes,
-    )
 
 
 def stream_weights(
@@ -268,7 +158,7 @@ class WeightStreamer:
         if unknown:
             raise ValueError(f"placement names modules the model does not have: {', '.join(unknown[:5])}")
         modules = {i.name: named[i.name] for i in placement.weights}
-        streamable = _streamable(list(modules.items()))
+        streamable = streamable_params(list(modules.items()))
         names = [i.name for i in placement.weights if i.streamed and i.nbytes > 0 and streamable[i.name]]
 
         self._groups: list[_Group] = []
@@ -305,7 +195,7 @@ class WeightStreamer:
     def _write(self, name: str, params: list[tuple[str, torch.nn.Parameter]]) -> _Group:
         path = self.offload_dir / f"{name or 'model'}.safetensors"
         by_key = {key: p for key, p in params}
-        save_file({key: p.detach().contiguous() for key, p in params}, str(path), metadata={"memwarden": "offload"})
+        _write_safetensors(path, {key: p.detach() for key, p in params}, {"memwarden": "offload"})
         with path.open("rb") as f:
             (header_bytes,) = struct.unpack("<Q", f.read(8))  # safetensors: u64 LE header length, JSON header, data
             header = json.loads(f.read(header_bytes))
@@ -323,10 +213,10 @@ class WeightStreamer:
                     file_offset=data_start + begin,
                     nbytes=end - begin,
                     slot_offset=slot_offset,
-                    placeholder=_placeholder(p.dtype, tuple(p.shape)),
+                    placeholder=nan_placeholder(p.dtype, tuple(p.shape)),
                 )
             )
-            slot_offset += _aligned(end - begin)
+            slot_offset += aligned(end - begin)
         return _Group(name=name, path=path, tensors=tensors, slot_bytes=slot_offset)
 
     def _pre_hook(self, index: int, module: torch.nn.Module, args: Any) -> None:
@@ -457,11 +347,11 @@ class WeightStreamer:
             return
         for slot in range(len(self._slots)):  # no copy may still write into a slot
             self._wait(slot)
+        self._read_back()  # first: if memory runs out, the model is left streaming, hooks and all
         self._executor.shutdown(wait=True)
         for g in self._groups:
             for hook in g.hooks:
                 hook.remove()
-        self._read_back()
         self._views.clear()
         self._slots.clear()
         self._active.clear()
@@ -470,13 +360,23 @@ class WeightStreamer:
         self.model._memwarden_streamer = None  # type: ignore[assignment]
 
     def _read_back(self) -> None:
-        """Every released weight back into memory from its file, as it was before streaming."""
+        """Every released weight back into memory from its file, as it was before streaming. All are
+        read before any is put back: where memory runs out part-way (a real limit below the weights)
+        nothing changes and the allocator's error is raised — the model goes on streaming."""
+        back: list[tuple[_Tensor, torch.Tensor]] = []
         for g in self._groups:
-            with safe_open(str(g.path), framework="pt") as f:
+            fd = os.open(g.path, os.O_RDONLY)
+            try:
                 for t in g.tensors:
                     if id(t.param) in self._requires_grad:
-                        t.param.data = f.get_tensor(t.key)
-                        t.param.requires_grad_(self._requires_grad.pop(id(t.param)))
+                        data = torch.empty(t.placeholder.shape, dtype=t.placeholder.dtype)
+                        _read_exactly(fd, data.data_ptr(), t.file_offset, t.nbytes, g.path)
+                        back.append((t, data))
+            finally:
+                os.close(fd)
+        for t, data in back:
+            t.param.data = data
+            t.param.requires_grad_(self._requires_grad.pop(id(t.param)))
 
     def _close_files(self, *, delete: bool) -> None:
         if delete:
@@ -490,6 +390,35 @@ class WeightStreamer:
         self.detach()
 
 
+def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """A safetensors file of ``tensors`` (CPU), written from the tensors' own memory: safetensors'
+    ``save_file`` serializes the whole group into one bytes object first, a transient copy that a
+    process streaming its weights because memory is short may not have room for."""
+    from memwarden.runtime.lora.tensors import SAFETENSORS_DTYPES
+
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    flat: list[torch.Tensor] = []
+    for key, t in tensors.items():
+        t = t if t.is_contiguous() else t.contiguous()  # weights are; a strided one is copied alone
+        nbytes = t.numel() * t.element_size()
+        header[key] = {
+            "dtype": SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+        flat.append(t)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for t in flat:
+            nbytes = t.numel() * t.element_size()
+            if nbytes:
+                f.write(memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())))
+
+
 def _read_exactly(fd: int, address: int, offset: int, nbytes: int, path: Path) -> None:
     """``nbytes`` of ``fd`` from ``offset`` into memory at ``address`` (``os.preadv`` releases the GIL)."""
     done = 0
@@ -499,15 +428,3 @@ def _read_exactly(fd: int, address: int, offset: int, nbytes: int, path: Path) -
         if n <= 0:
             raise OSError(f"{path}: the offload file ends early ({done} of {nbytes} bytes at offset {offset})")
         done += n
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
-
-
-def _placeholder(dtype: torch.dtype, shape: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
-    """A tensor of ``shape`` and ``dtype`` with one element of storage on ``device``: NaN for floats, so
-    that a weight read outside its module's forward poisons the output instead of passing unnoticed.
-    (Made on the device, never moved there: ``.to()`` would materialize the expanded shape.)"""
-    fill = float("nan") if dtype.is_floating_point or dtype.is_complex else 0
-    return torch.full((), fill, dtype=dtype, device=device).expand(shape)

@@ -6,7 +6,7 @@ placement, groups, hooks and counters. What differs is where the bytes are and w
 
 - A streamed group's weights are packed into one pinned (page-locked) host buffer, so its copy
   to the device is one DMA transfer that can overlap kernels. Between uses a parameter is a
-  one-element NaN placeholder on the device (see ``offload._placeholder``).
+  one-element NaN placeholder on the device (see ``offload_plan.nan_placeholder``).
 - The staging slots are device buffers allocated once, so the caching allocator never sees a
   streamed weight come and go (no ``record_stream`` bookkeeping, no fragmentation).
 - A prefetch copies the group predicted to run next into a free slot on a side stream
@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from memwarden.plan.placement import Placement
-from memwarden.runtime.offload import StreamStats, _aligned, _placeholder, _streamable, plan_streaming
+from memwarden.runtime.offload import StreamStats
+from memwarden.runtime.offload_plan import aligned, nan_placeholder, plan_streaming, streamable_params
 
 __all__ = ["CudaWeightStreamer", "stream_weights_cuda"]
 
@@ -87,7 +88,7 @@ class CudaWeightStreamer:
         if unknown:
             raise ValueError(f"placement names modules the model does not have: {', '.join(unknown[:5])}")
         modules = {i.name: named[i.name] for i in placement.weights}
-        streamable = _streamable(list(modules.items()))
+        streamable = streamable_params(list(modules.items()))
         names = [i.name for i in placement.weights if i.streamed and i.nbytes > 0 and streamable[i.name]]
         torch.cuda.synchronize(self.device)
         self._groups = [self._pack(name, streamable[name]) for name in names]
@@ -113,13 +114,13 @@ class CudaWeightStreamer:
         model._memwarden_streamer = self  # type: ignore[assignment]
 
     def _pack(self, name: str, params: list[tuple[str, torch.nn.Parameter]]) -> _HostGroup:
-        sizes = [_aligned(p.nbytes) for _, p in params]
+        sizes = [aligned(p.nbytes) for _, p in params]
         host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=True)
         tensors, offset = [], 0
         for (_, p), size in zip(params, sizes, strict=True):
             flat = p.detach().contiguous().reshape(-1).view(torch.uint8)
             host[offset : offset + p.nbytes].copy_(flat)  # device -> pinned host, synchronous
-            placeholder = _placeholder(p.dtype, tuple(p.shape), self.device)
+            placeholder = nan_placeholder(p.dtype, tuple(p.shape), self.device)
             tensors.append(_HostTensor(param=p, offset=offset, nbytes=p.nbytes, placeholder=placeholder))
             offset += size
         return _HostGroup(name=name, host=host, tensors=tensors, hooks=[])

@@ -38,17 +38,20 @@ from memwarden.runtime import media as media_mod
 from memwarden.runtime.admission import Decision, PeakPredictor
 from memwarden.runtime.degrade import Ladder, LadderConfig
 from memwarden.runtime.encoders import EncoderCache
+from memwarden.runtime.host_memory import allocation_failed, fix_mmap_threshold, return_freed_memory
 from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence, cache_keyword
 from memwarden.runtime.session_admit import Admission, AdmissionDecision, apply_change
 from memwarden.runtime.session_chat import Conversation
 from memwarden.runtime.session_config import UNSET, SessionConfig, Unset, budget_source_of, resolve_config
 from memwarden.runtime.session_inputs import check_request, split_rows
 from memwarden.runtime.session_log import EventLog
-from memwarden.runtime.session_memory import SessionMemory, _fix_mmap_threshold, _return_freed_memory
+from memwarden.runtime.session_memory import SessionMemory
 from memwarden.runtime.session_owner import Restored, claim, release, restored
 from memwarden.runtime.session_request import FirstTokenStreamer, Request, RequestPlan, RequestRecord
 from memwarden.runtime.session_tally import SessionTally
 from memwarden.units import format_bytes
+
+_LIMIT_RETRIES = 3  # a request served again at most this often after the real limit refused an allocation
 
 
 class GovernedSession:
@@ -140,14 +143,14 @@ class GovernedSession:
         try:
             on_cpu = all(p.device.type in ("cpu", "meta") for p in model.parameters())
             if config.heap_mmap_threshold is not None and on_cpu:
-                _fix_mmap_threshold(
+                fix_mmap_threshold(
                     config.heap_mmap_threshold
                 )  # freed tensors leave the resident set (see the function)
             if config.quantize is not None:  # int4 weight-only linears, in place (runtime/quant.py)
                 from memwarden.runtime.quant import quantize as quantize_model
 
                 quantize_model(model, bits=config.quantize, group_size=config.group_size)
-                _return_freed_memory()  # the fp32 weights just freed stay in glibc's heap otherwise (RSS)
+                return_freed_memory()  # the fp32 weights just freed stay in glibc's heap otherwise (RSS)
             dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
             self.device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
             self.spec = KVSpec.from_config(model.config, dtype=dtype, block_size=config.block_size)
@@ -340,11 +343,21 @@ class GovernedSession:
         inputs = dict(inputs)
         streamer = FirstTokenStreamer(inputs.pop("streamer", None))
         request = Request(input_ids, inputs, max_new_tokens, rung=self.ladder.latency.level)
+        limit_hits = 0
         while True:
             with self._lock:
-                decision = self._admit(request)
-                if decision.kind == "admit":
-                    return self._run(request, streamer, serve_start, serve_cpu)
+                try:
+                    decision = self._admit(request)  # planning may run the encoder (pruning scores)
+                    if decision.kind == "admit":
+                        return self._run(request, streamer, serve_start, serve_cpu)
+                except (RuntimeError, MemoryError) as exc:
+                    if not allocation_failed(exc):
+                        raise
+                    limit_hits += 1  # raises AdmissionError once retries are spent or tokens went out
+                    self.memory.serve_again_after(exc, limit_hits, _LIMIT_RETRIES, streamer.restartable())
+                    streamer.restart()
+                    request.changes.append("the real memory limit was hit: served again with a larger margin")
+                    continue
             if decision.kind != "wait":
                 break
             time.sleep(decision.wait_s)  # without the lock: telemetry and other requests go on meanwhile

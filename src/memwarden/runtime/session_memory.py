@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from memwarden.runtime import media as media_mod
-from memwarden.runtime.admission import PeakPredictor
+from memwarden.runtime.admission import AdmissionError, PeakPredictor
 from memwarden.runtime.encoders import EncoderCache
+from memwarden.runtime.host_memory import allocation_failed, cuda_runtime_bytes, limit_cap
 from memwarden.runtime.kvcache import KVPool, KVSpec
 from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_log import EventLog
@@ -31,39 +32,12 @@ if TYPE_CHECKING:
     from memwarden.runtime.offload_cuda import CudaWeightStreamer
 
 _MIN_SAFETY_BYTES = 256 * 1024  # per-thread kernel workspaces seen on CPU (SDPA) are this order
+_LIMIT_STEP_BYTES = 8 * 2**20  # the least the margin grows by when a real limit refuses an allocation
 _POOL_SEQUENCES = 4  # default pool cap: this many sequences of the model's full context
 
 
 class BudgetError(ValueError):
     """The budget cannot hold the model at all (weights plus the smallest KV pool)."""
-
-
-def _allocation_failed(exc: BaseException) -> bool:
-    """An allocator's refusal (torch raises RuntimeError with this wording, OutOfMemoryError on CUDA)."""
-    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or (
-        isinstance(exc, RuntimeError) and ("allocate" in str(exc) or "out of memory" in str(exc))
-    )
-
-
-def _limit_cap(held_bytes: int, device: torch.device | None = None) -> tuple[int | None, str]:
-    """The most the session can hold under this process's real limits (cgroup, ``RLIMIT_AS``; on a GPU
-    the device memory): what it holds now plus what the limits still allow; (None, "") where no
-    limit is known."""
-    from memwarden.govern.limits import read_limits
-
-    if device is not None and device.type == "cuda":
-        # cudaMemGetInfo's free memory (other processes' use already excluded) plus what this process's
-        # caching allocator holds cached but unused, which it gives back before failing an allocation.
-        free, _total = torch.cuda.mem_get_info(device)
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return held_bytes + free + cached, "GPU's free memory (cudaMemGetInfo)"
-
-    limits = read_limits()
-    room = limits.available_bytes
-    if room is None:
-        return None, ""
-    what = "address-space limit (RLIMIT_AS)" if limits.address_space_limit_bytes == limits.limit_bytes else "cgroup"
-    return held_bytes + room, what
 
 
 class _Owned:
@@ -75,13 +49,32 @@ class _Owned:
         self.encoder_cache: EncoderCache | None = None
         self.streamer: WeightStreamer | CudaWeightStreamer | None = None
         self.folders: list[str] = []
+        self.folder_finalizers: dict[str, weakref.finalize] = {}
 
     def release(self) -> None:
         if self.encoder_cache is not None:
             self.encoder_cache.remove()
             self.encoder_cache = None
         if self.streamer is not None:
-            self.streamer.detach()
+            try:
+                self.streamer.detach()
+            except (RuntimeError, MemoryError) as exc:
+                if not allocation_failed(exc):
+                    raise
+                # Under a real limit below the weights they cannot all come back: the model keeps
+                # streaming them, and their files stay (for as long as the process runs).
+                streamer, self.streamer = self.streamer, None
+                for folder in self.folders:  # removed with the streamer now, not with the session
+                    finalizer = self.folder_finalizers.pop(folder, None)
+                    if finalizer is not None:
+                        finalizer.detach()
+                    weakref.finalize(streamer, shutil.rmtree, folder, ignore_errors=True)
+                self.folders.clear()
+                raise BudgetError(
+                    f"the streamed weights cannot be brought back under this process's memory limit "
+                    f"({str(exc).splitlines()[0][:120]}); the model keeps streaming them: call "
+                    "model._memwarden_streamer.detach() once there is room"
+                ) from None
             self.streamer = None
         for folder in self.folders:
             shutil.rmtree(folder, ignore_errors=True)
@@ -101,51 +94,6 @@ def state_bytes(model: torch.nn.Module) -> int:
         seen.add(st.data_ptr())
         total += st.nbytes()
     return total
-
-
-def _libc() -> Any:
-    """The C library through ctypes, or None where there is none to load."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-
-
-def _return_freed_memory() -> None:
-    """Ask glibc to give freed heap pages back to the OS, so that resident memory (what a phone's
-    memory killer watches) reflects what the session holds. A no-op elsewhere."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
-
-
-_M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
-
-
-def _fix_mmap_threshold(threshold_bytes: int) -> bool:
-    """Fix glibc's mmap threshold: blocks at least this large are mapped and unmapped on their own.
-
-    glibc raises the threshold (up to 32 MiB) each time a large mapped block is freed, after which
-    tensors of that size come from the heap and their pages stay resident when freed; a fixed
-    threshold disables that adjustment (``MALLOC_MMAP_THRESHOLD_`` does the same from the
-    environment). Measured on the demo deployment: ~15 MiB less resident, same latency.
-    Process-wide; returns whether it was applied (glibc only)."""
-    libc = _libc()
-    return bool(libc is not None and hasattr(libc, "mallopt") and libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
-
-
-def _cuda_runtime_bytes(device: torch.device) -> int:
-    """cuBLAS + cuBLASLt workspace bytes a request on ``device`` may allocate (0 off CUDA)."""
-    if device.type != "cuda":
-        return 0
-    from memwarden.estimate.cuda_runtime import CUBLASLT_WORKSPACE_BYTES, cublas_workspace_bytes
-
-    capability = torch.cuda.get_device_capability(device)
-    return cublas_workspace_bytes((capability[0], capability[1])) + CUBLASLT_WORKSPACE_BYTES
 
 
 def _default_encoder_store(model: torch.nn.Module, processor: Any, config: SessionConfig) -> Any:
@@ -187,6 +135,7 @@ class SessionMemory:
         self.config = config
         self.log = log
         self.budget_source = budget_source  # an object with budget_bytes (a telemetry controller), read each time
+        self.learned_margin_bytes = 0  # kept free beyond the safety fraction under a real limit (limit_hit)
         self.fixed_budget: int | None = config.fixed_budget_bytes
         self.initial_budget = self.fixed_budget if self.fixed_budget is not None else 2**62
         self.budget_lowered = False  # a temporary squeeze (set_budget(..., temporary=True)) is in force
@@ -198,15 +147,21 @@ class SessionMemory:
         # On a GPU, what serving allocates outside the model's tensors: the cuBLAS and cuBLASLt workspaces
         # (PyTorch allocates them through its caching allocator on the first matmul of a thread and stream;
         # estimate/cuda_runtime.py). Kept out of every figure the session plans with.
-        self.runtime_bytes = _cuda_runtime_bytes(device)
+        self.runtime_bytes = cuda_runtime_bytes(device)
         # A budget above what the process may really allocate (its cgroup, RLIMIT_AS) would let native code
         # abort or the OOM killer strike mid-request: the session plans for the smaller figure.
         asked = self.budget_bytes
         self.device = device
-        self.limit_bytes, limit_kind = _limit_cap(self.weights_bytes, device)
+        self.limit_bytes, limit_kind = limit_cap(self.weights_bytes, device)
         if self.limit_bytes is not None and self.limit_bytes < asked:
             log.note("budget", f"budget capped at {format_bytes(self.limit_bytes)} by this process's {limit_kind}",
                      budget_bytes=self.limit_bytes)  # fmt: skip
+            if device.type == "cpu":
+                # Under a real limit on the host, what native code holds beside the tensors counts too
+                # (kernel scratch and JIT code, thread arenas, the heap's waste: ~25 MiB on the demo's
+                # first request, more than its activations): plan with that margin from the start
+                # rather than learn it from a failed request (limit_hit).
+                self.learned_margin_bytes = max(self.limit_bytes // 10, 2 * _LIMIT_STEP_BYTES)
         self.stream_allowed = config.stream is not False
         self.activation_reserve_bytes = 0  # set below, once the weights are placed
         budget_now = self.budget_bytes
@@ -228,7 +183,8 @@ class SessionMemory:
         planned_kv = self.spec.page_size_bytes * self.pool_blocks_for_tokens(max(1, example_tokens))
         if reserve is None:
             reserve = max(budget_now // 10, planned)
-        if stream is True or (stream == "auto" and self.weights_bytes + planned_kv + planned > budget_now):
+        needs = self.weights_bytes + planned_kv + planned + self.learned_margin_bytes
+        if stream is True or (stream == "auto" and needs > budget_now):
             if (
                 config.activation_reserve_bytes is None
             ):  # room for a request like example_inputs, or a 512-token prefill
@@ -271,7 +227,7 @@ class SessionMemory:
         try:
             return KVPool(self.spec, blocks, device=device)
         except (RuntimeError, MemoryError) as exc:
-            if not _allocation_failed(exc):
+            if not allocation_failed(exc):
                 raise
             raise BudgetError(
                 f"a KV pool of {blocks} blocks ({format_bytes(blocks * self.spec.page_size_bytes)}) could not be "
@@ -315,7 +271,36 @@ class SessionMemory:
     def admissible(self, budget: int) -> int:
         """The most a request may be predicted to use: the budget less the safety margin (kernel
         workspaces, per-thread buffers and the session's bookkeeping are not in the prediction)."""
-        return budget - max(int(budget * self.config.safety_fraction), _MIN_SAFETY_BYTES) - self.runtime_bytes
+        margin = max(int(budget * self.config.safety_fraction), _MIN_SAFETY_BYTES) + self.learned_margin_bytes
+        return budget - margin - self.runtime_bytes
+
+    def serve_again_after(self, exc: BaseException, hits: int, retries: int, restartable: bool) -> None:
+        """The process's real limit refused an allocation the plan counted on (``hits`` times for this
+        request): what runs beside the tensors (kernel scratch, JIT code, the heap's own waste) took
+        more than the margin. Learn a larger margin so that the request is served again under it
+        (admission shrinks the pool or streams weights); raise :class:`AdmissionError` with the
+        reason once ``retries`` are spent, or where tokens already went out (never sent twice)."""
+        what = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        if hits > retries or not restartable:
+            why = (f"the process's real memory limit refused an allocation {hits} times, the last with a "
+                   f"margin of {format_bytes(self.learned_margin_bytes)} kept free"
+                   if restartable else "the process's real memory limit refused an allocation after tokens "
+                   "had been streamed (a request is never sent twice)")  # fmt: skip
+            self.log.note("refuse", why)
+            raise AdmissionError(f"{why} ({what}): raise the process's memory limit, or shrink what it serves: "
+                                 "quantize the weights (memwarden.quantize)") from exc  # fmt: skip
+        self.limit_hit(what)
+
+    def limit_hit(self, what: str) -> None:
+        """An allocation the plan counted on was refused by the process's real limit: keep a larger
+        margin from now on (a step of a tenth of the budget, at least 8 MiB), cached encoder outputs
+        dropped. What native code holds beside the tensors is not in any prediction; this learns it."""
+        budget = self.budget_bytes
+        self.learned_margin_bytes += max(budget // 10, _LIMIT_STEP_BYTES)
+        self.drop_encoder_outputs()
+        self.log.note("limit", f"the real memory limit refused an allocation ({what}): margin now "
+                      f"{format_bytes(self.learned_margin_bytes)} beyond the safety fraction",
+                      budget_bytes=budget, learned_margin_bytes=self.learned_margin_bytes)  # fmt: skip
 
     def pool_blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.spec.block_size)
@@ -323,7 +308,7 @@ class SessionMemory:
     def pool_blocks_for(self, budget_bytes: int) -> int:
         """Default pool size under a budget: ``kv_fraction`` of what the weights leave, capped at a
         few sequences of the model's full context (more is memory no request can use)."""
-        spare = budget_bytes - self.weights_bytes - self.runtime_bytes
+        spare = budget_bytes - self.weights_bytes - self.runtime_bytes - self.learned_margin_bytes
         # With streamed weights the placement kept exactly the activation reserve free: never give it to KV.
         reserve = self.activation_reserve_bytes if self.streamer is not None else 0
         blocks = self.spec.blocks_for_bytes(int(min(spare * self.config.kv_fraction, spare - reserve)))
@@ -357,7 +342,7 @@ class SessionMemory:
         try:
             self.pool = self.pool.resized(blocks, self.config.swap_dir or tempfile.gettempdir())
         except (RuntimeError, MemoryError) as exc:  # the old pool is kept (resized() rebuilds it)
-            if not _allocation_failed(exc):
+            if not allocation_failed(exc):
                 raise
             raise BudgetError(f"the KV pool could not be resized to {blocks} blocks: the process's real memory "
                               f"limit is lower than the budget {format_bytes(budget)}") from None  # fmt: skip
@@ -392,7 +377,9 @@ class SessionMemory:
         if directory is None:
             directory = tempfile.mkdtemp(prefix="memwarden-offload-")
             # At interpreter exit too, even if the session is never closed nor collected.
-            weakref.finalize(self._owned, shutil.rmtree, directory, ignore_errors=True)
+            self._owned.folder_finalizers[directory] = weakref.finalize(
+                self._owned, shutil.rmtree, directory, ignore_errors=True
+            )
         try:
             planned = self.admissible(budget)  # admission keeps this margin free too
             if planned <= 0:
@@ -430,7 +417,7 @@ class SessionMemory:
         """Let a budget source that samples on demand take a fresh reading; on a GPU, read the device's
         free memory again (another process may have taken or returned some)."""
         if self.device.type == "cuda":
-            self.limit_bytes, _ = _limit_cap(self.held_bytes, self.device)
+            self.limit_bytes, _ = limit_cap(self.held_bytes, self.device)
         poll = getattr(self.budget_source, "poll", None)
         if callable(poll):
             poll()
@@ -490,7 +477,14 @@ class SessionMemory:
             return  # within 10%: not worth a resize
         if self.encoder_cache is not None and over:
             self.encoder_cache.store.clear()
-        self.resize_pool(want, budget, "follow the budget")
+        try:
+            self.resize_pool(want, budget, "follow the budget")
+        except BudgetError:
+            if want < have:
+                raise
+            # A larger pool is only room to spare: where the process's real limit refuses it, keep the
+            # pool there is (resized() left it in place) and a larger margin from now on.
+            self.limit_hit(f"a KV pool of {want} blocks")
 
 
 __all__ = ["BudgetError", "SessionMemory", "state_bytes"]

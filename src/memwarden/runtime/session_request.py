@@ -70,6 +70,13 @@ class FirstTokenStreamer:
         if self.inner is not None:
             self.inner.end()
 
+    def restartable(self) -> bool:
+        """Whether the request can start over without the caller seeing anything twice."""
+        return self.inner is None or self.calls == 0
+
+    def restart(self) -> None:
+        self.calls, self.first_token_at = 0, None
+
 
 @dataclass(frozen=True, kw_only=True)
 class RequestPlan:
