@@ -3,6 +3,8 @@ generate() fails with the allocator's own out-of-memory, caught and shown, where
 
 from __future__ import annotations
 
+import dataclasses
+
 from memwarden.demo import LimitedResult, run_limited
 from memwarden.models.chat import DEMO_DEVICE_BUDGET_BYTES, DEMO_TURNS, DemoConfig
 
@@ -31,7 +33,7 @@ def test_the_demos_device_budget_fails_plain_and_the_fp32_session_answers() -> N
     result = run_limited(config, arms=("plain", "governed"))
     assert result.plain_error is not None and result.plain_answered < config.turns, result.story
     assert result.governed_error is None and result.governed_answered == config.turns, result.story
-    assert result.outputs_equal and not result.int4_ran
+    assert result.outputs_equal and result.governed_degraded == 0 and not result.int4_ran
     assert result.story.startswith(
         f"under a real {DEMO_DEVICE_BUDGET_BYTES // MiB}.0 MiB limit plain generate() failed"
     )
@@ -42,6 +44,9 @@ def test_story_says_which_side_failed() -> None:
     plain_fails = LimitedResult(**base, plain_answered=1, plain_error="RuntimeError: can't allocate memory",
                                 governed_answered=3, governed_error=None)  # fmt: skip
     assert plain_fails.story.startswith("under a real 210.0 MiB limit plain generate() failed at turn 2")
+    assert plain_fails.story.endswith("answered all 3, the tokens plain gives without a limit")
+    differs = dataclasses.replace(plain_fails, outputs_equal=False)
+    assert differs.story.endswith("answered all 3, but NOT plain's tokens")
     both_fail = LimitedResult(**base, plain_answered=0, plain_error="MemoryError", governed_answered=0,
                               governed_error="MemoryError", int4_ran=True, int4_error="MemoryError")  # fmt: skip
     assert "failed at turn 1 too" in both_fail.story and "with int4 weights MemoryError" in both_fail.story

@@ -102,8 +102,11 @@ def test_latency_ladder_prunes_visual_tokens_and_recovers():
     assert recs[1].prompt_tokens == inputs["input_ids"].shape[1] - image_tokens // 2  # 50% of the image pruned
     assert recs[2].prompt_tokens == inputs["input_ids"].shape[1] - image_tokens + image_tokens // 4
     assert session.ladder.latency.level == 1  # ...and a calm request stepped it back down
-    assert full.shape[1] - recs[0].prompt_tokens == pruned.shape[1] - recs[1].prompt_tokens == 4
-    assert again.shape[1] == recs[2].prompt_tokens + 4
+    # Pruned or not, the output is the caller's prompt and the new tokens, as generate() returns them:
+    # `out[:, input_ids.shape[1]:]` is the answer either way.
+    prompt = inputs["input_ids"]
+    for out in (full, pruned, again):
+        assert out.shape[1] == prompt.shape[1] + 4 and torch.equal(out[:, : prompt.shape[1]], prompt)
     kinds = [e["label"] for e in session.events if e["kind"] == "degrade"]
     assert any("latency level" in k for k in kinds)
 

@@ -201,3 +201,31 @@ def test_streaming_fits_an_address_space_limit_below_twice_the_weights() -> None
     assert out.returncode == 0, out.stderr[-3000:]
     equal, loaded, files = out.stdout.split()
     assert (equal, loaded) == ("True", "True") and int(files) > 0
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.97])
+def test_a_running_streamer_streams_more_for_a_lower_budget_and_stays_exact(fraction: float, tmp_path) -> None:
+    # What a GovernedSession does when a real limit refuses an allocation mid-conversation: stream more
+    # groups without bringing the streamed ones back. At 97% of the weights the first plan streams only
+    # small groups, so the larger ones need the staging slots to grow (_resize_slots).
+    model = zoo.build_model("llava", size="tiny")
+    inputs = zoo.make_inputs(model, prompt_tokens=12)
+    before = _state(model)
+    expected = _generate(model, inputs, "llava")
+    total = state_bytes(model)
+    with stream_weights(model, int(total * fraction), tmp_path) as streamer:
+        first = set(streamer.placement.streamed_names())
+        resident = state_bytes(model)
+        slot_bytes = streamer.slot_bytes
+        lower = plan_streaming(model, int(total * 0.6), offload_dir=tmp_path)
+        released = streamer.stream_more(lower)
+        assert released > 0
+        assert 0 <= state_bytes(model) - (resident - released) <= 1024  # a placeholder keeps one element
+        assert {f.stem for f in tmp_path.glob("*.safetensors")} >= first | set(lower.streamed_names()) - {""}
+        if fraction > 0.95:
+            assert streamer.slot_bytes > slot_bytes  # the slots grew for a larger group
+        assert torch.equal(_generate(model, inputs, "llava"), expected)
+        assert streamer.stream_more(lower) == 0  # nothing left to add for the same plan
+    after = model.state_dict()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    assert not list(tmp_path.iterdir())

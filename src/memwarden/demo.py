@@ -75,9 +75,12 @@ class LimitedResult:
     governed_answered: int
     governed_error: str | None
     turns: int
-    outputs_equal: bool  # the turns both answered are equal
+    # the session's answers equal plain generate()'s, run without the limit where the limit stopped plain;
+    # False where there was nothing to compare
+    outputs_equal: bool
     pool_bytes: int = 0  # the session's KV pool, reserved up front
     pool_used_bytes: int = 0  # the most of it one request held
+    governed_degraded: int = 0  # turns the session served at a quality rung (visual tokens pruned, a smaller image)
     int4_answered: int = 0  # the session with int4 weights (quantize=4): its outputs are int4's, not fp32's
     int4_error: str | None = None
     int4_ran: bool = False
@@ -88,8 +91,12 @@ class LimitedResult:
 
         limit = f"a real {format_bytes(self.budget_bytes)} limit"
         if self.plain_error is not None and self.governed_error is None:
+            same = ", the tokens plain gives without a limit" if self.outputs_equal else ", but NOT plain's tokens"
+            if self.governed_degraded:
+                same = (f" ({self.governed_degraded} with fewer visual tokens or a smaller image to fit: "
+                        f"{'still' if self.outputs_equal else 'not'} the tokens plain gives without a limit)")  # fmt: skip
             return (f"under {limit} plain generate() failed at turn {self.plain_answered + 1} ({self.plain_error}); "
-                    f"the GovernedSession answered all {self.turns}")  # fmt: skip
+                    f"the GovernedSession answered all {self.turns}{same}")  # fmt: skip
         if self.plain_error is not None and self.int4_ran and self.int4_error is None:
             return (f"under {limit} plain generate() failed at turn {self.plain_answered + 1} ({self.plain_error}); "
                     f"a GovernedSession with the same fp32 weights {self._fp32()}; with int4 weights "
@@ -190,11 +197,7 @@ def run_limited(config: DemoConfig, timeout_s: float = 600.0, arms: tuple[str, .
     """Run :func:`limited_child` for each arm, each in a fresh child process (a real limit must not
     touch this process, and neither arm may inherit what the other left mapped). The int4 arm runs
     only where plain failed and the fp32 session did not answer (or when ``arms`` names it alone with plain)."""
-    import dataclasses
-    import json
     import os
-    import subprocess
-    import sys
 
     code = "import json, sys; from memwarden.demo import limited_child; print(json.dumps(limited_child(*sys.argv[1:])))"
     # glibc gives each thread a 64 MiB malloc arena of address space, which RLIMIT_AS counts: two arenas, as
@@ -206,24 +209,39 @@ def run_limited(config: DemoConfig, timeout_s: float = 600.0, arms: tuple[str, .
         if arm == "governed-int4" and "governed" in ran and (ran["plain"]["error"] is None or ran["governed"]["error"]
                                                              is None):  # fmt: skip
             continue  # nothing left to show
-        proc = subprocess.run([sys.executable, "-c", code, json.dumps(dataclasses.asdict(config)), arm],
-                              capture_output=True, text=True, timeout=timeout_s, check=False, env=env)  # fmt: skip
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode != 0 or not lines:  # died under the limit (native code aborting on a refused mapping)
-            tail = proc.stderr.strip().splitlines()[-1:] or [""]
-            ran[arm] = {**empty, "error": f"the process died (exit {proc.returncode}): {tail[0][:160]}"}
-            continue
-        ran[arm] = json.loads(lines[-1])
+        ran[arm] = limited_child_run(code, config, arm, timeout_s, env)
     plain, governed = ran["plain"], ran.get("governed", {**empty, "error": "not run"})
     int4 = ran.get("governed-int4")
-    both = min(len(plain["answers"]), len(governed["answers"]))
+    reference = plain["answers"]
+    if len(reference) < len(governed["answers"]):  # the limit stopped plain: its answers from a run without one
+        reference = limited_child_run(code, config, "reference", timeout_s, env)["answers"]
+    both = min(len(reference), len(governed["answers"]))
     return LimitedResult(budget_bytes=config.budget_bytes, limit_bytes=plain["limit_bytes"], turns=config.turns,
                          plain_answered=len(plain["answers"]), plain_error=plain["error"],
                          governed_answered=len(governed["answers"]), governed_error=governed["error"],
-                         outputs_equal=plain["answers"][:both] == governed["answers"][:both],
+                         outputs_equal=both > 0 and reference[:both] == governed["answers"][:both],
                          pool_bytes=governed["pool_bytes"], pool_used_bytes=governed["pool_used_bytes"],
+                         governed_degraded=governed.get("degraded", 0),
                          int4_answered=len(int4["answers"]) if int4 else 0, int4_error=int4["error"] if int4 else None,
                          int4_ran=int4 is not None)  # fmt: skip
+
+
+def limited_child_run(code: str, config: DemoConfig, arm: str, timeout_s: float, env: dict[str, str]) -> dict[str, Any]:
+    """One arm of :func:`run_limited` in a fresh child process; a child that died is an error, not a crash here."""
+    import dataclasses
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(dataclasses.asdict(config)), arm],
+                          capture_output=True, text=True, timeout=timeout_s, check=False, env=env)  # fmt: skip
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:  # died under the limit (native code aborting on a refused mapping)
+        tail = proc.stderr.strip().splitlines()[-1:] or [""]
+        return {"limit_bytes": 0, "answers": [], "error": f"the process died (exit {proc.returncode}): {tail[0][:160]}",
+                "pool_bytes": 0, "pool_used_bytes": 0}  # fmt: skip
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
 
 
 def limited_child(config_json: str, arm: str) -> dict[str, Any]:
@@ -252,13 +270,14 @@ def limited_child(config_json: str, arm: str) -> dict[str, Any]:
     with open("/proc/self/statm") as fh:
         mapped = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     limit = mapped + max(0, config.budget_bytes - state_bytes(model))
-    apply_address_space_limit(limit)
+    if arm != "reference":  # plain generate() with no limit: the answers the others are compared with
+        apply_address_space_limit(limit)
     answers: list[list[int]] = []
     error: str | None = None
-    pool_bytes = used_bytes = 0
+    pool_bytes = used_bytes = degraded = 0
     with torch.no_grad():  # as transformers' generate() runs; the session runs its own modes
         try:
-            if arm == "plain":
+            if arm in ("plain", "reference"):
                 for request in inputs:
                     out = model.generate(**request, max_new_tokens=config.new_tokens, **gen_kwargs)
                     answers.append(out[0, request["input_ids"].shape[1] :].tolist())
@@ -270,6 +289,7 @@ def limited_child(config_json: str, arm: str) -> dict[str, Any]:
                     out = session.generate(**request, max_new_tokens=config.new_tokens, **gen_kwargs)
                     answers.append(out[0, request["input_ids"].shape[1] :].tolist())
                     used_bytes = max(used_bytes, session.pool.blocks.blocks_needed(out.shape[1]) * page)
+                degraded = sum(1 for record in session.records if record.rung > 0)
                 try:
                     session.close()
                 except BudgetError:
@@ -283,7 +303,7 @@ def limited_child(config_json: str, arm: str) -> dict[str, Any]:
             first = re.sub(r"^\[enforce fail at [^\]]*\]\s*(err == 0\.\s*)?", "", first)  # c10's assertion prefix
             error = f"{type(exc).__name__}: {first[:160]}"
     return {"limit_bytes": limit, "answers": answers, "error": error, "pool_bytes": pool_bytes,
-            "pool_used_bytes": used_bytes}  # fmt: skip
+            "pool_used_bytes": used_bytes, "degraded": degraded}  # fmt: skip
 
 
 THERMAL_LOG = Path(__file__).resolve().parent / "data" / "thermal_event.jsonl"

@@ -38,7 +38,7 @@ from memwarden.runtime.encoders import find_encoders
 from memwarden.runtime.featcache import FeatureCache, FeatureValue
 from memwarden.runtime.lora.slot import AdapterSlot
 
-__all__ = ["TieredEncoderStore", "encoder_contract"]
+__all__ = ["TieredEncoderStore", "default_encoder_store", "encoder_contract"]
 
 MANIFEST_FORMAT = "memwarden-prewarm/1"
 _SIZE_WORDS = ("size", "pixels", "resize", "crop", "resample", "patch", "pad", "max_image", "image_seq")
@@ -288,3 +288,11 @@ def _output_class(spec: str) -> Any:
     cls = getattr(module, qualname, None) if module is not None else None
     base = getattr(sys.modules.get("transformers.utils.generic"), "ModelOutput", None)
     return cls if isinstance(cls, type) and base is not None and issubclass(cls, base) else None
+
+
+def default_encoder_store(model: torch.nn.Module, processor: Any, max_bytes: int) -> TieredEncoderStore:
+    """A GovernedSession's encoder cache when none is given: keyed by the encoder's contract (weights
+    digest, preprocessing, dtype, size policy), so a swapped encoder or adapter never hits an old entry;
+    in memory only (pass a ``TieredEncoderStore`` with a disk tier to keep features across restarts),
+    LRU within ``max_bytes``, no expiry."""
+    return TieredEncoderStore(FeatureCache(None, l1_max_bytes=max_bytes, l1_ttl_s=float("inf")), model, processor)

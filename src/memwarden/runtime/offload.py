@@ -192,6 +192,57 @@ class WeightStreamer:
         self._attached = True
         model._memwarden_streamer = self  # type: ignore[assignment]
 
+    def stream_more(self, placement: Placement) -> int:
+        """Also stream the groups a new ``placement`` (a lower budget) marks streamed that are resident
+        now, each released as soon as its file is written; returns the bytes released. Groups that fit
+        the staging slots go first; then the slots grow for larger ones, and where that allocation is
+        refused the slots stay as they were and the larger groups resident. Between forward passes
+        only (a session calls it while admitting a request)."""
+        for slot in range(len(self._slots)):  # no prefetch may still be writing
+            self._wait(slot)
+        named = dict(self.model.named_modules())
+        modules = {i.name: named[i.name] for i in placement.weights if i.name in named}
+        streamable = streamable_params(list(modules.items()))
+        have = {g.name for g in self._groups}
+        wanted = [i.name for i in placement.weights if i.streamed and i.name not in have and streamable.get(i.name)]
+        sizes = {name: sum(aligned(p.nbytes) for _, p in streamable[name]) for name in wanted}
+        released = self._add(modules, streamable, [n for n in wanted if sizes[n] <= self.slot_bytes])
+        larger = [n for n in wanted if sizes[n] > self.slot_bytes]
+        if larger:
+            old = self.slot_bytes
+            try:
+                self._resize_slots(max(sizes[n] for n in larger))
+            except (RuntimeError, MemoryError):
+                self._resize_slots(old)  # just freed: this fits again
+                return released
+            released += self._add(modules, streamable, larger)
+        return released
+
+    def _add(self, modules: dict[str, torch.nn.Module], streamable: dict[str, list[tuple[str, torch.nn.Parameter]]],
+             names: list[str]) -> int:  # fmt: skip
+        released = 0
+        for name in names:
+            group = self._write(name, streamable[name])
+            index = len(self._groups)
+            self._groups.append(group)
+            for t in group.tensors:
+                self._requires_grad[id(t.param)] = t.param.requires_grad
+                t.param.requires_grad_(False)
+                t.param.data = t.placeholder
+                released += t.nbytes
+            group.hooks.append(modules[name].register_forward_pre_hook(partial(self._pre_hook, index)))
+            group.hooks.append(modules[name].register_forward_hook(partial(self._post_hook, index), always_call=True))
+        return released
+
+    def _resize_slots(self, nbytes: int) -> None:
+        """Staging slots of ``nbytes`` each; the old ones are freed first (they only cache copies)."""
+        self._views.clear()
+        for slot in self._slots:
+            slot.buffer, slot.content = torch.empty(0, dtype=torch.uint8), None
+        for slot in self._slots:
+            slot.buffer = torch.empty(nbytes, dtype=torch.uint8)
+        self.slot_bytes = nbytes
+
     def _write(self, name: str, params: list[tuple[str, torch.nn.Parameter]]) -> _Group:
         path = self.offload_dir / f"{name or 'model'}.safetensors"
         by_key = {key: p for key, p in params}

@@ -456,6 +456,8 @@ class GovernedSession:
         step = self.ladder.latency.observe(encoder_s, max(0.0, t1 - t0 - encoder_s))
         if step is not None:
             self.log.note("degrade", f"latency level {step.setting}: {step.reason}", rung=step.setting)
+        if input_ids is not request.input_ids:  # pruned: the caller's prompt, as generate() returns it
+            out = torch.cat([request.input_ids.to(out.device, out.dtype), out[:, input_ids.shape[1] :]], dim=1)
         return out
 
     def _has_media(self, input_ids: torch.Tensor, inputs: dict[str, Any]) -> bool:

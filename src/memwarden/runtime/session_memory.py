@@ -21,6 +21,7 @@ import torch
 from memwarden.runtime import media as media_mod
 from memwarden.runtime.admission import AdmissionError, PeakPredictor
 from memwarden.runtime.encoders import EncoderCache
+from memwarden.runtime.featcache_contract import default_encoder_store
 from memwarden.runtime.host_memory import allocation_failed, cuda_runtime_bytes, limit_cap
 from memwarden.runtime.kvcache import KVPool, KVSpec
 from memwarden.runtime.session_config import SessionConfig
@@ -94,18 +95,6 @@ def state_bytes(model: torch.nn.Module) -> int:
         seen.add(st.data_ptr())
         total += st.nbytes()
     return total
-
-
-def _default_encoder_store(model: torch.nn.Module, processor: Any, config: SessionConfig) -> Any:
-    """The session's encoder cache when none is given: the tiered feature cache keyed by the encoder's
-    contract (weights digest, preprocessing, dtype, size policy: ``runtime/featcache_contract.py``), so
-    a swapped encoder or adapter never hits an old entry; in memory only (pass a ``TieredEncoderStore``
-    with a disk tier to keep features across restarts), LRU within ``encoder_cache_bytes``, no expiry."""
-    from memwarden.runtime.featcache import FeatureCache
-    from memwarden.runtime.featcache_contract import TieredEncoderStore
-
-    cache = FeatureCache(None, l1_max_bytes=config.encoder_cache_bytes, l1_ttl_s=float("inf"))
-    return TieredEncoderStore(cache, model, processor)
 
 
 class SessionMemory:
@@ -206,7 +195,11 @@ class SessionMemory:
             )
         self.pool = self._new_pool(num_kv_blocks, device, budget_now)
         if config.encoder_cache:
-            store = encoder_store if encoder_store is not None else _default_encoder_store(model, processor, config)
+            store = (
+                encoder_store
+                if encoder_store is not None
+                else default_encoder_store(model, processor, config.encoder_cache_bytes)
+            )
             self._owned.encoder_cache = EncoderCache(model, store)
 
     def close(self) -> None:
@@ -350,19 +343,30 @@ class SessionMemory:
                       budget_bytes=budget, blocks=blocks, kept_cached_blocks=len(self.pool.blocks.cached))  # fmt: skip
 
     def restream(self, budget: int) -> bool:
-        """Stream the weights now, for the current pool and activation reserve; whether that freed
-        anything. Only from resident weights: re-planning a running streamer would bring every
-        weight back first."""
+        """Stream (more of) the weights now, for the current pool and activation reserve; whether that
+        freed anything. A running CPU streamer adds groups (the streamed ones stay where they are)."""
         from memwarden.plan.placement import PlacementError
+        from memwarden.runtime.offload import WeightStreamer
+        from memwarden.runtime.offload_plan import plan_streaming
 
-        if self.streamer is not None:
-            return False
         before = self.weights_bytes
-        try:
-            self._stream(budget, self.pool.nbytes, self.activation_reserve_bytes)
-        except (BudgetError, PlacementError):
-            self._stream(budget, self.pool.nbytes, 0)  # the most that can be streamed
-        return self.weights_bytes < before
+        if isinstance(self.streamer, WeightStreamer):
+            try:
+                placement = plan_streaming(self.model, max(1, self.admissible(budget)), kv_cache_bytes=self.pool.nbytes,
+                                           activation_bytes=self.activation_reserve_bytes,
+                                           offload_dir=self.streamer.offload_dir)  # fmt: skip
+            except PlacementError:
+                return False
+            if self.streamer.stream_more(placement):
+                self.weights_bytes = state_bytes(self.model) + self.streamer.staging_bytes
+                self.log.note("stream", f"more weights streamed: {format_bytes(self.weights_bytes)} resident",
+                              budget_bytes=budget, resident_bytes=self.weights_bytes)  # fmt: skip
+        elif self.streamer is None:
+            try:
+                self._stream(budget, self.pool.nbytes, self.activation_reserve_bytes)
+            except (BudgetError, PlacementError):
+                self._stream(budget, self.pool.nbytes, 0)  # the most that can be streamed
+        return self.weights_bytes < before  # (the GPU streamer plans once)
 
     def _stream(self, budget: int, kv_bytes: int, reserve: int) -> None:
         """Weights that do not fit stay in safetensors files, memory-mapped, and stream through two
