@@ -356,16 +356,19 @@ with torch.no_grad():
 """
 
 
-@pytest.mark.parametrize("budget_mib", [196, 202])
+@pytest.mark.parametrize("budget_mib", [176, 186, 196, 202])
 def test_where_the_processs_real_needs_exceed_the_plan_the_session_refuses_or_answers(budget_mib):
     """Just above the weights under a real limit, what native code holds beside the tensors (~25 MiB
     on the demo deployment) is more than the plan's margin: the session learns a larger margin and
-    serves again, or refuses with the reason — never the allocator's raw error from inside generate()."""
+    serves again, or refuses with the reason — never the allocator's raw error from inside generate().
+    Below the weights (176 MiB of 180) the limit leaves no room at all: the constructor refuses."""
     env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
     proc = subprocess.run([sys.executable, "-c", _DEMO_UNDER_A_LIMIT, str(budget_mib)], capture_output=True,
                           text=True, timeout=600, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     outcome, hits = proc.stdout.split("\n")[:2]
     assert outcome == "answered" or outcome.startswith("refused"), proc.stdout
+    if budget_mib < 180:
+        assert outcome == "refused BudgetError", proc.stdout
     if outcome == "refused AdmissionError":
         assert int(hits) >= 1  # it had learned from the limit before it refused

@@ -11,6 +11,7 @@ import torch
 __all__ = [
     "allocation_failed",
     "cuda_runtime_bytes",
+    "first_line",
     "fix_mmap_threshold",
     "limit_cap",
     "load_libc",
@@ -23,6 +24,12 @@ def allocation_failed(exc: BaseException) -> bool:
     return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or (
         isinstance(exc, RuntimeError) and ("allocate" in str(exc) or "out of memory" in str(exc))
     )
+
+
+def first_line(exc: BaseException, width: int = 160) -> str:
+    """An error's first line, at most ``width`` characters; its type's name where it has no message."""
+    text = str(exc)
+    return text.splitlines()[0][:width] if text.strip() else type(exc).__name__
 
 
 def limit_cap(held_bytes: int, device: torch.device | None = None) -> tuple[int | None, str]:

@@ -339,9 +339,13 @@ class WeightStreamer:
         if slot is None:
             return  # never grow the slots for a guess
         self._wait(slot)
-        self._slots[slot].content = index
+        try:
+            future = self._executor.submit(self._copy, index, slot)
+        except RuntimeError:  # no thread could start (a real address-space limit has no room for its stack)
+            self.prefetch = False  # copies go on, on the compute thread
+            return
+        self._slots[slot].content, self._slots[slot].pending = index, future
         self._touch(slot)
-        self._slots[slot].pending = self._executor.submit(self._copy, index, slot)
         self._count_load(index)
 
     def _wait(self, slot: int) -> None:

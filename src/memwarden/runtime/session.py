@@ -4,11 +4,9 @@ The session owns the memory a plain ``model.generate()`` would grow without limi
 
 - one paged KV pool (``runtime/kvcache.py``) sized at start within the budget, shared by all
   requests and conversations, with content-hash prefix reuse (``runtime/blocks.py``): a
-  conversation's next turn, or another request about the same image, finds its prefix's KV
-  in the pool and prefills only what is new — the image is neither re-encoded nor
-  re-prefilled;
-- an encoder output cache (``runtime/encoders.py``) for the same media after a different
-  prefix;
+  conversation's next turn, or another request about the same image, finds its prefix's KV in
+  the pool and prefills only what is new — the image is neither re-encoded nor re-prefilled;
+- an encoder output cache (``runtime/encoders.py``) for the same media after a different prefix;
 - admission control (``runtime/admission.py``, ``runtime/session_admit.py``): before a request
   runs its peak is predicted on a meta twin of the model; a request that does not fit waits for
   the budget to come back or is degraded, and the decision is recorded.
@@ -38,14 +36,14 @@ from memwarden.runtime import media as media_mod
 from memwarden.runtime.admission import Decision, PeakPredictor
 from memwarden.runtime.degrade import Ladder, LadderConfig
 from memwarden.runtime.encoders import EncoderCache
-from memwarden.runtime.host_memory import allocation_failed, fix_mmap_threshold, return_freed_memory
+from memwarden.runtime.host_memory import allocation_failed, first_line, fix_mmap_threshold, return_freed_memory
 from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence, cache_keyword
 from memwarden.runtime.session_admit import Admission, AdmissionDecision, apply_change
 from memwarden.runtime.session_chat import Conversation
 from memwarden.runtime.session_config import UNSET, SessionConfig, Unset, budget_source_of, resolve_config
 from memwarden.runtime.session_inputs import check_request, split_rows
 from memwarden.runtime.session_log import EventLog
-from memwarden.runtime.session_memory import SessionMemory
+from memwarden.runtime.session_memory import BudgetError, SessionMemory
 from memwarden.runtime.session_owner import Restored, claim, release, restored
 from memwarden.runtime.session_request import FirstTokenStreamer, Request, RequestPlan, RequestRecord
 from memwarden.runtime.session_tally import SessionTally
@@ -143,9 +141,7 @@ class GovernedSession:
         try:
             on_cpu = all(p.device.type in ("cpu", "meta") for p in model.parameters())
             if config.heap_mmap_threshold is not None and on_cpu:
-                fix_mmap_threshold(
-                    config.heap_mmap_threshold
-                )  # freed tensors leave the resident set (see the function)
+                fix_mmap_threshold(config.heap_mmap_threshold)  # freed tensors leave the resident set
             if config.quantize is not None:  # int4 weight-only linears, in place (runtime/quant.py)
                 from memwarden.runtime.quant import quantize as quantize_model
 
@@ -158,9 +154,12 @@ class GovernedSession:
             self.memory = SessionMemory(model, self.spec, self.predictor, config, self.log, device=self.device,
                                         budget_source=budget_source, example_inputs=example_inputs,
                                         encoder_store=encoder_store, processor=processor)  # fmt: skip
-        except BaseException:  # a session that failed to start governs nothing
+        except BaseException as exc:  # a session that failed to start governs nothing
             self.closed = True
             release(model, self)
+            if isinstance(exc, RuntimeError | MemoryError) and allocation_failed(exc):
+                raise BudgetError(f"this process's memory limit left no room to set the session up ({first_line(exc)}):"
+                                  " raise the limit, or quantize the weights (memwarden.quantize)") from exc  # fmt: skip
             raise
         self.admission = Admission(self.predictor, self.memory, self.ladder, has_fallback=fallback is not None,
                                    max_wait_s=config.max_wait_s)  # fmt: skip

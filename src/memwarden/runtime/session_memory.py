@@ -22,7 +22,7 @@ from memwarden.runtime import media as media_mod
 from memwarden.runtime.admission import AdmissionError, PeakPredictor
 from memwarden.runtime.encoders import EncoderCache
 from memwarden.runtime.featcache_contract import default_encoder_store
-from memwarden.runtime.host_memory import allocation_failed, cuda_runtime_bytes, limit_cap
+from memwarden.runtime.host_memory import allocation_failed, cuda_runtime_bytes, first_line, limit_cap
 from memwarden.runtime.kvcache import KVPool, KVSpec
 from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_log import EventLog
@@ -273,7 +273,7 @@ class SessionMemory:
         more than the margin. Learn a larger margin so that the request is served again under it
         (admission shrinks the pool or streams weights); raise :class:`AdmissionError` with the
         reason once ``retries`` are spent, or where tokens already went out (never sent twice)."""
-        what = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        what = first_line(exc)
         if hits > retries or not restartable:
             why = (f"the process's real memory limit refused an allocation {hits} times, the last with a "
                    f"margin of {format_bytes(self.learned_margin_bytes)} kept free"
