@@ -118,7 +118,9 @@ def test_a_budget_that_needs_pruning_changes_the_plan_and_is_served_at_that_rung
     assert record.rung == 1 and record.decision.action == "degrade" and record.decision.changes == ["prune 0.5"]
     image_tokens = int((inputs["input_ids"] == model.config.image_token_index).sum())
     assert record.prompt_tokens == inputs["input_ids"].shape[1] - image_tokens // 2
-    assert out.shape[1] == record.prompt_tokens + NEW
+    # generate()'s contract holds for a pruned request too: the caller's prompt, then the new tokens
+    assert out.shape[1] == inputs["input_ids"].shape[1] + NEW and record.new_tokens == NEW
+    assert torch.equal(out[:, : inputs["input_ids"].shape[1]], inputs["input_ids"])
     assert any(e["kind"] == "degrade" and e["label"] == "prune 0.5" for e in session.events)
 
 
