@@ -130,6 +130,33 @@ def test_null_annotations_are_refused_at_load(tmp_path: Path, capsys) -> None:
         assert "metadata.annotations must be a list" in one_error_line([*argv, str(path)], capsys)
 
 
+def test_step_numbers_past_int64_are_dropped_at_parse(tmp_path: Path, capsys) -> None:
+    """A step's ``input_ids`` holding -1e308 (the fuzzer's case) or 2^70 reached numpy's int64 in the
+    kv-reprefill detector: OverflowError out of ``diagnose``. Step fields past int64 are dropped."""
+    from memwarden.trace.format import dumps, loads
+
+    trace = loads(bench_fuzz.seed_trace())
+    ids = [1, 707, 822, *([1023] * 12), -1e308, 2**70, 5]
+    trace.metadata["steps"] = [
+        {
+            "phase": "prefill",
+            "start_us": 10 + 100 * i,
+            "end_us": 90 + 100 * i,
+            "seq_len": len(ids),
+            "input_ids": ids,
+            "tokens": {"text": 2**80},
+            "batch": 1,
+        }  # fmt: skip
+        for i in range(2)
+    ] + [{"phase": "decode", "start_us": 2**70, "end_us": 2**71}]
+    path = tmp_path / "steps.mwtrace"
+    path.write_bytes(dumps(trace))
+    assert main(["diagnose", "--json", str(path)]) == 0
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    assert "findings" in json.loads(out.out)
+
+
 def test_heatmap_of_a_device_without_allocations(seed_trace: Path, tmp_path: Path, capsys) -> None:
     for allocator in ("pytorch", "arena"):
         argv = ["replay", "--allocator", allocator, "--heatmap", str(tmp_path / "h.png"), "--device", "cpu"]

@@ -65,12 +65,14 @@ def steps_of(trace: Trace) -> list[Step]:
 
 
 def _int(value: Any) -> int | None:
+    """An integer that fits int64 (what the detectors' arrays hold), or None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:
-        return int(value)
+        number = int(value)
     except (OverflowError, ValueError):  # inf, nan
         return None
+    return number if -(2**63) <= number < 2**63 else None
 
 
 def _parse(item: Any) -> Step | None:
