@@ -216,7 +216,8 @@ def test_estimate_sweep_with_infinite_audio(capsys) -> None:
     ("argv", "expected"),
     [(["estimate", "qwen2-vl-2b-instruct", "--batch", "1" + "0" * 400], "--batch 1000"),
      (["trace", "--ring", "1e999", "SCRIPT"], "--ring inf: give the window in seconds"),
-     (["trace", "--ring", "nan", "SCRIPT"], "--ring nan: give the window in seconds")],
+     (["trace", "--ring", "nan", "SCRIPT"], "--ring nan: give the window in seconds"),
+     (["telemetry", "--json", "--count", "9" * 400], "--count 99999999999999999999...: too large")],
 )  # fmt: skip
 def test_numbers_past_any_real_request_are_one_error(argv: list[str], expected: str, tmp_path: Path, capsys) -> None:
     """Found by the CLI fuzzer: a TypeError deep in torch.randint and an OverflowError in the ring

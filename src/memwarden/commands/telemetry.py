@@ -53,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
         params[key.strip()] = value.strip()
     if args.count < 1 or not args.interval > 0:
         raise InputError("--count must be at least 1 and --interval positive")
+    if args.count > 10**9:  # 31 years of samples a second: a number past that is a mistake, not a request
+        raise InputError(f"--count {str(args.count)[:20]}{'...' if len(str(args.count)) > 20 else ''}: too large "
+                         "(at most 10^9)")  # fmt: skip
     policy = make_policy(args.policy, params)
     cap = _bytes(args.budget)
     if args.device:
