@@ -171,3 +171,20 @@ def test_shipped_fp32_arms_under_the_largest_jitter() -> None:
     (shard,) = plan_shards(plain, side="a", runs=1, seed=3, inject=jitter)
     (record,) = run_shard(shard)
     assert record["status"] == "oom" and "watchdog" in record["error"], record
+
+
+def test_a_sweep_keeps_every_requests_record_when_asked(tmp_path) -> None:
+    # `stress --sweep ... --json --records` printed no records: the flag was dropped on the sweep's path.
+    from memwarden.resilience.sweep import parse_sweep, run_sweep
+
+    a = write_script_config(tmp_path, "a")
+    b = write_script_config(tmp_path, "b", limit="4GiB")
+    sweep = parse_sweep("limits:rss=8GiB..6GiB:2")  # far above the script's use: the outcomes are the script's
+    data = run_sweep(a, b, sweep, runs=5, inject=[], seed=1, records=True)
+    for point in data["points"]:
+        for side in ("a", "b"):
+            records = point["records"][side]
+            assert [r["index"] for r in records] == list(range(5))
+            assert sum(r["status"] != "ok" for r in records) == point[side]["failed"]
+        assert [r["status"] for r in point["records"]["a"]] == ["ok", "oom", "ok", "ok", "oom"]
+    assert "records" not in run_sweep(a, b, sweep, runs=1, inject=[], seed=1)["points"][0]

@@ -127,7 +127,7 @@ def _sweep(args: argparse.Namespace, config_a: Any, config_b: Any, *, runs: int,
     sweep = parse_sweep(args.sweep)
     with make_executor(args.executor, jobs=jobs, address=args.ray_address) as executor:
         data = run_sweep(config_a, config_b, sweep, runs=runs, inject=args.inject, seed=seed, executor=executor,
-                         progress=not args.quiet, text=args.sweep)  # fmt: skip
+                         progress=not args.quiet, text=args.sweep, records=args.records and args.json)  # fmt: skip
     if args.html:
         from memwarden.resilience.report import write_sweep_html
 

@@ -111,8 +111,10 @@ def _side(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_sweep(config_a: Any, config_b: Any, sweep: Sweep, *, runs: int, inject: list[str], seed: int = 0,
-              executor: Any = None, progress: bool = False, text: str = "") -> dict[str, Any]:  # fmt: skip
-    """One A/B campaign per point (the same requests, the same seed); the two failure-rate curves."""
+              executor: Any = None, progress: bool = False, text: str = "",
+              records: bool = False) -> dict[str, Any]:  # fmt: skip
+    """One A/B campaign per point (the same requests, the same seed); the two failure-rate curves.
+    With ``records`` each point also carries every request's record (``points[i]["records"]``)."""
     from memwarden.resilience.campaign import run_campaign
 
     points = []
@@ -120,10 +122,11 @@ def run_sweep(config_a: Any, config_b: Any, sweep: Sweep, *, runs: int, inject: 
         a, b = sweep.configs(value, config_a, config_b)
         specs = sweep.injections(value, inject)
         result = run_campaign(a, b, runs=runs, inject=specs, seed=seed, executor=executor, progress=progress)
-        data = result.to_json()
+        data = result.to_json(records=records)
         points.append({"value": value, "label": sweep.label(value), "inject": specs,
                        "rss_limit_bytes": a.limits.rss_bytes, "a": _side(data["a"]), "b": _side(data["b"]),
-                       "failure_rate_p_value": data["failure_rate_p_value"]})  # fmt: skip
+                       "failure_rate_p_value": data["failure_rate_p_value"],
+                       **({"records": data["records"]} if records else {})})  # fmt: skip
     return {"sweep": text or f"{sweep.kind}:{sweep.key}", "kind": sweep.kind, "key": sweep.key, "unit": sweep.unit,
             "runs": runs, "seed": seed, "inject": list(inject), "a_name": config_a.name, "b_name": config_b.name,
             "points": points}  # fmt: skip
