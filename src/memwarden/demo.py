@@ -257,7 +257,7 @@ def limited_child(config_json: str, arm: str) -> dict[str, Any]:
 
     from memwarden.resilience.inject import apply_address_space_limit, is_oom_error
     from memwarden.runtime.admission import AdmissionError
-    from memwarden.runtime.host_memory import return_freed_memory
+    from memwarden.runtime.host_memory import first_line, return_freed_memory
     from memwarden.runtime.session import GovernedSession
     from memwarden.runtime.session_memory import BudgetError, state_bytes
 
@@ -295,7 +295,7 @@ def limited_child(config_json: str, arm: str) -> dict[str, Any]:
                 except BudgetError:
                     pass  # streamed weights that cannot come back under the limit: the process ends here anyway
         except (AdmissionError, BudgetError) as exc:  # the session refused, with its reason
-            error = f"refused ({str(exc).splitlines()[0][:160]})"
+            error = f"refused ({first_line(exc)})"
         except Exception as exc:  # noqa: BLE001 (an allocator failure is the story; anything else is re-raised)
             if not is_oom_error(exc):
                 raise

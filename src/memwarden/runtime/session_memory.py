@@ -73,7 +73,7 @@ class _Owned:
                 self.folders.clear()
                 raise BudgetError(
                     f"the streamed weights cannot be brought back under this process's memory limit "
-                    f"({str(exc).splitlines()[0][:120]}); the model keeps streaming them: call "
+                    f"({first_line(exc, 120)}); the model keeps streaming them: call "
                     "model._memwarden_streamer.detach() once there is room"
                 ) from None
             self.streamer = None
@@ -225,7 +225,7 @@ class SessionMemory:
             raise BudgetError(
                 f"a KV pool of {blocks} blocks ({format_bytes(blocks * self.spec.page_size_bytes)}) could not be "
                 f"allocated under a budget of {format_bytes(budget)}: the process's real memory limit is lower "
-                f"({str(exc).splitlines()[0][:120]}); lower the budget or num_kv_blocks"
+                f"({first_line(exc, 120)}); lower the budget or num_kv_blocks"
             ) from None
 
     # -- what the session holds -----------------------------------------------------------
