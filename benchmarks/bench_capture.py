@@ -21,6 +21,7 @@ intra-op threads, which spin while they wait).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -98,6 +99,9 @@ def measure(workload: Callable[[], None], repeats: int) -> dict[str, Any]:
     thread: dict[str, list[float]] = {name: [] for name in modes}
     for _ in range(repeats):
         for name, fn in modes.items():
+            # Each mode starts from a collected heap: the garbage one mode leaves (the profiler's
+            # event objects, a trace) would otherwise be collected, at full cost, inside the next.
+            gc.collect()
             start, start_cpu, start_thread = time.perf_counter(), time.process_time(), time.thread_time()
             fn()
             times[name].append(time.perf_counter() - start)

@@ -365,3 +365,66 @@ def test_foreign_storages_become_external_rows_in_their_steps_phase() -> None:
         (6, Action.ALLOC, -1, Category.INPUT, Modality.VISION, Phase.PREFILL, "(external storage)"),
         (9, Action.FREE, -1, Category.INPUT, Modality.VISION, Phase.PREFILL, "(external storage)"),
     ]
+
+
+def test_spans_of_balanced_markers_match_the_loop_on_random_call_trees() -> None:
+    """module_spans pairs bracket-like markers with whole arrays; on any call tree it must give
+    what pairing them one at a time gives (and fall back to that for calls cut short)."""
+    from memwarden.capture.attribution.spans import _balanced_spans, _spans_by_loop
+    from memwarden.capture.native import NativeRecord
+
+    rng = np.random.default_rng(7)
+    enter, exit_ = int(NativeRecord.ENTER), int(NativeRecord.EXIT)
+    taken = 0
+    for case in range(300):
+        kinds: list[int] = []
+        ctxs: list[int] = []
+        stack: list[int] = []
+        for _ in range(int(rng.integers(1, 120))):
+            if stack and (rng.random() < 0.5 or len(stack) > 6):
+                kinds.append(exit_)
+                ctxs.append(stack.pop())
+            else:
+                stack.append(int(rng.integers(0, 9)))
+                kinds.append(enter)
+                ctxs.append(stack[-1])
+        cut_short = case % 3 == 0 and len(stack) > 1  # an exception: an inner call never exits
+        if cut_short:
+            stack.pop()
+        while stack:
+            kinds.append(exit_)
+            ctxs.append(stack.pop())
+        k, c = np.array(kinds), np.array(ctxs)
+        t = np.arange(len(k), dtype=np.int64) * 10
+        table, open_after = _spans_by_loop(k, c, t, 10**9)
+        fast = _balanced_spans(k == enter, c, t)
+        if fast is None:
+            assert cut_short, case  # only a call cut short needs the loop
+            continue
+        taken += 1
+        assert np.array_equal(fast[0], table), case
+        assert fast[1].tolist() == open_after[1:], case
+    assert taken > 150
+
+
+def test_match_tags_finds_the_block_allocated_last_at_the_address_before_the_tag() -> None:
+    """The vectorised search against its definition, on random blocks reusing few addresses."""
+    import types
+
+    from memwarden.capture.attribution.tags import match_tags
+
+    rng = np.random.default_rng(3)
+    for case in range(400):
+        n = int(rng.integers(0, 40))
+        alloc = rng.integers(0, 100, n).astype(np.int64)
+        blocks = types.SimpleNamespace(
+            ptr=(rng.integers(0, 6, n) * 64).astype(np.int64), alloc_ns=alloc,
+            free_ns=(alloc + rng.integers(0, 60, n)).astype(np.int64),
+        )  # fmt: skip
+        tags = [(int(rng.integers(0, 170)), int(rng.integers(0, 8)) * 64, "weight", "") for _ in range(20)]
+        expected = []
+        for t, p, _, _ in tags:
+            before = [k for k in range(n) if blocks.ptr[k] == p and blocks.alloc_ns[k] <= t]
+            last = max(before, key=lambda k: (blocks.alloc_ns[k], k)) if before else None
+            expected.append(last if last is not None and t <= blocks.free_ns[last] else None)
+        assert match_tags(tags, blocks) == expected, case  # type: ignore[arg-type]

@@ -7,7 +7,9 @@
 // and a global RecordFunction callback keeps the name of the aten op that is
 // running so each allocation knows which op made it. Module attribution comes
 // from Python forward hooks that push/pop a context id (enter/exit markers in
-// the same log, on the same clock). Nothing here reads Python objects.
+// the same log, on the same clock); the hooks of nested calls run here, in C++ (see
+// module_pre), the rest in Python. Python objects are read by those hooks, by the source-line
+// lookup and by the start-up scan of the collector's lists, each under the GIL.
 //
 // The wrapper delegates to the allocator it replaced, so PyTorch's profiler
 // still sees every allocation (its reportMemoryUsage runs inside the default
@@ -19,6 +21,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstring>
@@ -28,6 +31,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 // Source lines (see current_site): the running thread's Python frames are read in place, without
@@ -85,6 +89,7 @@ std::vector<int64_t> g_shapes;
 std::map<std::vector<int64_t>, int32_t> g_shape_offsets;  // shapes repeat: store each once in g_shapes
 std::unordered_map<int64_t, Live> g_live;
 std::vector<int32_t> g_ctx_stack;
+std::vector<uint8_t> g_fast_stack;  // beside g_ctx_stack: 1 = entered on the hooks' fast path
 std::unordered_map<std::string, int32_t> g_op_ids;
 std::vector<std::string> g_op_names;
 int64_t g_next_id = 1;
@@ -219,6 +224,149 @@ int32_t current_site() {
 int32_t current_site() { return -1; }
 #endif
 
+#if MEMWARDEN_FRAMES
+// The old generation holds nearly every object (~4x10^5 in a transformers process), and a walk
+// through a linked list waits on one cache miss per object. It is walked as ~16 chains at once
+// instead, each prefetching its next node while the others work, each starting from an anchor: a
+// module-level function (no closure: it keeps nothing alive but its module's globals, which its
+// module holds anyway) kept from the previous walk, spaced along the list. The anchors and the
+// list's head cut the list into segments whatever order a collection left them in, so each
+// object is visited once. An anchor that gc.freeze() moved to the permanent generation ends its
+// chain at that generation's head: the chain is dropped (gc.get_objects() leaves the permanent
+// generation out too). Anchors are picked again on every walk, evenly spaced by position; the
+// first walk of a process has none and walks the list from both ends (two chains).
+constexpr int kOldChains = 16;
+std::vector<PyObject*> g_anchors;  // owned references
+
+template <typename Keep>
+void walk_old_generation(struct _gc_runtime_state* state, Keep& keep, std::vector<PyObject*>& found) {
+  PyGC_Head* head = &state->generations[NUM_GENERATIONS - 1].head;
+  PyGC_Head* permanent = &state->permanent_generation.head;
+  struct Chain {
+    PyGC_Head* node;
+    PyGC_Head* start = node;
+    bool done = false;
+    bool in_old = true;
+    Py_ssize_t visited = 0;
+    std::vector<PyObject*> found;
+    std::vector<std::pair<Py_ssize_t, PyObject*>> candidates;  // (index in the chain, function)
+    Py_ssize_t next_candidate = 0;  // at most one candidate per kCandidateEvery nodes
+    PyGC_Head* end = nullptr;  // the list head or the anchor the chain ran into
+  };
+  constexpr Py_ssize_t kCandidateEvery = 512;
+  auto candidate = [](PyGC_Head* g) -> PyObject* {
+    PyObject* op = reinterpret_cast<PyObject*>(g + 1);
+    bool plain = PyFunction_Check(op) && reinterpret_cast<PyFunctionObject*>(op)->func_closure == nullptr;
+    return plain ? op : nullptr;
+  };
+  auto note_candidate = [&](PyGC_Head* g, Chain& c) {
+    if (c.visited++ < c.next_candidate) return;
+    if (PyObject* f = candidate(g)) {
+      c.candidates.emplace_back(c.visited - 1, f);
+      c.next_candidate = c.visited - 1 + kCandidateEvery;
+    }
+  };
+  std::vector<Chain> chains;
+  std::unordered_set<PyGC_Head*> anchors;
+  for (PyObject* a : g_anchors) {
+    if (_PyObject_GC_IS_TRACKED(a)) anchors.insert(_Py_AS_GC(a));
+  }
+  if (anchors.empty()) {  // from both ends, as the young generations: chain 0 forward, chain 1 back
+    chains.resize(2, Chain{nullptr});
+    PyGC_Head* front = _PyGCHead_NEXT(head);
+    PyGC_Head* back = _PyGCHead_PREV(head);
+    auto visit = [&](PyGC_Head* g, Chain& c) {
+      keep(g, c.found);
+      note_candidate(g, c);
+    };
+    while (front != head && back != head) {
+      if (front == back) {
+        visit(front, chains[0]);
+        break;
+      }
+      visit(front, chains[0]);
+      PyGC_Head* next = _PyGCHead_NEXT(front);
+      if (next == back) {
+        visit(back, chains[1]);
+        break;
+      }
+      visit(back, chains[1]);
+      front = next;
+      back = _PyGCHead_PREV(back);
+    }
+    // Chain 1 ran backwards: put it in list order, so the two read as one chain.
+    std::reverse(chains[1].found.begin(), chains[1].found.end());
+    for (auto& [index, f] : chains[1].candidates) index = chains[1].visited - 1 - index;
+    std::reverse(chains[1].candidates.begin(), chains[1].candidates.end());
+  } else {
+    PyGC_Head* first = _PyGCHead_NEXT(head);
+    if (first != head && !anchors.count(first)) chains.push_back(Chain{first});
+    for (PyGC_Head* a : anchors) chains.push_back(Chain{a});
+    size_t active = chains.size();
+    while (active > 0) {
+      for (Chain& c : chains) {  // one node of every chain in turn: their cache misses overlap
+        if (c.done) continue;
+        // Another chain's anchor ends this one (anchors are functions: test the type first).
+        if (c.visited > 0 && Py_IS_TYPE(reinterpret_cast<PyObject*>(c.node + 1), &PyFunction_Type) &&
+            anchors.count(c.node)) {
+          c.done = true;
+          c.end = c.node;
+          --active;
+          continue;
+        }
+        keep(c.node, c.found);
+        note_candidate(c.node, c);
+        PyGC_Head* next = _PyGCHead_NEXT(c.node);
+        if (next == head || next == permanent) {
+          c.done = true;
+          c.end = next;
+          --active;
+        } else {
+          __builtin_prefetch(next);
+          c.node = next;
+        }
+      }
+    }
+    // A chain that ran into an anchor lies in the list that anchor's chain ends in: follow the
+    // anchors to a head (every list ends at its head, so this ends). gc.freeze() moved them all?
+    // Then their chains lie in the permanent generation, which is not walked.
+    std::unordered_map<PyGC_Head*, const Chain*> chain_from;
+    for (const Chain& c : chains) chain_from.emplace(c.start, &c);
+    for (Chain& c : chains) {
+      const Chain* at = &c;
+      for (size_t hops = 0; hops <= chains.size() && at->end != head && at->end != permanent; ++hops) {
+        auto it = chain_from.find(at->end);
+        if (it == chain_from.end()) break;
+        at = it->second;
+      }
+      c.in_old = at->end == head;
+    }
+  }
+  // Keep what the old generation's chains found; pick the next walk's anchors along them.
+  Py_ssize_t total = 0;
+  for (const Chain& c : chains) total += c.in_old ? c.visited : 0;
+  const Py_ssize_t spacing = total / kOldChains;
+  std::vector<PyObject*> picked;
+  Py_ssize_t offset = 0, want = spacing;
+  for (Chain& c : chains) {
+    if (!c.in_old) {
+      for (PyObject* op : c.found) Py_DECREF(op);
+      continue;
+    }
+    found.insert(found.end(), c.found.begin(), c.found.end());
+    for (const auto& [index, f] : c.candidates) {
+      if (spacing < 1024 || offset + index < want) continue;  // a short list needs no anchors
+      Py_INCREF(f);
+      picked.push_back(f);
+      want = offset + index + spacing;
+    }
+    offset += c.visited;
+  }
+  for (PyObject* a : g_anchors) Py_DECREF(a);
+  g_anchors.swap(picked);
+}
+#endif
+
 // The capture's start-up scan: every object the garbage collector tracks whose type derives from
 // one of `bases` (tensors, modules), in gc.get_objects() order, or None where this interpreter's
 // layout cannot be confirmed (the caller then filters gc.get_objects() itself). Walking the
@@ -245,21 +393,32 @@ py::object gc_instances(const py::tuple& bases) {
     Py_DECREF(probe);
     return py::none();
   }
-  // Each list is walked from both ends at once, meeting in the middle: the walk waits on one
-  // cache miss per object, and two independent chains let the CPU wait on two at a time.
   std::vector<PyObject*> found, from_back;
+  // Whether a type derives from one of `types`, remembered per type for this walk (a few thousand
+  // types against ~10^5 objects; a type cannot be freed while the walk runs, nothing runs Python).
+  struct TypeSlot {
+    PyTypeObject* type = nullptr;
+    bool wanted = false;
+  };
+  std::vector<TypeSlot> type_cache(4096);
+  auto wanted = [&](PyTypeObject* type) {
+    TypeSlot& slot = type_cache[(reinterpret_cast<uintptr_t>(type) >> 4) & 4095];
+    if (slot.type != type) {
+      slot.type = type;
+      slot.wanted = false;
+      for (PyTypeObject* base : types) slot.wanted = slot.wanted || PyType_IsSubtype(type, base);
+    }
+    return slot.wanted;
+  };
   auto keep = [&](PyGC_Head* g, std::vector<PyObject*>& into) {
     PyObject* op = reinterpret_cast<PyObject*>(g + 1);
-    if (op == probe) return;
-    for (PyTypeObject* type : types) {
-      if (PyType_IsSubtype(Py_TYPE(op), type)) {
-        Py_INCREF(op);  // kept alive if building the list below runs a collection
-        into.push_back(op);
-        return;
-      }
-    }
+    if (op == probe || !wanted(Py_TYPE(op))) return;
+    Py_INCREF(op);  // kept alive if building the list below runs a collection
+    into.push_back(op);
   };
-  for (int i = 0; i < NUM_GENERATIONS; ++i) {
+  // The young generations (small) are walked from both ends at once, meeting in the middle: the
+  // walk waits on one cache miss per object, and two independent chains let the CPU wait on two.
+  for (int i = 0; i < NUM_GENERATIONS - 1; ++i) {
     PyGC_Head* head = &state->generations[i].head;
     PyGC_Head* front = _PyGCHead_NEXT(head);
     PyGC_Head* back = _PyGCHead_PREV(head);
@@ -283,6 +442,7 @@ py::object gc_instances(const py::tuple& bases) {
     }
     found.insert(found.end(), from_back.rbegin(), from_back.rend());
   }
+  walk_old_generation(state, keep, found);
   Py_DECREF(probe);
   PyObject* out = PyList_New(static_cast<Py_ssize_t>(found.size()));
   if (out == nullptr) {
@@ -482,6 +642,7 @@ void start(bool record_ops) {
   g_shape_offsets.clear();
   g_live.clear();
   g_ctx_stack.clear();
+  g_fast_stack.clear();
   g_untracked_frees = 0;
   g_unwrapped = 0;
   g_previous = c10::GetCPUAllocator();
@@ -538,6 +699,7 @@ void enter(int64_t ctx) {
   std::lock_guard<std::mutex> lock(g_mu);
   push_event(kEnter, 0, 0, ctx);
   g_ctx_stack.push_back(static_cast<int32_t>(ctx));
+  g_fast_stack.push_back(0);
 }
 
 void exit_ctx(int64_t ctx) {
@@ -547,9 +709,96 @@ void exit_ctx(int64_t ctx) {
   while (!g_ctx_stack.empty()) {
     int32_t top = g_ctx_stack.back();
     g_ctx_stack.pop_back();
+    g_fast_stack.pop_back();
     if (top == ctx) break;
   }
   push_event(kExit, 0, 0, ctx);
+}
+
+// -- module hooks' fast path ------------------------------------------------------------------
+// Most module calls are nested calls of modules that are no boundary (a Linear inside a decoder
+// layer): all their Python hooks did was push and pop a context, ~10 us a call. module_pre and
+// module_post are the capture's global forward hooks: a module registered with fast_register and
+// called inside another call is handled here (its ENTER row carries kFastEnter in its nbytes
+// column: it has no input fingerprint); every other call goes to the Python hooks set with
+// set_slow_hooks. All of this runs under the GIL, as module hooks do.
+constexpr int64_t kFastEnter = -1;
+struct FastModule {
+  int32_t ctx;
+  PyObject* ref;  // a weak reference to the module (owned): an address reused by a new module fails
+};
+std::unordered_map<PyObject*, FastModule> g_fast;
+PyObject* g_slow_pre = nullptr;  // owned references; never released at interpreter exit
+PyObject* g_slow_post = nullptr;
+
+void fast_register(py::handle module, int64_t ctx) {
+  PyObject* ref = PyWeakref_NewRef(module.ptr(), nullptr);
+  if (ref == nullptr) throw py::error_already_set();
+  auto [it, inserted] = g_fast.try_emplace(module.ptr(), FastModule{static_cast<int32_t>(ctx), ref});
+  if (!inserted) {
+    Py_DECREF(it->second.ref);
+    it->second = FastModule{static_cast<int32_t>(ctx), ref};
+  }
+}
+
+void fast_clear() {
+  for (auto& entry : g_fast) Py_DECREF(entry.second.ref);
+  g_fast.clear();
+}
+
+void set_slow_hooks(py::object pre, py::object post) {
+  PyObject* old_pre = g_slow_pre;
+  PyObject* old_post = g_slow_post;
+  g_slow_pre = pre.is_none() ? nullptr : pre.release().ptr();
+  g_slow_post = post.is_none() ? nullptr : post.release().ptr();
+  Py_XDECREF(old_pre);
+  Py_XDECREF(old_post);
+}
+
+// The context of a registered module, -1 if it is not one (or its address now holds another).
+int32_t fast_ctx(PyObject* module) {
+  if (!g_recording.load(std::memory_order_relaxed)) return -1;
+  auto it = g_fast.find(module);
+  if (it == g_fast.end() || PyWeakref_GetObject(it->second.ref) != module) return -1;
+  return it->second.ctx;
+}
+
+py::object call_slow(PyObject* hook, std::initializer_list<PyObject*> args) {
+  if (hook == nullptr) return py::none();
+  py::tuple packed(args.size());
+  size_t k = 0;
+  for (PyObject* a : args) packed[k++] = py::reinterpret_borrow<py::object>(a);
+  PyObject* result = PyObject_Call(hook, packed.ptr(), nullptr);
+  if (result == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(result);
+}
+
+py::object module_pre(py::handle module, py::handle args) {
+  const int32_t ctx = fast_ctx(module.ptr());
+  if (ctx >= 0) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!g_ctx_stack.empty()) {  // a call from outside every module is a step or an input: Python's
+      push_event(kEnter, 0, kFastEnter, ctx);
+      g_ctx_stack.push_back(ctx);
+      g_fast_stack.push_back(1);
+      return py::none();
+    }
+  }
+  return call_slow(g_slow_pre, {module.ptr(), args.ptr()});
+}
+
+py::object module_post(py::handle module, py::handle args, py::handle output) {
+  const int32_t ctx = fast_ctx(module.ptr());
+  if (ctx >= 0) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!g_ctx_stack.empty() && g_ctx_stack.back() == ctx && g_fast_stack.back() == 1) {
+      g_ctx_stack.pop_back();
+      g_fast_stack.pop_back();
+      push_event(kExit, 0, 0, ctx);
+      return py::none();
+    }
+  }
+  return call_slow(g_slow_post, {module.ptr(), args.ptr(), output.ptr()});
 }
 
 // Returns the columns as tensors (copies), the shape pool, the op names, and counters.
@@ -644,13 +893,13 @@ py::tuple stream_since(int64_t ev_start, int64_t shape_start, int64_t op_start) 
 
 // The flight recorder's bound: forget what happened before `cutoff_ns` but the allocation rows of
 // blocks still alive (weights, caches: the state at the start of the window). Rows from the cutoff
-// on stay as they are. Returns (rows dropped, ENTER rows dropped): the Python side drops as many
-// input fingerprints, which pair with ENTER rows in order.
+// on stay as they are. Returns (rows dropped, ENTER rows dropped that had an input fingerprint): the
+// Python side drops as many fingerprints, which pair with those ENTER rows in order.
 py::tuple compact(int64_t cutoff_ns) {
   std::lock_guard<std::mutex> lock(g_mu);
   std::vector<Event> kept;
   kept.reserve(g_live.size() + 1024);
-  int64_t enters = 0;
+  int64_t enters = 0;  // those with an input fingerprint: all but the fast path's
   for (const Event& e : g_events) {
     bool keep = e.t_ns >= cutoff_ns;
     if (!keep && e.action == kAlloc) {
@@ -659,7 +908,7 @@ py::tuple compact(int64_t cutoff_ns) {
     }
     if (keep) {
       kept.push_back(e);
-    } else if (e.action == kEnter) {
+    } else if (e.action == kEnter && e.nbytes != kFastEnter) {
       ++enters;
     }
   }
@@ -698,6 +947,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stop", &stop);
   m.def("enter", &enter);
   m.def("exit", &exit_ctx);
+  m.def("fast_register", &fast_register);
+  m.def("fast_clear", &fast_clear);
+  m.def("set_slow_hooks", &set_slow_hooks);
+  m.def("module_pre", &module_pre);
+  m.def("module_post", &module_post);
   m.def("drain", &drain);
   m.def("now_ns", &now_ns);
   m.def("stream_since", &stream_since);
@@ -708,5 +962,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("frames_supported", []() { return static_cast<bool>(MEMWARDEN_FRAMES); });
   m.def("scalar_type_names", &scalar_type_names);
   m.def("gc_instances", &gc_instances);
+#if MEMWARDEN_FRAMES
+  m.def("gc_anchors", []() { return g_anchors.size(); });  // how many chains the next scan starts from
+#endif
   m.def("recording", []() { return g_recording.load(); });
 }

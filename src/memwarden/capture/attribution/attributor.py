@@ -43,7 +43,7 @@ class Attributor:
         # index -1 (outside any module) reads the last entry: shared
         module_modality = np.array([m[2] for m in self.modules] + [int(Modality.SHARED)], dtype=np.int64)
 
-        spans = module_spans(cols.action, cols.ids, cols.time_ns, self.end_ns)
+        spans = module_spans(cols.action, cols.ids, cols.time_ns, self.end_ns, cols.nbytes)
         steps = StepTable.of(self.log.steps)
         blocks = Blocks.of(cols)
         made_by = module_modality[blocks.ctx]

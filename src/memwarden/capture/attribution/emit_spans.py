@@ -32,7 +32,9 @@ def module_span_rows(
     modality = module_modality[spans.ctx]
     is_encoder = np.isin(modality, ENCODER_MODALITIES)
     phase = np.where(is_encoder, int(Phase.ENCODE), steps.phase_at(spans.start_ns, int(Phase.OTHER)))
-    fingerprint_ids = [builder.intern(fingerprints[i]) if i < len(fingerprints) else -1 for i in range(len(spans))]
+    fingerprint_ids = [
+        builder.intern(fingerprints[i]) if 0 <= i < len(fingerprints) else -1 for i in spans.slot.tolist()
+    ]
     builder.extend_spans({
         "start_us": clock.us_array(spans.start_ns), "end_us": clock.us_array(spans.end_ns),
         "kind": np.full(len(spans), int(SpanKind.MODULE)), "name": label_ids[spans.ctx], "phase": phase,

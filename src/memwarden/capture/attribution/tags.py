@@ -77,22 +77,26 @@ def match_tags(tags: Sequence[Tag], blocks: Blocks) -> list[int | None]:
     that block is still alive then; None otherwise."""
     if not tags:
         return []
-    # Blocks sorted by (address, alloc time): binary search the address, then the time.
-    by_ptr = np.lexsort((blocks.alloc_ns, blocks.ptr))
-    sorted_ptrs, sorted_t = blocks.ptr[by_ptr], blocks.alloc_ns[by_ptr]
+    # One sorted key per block, (address, alloc time) as a single int64: the address's rank among
+    # the blocks' addresses, then the time's rank among their alloc times. A tag's key built the
+    # same way finds, by one binary search, the block at its address allocated last before it.
+    times = np.sort(blocks.alloc_ns)
+    ptrs = np.unique(blocks.ptr)
+    width = len(times) + 1
+    order = np.lexsort((blocks.alloc_ns, blocks.ptr))
+    keys = np.searchsorted(ptrs, blocks.ptr[order]) * width + np.searchsorted(
+        times, blocks.alloc_ns[order], side="right"
+    )
     tag_t = np.array([tg[0] for tg in tags], dtype=np.int64)
     tag_p = np.array([tg[1] for tg in tags], dtype=np.int64)
-    lo = np.searchsorted(sorted_ptrs, tag_p, side="left")
-    hi = np.searchsorted(sorted_ptrs, tag_p, side="right")
-    hits: list[int | None] = []
-    for i in range(len(tag_t)):
-        if lo[i] == hi[i]:
-            hits.append(None)
-            continue
-        j = int(lo[i]) + int(np.searchsorted(sorted_t[lo[i] : hi[i]], tag_t[i], side="right")) - 1
-        k = int(by_ptr[j]) if j >= lo[i] else -1
-        hits.append(k if k >= 0 and tag_t[i] <= blocks.free_ns[k] else None)
-    return hits
+    rank = np.searchsorted(ptrs, tag_p)
+    known = (rank < len(ptrs)) & (ptrs[np.minimum(rank, len(ptrs) - 1)] == tag_p) if len(ptrs) else rank < 0
+    j = np.searchsorted(keys, rank * width + np.searchsorted(times, tag_t, side="right"), side="right") - 1
+    block = order[np.maximum(j, 0)] if len(order) else np.zeros(len(tags), dtype=np.int64)
+    ok = known & (j >= 0)
+    if len(order):
+        ok &= (blocks.ptr[block] == tag_p) & (tag_t <= blocks.free_ns[block])
+    return [int(b) if hit else None for b, hit in zip(block.tolist(), ok.tolist(), strict=True)]
 
 
 def _strongest_preexisting(

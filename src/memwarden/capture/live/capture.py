@@ -144,6 +144,7 @@ class Capture:
         self._digests = DigestCache()
         self._entries: list[tuple[int, int, bool, bool]] = []  # (ctx, enter index, saw kwargs, is step)
         self._module_handles: list[Any] = []
+        self._fast_register: Any = None  # the native recorder's, where it has one (not the meta recorder)
 
     # -- module registry ---------------------------------------------------------
     def _register_root(self, root: torch.nn.Module) -> None:
@@ -169,6 +170,8 @@ class Capture:
             self._module_ids[id(module)] = ctx
             if boundary and self._active:
                 self._install_own_hooks(module)
+            elif not boundary and self._fast_register is not None:
+                self._fast_register(module, ctx)  # its nested calls take the native hooks' fast path
         self._note_parameters(root, self._now())
 
     def _ctx_of(self, module: torch.nn.Module) -> int:
@@ -246,6 +249,8 @@ class Capture:
             self._stack.pop()
         elif ctx in self._stack:
             del self._stack[self._stack.index(ctx) :]
+        else:  # entered on the native fast path (closed out of order), or never seen entering
+            return
         entry = None
         while self._entries:
             entry = self._entries.pop()
@@ -333,6 +338,7 @@ class Capture:
         if self._active:
             raise RuntimeError("this capture is already running")
         self._native = native.load()
+        self._fast_register = getattr(self._native, "fast_register", None)
         self._t0 = self._now()
         self._log.clock = self._native.now_ns
         self._wall0 = time.time()
@@ -356,9 +362,13 @@ class Capture:
             module = info.ref()
             if module is not None and info.is_boundary:
                 self._install_own_hooks(module)
+        pre, post = self._pre_hook_adapter, self._post_hook_adapter
+        if self._fast_register is not None:  # nested calls stay in C++; the rest comes back to these
+            self._native.set_slow_hooks(pre, post)
+            pre, post = self._native.module_pre, self._native.module_post
         self._handles = [
-            torch.nn.modules.module.register_module_forward_pre_hook(self._pre_hook_adapter),
-            torch.nn.modules.module.register_module_forward_hook(self._post_hook_adapter, always_call=True),
+            torch.nn.modules.module.register_module_forward_pre_hook(pre),
+            torch.nn.modules.module.register_module_forward_hook(post, always_call=True),
             register_optimizer_step_pre_hook(self._optimizer_pre),
             register_optimizer_step_post_hook(self._optimizer_post),
             *registration_hooks(self._log, self._now),  # foreign (numpy, mmap'd) weights as they are set
@@ -398,6 +408,9 @@ class Capture:
             h.remove()
         self._handles, self._module_handles = [], []
         self._own_hooks.clear()
+        if self._fast_register is not None:
+            self._native.set_slow_hooks(None, None)
+            self._native.fast_clear()
         end = self._now()
         for ctx in reversed(self._stack):  # calls cut short by an exception
             self._native.exit(ctx)
