@@ -10,6 +10,7 @@ tile, never the whole weight — the mistake the ``dequant-temporaries`` detecto
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -27,8 +28,29 @@ def _fused_available() -> bool:
     )
 
 
-_PACK_BLOCK_N = 64  # output rows per block of the CPU int4 pack (aten/src/ATen/native/cpu/int4mm_kernel.cpp)
+# Output rows per block of the CPU int4 pack (aten/src/ATen/native/cpu/int4mm_kernel.cpp): its BLOCK_N
+# follows the vector ISA the kernel was dispatched to (64 with AVX-512, 32 with AVX2), so it is read
+# off the kernel itself (pack_block_rows).
+_PACK_BLOCK_CANDIDATES = (64, 32)
 _CHUNK_FLOATS = 1 << 20  # rows are quantized and packed this many weights at a time (4 MiB of float temporaries)
+
+
+@functools.lru_cache(maxsize=1)
+def pack_block_rows() -> int | None:
+    """The rows per block of ``_convert_weight_to_int4pack_for_cpu``'s layout on this machine (see
+    ``unpack_cpu_int4``), found by packing known codes; None if no layout it knows matches."""
+    if not _fused_available():
+        return None
+    k = 16 * _INNER_K_TILES * 4
+    codes = (torch.arange(64 * k, dtype=torch.int32).reshape(64, k) * 7 + 3) % 16
+    try:
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)
+    except RuntimeError:
+        return None
+    for block in _PACK_BLOCK_CANDIDATES:
+        if torch.equal(_unpack(packed, 0, 64, k, block), codes.to(torch.uint8)):
+            return block
+    return None
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -53,11 +75,12 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
     return codes, scales, zeros
 
 
-def _pack_cpu_int4(codes: torch.Tensor) -> torch.Tensor:
-    """``_convert_weight_to_int4pack_for_cpu`` of uint8 codes (N, K), N a multiple of 64, by blocks of
-    64 rows (the layout is block-major, see ``unpack_cpu_int4``): the kernel's int32 input is a chunk."""
+def _pack_cpu_int4(codes: torch.Tensor, block: int) -> torch.Tensor:
+    """``_convert_weight_to_int4pack_for_cpu`` of uint8 codes (N, K), N a multiple of ``block``, by
+    whole blocks of rows (the layout is block-major, see ``unpack_cpu_int4``): the kernel's int32
+    input is a chunk."""
     n, k = codes.shape
-    step = max(_PACK_BLOCK_N, _CHUNK_FLOATS // k // _PACK_BLOCK_N * _PACK_BLOCK_N)
+    step = max(block, _CHUNK_FLOATS // k // block * block)
     out = torch.empty(n * k // 2, dtype=torch.uint8)
     for r0 in range(0, n, step):
         part = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[r0 : r0 + step].to(torch.int32), _INNER_K_TILES)
@@ -68,20 +91,28 @@ def _pack_cpu_int4(codes: torch.Tensor) -> torch.Tensor:
 def unpack_cpu_int4(packed: torch.Tensor, rows: slice, n: int, k: int) -> torch.Tensor:
     """Codes (r, K) uint8 of output ``rows`` from ``_convert_weight_to_int4pack_for_cpu``'s layout.
 
-    That layout is blocked by 64 output rows: block ``b`` holds K·32 bytes, byte ``k·32 + d``
-    = row ``64b + d`` (low nibble) | row ``64b + 32 + d`` (high nibble) at column ``k``. It is an
-    internal format: ``Int4Linear`` checks this inverse against the codes it packed and keeps
-    its own copy of the codes where it does not hold (or N is not a multiple of 64). ``rows``
-    must start on a block.
+    That layout is blocked by B output rows (``pack_block_rows()``: 64 with AVX-512, 32 with AVX2):
+    block ``b`` holds K·B/2 bytes, byte ``k·B/2 + d`` = row ``Bb + d`` (low nibble) | row
+    ``Bb + B/2 + d`` (high nibble) at column ``k``. It is an internal format: ``Int4Linear`` checks
+    this inverse against the codes it packed and keeps its own copy of the codes where it does not
+    hold (or N is not a multiple of B). ``rows`` must start on a block.
     """
+    block = pack_block_rows()
+    if block is None:
+        raise RuntimeError("this machine's int4 pack layout is not one unpack_cpu_int4 reads")
     r0, r1 = rows.start or 0, min(rows.stop if rows.stop is not None else n, n)
+    return _unpack(packed, r0, r1, k, block)
+
+
+def _unpack(packed: torch.Tensor, r0: int, r1: int, k: int, block: int) -> torch.Tensor:
+    half = block // 2
     flat = packed.reshape(-1)
-    b0, b1 = r0 // _PACK_BLOCK_N, -(-r1 // _PACK_BLOCK_N)
-    blocks = flat[b0 * k * 32 : b1 * k * 32].reshape(b1 - b0, k, 32)  # (B, K, 32)
-    out = torch.empty((b1 - b0, 2, 32, k), dtype=torch.uint8)
+    b0, b1 = r0 // block, -(-r1 // block)
+    blocks = flat[b0 * k * half : b1 * k * half].reshape(b1 - b0, k, half)  # (B, K, half)
+    out = torch.empty((b1 - b0, 2, half, k), dtype=torch.uint8)
     torch.bitwise_and(blocks, 15, out=out[:, 0].transpose(1, 2))
     torch.bitwise_right_shift(blocks, 4, out=out[:, 1].transpose(1, 2))
-    return out.reshape(-1, k)[: r1 - r0]
+    return out.reshape(-1, k)[r0 - b0 * block : r1 - b0 * block]
 
 
 def dequantize_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -121,8 +152,10 @@ class Int4Linear(nn.Module):
             self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], -1).transpose(0, 1).contiguous())
             # The weight is stored once: the tiled path unpacks the kernel's layout where the inverse
             # is verified, instead of keeping a second copy of the codes (2x the int4 bytes).
-            self.tile_rows = -(-tile_rows // _PACK_BLOCK_N) * _PACK_BLOCK_N
-            packed = _pack_cpu_int4(codes) if n % _PACK_BLOCK_N == 0 else None
+            block = pack_block_rows()
+            if block is not None:
+                self.tile_rows = -(-tile_rows // block) * block
+            packed = _pack_cpu_int4(codes, block) if block is not None and n % block == 0 else None
             if packed is None or not torch.equal(unpack_cpu_int4(packed, slice(0, n), n, k), codes):
                 # Not the layout unpack reads (so packing by blocks may be wrong too): the kernel packs
                 # the whole weight, and the layer keeps its own codes for the tiled path.
