@@ -102,6 +102,7 @@ class _Injected:
             base_limit_bytes=base, on_limit=self._on_limit, on_telemetry=self._on_telemetry,
         )  # fmt: skip
         self._base = base
+        self.fraction = 1.0  # of the budget a squeeze leaves now
 
     def start(self) -> None:
         """Jitter and the schedule's clock start here: when the script starts, or when serving starts
@@ -116,6 +117,7 @@ class _Injected:
         from memwarden.resilience.inject import apply_address_space_limit
 
         fraction = new_bytes / self._base if self._base else 1.0
+        self.fraction = fraction
         if self.limit_bytes is not None:
             apply_address_space_limit(int(self.limit_bytes * fraction))
         if self.gpu_limit_bytes is not None:
@@ -182,6 +184,8 @@ def _serve(job: dict[str, Any], injected: _Injected, out: Any) -> int:
         req = json.loads(line)
         if req.get("stop"):
             break
+        if fit is not None:
+            fit = refit_budget(fit, server, injected)
         reset_peak_rss()
         if job.get("request_timeout_s"):  # a request that hangs leaves every thread's stack in the log
             faulthandler.dump_traceback_later(max(1.0, float(job["request_timeout_s"]) - 2.0))
@@ -241,7 +245,35 @@ def fit_budget(model: Any, injected: _Injected, limit_bytes: int, counts: str = 
     if injected.budget_bytes is not None:
         budget = min(budget, injected.budget_bytes)
     return {"budget_bytes": max(1, budget), "limit_bytes": limit_bytes, "counts": counts, "other_bytes": other,
-            "pressure_bytes": pressure, "margin_bytes": _FIT_MARGIN_BYTES}  # fmt: skip
+            "pressure_bytes": pressure, "margin_bytes": _FIT_MARGIN_BYTES, "configured_bytes": injected.budget_bytes,
+            "shmem_bytes": _status_kib("RssShmem") * 1024, "refits": 0}  # fmt: skip
+
+
+def refit_budget(fit: dict[str, Any], server: Any, injected: _Injected) -> dict[str, Any]:
+    """The fitted budget again, before a request, from what the process holds beside the session now.
+
+    What runs beside the tensors grows as the process serves (kernel caches and the interpreter's own
+    data on the first requests, a few MiB per conversation after): measured on the demo chat, ~37 MiB
+    over 12 requests, ~10 MiB with the session returning freed heap pages. A budget fitted once at start
+    lets that growth reach the watchdog. So, as a device's memory report would, the worker measures it
+    again each request: the count less what the session holds, less the jitter's pages (shared memory,
+    ``RssShmem``, above what the process had before the jitter started) — another app's pages are
+    already taken at their largest. A squeeze in force scales the new budget like the old."""
+    session = getattr(server, "session", None)
+    memory = getattr(session, "memory", None)
+    if memory is None or not hasattr(session, "set_budget"):
+        return fit
+    jitter_now = max(0, _status_kib("RssShmem") * 1024 - int(fit["shmem_bytes"]))
+    other = max(0, resident_bytes("self", str(fit["counts"])) - jitter_now - int(memory.held_bytes))
+    budget = int(fit["limit_bytes"]) - other - int(fit["pressure_bytes"]) - _FIT_MARGIN_BYTES
+    if fit.get("configured_bytes") is not None:
+        budget = min(budget, int(fit["configured_bytes"]))
+    budget = max(1, budget)
+    if abs(budget - int(fit["budget_bytes"])) < 1024**2:
+        return fit
+    injected.budget_bytes = budget  # squeezes scale the new fitted budget
+    session.set_budget(int(budget * injected.fraction), temporary=injected.fraction < 1.0)
+    return {**fit, "budget_bytes": budget, "other_bytes": other, "refits": int(fit["refits"]) + 1}
 
 
 def _send(out: Any, message: dict[str, Any]) -> None:

@@ -16,9 +16,8 @@ pool sizing, weight streaming) and an :class:`Admission` (the predictor and the 
 them questions, and acts on the answers — an admission step returns an ``AdmissionDecision``
 value and the serving loop below carries it out. Each request's state is its own ``Request``.
 
-Generation itself is the model's own ``generate()`` on the session's cache, so decoding
-(logits processors, stopping criteria, greedy) is exactly transformers'. Greedy outputs equal
-plain ``model.generate()`` token for token (tests).
+Generation itself is the model's own ``generate()`` on the session's cache, so decoding is exactly
+transformers'; greedy outputs equal plain ``model.generate()`` token for token (tests).
 """
 
 from __future__ import annotations
@@ -443,6 +442,8 @@ class GovernedSession:
         finally:
             pool.blocks.free_sequence(seq_id)
             request.plan = None  # never keep a caller's tensors alive past the request
+            if self.device.type == "cpu" and self.config.heap_mmap_threshold is not None:
+                return_freed_memory()  # the heap's freed pages, which a memory killer counts (issue 17)
         t0, t1 = request.start_s, time.perf_counter()
         encoder_s = (encoder.encoder_s if encoder is not None else 0.0) - encoder_before
         self.records.append(RequestRecord(
