@@ -246,7 +246,7 @@ def fit_budget(model: Any, injected: _Injected, limit_bytes: int, counts: str = 
         budget = min(budget, injected.budget_bytes)
     return {"budget_bytes": max(1, budget), "limit_bytes": limit_bytes, "counts": counts, "other_bytes": other,
             "pressure_bytes": pressure, "margin_bytes": _FIT_MARGIN_BYTES, "configured_bytes": injected.budget_bytes,
-            "shmem_bytes": _status_kib("RssShmem") * 1024, "refits": 0}  # fmt: skip
+            "shmem_bytes": _status_kib("RssShmem") * 1024, "other_at_fit_bytes": other, "refits": 0}  # fmt: skip
 
 
 def refit_budget(fit: dict[str, Any], server: Any, injected: _Injected) -> dict[str, Any]:
@@ -264,7 +264,10 @@ def refit_budget(fit: dict[str, Any], server: Any, injected: _Injected) -> dict[
     if memory is None or not hasattr(session, "set_budget"):
         return fit
     jitter_now = max(0, _status_kib("RssShmem") * 1024 - int(fit["shmem_bytes"]))
-    other = max(0, resident_bytes("self", str(fit["counts"])) - jitter_now - int(memory.held_bytes))
+    # Never below the first measurement: what the session holds counts pages it has not touched yet (a
+    # KV pool's), which would read as the process shrinking and let the budget rise by them.
+    other = resident_bytes("self", str(fit["counts"])) - jitter_now - int(memory.held_bytes)
+    other = max(other, int(fit["other_at_fit_bytes"]))
     budget = int(fit["limit_bytes"]) - other - int(fit["pressure_bytes"]) - _FIT_MARGIN_BYTES
     if fit.get("configured_bytes") is not None:
         budget = min(budget, int(fit["configured_bytes"]))
