@@ -286,3 +286,17 @@ def test_several_images_and_no_image(capsys: pytest.CaptureFixture[str]) -> None
 def test_memwarden_estimate_is_callable() -> None:
     card = memwarden.estimate("llava", prompt_tokens=12, new_tokens=1)  # type: ignore[operator]
     assert card.peak_bytes > card.weights_bytes > 0
+
+
+def test_the_short_dtype_names_users_type_mean_the_same(capsys: pytest.CaptureFixture[str]) -> None:
+    """bf16, fp16, torch.float32, nf4 and fp8 are what PyTorch, bitsandbytes and transformers users type."""
+    outputs = []
+    for argv in (["--dtype", "bfloat16", "--kv-dtype", "float8"], ["--dtype", "bf16", "--kv-dtype", "fp8"],
+                 ["--dtype", "torch.bfloat16", "--kv-dtype", "FP8"]):  # fmt: skip
+        assert _cli("llava", "--prompt-tokens", "12", "--new-tokens", "2", "--json", *argv) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert _cli("llava", "--prompt-tokens", "12", "--new-tokens", "2", "--json", "--weights-dtype", "nf4") == 0
+    nf4 = json.loads(capsys.readouterr().out)
+    assert _cli("llava", "--prompt-tokens", "12", "--new-tokens", "2", "--json", "--weights-dtype", "int4") == 0
+    assert nf4 == json.loads(capsys.readouterr().out)

@@ -48,7 +48,7 @@ def register(sub: Any) -> None:
     p.add_argument("--batch", default="1", metavar="B", help="sequences per request (default 1)")
     p.add_argument(
         "--dtype", default=None, metavar="D",
-        help="weights and activations: float32, float16, bfloat16 (default: the checkpoint's dtype, torch_dtype in "
+        help="weights and activations: float32, float16, bfloat16 (or fp32, fp16, bf16; default: the checkpoint's dtype, torch_dtype in "
         "config.json; float32 when it states none)",
     )  # fmt: skip
     p.add_argument(
@@ -56,8 +56,8 @@ def register(sub: Any) -> None:
         help="prefill logits: last position only (transformers >= 4.45, default) or every prompt position in float32 "
         "(older transformers, as many published tables were measured)",
     )  # fmt: skip
-    p.add_argument("--weights-dtype", default=None, metavar="D", help="quantized weights: int8 or int4 (NF4)")
-    p.add_argument("--kv-dtype", default=None, metavar="D", help="quantized KV cache: float8, int8 or int4")
+    p.add_argument("--weights-dtype", default=None, metavar="D", help="quantized weights: int8 or int4 (nf4)")
+    p.add_argument("--kv-dtype", default=None, metavar="D", help="quantized KV cache: float8 (fp8), int8 or int4")
     p.add_argument(
         "--device-profile", "--device", dest="device", default=[], metavar="PROFILE",
         action=renamed(argparse._AppendAction, "--device", "--device-profile"),
@@ -107,6 +107,19 @@ def _float(value: str, flag: str) -> float:
     return number
 
 
+# The short names PyTorch users type (``torch.bfloat16`` prints as ``bfloat16``; bitsandbytes says
+# nf4, transformers' configs fp8): each means the estimator's own name.
+_DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "fp16": "float16", "f16": "float16",
+                  "half": "float16", "bf16": "bfloat16", "fp8": "float8", "nf4": "int4", "fp4": "int4"}  # fmt: skip
+
+
+def _dtype(value: str | None) -> str | None:
+    if value is None:
+        return None
+    name = value.strip().lower().removeprefix("torch.")
+    return _DTYPE_ALIASES.get(name, name)
+
+
 def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import print_json
     from memwarden.estimate.run import estimate, load_device, parse_image, parse_video, sweep
@@ -125,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
     batch = _int(args.batch, "--batch")
     fmt = "json" if args.json else args.format
     devices = [load_device(d) for d in args.device]
-    common = dict(new_tokens=new_tokens, batch=batch, dtype=args.dtype, weights_dtype=args.weights_dtype,
-                  kv_dtype=args.kv_dtype)  # fmt: skip
+    common = dict(new_tokens=new_tokens, batch=batch, dtype=_dtype(args.dtype), weights_dtype=_dtype(args.weights_dtype),
+                  kv_dtype=_dtype(args.kv_dtype))  # fmt: skip
     if args.sweep:
         result = sweep(args.model, images=images, prompt_tokens=prompts, audio_seconds=audio, devices=devices, **common)
         if fmt == "json":
