@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     batch = _int(args.batch, "--batch")
     fmt = "json" if args.json else args.format
     devices = [load_device(d) for d in args.device]
-    common = dict(new_tokens=new_tokens, batch=batch, dtype=_dtype(args.dtype), weights_dtype=_dtype(args.weights_dtype),
+    common: dict[str, Any] = dict(new_tokens=new_tokens, batch=batch, dtype=_dtype(args.dtype), weights_dtype=_dtype(args.weights_dtype),
                   kv_dtype=_dtype(args.kv_dtype))  # fmt: skip
     if args.sweep:
         result = sweep(args.model, images=images, prompt_tokens=prompts, audio_seconds=audio, devices=devices, **common)

@@ -261,7 +261,7 @@ def refit_budget(fit: dict[str, Any], server: Any, injected: _Injected) -> dict[
     already taken at their largest. A squeeze in force scales the new budget like the old."""
     session = getattr(server, "session", None)
     memory = getattr(session, "memory", None)
-    if memory is None or not hasattr(session, "set_budget"):
+    if session is None or memory is None or not hasattr(session, "set_budget"):
         return fit
     jitter_now = max(0, _status_kib("RssShmem") * 1024 - int(fit["shmem_bytes"]))
     # Never below the first measurement: what the session holds counts pages it has not touched yet (a
