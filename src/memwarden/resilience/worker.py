@@ -263,6 +263,9 @@ def refit_budget(fit: dict[str, Any], server: Any, injected: _Injected) -> dict[
     memory = getattr(session, "memory", None)
     if session is None or memory is None or not hasattr(session, "set_budget"):
         return fit
+    from memwarden.runtime.host_memory import wait_for_trims
+
+    wait_for_trims()  # the last request's freed heap pages, handed back off its path, are gone first
     jitter_now = max(0, _status_kib("RssShmem") * 1024 - int(fit["shmem_bytes"]))
     # Never below the first measurement: what the session holds counts pages it has not touched yet (a
     # KV pool's), which would read as the process shrinking and let the budget rise by them.

@@ -4,6 +4,8 @@ for giving freed memory back to the OS."""
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 import torch
@@ -16,6 +18,8 @@ __all__ = [
     "limit_cap",
     "load_libc",
     "return_freed_memory",
+    "trim_soon",
+    "wait_for_trims",
 ]
 
 
@@ -96,3 +100,67 @@ def cuda_runtime_bytes(device: torch.device) -> int:
 
     capability = torch.cuda.get_device_capability(device)
     return cublas_workspace_bytes((capability[0], capability[1])) + CUBLASLT_WORKSPACE_BYTES
+
+
+class _Trimmer:
+    """``malloc_trim`` on a daemon thread, so that a request's end does not wait for it (~1.6 ms on
+    the demo's heap, most of a session's per-request overhead): ctypes releases the GIL for the call,
+    and glibc's arena locks keep it safe beside the serving thread's allocations. Where no thread can
+    be started (a real limit), it trims in the caller's thread."""
+
+    def __init__(self) -> None:
+        self._wake = threading.Event()
+        self._done = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.requested = self.trims = 0
+
+    def request(self) -> None:
+        with self._done:
+            self.requested += 1
+            if self._thread is None:
+                thread = threading.Thread(target=self._run, name="memwarden-trim", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # can't start new thread
+                    self._trim(self.requested)
+                    return
+                self._thread = thread
+        self._wake.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Until every trim asked for so far has run (or ``timeout_s``); whether they have."""
+        with self._done:
+            return self._done.wait_for(lambda: self.trims >= self.requested, timeout_s)
+
+    def _trim(self, upto: int) -> None:
+        return_freed_memory()
+        with self._done:
+            self.trims = max(self.trims, upto)
+            self._done.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._done:
+                upto = self.requested
+            self._trim(upto)
+
+    def _forked(self) -> None:  # the thread does not exist in a forked child
+        self._wake, self._done, self._thread = threading.Event(), threading.Condition(), None
+        self.requested = self.trims
+
+
+_TRIMMER = _Trimmer()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_TRIMMER._forked)
+
+
+def trim_soon() -> None:
+    """Give the heap's freed pages back to the OS shortly, off the caller's path (see ``_Trimmer``)."""
+    _TRIMMER.request()
+
+
+def wait_for_trims(timeout_s: float = 1.0) -> bool:
+    """Wait until the trims ``trim_soon`` asked for have run: before reading the resident set."""
+    return _TRIMMER.wait(timeout_s)

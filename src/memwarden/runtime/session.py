@@ -442,8 +442,7 @@ class GovernedSession:
         finally:
             pool.blocks.free_sequence(seq_id)
             request.plan = None  # never keep a caller's tensors alive past the request
-            if self.device.type == "cpu" and self.config.heap_mmap_threshold is not None:
-                return_freed_memory()  # the heap's freed pages, which a memory killer counts (issue 17)
+            self.memory.after_request()
         t0, t1 = request.start_s, time.perf_counter()
         encoder_s = (encoder.encoder_s if encoder is not None else 0.0) - encoder_before
         self.records.append(RequestRecord(

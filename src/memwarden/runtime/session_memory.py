@@ -22,7 +22,7 @@ from memwarden.runtime import media as media_mod
 from memwarden.runtime.admission import AdmissionError, PeakPredictor
 from memwarden.runtime.encoders import EncoderCache
 from memwarden.runtime.featcache_contract import default_encoder_store
-from memwarden.runtime.host_memory import allocation_failed, cuda_runtime_bytes, first_line, limit_cap
+from memwarden.runtime.host_memory import allocation_failed, cuda_runtime_bytes, first_line, limit_cap, trim_soon
 from memwarden.runtime.kvcache import KVPool, KVSpec
 from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_log import EventLog
@@ -425,6 +425,11 @@ class SessionMemory:
         poll = getattr(self.budget_source, "poll", None)
         if callable(poll):
             poll()
+
+    def after_request(self) -> None:
+        """On the host, the heap's freed pages (a memory killer counts them) back to the OS, soon."""
+        if self.device.type == "cpu" and self.config.heap_mmap_threshold is not None:
+            trim_soon()
 
     def set_budget(self, budget: str | int, *, temporary: bool = False) -> bool:
         """A new fixed budget; returns whether the pool should follow it now (not under a squeeze,
