@@ -61,6 +61,9 @@ def per_call(repeats: int) -> dict[str, float]:
 
 
 def scan(repeats: int) -> dict[str, float]:
+    from memwarden.models import zoo
+
+    model = zoo.build_model("llava", size="tiny")  # a transformers process: ~4x10^5 objects
     recorder = native.load()
     start = time.perf_counter()
     objects = _gc_objects(recorder)
@@ -70,6 +73,7 @@ def scan(repeats: int) -> dict[str, float]:
         start = time.perf_counter()
         _gc_objects(recorder)
         later.append(time.perf_counter() - start)
+    del model
     return {"objects tracked": float(len(gc.get_objects())), "found": float(len(objects)),
             "first walk ms": first * 1e3, "later walks ms": statistics.median(later) * 1e3}  # fmt: skip
 
