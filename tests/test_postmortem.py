@@ -199,3 +199,27 @@ def test_in_process_stream_recovered_by_load(tmp_path: Path) -> None:
     assert memwarden.summary(torn).peak_bytes == memwarden.summary(trace).peak_bytes
     summary = run_cli("summary", "--json", str(stream))
     assert summary.returncode == 0, summary.stderr
+
+
+def test_a_streams_steps_recover_as_the_capture_ends_them(tmp_path: Path) -> None:
+    """Steps go to the stream as rows; a copy of the stream taken mid-run recovers each of them
+    as the finished capture records it (phase, span, tokens, inputs, grad mode, call site)."""
+    import shutil
+
+    import torch
+
+    from memwarden.trace.steps import steps_of
+
+    model = torch.nn.Sequential(torch.nn.Embedding(32, 8), torch.nn.Linear(8, 8))
+    path, copy = tmp_path / "s.mwtrace", tmp_path / "copy.mwtrace"
+    with memwarden.capture(stream_to=path) as cap:
+        with torch.no_grad():
+            for n in range(1, 6):
+                model(torch.arange(n).unsqueeze(0))
+        memwarden.flush()
+        shutil.copy(path, copy)
+    assert cap.trace is not None
+    recovered, final = steps_of(memwarden.load(copy)), steps_of(cap.trace)
+    assert len(recovered) == len(final) == 5
+    assert [s.to_json() for s in recovered] == [s.to_json() for s in final]
+    assert [s.seq_len for s in final] == [1, 2, 3, 4, 5]

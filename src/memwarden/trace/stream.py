@@ -27,8 +27,19 @@ from typing import Any
 
 import numpy as np
 
-from memwarden.trace.model import EVENT_COLUMNS, Action, Category, Modality, Phase, SpanKind, Trace, TraceBuilder
+from memwarden.trace.model import (
+    EVENT_COLUMNS,
+    Action,
+    Category,
+    Modality,
+    Phase,
+    SpanKind,
+    Trace,
+    TraceBuilder,
+    enum_name,
+)
 from memwarden.trace.sites import split_site
+from memwarden.trace.steps import Step, steps_metadata
 
 __all__ = [
     "RAW_EVENT_DTYPE",
@@ -143,8 +154,11 @@ def _merge(log: StreamLog, head: dict[str, Any], cols: dict[str, np.ndarray]) ->
     log.modules.extend(list(m) for m in head.get("modules", ()))
     log.tags.extend(list(t) for t in head.get("tags", ()))
     log.fingerprints.extend(head.get("fingerprints", ()))
-    for index, step in head.get("steps", ()):
+    for index, step in head.get("steps", ()):  # streams written before steps went as rows
         log.steps[int(index)] = dict(step)
+    fields = [str(f) for f in head.get("step_fields", ())]
+    for row in head.get("step_rows", ()):
+        log.steps[int(row[0])] = dict(zip(fields, row[1:], strict=True))
     for index, span in head.get("optimizer", ()):
         log.optimizer[int(index)] = [int(span[0]), int(span[1])]
     for key, rec in head.get("storages", ()):
@@ -287,11 +301,15 @@ def trace_from_stream(log: StreamLog, metadata: dict[str, Any] | None = None) ->
         **{k: v[block_of] for k, v in per_block.items()},
     }
     _side_events(builder, log, t0)
+    records = []
     for step in steps:
         s_ns = int(step["start_ns"])
         e_ns = int(step["end_ns"]) if step.get("end_ns") is not None else end_ns
-        builder.span(max(0, (s_ns - t0) // 1000), max(0, (e_ns - t0) // 1000), SpanKind.STEP, "step",
-                     phase=Phase(int(step["phase"])))  # fmt: skip
+        start_us, end_us = max(0, (s_ns - t0) // 1000), max(0, (e_ns - t0) // 1000)
+        builder.span(start_us, end_us, SpanKind.STEP, "step", phase=Phase(int(step["phase"])))
+        records.append(_step_record(step, start_us, end_us, log))
+    if records:  # as the capture records them (capture/attribution/emit_spans.py ``step_records``)
+        builder.metadata["steps"] = steps_metadata(records)
     builder.metadata["duration_us"] = max(0, (end_ns - t0) // 1000)
     builder.metadata["recovered"] = log.recovery_note()
     if kept:  # as the capture's own attribution names them (capture/attribution/tags.py)
@@ -306,6 +324,17 @@ def trace_from_stream(log: StreamLog, metadata: dict[str, Any] | None = None) ->
     order = np.argsort(merged["time_us"], kind="stable")
     return Trace(events={k: v[order] for k, v in merged.items()}, spans=side.spans, strings=side.strings,
                  shapes=side.shapes, devices=side.devices, metadata=side.metadata)  # fmt: skip
+
+
+def _step_record(step: dict[str, Any], start_us: int, end_us: int, log: StreamLog) -> Step:
+    ctx = int(step.get("ctx", -1))
+    tokens, ids, site = step.get("tokens"), step.get("input_ids"), step.get("call_site")
+    return Step(phase=enum_name(Phase(int(step["phase"]))), start_us=start_us, end_us=end_us,
+                module=str(log.modules[ctx][1]) if 0 <= ctx < len(log.modules) else "model",
+                seq_len=step.get("seq_len"), batch=step.get("batch"),
+                tokens=dict(tokens) if isinstance(tokens, dict) else {},
+                input_ids=tuple(ids) if isinstance(ids, list) else (), grad=step.get("grad"),
+                call_site=site if isinstance(site, str) else None)  # fmt: skip
 
 
 def _site_columns(builder: TraceBuilder, log: StreamLog, site: np.ndarray) -> dict[str, np.ndarray]:

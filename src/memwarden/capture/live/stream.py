@@ -41,7 +41,7 @@ _BOUNDARY_GAP_NS = 10_000_000  # step/optimizer boundaries flush at most once pe
 # ...and at most so often that boundary flushes take no more than 1/_BUDGET of the run: after a
 # flush that took d, the next boundary flush waits max(10 ms, _BUDGET * d), never longer than the
 # interval (the loss bound is the interval's either way).
-_BUDGET = 50
+_BUDGET = 100
 _LIGHT = frozenset({"step", "optimizer"})  # boundary flushes (see ``_flush_locked``)
 
 
@@ -51,17 +51,17 @@ def _storage(rec: StorageRecord) -> dict[str, Any]:
 
 
 _STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord))
+# A chunk carries its steps as rows (the values in ``STEP_ROW_FIELDS`` order, after the step's
+# index), not one JSON object each: a loop of sub-millisecond steps sends hundreds a chunk, and
+# building and encoding a dict per step was most of a light flush.
+STEP_ROW_FIELDS = ("start_ns", "ctx", "phase", "seq_len", "end_ns", "tokens", "batch", "input_ids", "grad", "call_site")
+if STEP_ROW_FIELDS[:-1] != _STEP_FIELDS:  # pragma: no cover - a StepRecord field added without its row slot
+    raise ImportError("capture.live.stream: STEP_ROW_FIELDS is out of step with StepRecord")
 
 
-def _step(step: StepRecord, call_sites: dict[int, str]) -> dict[str, Any]:
-    # By hand, not dataclasses.asdict: asdict deep-copies field by field and cost ~0.1 ms a step,
-    # most of a light flush on a loop of sub-millisecond steps.
-    out = {name: getattr(step, name) for name in _STEP_FIELDS}
-    out["phase"] = int(step.phase)
-    out["tokens"] = dict(step.tokens)
-    out["input_ids"] = list(step.input_ids)
-    out["call_site"] = call_sites.get(step.start_ns)
-    return out
+def _step_row(index: int, step: StepRecord, call_sites: dict[int, str]) -> list[Any]:
+    return [index, step.start_ns, step.ctx, int(step.phase), step.seq_len, step.end_ns, step.tokens, step.batch,
+            step.input_ids, step.grad, call_sites.get(step.start_ns)]  # fmt: skip
 
 
 class Streamer:
@@ -69,7 +69,8 @@ class Streamer:
     it is drained."""
 
     # The process samples its own PSS and anonymous/file split (``smaps_rollup``, a walk of every
-    # mapping: ~5 ms in a torch process) on every ``detail_every``-th interval flush (10 s); 0: never
+    # mapping: ~5-8 ms in a torch process) on every ``detail_every``-th interval flush (first at 10 s, so a
+    # short run does not pay for it; its resident size is sampled at every full flush); 0: never
     # (``memwarden trace``'s child, whose supervisor samples it from outside every 100 ms).
     detail_every = 100
 
@@ -160,7 +161,7 @@ class Streamer:
 
     # -- chunks --------------------------------------------------------------------
     def boundary(self, reason: str) -> None:
-        """A step or optimizer step ended: flush, unless a flush ran within the gap (10 ms, or 50
+        """A step or optimizer step ended: flush, unless a flush ran within the gap (10 ms, or 100
         times what the last flush took, at most the interval): a decode loop of sub-millisecond
         steps would otherwise spend more time flushing than computing."""
         if time.monotonic_ns() - self._last_ns >= self._gap_ns:
@@ -192,7 +193,7 @@ class Streamer:
         if full:
             self._ticks += reason == "interval"
             every = self.detail_every
-            res = sample("self", detail=every > 0 and reason == "interval" and self._ticks % every == 1)
+            res = sample("self", detail=every > 0 and reason == "interval" and self._ticks % every == 0)
             if res is not None:
                 head["resident"] = [res]
         columns: list[tuple[str, np.ndarray]] = [
@@ -222,7 +223,9 @@ class Streamer:
         # Steps and optimizer spans change until they end: resend from the first one still open.
         first = self._sent["steps"]
         steps = log.steps[first:]
-        head["steps"] = [[i, _step(s, cap._call_sites)] for i, s in enumerate(steps, first)]
+        if steps:
+            head["step_fields"] = STEP_ROW_FIELDS
+            head["step_rows"] = [_step_row(i, s, cap._call_sites) for i, s in enumerate(steps, first)]
         for s in steps:
             if s.end_ns is None:
                 break
