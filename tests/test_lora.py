@@ -254,3 +254,40 @@ def test_charged_budget_takes_kept_versions_out_of_the_budget() -> None:
     moving = ChargedBudget(Telemetry(), store)
     assert moving.budget_bytes == max(0, 5000 - store.nbytes)
     assert slot.version == 0
+
+
+def test_a_transformers_adapter_with_rank_patterns_and_a_module_trained_in_full_hot_swaps() -> None:
+    """A real transformers Llama under PEFT as users configure it: every Linear (`all-linear`),
+    a lower rank for the MLPs (`rank_pattern`), and `lm_head` trained in full
+    (`modules_to_save`, saved as `lm_head.weight`). A delta that changes one layer and the head
+    applies in place and serves what loading the new adapter from scratch serves."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def build(seed: int) -> torch.nn.Module:
+        torch.manual_seed(0)
+        config = LlamaConfig(num_hidden_layers=3, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=128)  # fmt: skip
+        lora = LoraConfig(
+            r=8, target_modules="all-linear", rank_pattern={"up_proj": 4, "down_proj": 4}, modules_to_save=["lm_head"]
+        )
+        model = get_peft_model(LlamaForCausalLM(config), lora).eval()
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_" in name or "modules_to_save" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+        return model
+
+    served, fresh = build(1), build(2)
+    old, new = get_peft_model_state_dict(served), get_peft_model_state_dict(fresh)
+    update = {k: (new[k] if (".layers.1." in k or "lm_head" in k) else old[k].clone()) for k in old}
+    set_peft_model_state_dict(fresh, update)
+    slot = AdapterSlot(served, adapter="a", version=0)
+    assert "lm_head.weight" in slot.params
+    blob, delta = make_delta(slot.manifest, file_of(update))
+    assert "lm_head" in delta.changed_layers and not any(".layers.0." in n for n in delta.tensors)
+    slot.apply(blob)
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(served(ids).logits, fresh(ids).logits)

@@ -2,7 +2,9 @@
 
 PEFT saves a LoRA layer's weights as ``<module path>.lora_A.weight`` / ``.lora_B.weight``
 (``.lora_embedding_A`` / ``_B`` for embeddings) with the adapter name left out; in the live
-model they sit at ``<module path>.lora_A.<adapter>.weight``. Names are compared in their
+model they sit at ``<module path>.lora_A.<adapter>.weight``. A module trained in full
+(``modules_to_save``) is saved as ``<module path>.weight`` and lives at
+``<module path>.modules_to_save.<adapter>.weight``. Names are compared in their
 canonical form (``edge.sync.manifest.canonical_name``).
 """
 
@@ -101,6 +103,12 @@ def adapter_parameters(model: torch.nn.Module, adapter_name: str = "default") ->
             holder = getattr(module, attr, None)
             if isinstance(holder, torch.nn.ParameterDict) and adapter_name in holder:
                 found[canonical_name(f"{path}.{attr}")] = holder[adapter_name]
+        # ``modules_to_save`` (PEFT's ModulesToSaveWrapper: e.g. an ``lm_head`` trained in full)
+        # is saved under the wrapped module's own names: ``<path>.weight``.
+        holder = getattr(module, "modules_to_save", None)
+        if isinstance(holder, torch.nn.ModuleDict) and adapter_name in holder:
+            for name, param in holder[adapter_name].named_parameters():
+                found[canonical_name(f"{path}.{name}")] = param
     if not found:
         raise AdapterFormatError(f"the model has no LoRA parameters of adapter {adapter_name!r}")
     return found
