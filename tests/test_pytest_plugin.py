@@ -145,6 +145,7 @@ def test_fixture_block(model, memwarden_limits):
     result.stdout.fnmatch_lines(["*_ test_bad_marker _*", "@pytest.mark.memwarden: not a byte quantity: 'lots'*"])
     result.stdout.fnmatch_lines(["*_ test_fixture_block _*", "memory limit exceeded: peak encode.vision *"])
     assert "not reached" not in out
+    assert "During handling of the above exception" not in out  # the bad marker fails in one line
 
     traces = sorted(p.name for p in kept.iterdir())
     assert len(traces) == 3  # the breaches only; the passing tests and the bad marker keep nothing

@@ -122,7 +122,11 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     try:
         limits = [limit for mark in marks for limit in limits_from_marker(mark.args, mark.kwargs)]
     except (TypeError, ValueError) as exc:  # the test's own mistake: fail it, run the others
-        pytest.fail(f"@pytest.mark.memwarden: {exc}", pytrace=False)
+        error = f"@pytest.mark.memwarden: {exc}"
+    else:
+        error = ""
+    if error:  # outside the except block: one line, not the parse error chained above it
+        pytest.fail(error, pytrace=False)
     cap = capture()
     with cap:
         result = yield
