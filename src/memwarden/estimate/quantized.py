@@ -32,6 +32,7 @@ Layouts, from the methods' own sources:
 - FP8 (transformers ``integrations/finegrained_fp8.py`` ``FP8Linear``): ``weight`` fp8 (out, in),
   ``weight_scale_inv`` fp32 (ceil(out/b0), ceil(in/b1)) or a scalar without blocks,
   ``activation_scale`` fp32 scalar when static.
+- HQQ and torchao: :mod:`memwarden.estimate.quantized_more`.
 """
 
 from __future__ import annotations
@@ -42,10 +43,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from memwarden.errors import InputError
+from memwarden.estimate.quantized_more import MoreSpec, more_tensors, parse_hqq, parse_torchao
 
 __all__ = ["METHODS", "Scheme", "TensorSpec", "converted", "linear_tensors", "parse_scheme"]
 
-METHODS = ("awq", "gptq", "bitsandbytes-4bit", "bitsandbytes-8bit", "compressed-tensors", "fp8")
+METHODS = ("awq", "gptq", "bitsandbytes-4bit", "bitsandbytes-8bit", "compressed-tensors", "fp8", "hqq", "torchao")
 
 TensorSpec = tuple[tuple[int, ...], str]  # (shape, torch dtype name)
 
@@ -68,8 +70,11 @@ class Scheme:
     skip: tuple[str, ...] | None = None  # modules_to_not_convert / llm_int8_skip_modules / ignore
     targets: tuple[str, ...] = ("Linear",)  # compressed-tensors targets
     only_blocks: tuple[str, ...] | None = None  # GPTQ: block_name_to_quantize (None: the decoder stack)
+    more: MoreSpec | None = None  # HQQ / torchao: their own settings
 
     def describe(self) -> str:
+        if self.more is not None:
+            return self.more.label
         parts = {"awq": f"AWQ {self.bits}-bit {self.variant}, group {self.group_size}",
                  "gptq": f"GPTQ {self.bits}-bit, group {self.group_size}{', desc_act' if self.desc_act else ''}"
                          f"{'' if self.zero_point else ', sym'}",
@@ -152,6 +157,12 @@ def parse_scheme(q: Any) -> Scheme | None:
                       skip=_names(q.get("modules_to_not_convert"), "modules_to_not_convert"))  # fmt: skip
     if method == "compressed-tensors":
         return _compressed_tensors(q)
+    if method in ("hqq", "torchao"):
+        more = parse_hqq(q) if method == "hqq" else parse_torchao(q)
+        # HqqConfig: skip_modules defaults to ["lm_head"]; TorchAoConfig: modules_to_not_convert to None
+        key, default = ("skip_modules", ["lm_head"]) if method == "hqq" else ("modules_to_not_convert", None)
+        return Scheme(method=method, bits=more.bits, group_size=more.group_size, variant=more.layout,
+                      skip=_names(q.get(key, default), key), more=more)  # fmt: skip
     raise InputError(
         f"quantization_config.quant_method {method[:40]!r} is not emulated yet (supported: {', '.join(METHODS)}); "
         "estimating it as unquantized would overstate the weights"
@@ -189,6 +200,8 @@ def linear_tensors(scheme: Scheme, in_f: int, out_f: int, bias: bool, dtype: str
     """name -> (shape, dtype) of what the loader keeps for one quantized Linear; ``dtype``: the
     model's (compute) dtype, which unquantized biases and compressed-tensors scales keep."""
     m = scheme.method
+    if scheme.more is not None:
+        return more_tensors(scheme.more, in_f, out_f, bias, dtype)
     out: dict[str, TensorSpec] = {}
     groups = 1 if scheme.group_size == -1 else math.ceil(in_f / scheme.group_size)
     if m == "awq":
@@ -317,10 +330,30 @@ def converted(scheme: Scheme, path: str, checkpoint_names: tuple[str, ...], defa
         if scheme.skip and any(_skipped(n, scheme.skip) for n in names):
             return False, "modules_to_not_convert"
         return True, ""
+    if m == "hqq":
+        return _hqq_converted(scheme, names)
+    if m == "torchao":  # TorchAoHfQuantizer.param_needs_quantization tests the weight's name, not the module's
+        names = tuple(f"{n}.weight" for n in names)
     # awq adds the defaults to its list; bitsandbytes and fp8 use them only when the config lists none
     # (transformers quantizers/base.py get_modules_to_not_convert, add_default_skips).
     if scheme.skip and any(_skipped(n, scheme.skip) for n in names):
         return False, "llm_int8_skip_modules" if m.startswith("bitsandbytes") else "modules_to_not_convert"
     if (m == "awq" or scheme.skip is None) and any(_skipped(n, defaults) for n in names):
         return False, "output head / tied weights (kept by default)"
+    return True, ""
+
+
+def _hqq_converted(scheme: Scheme, names: tuple[str, ...]) -> tuple[bool, str]:
+    """transformers 4.x ``HqqHfQuantizer.create_quantized_param``: a skip module anywhere in the
+    name (substring) keeps the Linear; a dynamic config quantizes the tags it lists, a tag being
+    the last two name parts (``self_attn.q_proj``) or, as ``integrations/hqq.py``
+    ``name_to_linear_tag`` writes it, the name without ``model``, ``layers`` and layer numbers."""
+    if any(skip in n for skip in scheme.skip or () for n in names):
+        return False, "skip_modules"
+    tags = scheme.more.tags if scheme.more else None
+    if tags is not None:
+        own = {t for n in names for t in (".".join(n.split(".")[-2:]),
+               ".".join(p for p in n.split(".") if p not in ("model", "layers") and not p.isnumeric()))}  # fmt: skip
+        if not own & set(tags):
+            return False, "not in the dynamic_config tags"
     return True, ""

@@ -55,7 +55,37 @@ def method_transients(
         out.append(_line("activation quantization: the input to each Linear in 1 byte per value",
                          prefill_rows * in_f, True,
                          "transformers integrations/finegrained_fp8.py fp8_linear (act_quant); vLLM scaled_fp8_quant"))  # fmt: skip
+    elif m == "hqq":
+        out.append(_line("HQQ (PYTORCH backend): each Linear's weight dequantized to the compute dtype on every call",
+                         dense, True, "hqq core/quantize.py HQQLinear.forward_pytorch (matmul with dequantize())"))  # fmt: skip
+        out.append(_line("HQQ dequantize: the unpacked codes and the dequantized weight alive together", dense, False,
+                         "hqq core/quantize.py Quantizer.dequantize (unpack, then (W_r - zero) * scale)"))  # fmt: skip
+    elif m == "torchao":
+        out.extend(_torchao_lines(scheme, dense, prefill_rows, in_f, out_f))
     elif scheme.variant == "pack-quantized":
         out.append(_line("compressed-tensors: the packed weight decompressed to the compute dtype on every call",
                          dense, True, "compressed-tensors linear/compressed_linear.py CompressedLinear.forward"))  # fmt: skip
     return out
+
+
+def _torchao_lines(scheme: Scheme, dense: int, rows: int, in_f: int, out_f: int) -> list[dict[str, Any]]:
+    """torchao's linear on its weight subclasses (torchao 0.18 ``quantize_/workflows``). The meta
+    run dequantizes every call (as for an unknown kernel), so where torchao's kernel is fused the
+    dense copy the run holds is an overstatement, said in its own line."""
+    layout = scheme.variant
+    if layout.startswith("int4"):
+        return [_line("int4 fused kernel: no dequantized copy (the meta run holds one: overstated by this)", dense, True,
+                      "torchao workflows/int4/int4_tensor.py (mslk) and int4_tile_packed_to_4d_tensor.py "
+                      "(aten._weight_int4pack_mm)")]  # fmt: skip
+    if scheme.more is not None and scheme.more.act_quant:
+        act = rows * in_f * 1 + (rows * out_f * 4 if layout == "int8" else 0)
+        return [
+            _line("dynamic activation quantization: the input in 1 byte per value"
+                  + (" and an int32 product" if layout == "int8" else ""), act, False,
+                  "torchao workflows/int8/int8_tensor.py linear (int_scaled_matmul); float8/float8_tensor.py"),
+            _line("the meta run holds a dequantized weight this path does not make (overstated by this)", dense, True,
+                  "torchao workflows/int8/int8_tensor.py, float8/float8_tensor.py linear"),
+        ]  # fmt: skip
+    return [_line("weight-only: each Linear's weight converted to the compute dtype on every call", dense, True,
+                  "torchao workflows/int8/int8_tensor.py linear (qdata.to(output_dtype)); float8_tensor.py and "
+                  "intx_unpacked_to_int8_tensor.py linear (dequantize())")]  # fmt: skip
