@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# torch first, alone and pinned, so pip takes the CPU build on disk, never a CUDA download
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt torch
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
+	# torchao apart (its own folder, not site-packages): beside transformers, every `import
+	# transformers` would import it. tests/test_estimate_hqq_torchao.py quantizes with it in a child.
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --upgrade --target $(VENV)/torchao -c constraints.txt torchao
 	$(PY) -m memwarden.capture.native --build
 	touch $(STAMP)
 

@@ -24,7 +24,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,18 +97,34 @@ def _assert_holds_the_checkpoint(folder: Path, config: dict[str, Any], dtype: to
 # -- quantized and saved by the libraries themselves -----------------------------------------------
 
 
-def _torchao_configs() -> dict[str, Any]:
-    import torchao.quantization as tq
-    from torchao.quantization.granularity import PerGroup, PerTensor
+# torchao lives apart from the project's environment (``make install`` puts it in .venv/torchao):
+# installed beside transformers it is imported by every ``import transformers`` (its quantizer
+# module imports it at load), ~0.5 s and a warning per missing CUDA extension in every process.
+# The checkpoints are quantized and saved in a child process that has it on its path.
+TORCHAO_DIR = Path(sys.prefix) / "torchao"
+HAS_TORCHAO = (TORCHAO_DIR / "torchao").is_dir()
+TORCHAO_CASES = ["int8-weight-only", "int8-weight-only-group32", "int8-dynamic-int8", "float8-weight-only",
+                 "float8-weight-only-per-tensor", "intx-int4-group32"]  # fmt: skip
+_QUANTIZE = """
+import sys, torch, transformers
+import torchao.quantization as tq
+from torchao.quantization.granularity import PerGroup, PerTensor
 
-    return {
-        "int8-weight-only": tq.Int8WeightOnlyConfig(),
-        "int8-weight-only-group32": tq.Int8WeightOnlyConfig(granularity=PerGroup(32)),
-        "int8-dynamic-int8": tq.Int8DynamicActivationInt8WeightConfig(),
-        "float8-weight-only": tq.Float8WeightOnlyConfig(),
-        "float8-weight-only-per-tensor": tq.Float8WeightOnlyConfig(granularity=PerTensor()),
-        "intx-int4-group32": tq.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)),
-    }
+configs = {
+    "int8-weight-only": tq.Int8WeightOnlyConfig(),
+    "int8-weight-only-group32": tq.Int8WeightOnlyConfig(granularity=PerGroup(32)),
+    "int8-dynamic-int8": tq.Int8DynamicActivationInt8WeightConfig(),
+    "float8-weight-only": tq.Float8WeightOnlyConfig(),
+    "float8-weight-only-per-tensor": tq.Float8WeightOnlyConfig(granularity=PerTensor()),
+    "intx-int4-group32": tq.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)),
+}
+arch, dense, out = sys.argv[1:4]
+for case in sys.argv[4:]:
+    qc = transformers.TorchAoConfig(configs[case])
+    model = getattr(transformers, arch).from_pretrained(dense, quantization_config=qc, dtype=torch.bfloat16,
+                                                        device_map="cpu")
+    model.save_pretrained(f"{out}/{case}")
+"""
 
 
 @pytest.fixture(scope="module")
@@ -118,16 +137,26 @@ def dense_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.mark.skipif(not HAS_TORCHAO, reason="torchao is not installed (pip install torchao)")
-@pytest.mark.parametrize("case", ["int8-weight-only", "int8-weight-only-group32", "int8-dynamic-int8",
-                                  "float8-weight-only", "float8-weight-only-per-tensor", "intx-int4-group32"])  # fmt: skip
-def test_torchao_checkpoint_written_by_torchao(tmp_path: Path, dense_bf16: Path, case: str) -> None:
+@pytest.fixture(scope="module")
+def torchao_checkpoints(tmp_path_factory: pytest.TempPathFactory, dense_bf16: Path) -> Path:
+    """Every case quantized on load by transformers 5 with torchao on CPU and saved (one child)."""
+    out = tmp_path_factory.mktemp("torchao")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(TORCHAO_DIR), os.environ.get("PYTHONPATH")) if p),
+    }
+    arch = _config("bfloat16")["architectures"][0]
+    proc = subprocess.run([sys.executable, "-c", _QUANTIZE, arch, str(dense_bf16), str(out), *TORCHAO_CASES],
+                          env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.skipif(not HAS_TORCHAO, reason=f"torchao is not in {TORCHAO_DIR} (make install puts it there)")
+@pytest.mark.parametrize("case", TORCHAO_CASES)
+def test_torchao_checkpoint_written_by_torchao(torchao_checkpoints: Path, case: str) -> None:
     """transformers 5 quantizes on load with torchao on CPU and saves the flattened subclasses."""
-    cls = getattr(transformers, _config("bfloat16")["architectures"][0])
-    qc = transformers.TorchAoConfig(_torchao_configs()[case])
-    model = cls.from_pretrained(dense_bf16, quantization_config=qc, dtype=torch.bfloat16, device_map="cpu")
-    folder = tmp_path / case
-    model.save_pretrained(folder)
+    folder = torchao_checkpoints / case
     config = json.loads((folder / "config.json").read_text())
     q = _assert_holds_the_checkpoint(folder, config, torch.bfloat16)
     assert "torchao" in q["description"]
