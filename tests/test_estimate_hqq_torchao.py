@@ -325,3 +325,24 @@ def test_torchao_modules_to_not_convert_keeps_the_vision_tower(tmp_path: Path) -
     assert q is not None and q["converted_linears"] == 14  # the text decoder only
     assert all(p.startswith("model.visual") or p == "lm_head" for p in q["unquantized"]["modules_to_not_convert"])
     assert [t["what"] for t in q["transients"]][0].startswith("weight-only")
+
+
+@pytest.mark.parametrize(
+    ("qc", "kernel"),
+    [
+        (_ao("Int4WeightOnlyConfig", {"group_size": 32, "int4_packing_format": _PLAIN}), {"dequant_above": None}),
+        (_ao("Int8DynamicActivationInt8WeightConfig", {}),
+         {"dequant_above": None, "act_bytes": 1, "int32_product": True}),
+        (_ao("Int8WeightOnlyConfig", {}), {"dequant_above": 0}),
+        (_hqq(4, 1), {"dequant_above": 0}),
+    ],
+)  # fmt: skip
+def test_the_meta_run_holds_what_each_torchao_kernel_makes(qc: dict[str, Any], kernel: dict[str, Any]) -> None:
+    """int4 multiplies the packed codes (no dequantized weight), the dynamic-activation configs
+    quantize the input and keep an int32 product; weight-only and HQQ dequantize every call."""
+    from memwarden.estimate.quantized import parse_scheme
+    from memwarden.estimate.stored import _kernel
+
+    scheme = parse_scheme(qc)
+    assert scheme is not None
+    assert _kernel(scheme) == kernel

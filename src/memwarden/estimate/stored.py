@@ -95,7 +95,17 @@ def _kernel(scheme: Scheme | None) -> dict[str, Any]:
         return {"dequant_above": None, "act_bytes": 1}
     if scheme.variant == "int-quantized" and scheme.static_input:
         return {"dequant_above": None, "act_bytes": 1, "int32_product": True}
-    return {"dequant_above": 0}  # compressed-tensors packed: decompressed on every call
+    more = scheme.more
+    if m == "torchao" and more is not None:
+        # torchao 0.18 quantize_/workflows: int4 runs fused kernels on the packed codes (mslk,
+        # aten._weight_int4pack_mm); the dynamic-activation configs quantize the input and multiply
+        # in int8 (int_scaled_matmul, an int32 product) or float8 (scaled mm); weight-only int8,
+        # float8 and intx convert the weight to the compute dtype on every call.
+        if more.layout.startswith("int4"):
+            return {"dequant_above": None}
+        if more.act_quant:
+            return {"dequant_above": None, "act_bytes": 1, "int32_product": more.layout == "int8"}
+    return {"dequant_above": 0}  # compressed-tensors packed, HQQ, torchao weight-only: dequantized on every call
 
 
 def renamer(model: Any) -> Any:

@@ -69,22 +69,19 @@ def method_transients(
 
 
 def _torchao_lines(scheme: Scheme, dense: int, rows: int, in_f: int, out_f: int) -> list[dict[str, Any]]:
-    """torchao's linear on its weight subclasses (torchao 0.18 ``quantize_/workflows``). The meta
-    run dequantizes every call (as for an unknown kernel), so where torchao's kernel is fused the
-    dense copy the run holds is an overstatement, said in its own line."""
+    """torchao's linear on its weight subclasses (torchao 0.18 ``quantize_/workflows``), as the
+    meta run holds it (``estimate.stored._kernel``)."""
     layout = scheme.variant
     if layout.startswith("int4"):
-        return [_line("int4 fused kernel: no dequantized copy (the meta run holds one: overstated by this)", dense, True,
+        return [_line("int4 fused kernel on the packed codes: no dequantized weight, the output only", 0, True,
                       "torchao workflows/int4/int4_tensor.py (mslk) and int4_tile_packed_to_4d_tensor.py "
                       "(aten._weight_int4pack_mm)")]  # fmt: skip
     if scheme.more is not None and scheme.more.act_quant:
         act = rows * in_f * 1 + (rows * out_f * 4 if layout == "int8" else 0)
         return [
             _line("dynamic activation quantization: the input in 1 byte per value"
-                  + (" and an int32 product" if layout == "int8" else ""), act, False,
+                  + (" and an int32 product" if layout == "int8" else "") + "; no dequantized weight", act, True,
                   "torchao workflows/int8/int8_tensor.py linear (int_scaled_matmul); float8/float8_tensor.py"),
-            _line("the meta run holds a dequantized weight this path does not make (overstated by this)", dense, True,
-                  "torchao workflows/int8/int8_tensor.py, float8/float8_tensor.py linear"),
         ]  # fmt: skip
     return [_line("weight-only: each Linear's weight converted to the compute dtype on every call", dense, True,
                   "torchao workflows/int8/int8_tensor.py linear (qdata.to(output_dtype)); float8_tensor.py and "
