@@ -25,7 +25,14 @@ from collections import OrderedDict
 from typing import Any
 
 from memwarden.errors import InputError
-from memwarden.estimate.request_media import audio_media, feature_tokens, processed, processor_key, video_media
+from memwarden.estimate.request_media import (
+    audio_media,
+    feature_tokens,
+    processed,
+    processing_families,
+    processor_key,
+    video_media,
+)
 
 __all__ = ["MAX_IMAGE_PIXELS", "build_request", "image_processor", "placeholder_counts"]
 
@@ -110,12 +117,27 @@ def image_processor(family: str, config: Any, max_pixels: int | None = None) -> 
     import transformers
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 
-    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(family) or {}
-    name = names.get("pil") if isinstance(names, dict) else None
-    cls = getattr(transformers, name, None) if isinstance(name, str) else None
-    if not isinstance(cls, type) or not issubclass(cls, transformers.image_processing_utils.BaseImageProcessor):
-        raise InputError(f"transformers has no image processor for model_type {family!r}; send a text-only request")
-    return cls(**_processor_kwargs(cls, config, max_pixels))
+    backends: set[str] = set()
+    for served in processing_families(config):  # a variant's own type, then the family it is served by
+        names = IMAGE_PROCESSOR_MAPPING_NAMES.get(served) or {}
+        if not isinstance(names, dict):
+            continue
+        backends |= {b for b, n in names.items() if n}
+        for backend in ("pil", *sorted(b for b in names if b != "pil")):  # PIL first: no torchvision needed
+            name = names.get(backend)
+            try:
+                cls = getattr(transformers, name, None) if isinstance(name, str) else None
+            except ImportError:
+                cls = None
+            # without its backend installed the class is a placeholder that is no BaseImageProcessor
+            if isinstance(cls, type) and issubclass(cls, transformers.image_processing_utils.BaseImageProcessor):
+                return cls(**_processor_kwargs(cls, config, max_pixels))
+    if backends:  # only a torchvision processor (Llama 4, LFM2-VL, Phi-4-multimodal, Cohere2-Vision)
+        raise InputError(
+            f"model_type {family!r}: transformers' image processor for it needs {' or '.join(sorted(backends))}, "
+            "which is not installed (pip install torchvision); or send a text-only request"
+        )
+    raise InputError(f"transformers has no image processor for model_type {family!r}; send a text-only request")
 
 
 def _check_image(config: Any, wh: tuple[int, int]) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "audio_media",
     "feature_tokens",
     "processed",
+    "processing_families",
     "processor_key",
     "video_media",
 ]
@@ -58,11 +59,49 @@ def _class(mapping: dict[str, Any], family: str, backend: str | None = None) -> 
     return cls if isinstance(cls, type) else None
 
 
-def _processor_defaults(family: str, kind: str) -> dict[str, Any]:
+def _folder(module: str) -> str | None:
+    """``transformers.models.qwen3_vl.processing_qwen3_vl`` -> ``qwen3_vl``."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["transformers", "models"] else None
+
+
+def processing_families(config: Any) -> list[str]:
+    """The model types whose processors serve ``config``, its own first.
+
+    A sub-model or a variant often has no processor entry of its own in transformers' auto mappings:
+    Qwen2.5-Omni's thinker (``qwen2_5_omni_thinker``) is served by the ``qwen2_5_omni`` processors
+    (its config class lives in that folder), Qwen3-VL-MoE and GLM-4.5V (``glm4v_moe``) by the
+    processor class of ``qwen3_vl`` / ``glm4v`` (the auto mapping names it; it lives in that folder)."""
+    import transformers
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    family = str(config.model_type)
+    found = [family]
+    config_folder = _folder(type(config).__module__)
+    if config_folder:
+        found.append(config_folder)
+    for name in list(found):
+        processor = PROCESSOR_MAPPING_NAMES.get(name)
+        cls = getattr(transformers, processor, None) if isinstance(processor, str) else None
+        folder = _folder(getattr(cls, "__module__", "") or "")
+        if folder:
+            found.append(folder)
+    return list(dict.fromkeys(found))
+
+
+def _first_class(mapping: dict[str, Any], config: Any, backend: str | None = None) -> Any:
+    for family in processing_families(config):
+        cls = _class(mapping, family, backend)
+        if cls is not None:
+            return cls
+    return None
+
+
+def _processor_defaults(config: Any, kind: str) -> dict[str, Any]:
     """The processor class's own default ``{kind}_kwargs`` (a class attribute; no tokenizer is built)."""
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
-    cls = _class(PROCESSOR_MAPPING_NAMES, family)
+    cls = _first_class(PROCESSOR_MAPPING_NAMES, config)
     value = getattr(cls, f"{kind}_kwargs", None) if cls is not None else None
     return dict(value) if isinstance(value, dict) else {}
 
@@ -70,7 +109,10 @@ def _processor_defaults(family: str, kind: str) -> dict[str, Any]:
 def _encoder(model: Any, name: str) -> Any:
     encode = getattr(model, name, None) or getattr(getattr(model, "model", None), name, None)
     if encode is None:
-        raise InputError(f"{type(model).__name__} has no {name}; this model takes no such media")
+        raise InputError(
+            f"{type(model).__name__} has no {name}, by which memwarden counts a medium's tokens; "
+            "send a request without that medium"
+        )
     return encode
 
 
@@ -194,7 +236,7 @@ def audio_media(model: Any, config: Any, seconds: float, batch: int) -> tuple[di
     family = config.model_type
     if not 0 < seconds <= MAX_AUDIO_SECONDS:
         raise InputError(f"audio_seconds must be in (0, {MAX_AUDIO_SECONDS:g}]; got {seconds!r}")
-    cls = _class(FEATURE_EXTRACTOR_MAPPING_NAMES, family)
+    cls = _first_class(FEATURE_EXTRACTOR_MAPPING_NAMES, config)
     ac = getattr(config, "audio_config", None)
     if cls is None or ac is None:
         raise InputError(f"model_type {family!r} has no audio encoder and feature extractor in transformers")
@@ -202,9 +244,10 @@ def audio_media(model: Any, config: Any, seconds: float, batch: int) -> tuple[di
     mel = getattr(ac, "num_mel_bins", None)
     if isinstance(mel, int) and "feature_size" in inspect.signature(cls.__init__).parameters:
         kwargs["feature_size"] = mel
+    _encoder(model, "get_audio_features")  # before anything is built: Phi-4-multimodal has none
     extractor = cls(**kwargs)
     rate = int(extractor.sampling_rate)
-    defaults = _processor_defaults(family, "audio")
+    defaults = _processor_defaults(config, "audio")
     window = defaults.pop("max_source_positions", None)
     multiple = defaults.get("pad_to_multiple_of")
     accepted = inspect.signature(extractor.__call__).parameters
@@ -218,13 +261,22 @@ def audio_media(model: Any, config: Any, seconds: float, batch: int) -> tuple[di
             f"model_type {family!r} takes an audio clip whole; at most {_MAX_WAVEFORM_SAMPLES // rate} s here"
         )
     out = extractor(np.zeros(samples, dtype=np.float32), sampling_rate=rate, return_tensors="pt", **call)
-    features = out["input_features"]  # (1, mel, frames)
+    features = out.get("input_features")  # (1, mel, frames)
+    if not isinstance(features, torch.Tensor):
+        raise InputError(f"model_type {family!r}: its feature extractor gives no input_features; send no audio")
     if isinstance(window, int):
         features = features.reshape(extractor.feature_size, -1, window).transpose(0, 1)  # (chunks, mel, window)
     shape = (features.shape[0] * chunks, *features.shape[1:])
     media = {"input_features": torch.empty(shape, dtype=features.dtype, device="meta")}
+    mask = out.get("attention_mask")  # (1, frames): which frames are the clip, which padding
+    if isinstance(mask, torch.Tensor) and chunks == 1:
+        # a processor that asks for the mask hands it to the model (Qwen2.5-Omni: feature_attention_mask),
+        # whose audio tower then runs on the clip's frames only
+        media["feature_attention_mask"] = mask
     tokens = _tokens(model, "get_audio_features", media)
     media["input_features"] = torch.empty((shape[0] * batch, *shape[1:]), dtype=features.dtype, device="meta")
+    if "feature_attention_mask" in media:
+        media["feature_attention_mask"] = mask.repeat(batch, 1)
     return media, tokens
 
 
@@ -303,10 +355,11 @@ def video_media(
     for _w, _h, frames in videos:
         if not 1 <= frames <= MAX_VIDEO_FRAMES:
             raise InputError(f"a video has 1 to {MAX_VIDEO_FRAMES} frames; got {frames}")
-    if _timestamped(family):
+    families = processing_families(config)
+    if any(_timestamped(f) for f in families):
         # GLM-4V and Qwen3-VL frame each temporal patch with its own markers and timestamp text: not built yet
         raise InputError(f"video requests for model_type {family!r} are not supported yet; send its frames as images")
-    defaults = _video_defaults(family)
+    defaults = next((d for d in map(_video_defaults, families) if d), {})
     if not defaults:
         raise InputError(f"transformers has no video processor for model_type {family!r}; send images instead")
     temporal = getattr(processor, "temporal_patch_size", None)

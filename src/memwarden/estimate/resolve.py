@@ -146,7 +146,13 @@ def _check_sizes(data: Any, path: Path, depth: int = 0, where: str = "", key: st
             limit = _SIZE_LIMITS.get(key, 1 << 15 if key in _SIZE_FLOORS else None)
             if limit is not None and value is not None:
                 floor = _SIZE_FLOORS.get(key, 1)
-                sizes = value if isinstance(value, list) and 0 < len(value) <= 3 else [value]  # [448, 448]
+                # [448, 448]; or one value per layer or stage (Gemma 3n's intermediate_size, Florence-2's
+                # DaViT patch_size), as many as a model has layers
+                sizes = (
+                    value
+                    if isinstance(value, list) and 0 < len(value) <= _SIZE_LIMITS["num_hidden_layers"]
+                    else [value]
+                )
                 if any(isinstance(v, bool) or not isinstance(v, int) or not floor <= v <= limit for v in sizes):
                     raise InputError(
                         f"{path}: {name} = {str(value)[:40]} is not a size this tool accepts ({floor}..{limit})"

@@ -1,0 +1,118 @@
+"""Held-out acceptance of issue 15: architectures that were neither in the zoo nor among the families
+the estimator was built against (DeepSeek-VL, Janus-Pro, PaddleOCR-VL, Qwen2.5-Omni's thinker),
+each shrunk to a tiny random-weight twin and estimated on meta within 1% of a live capture, with
+image and audio token counts checked against transformers' own processor arithmetic; and the
+refusals found on the way (variants served by another family's processor, per-layer size lists,
+processors that need torchvision, audio a model cannot count) are clear errors or work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from _shrink import tiny_config
+from memwarden.capture.meta import capture as meta
+from memwarden.errors import InputError
+from memwarden.estimate.request import build_request, image_processor, placeholder_counts
+from memwarden.estimate.resolve import CONFIG_DIR, resolve_model
+from test_estimate_families import _meta_and_live
+
+# shipped config -> image side of its tiny twin (a multiple of patch x merge)
+HELD_OUT = {
+    "deepseek-vl-1.3b-chat": 64,
+    "janus-pro-1b": 64,
+    "paddleocr-vl": 56,
+    "qwen2.5-omni-7b-thinker": 56,
+}
+AUDIO_SECONDS = {"qwen2.5-omni-7b-thinker": 5.0}
+
+
+def _data(name: str) -> dict:
+    return {k: v for k, v in json.loads((CONFIG_DIR / f"{name}.json").read_text()).items() if not k.startswith("_")}
+
+
+@pytest.mark.parametrize("name", list(HELD_OUT))
+def test_held_out_family_meta_estimate_matches_live(name: str) -> None:
+    side = HELD_OUT[name]
+    data = tiny_config(_data(name), side)
+    for images in ((), ((side, side), (2 * side, side))):  # text alone; two images of two sizes
+        est, live, tokens = _meta_and_live(data, images)
+        assert abs(est - live) <= 0.01 * live, (name, images, est, live)
+        assert (tokens["vision"] > 0) == bool(images)
+    seconds = AUDIO_SECONDS.get(name)
+    if seconds is not None:
+        est, live, tokens = _meta_and_live(data, (), audio=seconds)
+        assert abs(est - live) <= 0.01 * live, (name, seconds, est, live)
+        # the processor's own count: 100 mel frames a second, halved by the conv, then pooled by 2
+        omni = transformers.models.qwen2_5_omni.processing_qwen2_5_omni
+        assert tokens["audio"] == omni._get_feat_extract_output_lengths(int(seconds * 100))
+
+
+def _meta_model(name: str) -> tuple[object, object]:
+    resolved = resolve_model(name)
+    return resolved, meta.build_meta_model(resolved.config, torch.bfloat16, resolved.model_class)
+
+
+def test_held_out_image_tokens_are_the_processors() -> None:
+    # dynamic resolution: the Qwen2-VL-style processor's patch grid, merged 2 x 2
+    for name in ("paddleocr-vl", "qwen2.5-omni-7b-thinker"):
+        resolved, model = _meta_model(name)
+        proc = image_processor(resolved.family, resolved.config)
+        for w, h in ((448, 448), (1000, 600)):
+            patches = proc.get_number_of_image_patches(h, w, {})
+            assert placeholder_counts(model, proc, [(w, h)]) == [patches // proc.merge_size**2], (name, w, h)
+    # fixed resolution: every image resized to the tower's 384 px, 16 px patches
+    for name in ("deepseek-vl-1.3b-chat", "janus-pro-1b"):
+        resolved, model = _meta_model(name)
+        proc = image_processor(resolved.family, resolved.config)
+        pixels = proc(images=[[np.zeros((600, 1000, 3), dtype=np.uint8)]], return_tensors="pt")["pixel_values"]
+        per_image = (pixels.shape[-1] // resolved.config.vision_config.patch_size) ** 2
+        assert per_image == 576
+        assert placeholder_counts(model, proc, [(1000, 600), (448, 448)]) == [per_image, per_image]
+
+
+def test_variants_use_the_processor_of_the_family_that_serves_them() -> None:
+    # no image processor under their own model_type: transformers serves them with another family's
+    served = {"qwen2_5_omni_thinker": "Qwen2VLImageProcessorPil", "qwen3_vl_moe": "Qwen2VLImageProcessorPil",
+              "glm4v_moe": "Glm4vImageProcessorPil"}  # fmt: skip
+    for family, expected in served.items():
+        config = transformers.CONFIG_MAPPING[family]()
+        assert type(image_processor(family, config)).__name__ == expected
+
+
+def test_a_torchvision_only_processor_names_what_is_missing() -> None:
+    pytest.importorskip("PIL")
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("torchvision is installed: the processor is built")
+    with pytest.raises(InputError, match="torchvision"):
+        image_processor("lfm2_vl", transformers.CONFIG_MAPPING["lfm2_vl"]())
+
+
+def test_audio_a_model_cannot_count_is_refused_before_anything_is_built() -> None:
+    data = tiny_config(transformers.CONFIG_MAPPING["phi4_multimodal"]().to_dict())
+    config = transformers.CONFIG_MAPPING["phi4_multimodal"].from_dict(data)
+    model = meta.build_meta_model(config, torch.float32, "Phi4MultimodalForCausalLM")
+    with pytest.raises(InputError, match="get_audio_features"):
+        build_request(model, config, images=(), prompt_tokens=4, new_tokens=1, batch=1, audio_seconds=5.0)
+
+
+def test_per_layer_size_lists_are_accepted_and_still_bounded(tmp_path: Path) -> None:
+    # Gemma 3n states intermediate_size per layer, Florence-2 patch_size per DaViT stage
+    data = transformers.CONFIG_MAPPING["florence2"]().to_dict()
+    assert isinstance(data["vision_config"]["patch_size"], list) and len(data["vision_config"]["patch_size"]) > 3
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**data, "architectures": ["Florence2ForConditionalGeneration"]}))
+    assert resolve_model(str(path)).model_class == "Florence2ForConditionalGeneration"
+    data["vision_config"]["patch_size"] = [7, 3, 1, 3]  # a 1-pixel patch is still refused
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match="patch_size"):
+        resolve_model(str(path))
