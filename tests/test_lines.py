@@ -292,6 +292,25 @@ PLANTED_LINES = {
     # Ids padded in numpy carry no allocation line (torch never allocated them): the line that
     # builds and feeds the padded batch, ``model(**collate(...))``, is the nearest the trace knows.
     "padding_max_length": ("alignment-padding", "logits = model(**collate(sentences(b))).logits"),
+    # The cast after loading: ``from_pretrained(path, dtype=torch.float16)`` on this line is the fix.
+    "load_from_pretrained_half": ("load-spike", "model = LlamaForCausalLM.from_pretrained(path).half()"),
+    # The full state dict next to the built model: ``torch.load(path, mmap=True)`` on this line (and
+    # a meta-device build on the line above, whose allocations the trace records inside ``build()``).
+    "load_state_dict_copy": ("load-spike", "state_dict = torch.load(path)"),
+    # The images at their full size: make_inputs is where they are resized to a lower max_pixels
+    # (the media input's line comes before the call that fed it).
+    "vision_multi_image": ("vision-token-dominance", "inputs = zoo.make_inputs(model, image_size=(1428, 728)"),
+    "vision_qwen2vl_max_pixels": ("vision-token-dominance", "inputs = zoo.make_inputs(model, image_size=IMAGE_SIZE"),
+    # The batch is made at each length in the helper module ``_tiny.prompt``, which makes whatever
+    # size it is asked for: the loop's line that asks for the length and feeds the batch comes first.
+    "frag_variable_length": ("fragmentation", "logits = model(prompt(n, batch=4, seed=i)).logits"),
+    # Named first already before the line work of the scenario corpus, kept so every planted case is
+    # covered: the dequantised weight saved for backward, the calls that feed the whole sequence
+    # again without a cache, and the generate() that is not given the cache it should keep.
+    "dequant_saved_for_backward": ("dequant-temporaries", "base = F.linear(x, self.weight.to(x.dtype) * self.scale"),
+    "reprefill_greedy_positional": ("kv-reprefill", "logits = model(ids).logits  # positional"),
+    "reprefill_use_cache_false": ("kv-reprefill", "out = model(input_ids=generated, attention_mask="),
+    "reprefill_llava_chat_resend": ("kv-reprefill", "output = model.generate(**inputs, max_new_tokens=8"),
 }
 
 
@@ -310,6 +329,10 @@ def _realworld_accuracy():  # type: ignore[no-untyped-def]
 def pytest_generate_tests(metafunc) -> None:  # type: ignore[no-untyped-def]
     if "planted_case" in metafunc.fixturenames:
         metafunc.parametrize("planted_case", sorted(PLANTED_LINES))
+
+
+def test_every_planted_realworld_case_has_its_planted_line() -> None:
+    assert sorted(PLANTED_LINES) == sorted(c.name for c in _realworld_accuracy().cases() if c.expect)
 
 
 def test_finding_names_the_planted_line_on_the_realworld_corpus(planted_case: str) -> None:

@@ -28,12 +28,16 @@ __all__ = [
     "INNER_FIRST",
     "LineBytes",
     "allocated_by_line",
+    "as_line_bytes",
     "finding_lines",
     "holder_line",
     "input_lines",
+    "input_rows",
+    "led_by",
     "lines_of_rows",
     "merge_lines",
     "row_lines",
+    "script_input_lines",
 ]
 
 # Patterns whose waste a line inside the model makes (its fix goes there), not the call's caller.
@@ -202,18 +206,27 @@ def holder_line(
     return _line_bytes(trace, last, int(e["nbytes"][last]))
 
 
-def input_lines(trace: Trace, at_us: int, free_rows: np.ndarray, limit: int = 3) -> list[LineBytes]:
-    """The user lines that made the inputs live at ``at_us`` (blocks tagged ``input`` by the capture:
-    a root call's arguments), heaviest first, the earliest made first among equals. Inputs built
-    outside torch (numpy, a buffer) carry no line and are left out. ``free_rows``: the trace's
-    free index (each block's FREE row)."""
+def input_rows(trace: Trace, at_us: int | None = None, free_rows: np.ndarray | None = None) -> np.ndarray:
+    """Rows of the blocks tagged ``input`` by the capture (a root call's arguments) that carry a user
+    line; with ``at_us`` and ``free_rows`` (the trace's free index: each block's FREE row), only
+    those live at ``at_us``. Inputs built outside torch (numpy, a buffer) carry no line."""
     e = trace.events
     rows = _alloc_rows(trace)
-    rows = rows[(e["category"][rows] == int(Category.INPUT)) & (e["time_us"][rows] <= at_us) & (e["line"][rows] >= 0)]
+    rows = rows[(e["category"][rows] == int(Category.INPUT)) & (e["line"][rows] >= 0)]
+    if at_us is None or free_rows is None:
+        return rows
+    rows = rows[e["time_us"][rows] <= at_us]
+    freed = np.searchsorted(e["time_us"], at_us, side="left")  # rows freed before at_us are gone
+    return rows[free_rows[rows] >= freed]
+
+
+def input_lines(trace: Trace, at_us: int, free_rows: np.ndarray, limit: int = 3) -> list[LineBytes]:
+    """The user lines that made the inputs live at ``at_us`` (``input_rows``), heaviest first, the
+    earliest made first among equals."""
+    e = trace.events
+    rows = input_rows(trace, at_us, free_rows)
     if not len(rows):
         return []
-    freed = np.searchsorted(e["time_us"], at_us, side="left")  # rows freed before at_us are gone
-    rows = rows[free_rows[rows] >= freed]
     best: dict[int, tuple[int, int]] = {}  # line id -> (bytes, first row)
     for r in rows.tolist():
         key = int(e["line"][r])
@@ -221,6 +234,50 @@ def input_lines(trace: Trace, at_us: int, free_rows: np.ndarray, limit: int = 3)
         best[key] = (nbytes + int(e["nbytes"][r]), min(first, r))
     order = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[1][1]))[:limit]
     return [_line_bytes(trace, first, nbytes) for _, (nbytes, first) in order]
+
+
+def script_input_lines(
+    trace: Trace, rows: np.ndarray, call_sites: set[str], *, floating: bool = False, varying: bool = False,
+    limit: int = 3,
+) -> list[LineBytes]:  # fmt: skip
+    """The lines that made the input blocks ``rows``, heaviest first, in the files of ``call_sites``
+    (the script's lines that call the model, ``file:line:function``).
+
+    What a step is fed is decided where the script builds it: an image resized, frames sampled, a
+    batch cut to its length. A helper module the script calls (a shared ``prompt(n)``) makes a tensor
+    of whatever size it is asked for; its line is not where the size is chosen, and is left out (the
+    call comes next in a finding's lines). ``floating``: floating-point blocks only (pixel values,
+    audio features: media, not token ids or masks). ``varying``: only lines whose blocks come in more
+    than one shape (the inputs that change from call to call)."""
+    if not len(rows) or not call_sites:
+        return []
+    e = trace.events
+    files = {parse_line(site).file for site in call_sites}
+    if floating:
+        is_float = np.array([(n or "").startswith(("float", "bfloat")) for n in trace.strings] + [False])
+        rows = rows[is_float[e["dtype"][rows]]]
+    found = []
+    for key in np.unique(e["line"][rows]).tolist():
+        src = parse_line(trace.strings[int(key)])
+        mine = rows[e["line"][rows] == key]
+        if src.file not in files or (varying and len(np.unique(e["shape"][mine])) < 2):
+            continue
+        found.append(LineBytes(src.file, src.line, src.function, int(e["nbytes"][mine].sum()), len(mine)))
+    return sorted(found, key=lambda x: -x.nbytes)[:limit]
+
+
+def as_line_bytes(x: dict[str, Any]) -> LineBytes:
+    """A ``{file, line, nbytes}`` of ``finding_lines`` as a LineBytes (to merge with others)."""
+    return LineBytes(str(x["file"]), int(x["line"]), "", int(x["nbytes"]), 0)
+
+
+def led_by(
+    first: list[LineBytes], trace: Trace, where: str, live_rows: np.ndarray, pattern: str, limit: int = 3
+) -> list[dict[str, Any]]:
+    """A finding's lines when its detector knows where the fix goes: ``first``, then the lines
+    ``finding_lines`` names for ``where`` (those diagnose() would give it), each once."""
+    held = [as_line_bytes(x) for x in finding_lines(trace, where, live_rows, limit, pattern)]
+    return merge_lines(first, held, limit=limit)
 
 
 def merge_lines(*groups: list[LineBytes], limit: int = 3) -> list[dict[str, Any]]:

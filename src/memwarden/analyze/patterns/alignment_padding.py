@@ -32,7 +32,9 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.lines import led_by, lines_of_rows
 from memwarden.analyze.patterns.padding_inputs import input_padding_findings
+from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Action, Category, Trace
 from memwarden.units import format_bytes
 
@@ -190,6 +192,7 @@ def _op_findings(trace: Trace, ctx: Context, min_ratio: float) -> list[Finding]:
         return []
     pad_bytes = nbytes[rows] - data[rows]
     live_at_peak = (rows <= p) & (fi[rows] > p)
+    live_at_peak_rows = live_blocks_at(trace, p, dev, fi)
 
     # downstream: blocks live at the peak, made while a padded block was alive, carrying its padded length
     owner = _downstream_owner(trace, rows, pad_bytes / nbytes[rows], fi, on, padded, p)
@@ -247,6 +250,16 @@ def _op_findings(trace: Trace, ctx: Context, min_ratio: float) -> list[Finding]:
                 where=f"{module} / {op}",
                 evidence=evidence,
                 fix=_fix(kind, module, int(wasted), waste_at_peak > 0),
+                # The padding op's own line first (the F.pad / cat to a fixed slot to take out, even
+                # inside the model's forward), then the call that ran it, then the lines holding the
+                # activations at the peak (the padded positions' downstream work).
+                lines=led_by(
+                    lines_of_rows(trace, g_rows, 1, callers=False) + lines_of_rows(trace, g_rows, 1, callers=True),
+                    trace,
+                    "",
+                    live_at_peak_rows,
+                    PATTERN,
+                ),
             )
         )
     return findings

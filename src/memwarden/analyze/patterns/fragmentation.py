@@ -46,7 +46,9 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.lines import input_rows, led_by, script_input_lines
 from memwarden.analyze.patterns.fragmentation_steps import StepNeed, step_need
+from memwarden.analyze.timeline import live_blocks_at
 from memwarden.plan.allocator.config import AllocatorConfig
 from memwarden.plan.records import ReplayResult
 from memwarden.plan.replay import replay
@@ -204,8 +206,19 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             where=module,
             evidence=evidence,
             fix=fix,
+            lines=_shape_lines(trace, ctx, module),
         )
     ]
+
+
+def _shape_lines(trace: Trace, ctx: Context, where: str) -> list[dict[str, Any]]:
+    """The script's lines that made inputs of changing shapes (where a batch is padded to a bucket)
+    first, then the lines holding the varied module's bytes at the peak (the calls)."""
+    a = ctx.analysis
+    sites = {s.call_site for s in a.steps if s.call_site is not None}
+    made = script_input_lines(trace, input_rows(trace), sites, varying=True)
+    live = live_blocks_at(trace, int(np.argmax(a.live_bytes)), a.device, a.free_index)
+    return led_by(made, trace, where, live, PATTERN)
 
 
 def _step_evidence(need: StepNeed | None, excess: int) -> dict[str, Any]:

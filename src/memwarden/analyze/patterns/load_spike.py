@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.lines import LineBytes, led_by, lines_of_rows
+from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Action, Category, SpanKind, Trace
 from memwarden.units import format_bytes
 
@@ -200,5 +202,22 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             where=f"load: {top['op']} ({top['dtype']})",
             evidence=evidence,
             fix=fix,
+            lines=_lines(trace, ctx, rows, peak_row),
         )
     ]
+
+
+def _lines(trace: Trace, ctx: Context, dup_rows: np.ndarray, peak_row: int) -> list[dict[str, Any]]:
+    """The lines that made the duplicates live at the load peak first, heaviest first, then the
+    lines holding the most at the peak.
+
+    A line inside a constructor (``Model.__init__`` making its parameters, or a comprehension in
+    it: ``Model.__init__.<locals>.<genexpr>``) comes after the others. The fix (build on the meta
+    device, in the target dtype) goes where the script builds the model, never in the model's
+    definition; that line is not recorded (the constructor's frame is the innermost user frame),
+    and the script's ``torch.load`` or cast line, which the fix changes too, is.
+    """
+    made = lines_of_rows(trace, dup_rows, 1 << 30, callers=False)
+    ordered: list[LineBytes] = sorted(made, key=lambda x: "__init__" in x.function.split("."))  # stable sort
+    live = live_blocks_at(trace, peak_row, ctx.analysis.device, ctx.analysis.free_index)
+    return led_by(ordered, trace, "", live, PATTERN)

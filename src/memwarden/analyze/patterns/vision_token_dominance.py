@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.lines import input_rows, led_by, script_input_lines
+from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Category, Modality, SpanKind, Trace
 from memwarden.trace.steps import Step
 from memwarden.units import format_bytes
@@ -172,5 +174,17 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             where=where,
             evidence=evidence,
             fix=fix,
+            lines=_lines(trace, ctx, steps[context["step"]], p, where),
         )
     ]
+
+
+def _lines(trace: Trace, ctx: Context, prefill: Step, p: int, where: str) -> list[dict[str, Any]]:
+    """The script's line that made the media the prefill was fed first (the pixel values or audio
+    features: where the image is resized, the frames sampled, the processor's max_pixels set), then
+    the lines holding the towers' bytes at the peak (the call)."""
+    a = ctx.analysis
+    live = live_blocks_at(trace, p, a.device, a.free_index)
+    sites = {prefill.call_site} if prefill.call_site is not None else set()
+    fed = script_input_lines(trace, input_rows(trace, prefill.start_us, a.free_index), sites, floating=True)
+    return led_by(fed, trace, where, live, PATTERN)
