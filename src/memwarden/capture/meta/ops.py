@@ -467,6 +467,17 @@ def _native_layer_norm(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict
     return out, mean, rstd
 
 
+def _histc(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """transformers' grouped-mm MoE counts tokens per expert with ``histc`` on integer expert ids
+    when its hidden states are not on the CPU (here they are on meta, the ids real on the CPU),
+    and the CPU has no integer histc: count on float ids, as transformers does on the CPU
+    (``integrations/moe.py``)."""
+    x = args[0]
+    if not x.is_meta and not is_float(x.dtype):
+        args = (x.float(), *args[1:])
+    return mode.run(func, args, kwargs)
+
+
 SPECIAL: dict[Any, Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]] = {
     aten.native_layer_norm.default: _native_layer_norm,
     aten.convolution.default: _convolution,
@@ -478,4 +489,5 @@ SPECIAL: dict[Any, Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]] =
     aten.nonzero.default: _nonzero,
     aten.masked_select.default: _masked_select,
     aten.scaled_dot_product_attention.default: _sdpa,
+    aten.histc.default: _histc,
 }
