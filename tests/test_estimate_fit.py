@@ -48,17 +48,21 @@ def test_fit_needs_solve() -> None:
 
 
 def _solve(
-    curve: list[int], budget: int, refuse_above: int | None, cap: int | None, quadratic: bool
+    curve: list[int], budget: int, refuse_above: int | None, cap: int | None, quadratic: bool, checks: bool = False
 ) -> tuple[int, int | None, _Probes, int]:
     """(lo, hi, the probes, how many estimates) of the search on a known curve (curve[k - 1]: the
-    peak of k steps; above ``refuse_above`` the model refuses)."""
+    peak of k steps; above ``refuse_above`` the model refuses); ``checks``: acceptance can be
+    checked without an estimate."""
     calls: list[int] = []
 
     def peak(k: int) -> int | None:
         calls.append(k)
         return None if refuse_above is not None and k > refuse_above else curve[k - 1]
 
-    probes = _Probes(peak, budget)
+    def accepts(k: int) -> bool:
+        return refuse_above is None or k <= refuse_above
+
+    probes = _Probes(peak, budget, accepts if checks else None)
     assert probes.fits(1)
     lo, hi = _search(probes, len(curve), cap, quadratic=quadratic)
     assert len(calls) == len(set(calls)), "a step count estimated twice"
@@ -72,9 +76,10 @@ def _solve(
     refuse_at=st.one_of(st.none(), st.integers(1, 600)),
     cap_error=st.one_of(st.none(), st.integers(-5, 5)),
     quadratic=st.booleans(),
+    checks=st.booleans(),
 )
 def test_search_finds_the_boundary_of_any_monotone_curve(
-    steps: list[int], budget_at: float, refuse_at: int | None, cap_error: int | None, quadratic: bool
+    steps: list[int], budget_at: float, refuse_at: int | None, cap_error: int | None, quadratic: bool, checks: bool
 ) -> None:
     curve = [1000]
     for d in steps:
@@ -83,7 +88,7 @@ def test_search_finds_the_boundary_of_any_monotone_curve(
     accepted = curve[: refuse or len(curve)]
     budget = accepted[0] + int(budget_at * (accepted[-1] - accepted[0]))
     cap = None if cap_error is None or refuse is None else max(1, refuse + cap_error)
-    lo, hi, probes, _ = _solve(curve, budget, refuse, cap, quadratic)
+    lo, hi, probes, _ = _solve(curve, budget, refuse, cap, quadratic, checks)
     assert curve[lo - 1] <= budget and lo in probes.peaks
     if hi is None:
         assert lo == len(curve)
@@ -114,6 +119,18 @@ def test_search_reaches_the_context_limit_in_four_estimates() -> None:
     lo, hi, probes, runs = _solve(curve, 1 << 40, 180, 180, True)
     assert (lo, hi, runs) == (180, 181, 4) and probes.refused == {181}
     assert min(probes.peaks) == 1 and sorted(probes.peaks)[1] <= 16  # the slope came from a cheap image
+
+
+def test_a_limit_other_than_memory_is_found_by_acceptance_checks() -> None:
+    """A limit the context cap does not predict (Qwen2-VL's prompt has room for the begin/end
+    markers of 64 images, not 65) with memory to spare: the refusal's edge is found by acceptance
+    checks, which build the request without running it, and only the edge is estimated."""
+    curve = [10_000_000 + 4_096 * k for k in range(1, 513)]
+    lo, hi, probes, runs = _solve(curve, 1 << 40, 64, None, False, checks=True)
+    assert (lo, hi) == (64, 65) and 65 in probes.refused
+    assert runs <= 4 and probes.checked
+    lo2, hi2, _, runs_without = _solve(curve, 1 << 40, 64, None, False)
+    assert (lo2, hi2) == (64, 65) and runs_without > runs
 
 
 # -- on the real estimator ----------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Any
 
 from memwarden.errors import InputError
 from memwarden.estimate.card import MemoryCard, Request
-from memwarden.estimate.measure import card_for
+from memwarden.estimate.measure import card_for, refusal
 from memwarden.estimate.rerun import image_multiple, replace_request
 from memwarden.estimate.resolve import ResolvedModel
 
@@ -102,10 +102,38 @@ class _Probes:
     """The estimates a search has run: step count -> peak bytes, or the reason the model refused
     that value (past its context). Pure: ``peak`` is the estimator, called once per step count."""
 
-    def __init__(self, peak: Callable[[int], int | None], budget: int) -> None:
-        self._peak, self.budget = peak, budget
+    def __init__(self, peak: Callable[[int], int | None], budget: int,
+                 accepts: Callable[[int], bool] | None = None) -> None:  # fmt: skip
+        self._peak, self.budget, self._accepts = peak, budget, accepts
         self.peaks: dict[int, int] = {}
         self.refused: set[int] = set()
+        self.checked: set[int] = set()  # step counts only checked for acceptance (nothing ran)
+
+    @property
+    def has_checks(self) -> bool:
+        return self._accepts is not None
+
+    def accepted(self, k: int) -> bool:
+        """Whether the model takes k steps at all, without running it (``accepts``; else the estimate)."""
+        if k in self.peaks or k in self.refused or self._accepts is None:
+            self.fits(k)
+            return k in self.peaks
+        self.checked.add(k)
+        if not self._accepts(k):
+            self.refused.add(k)
+        return k not in self.refused
+
+    def refusal_edge(self, lo: int, hi: int) -> int:
+        """The largest k in [lo, hi) the model takes, ``lo`` taken and ``hi`` refused: a bisection
+        on acceptance checks, which cost a fraction of an estimate (a limit other than memory, such
+        as the prompt's room for media markers, bounds the answer)."""
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.accepted(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def fits(self, k: int) -> bool:
         if k not in self.peaks and k not in self.refused:
@@ -173,11 +201,20 @@ def _search(probes: _Probes, top: int, ctx_cap: int | None, *, quadratic: bool) 
             cand = k_of(x(lo) + frac * (x(hi) - x(lo)))
         else:  # hi was refused: the fitting side's slope, or halfway when the budget lies beyond hi
             cand = (lo + hi) // 2
+            guess = hi
             if len(fitting) >= 2:
                 prev = fitting[-2]
                 slope = (probes.peaks[lo] - probes.peaks[prev]) / (x(lo) - x(prev))
                 guess = k_of(x(lo) + (budget - probes.peaks[lo]) / slope) if slope > 0 else hi
                 cand = guess if guess < hi else cand
+            if guess >= hi and probes.has_checks:
+                # memory would allow more than the model takes: the answer is the refusal's edge,
+                # found by acceptance checks; only that edge is estimated
+                edge = probes.refusal_edge(lo, hi)
+                if edge == lo:
+                    hi = lo + 1
+                    break
+                cand = edge
         cand = max(lo + 1, cand if hi is None else min(hi - 1, cand))
         kept = "hi" if probes.fits(cand) else "lo"
         if kept == "lo":
@@ -262,7 +299,13 @@ def solve_fit(
             return None
         return cards[k].peak_bytes
 
-    probes = _Probes(peak, budget_bytes)
+    def accepts(k: int) -> bool:
+        why = refusal(resolved, _request(base, solve, k * step))
+        if why is not None:
+            refused[k] = why
+        return why is None
+
+    probes = _Probes(peak, budget_bytes, accepts)
     if not probes.fits(1):
         raise InputError(f"not even {solve} = {step} fits {budget_bytes} bytes (peak {cards[1].peak_bytes} bytes)")
     cap = _context_cap(resolved, solve, step, cards[1], base)
@@ -273,7 +316,8 @@ def solve_fit(
     block = {
         "solve": solve, "value": lo * step, "peak_bytes": card.peak_bytes, "budget_bytes": int(budget_bytes),
         "next_value": hi * step if hi is not None else None, "next_peak_bytes": next_peak,
-        "settings": settings(solve, lo * step, req, card), "estimates_run": len(cards) + len(refused),
+        "settings": settings(solve, lo * step, req, card),
+        "estimates_run": len(cards) + len(set(refused) - probes.checked), "acceptance_checks": len(probes.checked),
     }  # fmt: skip
     if hi is not None and hi in refused:
         block["next_refused"] = refused[hi]

@@ -164,6 +164,16 @@ def _prepare(resolved: ResolvedModel, req: Request) -> tuple[Any, dict[str, Any]
     return model, inputs
 
 
+def refusal(resolved: ResolvedModel, req: Request) -> str | None:
+    """Why the model does not take ``req`` (its context, its media markers), or None when it
+    does: the request is built on the meta model, nothing runs (a fraction of an estimate)."""
+    try:
+        _prepare(resolved, req)
+    except InputError as exc:
+        return str(exc)
+    return None
+
+
 def _generate(resolved: ResolvedModel, req: Request, model: Any, inputs: dict[str, Any], new_tokens: int) -> Any:
     """The meta Trace of ``generate()`` making ``new_tokens`` tokens greedily."""
     import torch
