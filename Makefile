@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# torchao apart (its own folder, not site-packages): beside transformers, every `import
 	# transformers` would import it. tests/test_estimate_hqq_torchao.py quantizes with it in a child.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --upgrade --target $(VENV)/torchao -c constraints.txt torchao
+	# hqq apart too, built without its CUDA step; the HQQ test quantizes with it in a child
+	DISABLE_CUDA=1 $(PY) -m pip install -q --disable-pip-version-check --no-deps --upgrade --target $(VENV)/hqq \
+		-c constraints.txt hqq einops termcolor
 	$(PY) -m memwarden.capture.native --build
 	touch $(STAMP)
 

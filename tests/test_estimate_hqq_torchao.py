@@ -21,7 +21,6 @@ from the sources independently of ``memwarden.estimate.quantized_more``:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -40,9 +39,6 @@ from memwarden.errors import InputError
 from memwarden.estimate.checkpoint import read_checkpoint
 from memwarden.estimate.resolve import CONFIG_DIR
 from memwarden.estimate.run import estimate
-
-HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
-HAS_HQQ = importlib.util.find_spec("hqq") is not None
 
 _ST = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "int32": "I32", "int8": "I8", "uint8": "U8",
        "float8_e4m3fn": "F8_E4M3", "int64": "I64"}  # fmt: skip
@@ -163,18 +159,17 @@ def test_torchao_checkpoint_written_by_torchao(torchao_checkpoints: Path, case: 
     assert "lm_head" in q["unquantized"].get("output head / tied weights (kept by default)", [])
 
 
-@pytest.mark.skipif(not HAS_HQQ, reason="hqq is not installed (pip install hqq; a source build, not in make install)")
-@pytest.mark.parametrize(("nbits", "group", "axis"), [(4, 64, 1), (3, 64, 0), (2, None, 1)])
-def test_hqq_checkpoint_written_by_hqq(tmp_path: Path, nbits: int, group: int | None, axis: int) -> None:
-    """hqq's own ``HQQLinear`` quantizes every Linear on CPU (transformers 5.24's HQQ quantizer
-    cannot: ``get_quantize_ops`` raises NotImplementedError), selected as transformers 4.x's
-    ``HqqHfQuantizer.create_quantized_param`` does (skip_modules by substring), and the model's
-    state dict (HQQLinear's encoded one) is written as save_pretrained writes it."""
-    from hqq.core.quantize import BaseQuantizeConfig, HQQLinear
-    from safetensors.torch import save_file
+HQQ_DIR = Path(sys.prefix) / "hqq"  # make install: hqq (built without CUDA), einops, termcolor, apart
+HAS_HQQ = (HQQ_DIR / "hqq").is_dir()
+HQQ_CASES = [(4, 64, 1), (3, 64, 0), (2, None, 1)]
+_HQQ_QUANTIZE = """
+import json, sys, torch, transformers
+from hqq.core.quantize import BaseQuantizeConfig, HQQLinear
+from safetensors.torch import save_file
 
-    quant = BaseQuantizeConfig(nbits=nbits, group_size=group, axis=axis)
-    config = _config("float16", {"quant_method": "hqq", "quant_config": quant, "skip_modules": ["lm_head"]})
+for folder in sys.argv[1:]:
+    config = json.load(open(f"{folder}/config.json"))
+    quant = config["quantization_config"]["quant_config"]
     cfg = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if k != "quantization_config"})
     torch.manual_seed(0)
     model = getattr(transformers, config["architectures"][0])._from_config(cfg, dtype=torch.float16)
@@ -182,11 +177,42 @@ def test_hqq_checkpoint_written_by_hqq(tmp_path: Path, nbits: int, group: int | 
         if isinstance(module, torch.nn.Linear) and "lm_head" not in path:
             model.set_submodule(path, HQQLinear(module, quant, compute_dtype=torch.float16, device="cpu"))
     tied = set(model.all_tied_weights_keys)
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k not in tied}
-    folder = tmp_path / f"hqq-{nbits}"
-    folder.mkdir()
-    save_file(state, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k not in tied}, f"{folder}/model.safetensors")
+"""
+
+
+@pytest.fixture(scope="module")
+def hqq_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, int | None, int], Path]:
+    """hqq's own ``HQQLinear`` quantizes every Linear on CPU (transformers 5.24's HQQ quantizer
+    cannot: ``get_quantize_ops`` raises NotImplementedError), selected as transformers 4.x's
+    ``HqqHfQuantizer.create_quantized_param`` does (skip_modules by substring), and the model's
+    state dict (HQQLinear's encoded one) is written as save_pretrained writes it; in one child
+    process with hqq on its path."""
+    root = tmp_path_factory.mktemp("hqq")
+    folders = {}
+    for nbits, group, axis in HQQ_CASES:
+        quant = {"weight_quant_params": {"nbits": nbits, "channel_wise": True, "group_size": group, "optimize": True,
+                                         "round_zero": nbits == 4, "axis": axis, "view_as_float": False},
+                 "scale_quant_params": None, "zero_quant_params": None, "offload_meta": False}  # fmt: skip
+        config = _config("float16", {"quant_method": "hqq", "quant_config": quant, "skip_modules": ["lm_head"]})
+        folder = root / f"hqq-{nbits}-{group}-{axis}"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+        folders[(nbits, group, axis)] = folder
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(HQQ_DIR), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, "-c", _HQQ_QUANTIZE, *map(str, folders.values())], env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return folders
+
+
+@pytest.mark.skipif(not HAS_HQQ, reason=f"hqq is not in {HQQ_DIR} (make install builds it there, without CUDA)")
+@pytest.mark.parametrize(("nbits", "group", "axis"), HQQ_CASES)
+def test_hqq_checkpoint_written_by_hqq(
+    hqq_checkpoints: dict[tuple[int, int | None, int], Path], nbits: int, group: int | None, axis: int
+) -> None:
+    folder = hqq_checkpoints[(nbits, group, axis)]
+    config = json.loads((folder / "config.json").read_text())
     q = _assert_holds_the_checkpoint(folder, config, torch.float16)
     assert q["description"].startswith(f"HQQ {nbits}-bit")
     assert q["converted_linears"] == 24
