@@ -1,4 +1,5 @@
-"""memwarden partition MODEL.onnx --device-profile P [--dtype D] [--json | --html OUT.html]"""
+"""memwarden partition MODEL.onnx --device-profile P [--dtype D] [--inputs FEEDS.npz] [--dim NAME=N]
+[--json | --html OUT.html]"""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ def register(sub: Any) -> None:
                    help="built-in device id or profile TOML with [[compute_units]]")  # fmt: skip
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16", "int8"],
                    help="deployment dtype of float tensors (default: the graph's own)")  # fmt: skip
+    p.add_argument("--inputs", metavar="FEEDS.npz",
+                   help="size the graph's dynamic axes from these feeds (the .npz given to trace --onnx)")  # fmt: skip
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                   help="size a symbolic input dimension, e.g. --dim batch=4 (repeatable; unsized ones are 1)")  # fmt: skip
     p.add_argument(
         "--time-limit", type=float, default=30.0, metavar="S", help="solver time limit in seconds (default 30)"
     )
@@ -34,8 +39,9 @@ def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import print_json, wrote
     from memwarden.errors import InputError
     from memwarden.models.compute_units import load_compute_units
-    from memwarden.plan.partition_onnx import load_problem
+    from memwarden.plan.partition_onnx import problem_of
     from memwarden.plan.partition_report import partition_result
+    from memwarden.plan.partition_shapes import load_shaped
 
     if not args.time_limit > 0:
         raise InputError("--time-limit must be a positive number of seconds")
@@ -44,9 +50,18 @@ def run(args: argparse.Namespace) -> int:
 
         check_output(args.html, flag="--html", allow_stdout=False)
     units = load_compute_units(args.device_profile)
-    problem = load_problem(args.model, units, dtype=args.dtype)
+    shapes = None
+    if args.inputs:
+        from memwarden.capture.onnx.session import load_feeds
+
+        shapes = {name: tuple(array.shape) for name, array in load_feeds(args.inputs).items()}
+    shaped = load_shaped(args.model, dims=_dims(args.dim), input_shapes=shapes)
+    _note(shaped.assumed_dims, shaped.unsized_values)
+    problem = problem_of(shaped.model, units, dtype=args.dtype)
     result = partition_result(problem, time_limit_s=args.time_limit)
-    result = {"model": Path(args.model).name, "device": args.device_profile, "dtype": args.dtype, **result}
+    result = {"model": Path(args.model).name, "device": args.device_profile, "dtype": args.dtype,
+              "input_dims": dict(shaped.dims), "assumed_dims": list(shaped.assumed_dims),
+              "shape_inference": shaped.inference, "unsized_values": shaped.unsized_values, **result}  # fmt: skip
     title = f"{Path(args.model).name} on {args.device_profile}"
     if args.json:
         print_json(result)
@@ -64,3 +79,26 @@ def run(args: argparse.Namespace) -> int:
 
     Console().print(partition_table(result, title=title))
     return 0
+
+
+def _dims(pairs: list[str]) -> dict[str, int]:
+    from memwarden.errors import InputError
+
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if not name or not value.isdigit() or int(value) < 1:
+            raise InputError(f"--dim {pair!r}: give NAME=N with N a positive integer (e.g. --dim batch=4)")
+        out[name] = int(value)
+    return out
+
+
+def _note(assumed: tuple[str, ...], unsized: int) -> None:
+    """Say on stderr what the costs rest on, so a --json on stdout stays parseable."""
+    import sys
+
+    if assumed:
+        print(f"memwarden: dynamic axes {', '.join(assumed)} taken as 1 (size them with --inputs or --dim NAME=N)",
+              file=sys.stderr)  # fmt: skip
+    if unsized:
+        print(f"memwarden: {unsized} node outputs have no inferable shape and count 0 bytes", file=sys.stderr)

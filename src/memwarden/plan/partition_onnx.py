@@ -7,13 +7,15 @@ is what the nodes are costed and checked in: ``auto`` keeps the graph's own floa
 or ``int8`` model a converted deployment (float tensors shrink accordingly), which is what an
 NPU that has no fp32 needs.
 
-ONNX files are untrusted: this reads the protobuf and runs ONNX's shape inference, nothing else.
+Shapes come from ``memwarden.plan.partition_shapes`` (symbolic input dimensions bound first).
+ONNX files are untrusted: this reads the protobuf and runs shape inference, nothing else.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +24,9 @@ import numpy as np
 from memwarden.errors import InputError
 from memwarden.models.compute_units import ComputeUnitSpec
 from memwarden.plan.partition import PartitionProblem
+from memwarden.plan.partition_shapes import load_shaped
 
-__all__ = ["OP_CLASS", "load_problem", "op_class"]
+__all__ = ["OP_CLASS", "load_problem", "op_class", "problem_of"]
 
 OP_CLASS: dict[str, str] = {
     **dict.fromkeys(["MatMul", "Gemm", "FusedMatMul", "MatMulInteger", "QLinearMatMul", "Attention", "MultiHeadAttention",
@@ -70,24 +73,23 @@ def _elements(shape: tuple[int, ...] | None) -> int:
     return int(math.prod(shape)) if shape is not None else 0
 
 
-def load_problem(path: str | Path, units: tuple[ComputeUnitSpec, ...], *, dtype: str = "auto") -> PartitionProblem:
-    """Read ``path`` and cost every node on every unit."""
+def load_problem(path: str | Path, units: tuple[ComputeUnitSpec, ...], *, dtype: str = "auto",
+                 dims: Mapping[str, int] | None = None,
+                 input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> PartitionProblem:  # fmt: skip
+    """Read ``path``, bind its symbolic input dimensions (``partition_shapes``) and cost every node
+    on every unit."""
+    return problem_of(load_shaped(path, dims=dims, input_shapes=input_shapes).model, units, dtype=dtype)
+
+
+def problem_of(model: Any, units: tuple[ComputeUnitSpec, ...], *, dtype: str = "auto") -> PartitionProblem:
+    """Cost every node of a shape-inferred ONNX ``model`` on every unit."""
     import onnx
-    from google.protobuf.message import DecodeError
 
     if dtype != "auto" and dtype not in _DEPLOY_BYTES:
         raise InputError(f"unknown deployment dtype {dtype!r} (valid: auto, {', '.join(_DEPLOY_BYTES)})")
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{path}: no such ONNX file")
-    try:
-        model = onnx.load(str(p), load_external_data=False)
-        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except (DecodeError, ValueError, RuntimeError, onnx.shape_inference.InferenceError) as exc:
-        raise InputError(f"{path}: not a readable ONNX model ({str(exc).splitlines()[0][:200]})") from None
     graph = model.graph
     if not graph.node:
-        raise InputError(f"{path}: the ONNX graph has no nodes")
+        raise InputError("the ONNX graph has no nodes")
     info: dict[str, tuple[int, tuple[int, ...] | None]] = {}  # value -> (elem type, shape)
     for v in (*graph.value_info, *graph.input, *graph.output):
         t = v.type.tensor_type
@@ -117,13 +119,20 @@ def _build(nodes: list[Any], graph: Any, info: dict[str, tuple[int, tuple[int, .
     n, nu = len(nodes), len(units)
     float_types = {t for t, s in info.values() if t in _FLOAT_BYTES}
     native = next((_DTYPE_NAME[t] for t in (1, 10, 16, 11) if t in float_types), "fp32")
-    deploy = native if dtype == "auto" else dtype
+
+    def node_dtype(node: Any) -> str:
+        """The dtype a node runs in: ``dtype``, or with ``auto`` its own float type (an fp16
+        export on CPU mixes fp16 and fp32 nodes; each is costed and checked as it is)."""
+        if dtype != "auto":
+            return dtype
+        elems = (info.get(v, (0, None))[0] for v in (*node.output, *node.input) if v)
+        return next((_DTYPE_NAME[e] for e in elems if e in _FLOAT_BYTES), native)
 
     def nbytes(value: str) -> int:
         elem, shape = info.get(value, (0, None))
         count = _elements(shape)
-        if elem in _FLOAT_BYTES:
-            return count * (_DEPLOY_BYTES.get(deploy, _FLOAT_BYTES[elem]))
+        if elem in _FLOAT_BYTES:  # auto: the value's own width; else the deployment's
+            return count * (_FLOAT_BYTES[elem] if dtype == "auto" else _DEPLOY_BYTES[dtype])
         return count * {7: 8, 6: 4, 9: 1, 2: 1, 3: 1, 5: 2, 4: 2, 12: 4, 13: 8}.get(elem, 4)
 
     producer: dict[str, int] = {}
@@ -143,6 +152,7 @@ def _build(nodes: list[Any], graph: Any, info: dict[str, tuple[int, tuple[int, .
     claimed: set[str] = set()
     for i, node in enumerate(nodes):
         cls = op_class(node.op_type)
+        deploy = node_dtype(node)
         outs = [o for o in node.output if o]
         out_elems = sum(_elements(info.get(o, (0, None))[1]) for o in outs)
         output_bytes[i] = sum(nbytes(o) for o in outs)
@@ -162,8 +172,9 @@ def _build(nodes: list[Any], graph: Any, info: dict[str, tuple[int, tuple[int, .
             if value in weights:
                 if value not in claimed:
                     claimed.add(value)
+                    elem = info[value][0]
                     weight_bytes[i] += weights[value] * (
-                        _DEPLOY_BYTES[deploy] / 4 if info[value][0] == 1 and dtype != "auto" else 1
+                        _DEPLOY_BYTES[dtype] / _FLOAT_BYTES[elem] if elem in _FLOAT_BYTES and dtype != "auto" else 1
                     )
             elif value in producer and producer[value] < i:
                 edges[(producer[value], i, tensor_ids.setdefault(value, len(tensor_ids)))] = float(nbytes(value))

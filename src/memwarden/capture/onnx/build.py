@@ -128,7 +128,9 @@ def add_runs(
         clock, taken, held = _one_run(
             builder, graph, by_name, run, run_input, rules, ids, start, origin, pattern, known
         )
-        scratch.setdefault(shapes, taken)
+        merged = scratch.setdefault(shapes, {})
+        for name, nbytes in taken.items():
+            merged[name] = max(merged.get(name, 0), nbytes)
         builder.span(start, clock, SpanKind.PHASE, run_input.phase.name.lower(), phase=run_input.phase)
         spans.append({"start_us": start, "end_us": clock, **held})
         clock += 1
@@ -177,14 +179,23 @@ def _one_run(
             planner.mark(seq_before, record.requested_bytes - before, node, clock)
         end = max(clock, record.start_us + record.dur_us - origin)
         # Scratch a kernel took and gave back: ORT's high-water mark rose above what stayed in use.
+        # A later run at the same shapes takes what the first took (its mark does not rise again),
+        # but never more than fits under the mark, which it would have lifted; where it does lift
+        # the mark (the memory pattern's buffer is held from the start), that rise is the measure.
         peak, in_use = record.in_use_peak_bytes, record.in_use_bytes
-        if known_scratch is not None:
-            if known_scratch.get(record.name, 0) > 0:
-                planner.temporary(node, record.op_type, known_scratch[record.name], clock, end)
-        elif (peak is not None and in_use is not None and previous_peak is not None
-              and peak > max(previous_peak, in_use)):  # fmt: skip
-            taken[record.name] = peak - in_use
-            planner.temporary(node, record.op_type, peak - in_use, clock, end)
+        room: int | None = None  # scratch that would not have lifted the mark
+        scratch = 0
+        if peak is not None and in_use is not None and previous_peak is not None:
+            if peak > max(previous_peak, in_use):
+                scratch = peak - in_use
+            else:
+                room = max(0, previous_peak - in_use)
+        if known_scratch is not None and not scratch:
+            scratch = known_scratch.get(record.name, 0)
+            scratch = min(scratch, room) if room is not None else scratch
+        if scratch > 0:
+            taken[record.name] = scratch
+            planner.temporary(node, record.op_type, scratch, clock, end)
         previous_peak = peak if peak is not None else previous_peak
         clock = end
         planner.release(k, node, produced, clock)
@@ -230,7 +241,11 @@ class _Planner:
         self.refs: dict[int, int] = {}
         self.held: set[int] = set()  # feeds: the caller's, freed when the run returns
         self.modality: dict[int, Modality] = {}
-        self.free_list: dict[int, list[tuple[int, int]]] = {}  # nbytes -> [(buffer, seq of its FREE)]
+        self.planned = graph.planned_shapes
+        # (element type, planned dims) -> [(buffer, seq of its FREE)]: ORT reuses only a buffer whose
+        # first value had the same planned shape (``GraphInfo.planned_shapes``), not any equal size
+        self.free_list: dict[tuple[int, tuple[int | str, ...]], list[tuple[int, int]]] = {}
+        self.key_of: dict[int, tuple[int, tuple[int | str, ...]]] = {}  # buffer -> its first value's planned shape
         self.cancelled: set[int] = set()  # seqs of FREEs that did not happen: the buffer was reused
         self.events: list[tuple[int, int, Action, int]] = []  # (time, seq, action, buffer)
         self.next_buffer = 0
@@ -281,13 +296,16 @@ class _Planner:
                     return
         category = value_category(value) if value in self.outputs else Category.ACTIVATION
         module = node.module if node else None
-        reusable = self.free_list.get(nbytes)
+        key = self.planned.get(value)
+        reusable = self.free_list.get(key) if key is not None else None
         old = -1
-        if reusable and value not in self.outputs:
+        if reusable and value not in self.outputs and self.attrs[reusable[-1][0]][2] == nbytes:
             old, seq = reusable.pop()
             self.cancelled.add(seq)
             self._event(time_us, Action.FREE, old)
         buffer = self.new_buffer(value, time_us, nbytes, category, module, op, dtype, shape)
+        if key is not None:
+            self.key_of[buffer] = key
         if value not in self.outputs:
             self.block_of[buffer] = self.block_of.get(old, buffer)
 
@@ -432,7 +450,9 @@ class _Planner:
             buffer = self.buffer_of.pop(value)
             self.refs[buffer] -= 1
             if self.refs[buffer] == 0 and buffer not in self.held:
-                self.free_list.setdefault(self.attrs[buffer][2], []).append((buffer, self.seq))
+                key = self.key_of.get(buffer)
+                if key is not None:
+                    self.free_list.setdefault(key, []).append((buffer, self.seq))
                 self._event(time_us, Action.FREE, buffer)  # cancelled if a later value reuses the buffer
 
     def finish(self, time_us: int) -> None:

@@ -86,6 +86,9 @@ def capture_onnx(
             roots = frozenset(r for r in original.metadata.get("memwarden.module_roots", "").split(",") if r)
             graph.nodes = [replace(n, module=module_path_of(n.name, prefix, roots)) for n in graph.nodes]
         graph.metadata = {**original.metadata, **graph.metadata}
+        # ORT plans on the graph it loaded (fusions keep their last node's output name): the
+        # original's inferred shapes, the optimized file's for values only it has
+        graph.planned_shapes = {**graph.planned_shapes, **original.planned_shapes}
         runs = read_profile(profiled.profile_path)
         if profiled.shadow_profile_path is not None:
             _borrow_counters(runs, read_profile(profiled.shadow_profile_path))

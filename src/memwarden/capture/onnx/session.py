@@ -166,6 +166,9 @@ def _profiled_session(
     so = settings.session_options()
     so.enable_profiling = True
     so.profile_file_prefix = str(workdir / prefix)
+    # fatal only: a session that fails to load still ends its profile when it is destroyed and logs
+    # an error line for it; every failure reaches the caller as an exception, reported in one line
+    so.log_severity_level = 4
     if optimized:
         so.optimized_model_filepath = str(workdir / "optimized.onnx")
     model = source if isinstance(source, bytes) else str(source)
