@@ -288,3 +288,24 @@ def test_ops_the_tables_do_not_know(tmp_path: Path, capsys: pytest.CaptureFixtur
     code, text, _ = _run(["partition", str(model), "--device-profile", "iphone-15-pro", "--inputs", str(feeds), "--json"],
                          capsys)  # fmt: skip
     assert code == 0 and json.loads(text)["solution"]["feasible"]
+
+
+def test_a_graph_that_fits_no_unit_exits_1_with_one_line(
+    heldout: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A board whose one unit holds 1 MB cannot take ViT's weights: the least bad assignment is
+    still printed, and the exit status says it breaks a limit (a script must not deploy it)."""
+    profile = tmp_path / "tiny-board.toml"
+    profile.write_text(
+        '[[compute_units]]\nname = "cpu"\nkind = "cpu"\npriority = 0\nmemory_bytes = 1_000_000\n'
+        'dtypes = ["fp32", "fp16"]\nops = ["*"]\nlaunch_us = 1.0\ntransfer_bandwidth_gbps = 10.0\n'
+        "transfer_latency_us = 0.0\nthroughput_gops = { matmul = 50.0, conv = 50.0, elementwise = 5.0, "
+        "reduce = 5.0, data = 5.0, other = 1.0 }\n"
+    )
+    model = heldout["vit"]
+    feeds = str(model.with_suffix(".npz"))
+    code, text, err = _run(["partition", str(model), "--device-profile", str(profile), "--inputs", feeds, "--json"],
+                           capsys)  # fmt: skip
+    assert code == 1
+    assert not json.loads(text)["solution"]["feasible"]
+    assert len(err.strip().splitlines()) == 1 and "no assignment fits" in err, err

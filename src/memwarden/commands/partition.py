@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ def register(sub: Any) -> None:
         description="Assign every node of MODEL.onnx to one of the device profile's compute units, minimising the "
         "simulated latency (compute + transfers between units) under each unit's memory limit, and compare with "
         "the usual ways: all-CPU, ONNX Runtime's first-claim by priority, its capacity-aware halting, an "
-        "affinity-greedy pass with backtracking and Neurosurgeon's single split.",
+        "affinity-greedy pass with backtracking and Neurosurgeon's single split. Exit status: 0 the answer fits every "
+        "unit, 1 no assignment fits (the least bad one is still shown), 2 bad input.",
     )
     p.add_argument("model", metavar="MODEL.onnx", help="the ONNX graph")
     p.add_argument("--device-profile", required=True, metavar="P",
@@ -65,20 +67,29 @@ def run(args: argparse.Namespace) -> int:
     title = f"{Path(args.model).name} on {args.device_profile}"
     if args.json:
         print_json(result)
-        return 0
-    if args.html:
+    elif args.html:
         from memwarden.report.partition import partition_html
         from memwarden.trace.io import atomic_write
 
         atomic_write(args.html, partition_html(result, title=title).encode())
         wrote(args.html, f"{problem.num_nodes} nodes")
+    else:
+        from rich.console import Console
+
+        from memwarden.report.partition import partition_table
+
+        Console().print(partition_table(result, title=title))
+    return _verdict(result["solution"])
+
+
+def _verdict(solution: dict[str, Any]) -> int:
+    """1 when no assignment keeps every unit within its memory (the result still shows the least
+    bad one): a script must not take an assignment that breaks a limit for a plan."""
+    if solution["feasible"]:
         return 0
-    from rich.console import Console
-
-    from memwarden.report.partition import partition_table
-
-    Console().print(partition_table(result, title=title))
-    return 0
+    first = solution["violations"][0] if solution["violations"] else "a unit's memory"
+    print(f"memwarden partition: no assignment fits the units' memory ({first})", file=sys.stderr)
+    return 1
 
 
 def _dims(pairs: list[str]) -> dict[str, int]:
