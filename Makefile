@@ -34,7 +34,7 @@ demo: install
 	$(VENV)/bin/memwarden demo
 
 test: install browser
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 # The quality gates .ci/run applies: lint, formatting, types (zero errors over src/memwarden).
 lint: install
