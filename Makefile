@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# hqq apart too, built without its CUDA step; the HQQ test quantizes with it in a child
 	DISABLE_CUDA=1 $(PY) -m pip install -q --disable-pip-version-check --no-deps --upgrade --target $(VENV)/hqq \
 		-c constraints.txt hqq einops termcolor
+	# bitsandbytes (CPU backend) and compressed-tensors (+ loguru) apart too; tests/test_estimate_quant_libraries.py
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --upgrade --target $(VENV)/bnb -c constraints.txt bitsandbytes
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --upgrade --target $(VENV)/ct \
+		-c constraints.txt compressed-tensors loguru
 	$(PY) -m memwarden.capture.native --build
 	touch $(STAMP)
 

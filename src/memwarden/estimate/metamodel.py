@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["kv_quantizable", "layout_for", "model_facts", "model_for", "quantized_cache"]
 
 
-_MODELS: OrderedDict[tuple[str, str, str | None], Any] = OrderedDict()  # meta models cost no weights; keep a few
+_MODELS: OrderedDict[tuple[str, bool, str, str | None], Any] = OrderedDict()  # meta models cost no weights; keep a few
 _LAYOUTS: dict[int, StoredLayout] = {}  # id(meta model) -> how its weights are stored
 _MODELS_KEPT = 4
 
@@ -38,7 +38,8 @@ def model_for(resolved: ResolvedModel, dtype: str, weights_dtype: str | None) ->
     if weights_dtype is not None and (resolved.scheme is not None or resolved.checkpoint is not None):
         what = resolved.scheme.describe() if resolved.scheme else "a checkpoint whose tensors set the weights"
         raise InputError(f"{resolved.name} is {what}; --weights-dtype applies to unquantized configs only")
-    key = (resolved.source, dtype, weights_dtype)
+    # a folder and its own config.json resolve to the same source; only the folder's headers set the weights
+    key = (resolved.source, resolved.checkpoint is not None, dtype, weights_dtype)
     model = _MODELS.get(key)
     if model is None:
         model = build_meta_model(resolved.config, getattr(torch, dtype), resolved.model_class)

@@ -22,7 +22,10 @@ Layouts, from the methods' own sources:
   blocksize weights, or uint8 with double quant plus ``weight.nested_absmax`` fp32 per 256 and
   ``weight.nested_quant_map`` fp32 (256,)), ``weight.quant_map`` fp32 (16,); the packed JSON
   ``weight.quant_state.bitsandbytes__nf4`` is parsed at load and not kept. 8-bit
-  (``Int8Params``): ``weight`` int8 (out, in), ``SCB`` fp32 (out,).
+  (``Int8Params``): ``weight`` int8 (out, in), ``SCB`` fp32 (out,); the saved ``weight_format``
+  (uint8 scalar) is not kept (transformers ``integrations/bitsandbytes.py`` ``Bnb8bitDeserialize``
+  reads ``weight`` and ``SCB`` only). A local folder's estimate keeps both metadata tensors (its headers'
+  sum, exactly); from a config alone they are not modelled.
 - compressed-tensors (``compressed_tensors/compressors/quantized_compressors/``):
   float-quantized FP8 ``weight`` fp8 (out, in) and ``weight_scale`` (out, 1) per channel, (1,)
   per tensor; int-quantized W8A8 ``weight`` int8; pack-quantized W4A16 ``weight_packed`` int32
