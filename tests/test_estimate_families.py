@@ -57,11 +57,17 @@ def _tiny(name: str) -> tuple[dict, int | None]:
 
 
 def _meta_and_live(
-    data: dict, images: tuple, prompt: int = 12, new: int = 3, videos: tuple = (), audio: float | None = None
+    data: dict,
+    images: tuple,
+    prompt: int = 12,
+    new: int = 3,
+    videos: tuple = (),
+    audio: float | None = None,
+    dtype: torch.dtype = torch.float32,  # bfloat16 for grouped-mm experts: the CPU's grouped mm takes no fp32
 ) -> tuple[int, int, dict]:
     cfg = transformers.CONFIG_MAPPING[data["model_type"]].from_dict(data)
     name = model_class_for(data["model_type"], data.get("architectures"), "test")
-    meta_model = meta.build_meta_model(cfg, torch.float32, name)
+    meta_model = meta.build_meta_model(cfg, dtype, name)
     inputs, tokens = build_request(
         meta_model,
         cfg,
@@ -76,7 +82,7 @@ def _meta_and_live(
     with meta.MetaCapture(meta_model, inputs) as mcap, torch.inference_mode():
         meta_model.generate(**inputs, max_new_tokens=new, min_new_tokens=new, **kwargs)
     torch.manual_seed(0)
-    live = getattr(transformers, name)._from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").eval()
+    live = getattr(transformers, name)._from_config(cfg, dtype=dtype, attn_implementation="sdpa").eval()
     # the same request with real pixels: the live forward checks placeholders == image features
     live_inputs = {k: (torch.randn(v.shape) if v.is_floating_point() else v) for k, v in inputs.items()}
     with torch.inference_mode():

@@ -148,3 +148,82 @@ def test_a_mixture_of_experts_vlm_is_estimated_as_it_runs() -> None:
         live.generate(**inputs, min_new_tokens=3, **kwargs)
     est, real = memwarden.summary(mcap.trace).peak_bytes, memwarden.summary(cap.trace).peak_bytes
     assert abs(est - real) <= 0.01 * real, (est, real)
+
+
+# -- the held-out architectures of the second check ----------------------------------------------
+
+
+@pytest.mark.parametrize("source", ["qwen3_vl_moe", "glm-4.5v"])
+def test_mixture_of_experts_vlms_with_images_match_live(source: str) -> None:
+    """Qwen3-VL-MoE from transformers' defaults (shrunk: its vision out_hidden_size then matches the
+    text width) and GLM-4.5V from its published config (the class defaults state no head_dim and no
+    mrope_section, so they do not run in transformers itself): text and one image, meta within 1%
+    of a live capture, in bf16."""
+    if source in transformers.CONFIG_MAPPING:
+        data = tiny_config(transformers.CONFIG_MAPPING[source]().to_dict(), 64)
+        side = 64
+    else:
+        data, side = tiny_config(_data(source), 56), 56
+    # Qwen3-VL-MoE's text request is test_a_mixture_of_experts_vlm_is_estimated_as_it_runs
+    requests = (((side, side),),) if source == "qwen3_vl_moe" else ((), ((side, side),))
+    for images in requests:
+        est, live, tokens = _meta_and_live(data, images, dtype=torch.bfloat16)
+        assert abs(est - live) <= 0.01 * live, (source, images, est, live)
+        assert (tokens["vision"] > 0) == bool(images)
+
+
+def test_image_features_narrower_than_the_text_model_are_one_clear_error() -> None:
+    # Qwen3-VL-MoE's class defaults: vision out_hidden_size 3584, text hidden_size 2048; transformers
+    # itself fails later with "tokens: 196, features: 196"
+    data = tiny_config(transformers.CONFIG_MAPPING["qwen3_vl_moe"]().to_dict(), 64)
+    data["vision_config"]["out_hidden_size"] = 96
+    config = transformers.CONFIG_MAPPING["qwen3_vl_moe"].from_dict(data)
+    model = meta.build_meta_model(config, torch.bfloat16, "Qwen3VLMoeForConditionalGeneration")
+    with pytest.raises(InputError, match="96 wide but the text model's embeddings are 64"):
+        build_request(model, config, images=((64, 64),), prompt_tokens=8, new_tokens=1, batch=1)
+
+
+def test_qwen2_5_omni_video_uses_the_video_processor_that_serves_it() -> None:
+    """Qwen2.5-Omni's video processor is Qwen2-VL's (transformers' video mapping names it only with
+    torchvision): frames resized within its pixel limits, temporal patches of 2, 2 x 2 merge; the
+    rope index takes the processor's seconds per temporal patch. Meta within 1% of live."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    from memwarden.estimate.request_media import _video_defaults
+
+    data = tiny_config(_data("qwen2.5-omni-7b-thinker"), 56)
+    est, live, tokens = _meta_and_live(data, (), videos=((56, 56, 5),))
+    assert abs(est - live) <= 0.01 * live, (est, live)
+    size = _video_defaults("qwen2_vl")["size"]
+    assert size == {"shortest_edge": 128 * 28 * 28, "longest_edge": 768 * 28 * 28}  # Qwen2VLVideoProcessor's
+    vc = data["vision_config"]
+    factor = vc["patch_size"] * vc["spatial_merge_size"]
+    h, w = smart_resize(56, 56, factor=factor, min_pixels=size["shortest_edge"], max_pixels=size["longest_edge"])
+    temporal = -(-5 // vc["temporal_patch_size"])  # the last patch padded with the last frame
+    assert tokens["vision"] == temporal * (h // factor) * (w // factor)
+
+
+def test_an_encoder_decoder_card_counts_the_prompt_its_encoder_was_given(tmp_path: Path) -> None:
+    # Florence-2: generate() runs the encoder (image features merged into the prompt) outside the
+    # model's root call, whose prefill takes decoder ids only; the card counts what generate() was given
+    import memwarden
+
+    data = tiny_config(transformers.CONFIG_MAPPING["florence2"]().to_dict())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**data, "architectures": ["Florence2ForConditionalGeneration"]}))
+    card = memwarden.estimate(str(path), prompt_tokens=16, new_tokens=2, images=[(64, 64)], dtype="float32")
+    proc = image_processor("florence2", transformers.CONFIG_MAPPING["florence2"].from_dict(data))
+    side = proc(images=[np.zeros((64, 64, 3), dtype=np.uint8)], return_tensors="pt")["pixel_values"].shape[-1]
+    # DaViT: stride 4 then 2, 2, 2 (32 in all), plus one pooled token, as Florence2Processor's image_seq_length
+    assert card.tokens == {"vision": (side // 32) ** 2 + 1, "audio": 0, "text": 16}
+
+
+def test_cross_attention_images_are_refused_with_the_reason() -> None:
+    # Llama 3.2 Vision (Mllama): no placeholder tokens to count; text-only requests are estimated
+    data = tiny_config(transformers.CONFIG_MAPPING["mllama"]().to_dict(), 56)
+    config = transformers.CONFIG_MAPPING["mllama"].from_dict(data)
+    model = meta.build_meta_model(config, torch.float32, "MllamaForConditionalGeneration")
+    with pytest.raises(InputError, match="cross-attention"):
+        build_request(model, config, images=((56, 56),), prompt_tokens=8, new_tokens=1, batch=1)
+    _inputs, tokens = build_request(model, config, images=(), prompt_tokens=8, new_tokens=1, batch=1)
+    assert tokens == {"vision": 0, "audio": 0, "text": 8}

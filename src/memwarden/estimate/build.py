@@ -66,11 +66,13 @@ def _phase_breakdowns(trace: Trace, device: int) -> dict[str, dict[str, Any]]:
 
 
 def _tokens(trace: Trace) -> dict[str, int]:
-    for step in steps_of(trace):
-        if step.phase == "prefill" and step.tokens:
-            t = step.tokens
-            return {"vision": t.get("vision", 0), "audio": t.get("audio", 0), "text": t.get("text", 0)}
-    return {"vision": 0, "audio": 0, "text": 0}
+    """Prompt tokens by modality: the prefill call's input_ids, else (an encoder-decoder, whose
+    encoder generate() runs outside the model's root call) the ids generate() was given."""
+    fed = trace.metadata.get("input_tokens")
+    found = [step.tokens for step in steps_of(trace) if step.phase == "prefill" and step.tokens]
+    t = found[0] if found else fed if isinstance(fed, dict) else {}
+    return {k: int(v) if isinstance(v, int) and not isinstance(v, bool) else 0
+            for k, v in ((k, t.get(k, 0)) for k in ("vision", "audio", "text"))}  # fmt: skip
 
 
 def card_from_trace(

@@ -178,6 +178,7 @@ def _generate(resolved: ResolvedModel, req: Request, model: Any, inputs: dict[st
     """The meta Trace of ``generate()`` making ``new_tokens`` tokens greedily."""
     import torch
 
+    from memwarden.capture.inputs import step_tokens
     from memwarden.capture.meta.capture import MetaCapture
     from memwarden.estimate.metamodel import quantized_cache
 
@@ -192,7 +193,11 @@ def _generate(resolved: ResolvedModel, req: Request, model: Any, inputs: dict[st
         head = model.get_output_embeddings()
         if head is not None and req.dtype != "float32":
             hook = head.register_forward_hook(lambda _module, _args, out: out.float())
-    metadata = {"model": resolved.name, "request": req.to_json(), "new_tokens_run": new_tokens}
+    metadata: dict[str, Any] = {"model": resolved.name, "request": req.to_json(), "new_tokens_run": new_tokens}
+    fed = step_tokens(model, inputs)
+    if fed is not None:
+        # the prompt as generate() is given it: an encoder-decoder's root calls take decoder ids only
+        metadata["input_tokens"] = fed["tokens"]
     try:
         with MetaCapture(model, inputs, metadata=metadata) as cap, torch.inference_mode():
             model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)

@@ -180,7 +180,11 @@ def placeholder_counts(model: Any, processor: Any, images: list[tuple[int, int]]
         getattr(model, "model", None), "get_image_features", None
     )
     if encode is None:
-        raise InputError(f"{type(model).__name__} has no get_image_features; send a text-only request")
+        why = "has no get_image_features, by which memwarden counts an image's tokens"
+        if "cross_attention_states" in inspect.signature(model.forward).parameters:
+            # Mllama: tiles reach the text model through cross-attention layers, not as placeholder tokens
+            why = "takes images through cross-attention (cross_attention_states), which memwarden does not build yet"
+        raise InputError(f"{type(model).__name__} {why}; send a text-only request")
     # The count depends on the model's code and config, the processor's settings and the size only:
     # kept by those values, so the points of a --fit search or a sweep that share an image run it once.
     model_key = (f"{type(model).__module__}.{type(model).__qualname__}", model.config.to_json_string())
@@ -192,12 +196,33 @@ def placeholder_counts(model: Any, processor: Any, images: list[tuple[int, int]]
             media = _to_meta(processed(processor, [wh], 1))
             with placement(), torch.inference_mode():
                 out = encode(**_accepted(encode, media), return_dict=True)
+            _check_width(model.config, out)
             count = _COUNTS[key] = feature_tokens(out)
             while len(_COUNTS) > _COUNTS_KEPT:
                 _COUNTS.popitem(last=False)
         _COUNTS.move_to_end(key)
         counts.append(count)
     return counts
+
+
+def _check_width(config: Any, output: Any) -> None:
+    """The image features must be as wide as the text model's embeddings, which they replace:
+    otherwise transformers fails later with a count mismatch that names equal counts (a config whose
+    vision ``out_hidden_size`` is not its text ``hidden_size``, as Qwen3-VL-MoE's class defaults)."""
+    import torch
+
+    hidden = getattr(config.get_text_config(), "hidden_size", None)
+    features = getattr(output, "pooler_output", None)
+    if features is None or not isinstance(hidden, int):
+        return
+    parts = [features] if isinstance(features, torch.Tensor) else list(features)
+    widths = {int(p.shape[-1]) for p in parts if isinstance(p, torch.Tensor) and p.dim() > 0}
+    if widths and widths != {hidden}:
+        raise InputError(
+            f"model_type {config.model_type!r}: its image features are {'/'.join(map(str, sorted(widths)))} wide but "
+            f"the text model's embeddings are {hidden} (vision out_hidden_size vs text hidden_size); "
+            "the config is not a real model's"
+        )
 
 
 def _specials(config: Any) -> list[int]:

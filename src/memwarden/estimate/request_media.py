@@ -46,6 +46,7 @@ _SHAPE_ONLY = {"do_rescale": False, "do_normalize": False}  # elementwise steps:
 _REFERENCE_IMAGE = (224, 224)  # (W, H) of the full run that checks a shape-only run and gives its dtypes
 _PROCESSED: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()  # (processor, sizes, copies) -> outputs
 _PROCESSED_KEPT = 16
+_SECONDS_PER_GRID = ("video_second_per_grid", "second_per_grid_ts")  # Qwen2.5-Omni's and Qwen2.5-VL's names
 _DTYPES: dict[tuple[str, str], dict[str, Any] | None] = {}  # processor -> its outputs' dtypes (None: run in full)
 
 
@@ -359,7 +360,10 @@ def video_media(
     if any(_timestamped(f) for f in families):
         # GLM-4V and Qwen3-VL frame each temporal patch with its own markers and timestamp text: not built yet
         raise InputError(f"video requests for model_type {family!r} are not supported yet; send its frames as images")
-    defaults = next((d for d in map(_video_defaults, families) if d), {})
+    # A family served by another family's image processor (Qwen2.5-Omni by Qwen2-VL's) is served by
+    # that family's video processor too: transformers' video mapping names it only with torchvision.
+    served = [f for f in (_folder(type(processor).__module__),) if f and f not in families]
+    defaults = next((d for d in map(_video_defaults, families + served) if d), {})
     if not defaults:
         raise InputError(f"transformers has no video processor for model_type {family!r}; send images instead")
     temporal = getattr(processor, "temporal_patch_size", None)
@@ -371,6 +375,7 @@ def video_media(
             processor.size = size if isinstance(processor.size, dict) else type(processor.size)(**size)
     vc = getattr(config, "vision_config", None)
     side = getattr(vc, "image_size", None)
+    fps = _processor_defaults(config, "videos").get("fps") or 2.0
     rows: list[dict[str, Any]] = []
     counts: list[int] = []
     for w, h, frames in videos:
@@ -382,6 +387,9 @@ def video_media(
             media = {
                 "pixel_values_videos": torch.empty((t * pixels.shape[0], pixels.shape[1]), device="meta"),
                 "video_grid_thw": torch.tensor([[t, gh, gw]]),
+                # seconds per temporal patch for the rope index (Qwen2.5-VL optional, -Omni required):
+                # the processors' temporal_patch_size / fps, fps 2 where the checkpoint states none
+                **dict.fromkeys(_SECONDS_PER_GRID, torch.tensor([temporal / fps])),
             }
         elif isinstance(side, int):  # every frame resized and cropped to the tower's side
             channels = getattr(vc, "num_channels", 3)
