@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -34,15 +33,13 @@ import pytest
 import torch
 import transformers
 
+from _safetensors_files import write_header_only
 from _shrink import tiny_config
 from memwarden.errors import InputError
 from memwarden.estimate.checkpoint import read_checkpoint
 from memwarden.estimate.resolve import CONFIG_DIR
 from memwarden.estimate.run import estimate
 
-_ST = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "int32": "I32", "int8": "I8", "uint8": "U8",
-       "float8_e4m3fn": "F8_E4M3", "int64": "I64"}  # fmt: skip
-_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "int64": 8}
 Spec = dict[str, tuple[tuple[int, ...], str]]
 
 
@@ -276,18 +273,6 @@ LAYOUTS = {
 }  # fmt: skip
 
 
-def _write_header_only(path: Path, tensors: Spec) -> None:
-    """A safetensors file cut off after its header: the estimate must never read tensor data."""
-    header: dict[str, Any] = {}
-    offset = 0
-    for key, (shape, dtype) in tensors.items():
-        n = math.prod(shape) * _BYTES[dtype]
-        header[key] = {"dtype": _ST[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
-
-
 @pytest.mark.parametrize("case", sorted(LAYOUTS))
 def test_published_layout_holds_the_checkpoint_bytes(tmp_path: Path, case: str) -> None:
     dtype_name, qc, layout = LAYOUTS[case]
@@ -307,7 +292,7 @@ def test_published_layout_holds_the_checkpoint_bytes(tmp_path: Path, case: str) 
             else:
                 tensors[key] = (tuple(t.shape), str(t.dtype).removeprefix("torch."))
     (tmp_path / "config.json").write_text(json.dumps(config))
-    _write_header_only(tmp_path / "model.safetensors", tensors)
+    write_header_only(tmp_path / "model.safetensors", tensors)
     q = _assert_holds_the_checkpoint(tmp_path, config, dtype)
     assert q["converted_linears"] == 24
 

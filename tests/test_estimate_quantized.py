@@ -19,29 +19,12 @@ import pytest
 import torch
 import transformers
 
+from _safetensors_files import write_header_only
 from _shrink import tiny_config
 from memwarden.errors import InputError
 from memwarden.estimate.checkpoint import read_header
 from memwarden.estimate.resolve import CONFIG_DIR
 from memwarden.estimate.run import estimate
-
-_ST = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "int32": "I32", "int8": "I8", "uint8": "U8",
-       "float8_e4m3fn": "F8_E4M3", "int64": "I64"}  # fmt: skip
-_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "int64": 8}
-
-
-def _write_header_only(path: Path, tensors: dict[str, tuple[tuple[int, ...], str]]) -> int:
-    """A safetensors file whose data region is cut off: the header (8-byte length + JSON) only,
-    so any read of tensor data fails. Returns the bytes the tensors would hold."""
-    header: dict[str, Any] = {}
-    offset = 0
-    for key, (shape, dtype) in tensors.items():
-        n = math.prod(shape) * _BYTES[dtype]
-        header[key] = {"dtype": _ST[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
-    return offset
 
 
 def _tiny(name: str, **extra: Any) -> dict[str, Any]:
@@ -77,8 +60,8 @@ def test_folder_weights_are_the_headers_sum_and_no_data_is_read(tmp_path: Path) 
     keys = sorted(state)
     half = len(keys) // 2
     (tmp_path / "config.json").write_text(json.dumps(config))
-    total = _write_header_only(tmp_path / "model-00001-of-00002.safetensors", {k: state[k] for k in keys[:half]})
-    total += _write_header_only(tmp_path / "model-00002-of-00002.safetensors", {k: state[k] for k in keys[half:]})
+    total = write_header_only(tmp_path / "model-00001-of-00002.safetensors", {k: state[k] for k in keys[:half]})
+    total += write_header_only(tmp_path / "model-00002-of-00002.safetensors", {k: state[k] for k in keys[half:]})
     card = estimate(str(tmp_path), prompt_tokens=8, new_tokens=2)
     assert card.quantization is not None and card.quantization["checkpoint_bytes"] == total
     assert card.weights_bytes == total + computed
@@ -187,7 +170,7 @@ def test_quantized_layout_holds_the_checkpoint_bytes(tmp_path: Path, method: str
             spec = (spec[0], "float16")  # the bias of a quantized Linear
         tensors[_checkpoint_key(key)] = spec
     (tmp_path / "config.json").write_text(json.dumps(config))
-    total = _write_header_only(tmp_path / "model.safetensors", tensors)
+    total = write_header_only(tmp_path / "model.safetensors", tensors)
     from_config = estimate(str(tmp_path / "config.json"), prompt_tokens=8, new_tokens=2)
     assert from_config.weights_bytes == total + computed, (from_config.weights_bytes - computed, total)
     assert from_config.quantization is not None and from_config.quantization["converted_linears"] > 0
