@@ -192,3 +192,24 @@ def test_weights_dtype_on_a_quantized_checkpoint_is_refused(tmp_path: Path) -> N
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(InputError, match="weights-dtype"):
         estimate(str(tmp_path / "config.json"), prompt_tokens=8, new_tokens=2, weights_dtype="int4")
+
+
+@pytest.mark.parametrize(("version", "vision_kept"), [("4.57.1", True), (None, True), ("5.24.0", False)])
+def test_skip_lists_match_as_the_transformers_that_saved_the_config(
+    tmp_path: Path, version: str | None, vision_kept: bool
+) -> None:
+    """``llm_int8_skip_modules: ["visual"]`` names the vision tower in a checkpoint saved before
+    transformers 5 (its keys were ``visual.``); transformers 5 matches skip lists against its own
+    module paths (``model.visual.``, quantizers_utils.should_convert_module: from the start or as a
+    suffix), so in a config it saved, "visual" keeps nothing and the tower is quantized."""
+    qc = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+          "llm_int8_skip_modules": ["lm_head", "visual"]}  # fmt: skip
+    config = _tiny("qwen2-vl-2b-instruct", torch_dtype="float16", quantization_config=qc)
+    if version is not None:
+        config["transformers_version"] = version
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    card = estimate(str(tmp_path / "config.json"), prompt_tokens=8, new_tokens=2)
+    assert card.quantization is not None
+    kept = card.quantization["unquantized"].get("llm_int8_skip_modules", [])
+    assert any(p.startswith("model.visual.") for p in kept) == vision_kept, kept
+    assert "lm_head" in kept

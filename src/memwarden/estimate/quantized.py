@@ -74,6 +74,10 @@ class Scheme:
     targets: tuple[str, ...] = ("Linear",)  # compressed-tensors targets
     only_blocks: tuple[str, ...] | None = None  # GPTQ: block_name_to_quantize (None: the decoder stack)
     more: MoreSpec | None = None  # HQQ / torchao: their own settings
+    # Saved by transformers >= 5 (config.json's transformers_version): its skip lists name
+    # transformers 5's module paths (``model.visual``), which its loader alone matches; an older
+    # checkpoint's lists use the old names (``visual``), matched against both.
+    new_names_only: bool = False
 
     def describe(self) -> str:
         if self.more is not None:
@@ -318,8 +322,9 @@ def converted(scheme: Scheme, path: str, checkpoint_names: tuple[str, ...], defa
     names the checkpoint may use for it (pre-transformers-5 paths: ``visual.`` for ``model.visual.``);
     ``defaults``: transformers' ``get_keys_to_not_convert`` plus ``_keep_in_fp32_modules``;
     ``decoder_stack``: the text decoder's layer list, where GPTQ quantizes."""
-    names = (path, *checkpoint_names)
     m = scheme.method
+    # compressed-tensors writes its ignore list in its own (old) names whatever saved it
+    names = (path,) if scheme.new_names_only and m != "compressed-tensors" else (path, *checkpoint_names)
     if m == "compressed-tensors":
         if _ct_match(names, "Linear", scheme.skip or ()):
             return False, "ignore list"

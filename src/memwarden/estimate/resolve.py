@@ -4,6 +4,7 @@ folder holding one, into a transformers config and the model class that runs it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -205,7 +206,16 @@ def _from_file(path: Path, name: str) -> ResolvedModel:
         scheme = parse_scheme(quant)
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None
+    if scheme is not None and _saved_by_transformers_5(data):
+        scheme = dataclasses.replace(scheme, new_names_only=True)
     return ResolvedModel(name, config, model_class, str(path), _checkpoint_dtype(data), scheme)
+
+
+def _saved_by_transformers_5(data: dict[str, Any]) -> bool:
+    """Whether config.json says transformers 5 or later wrote it ("5.24.0", "5.0.0.dev0")."""
+    version = data.get("transformers_version")
+    major = version.split(".", 1)[0] if isinstance(version, str) else ""
+    return major.isdigit() and int(major) >= 5
 
 
 _DTYPE_NAMES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16",
