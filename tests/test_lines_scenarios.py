@@ -13,15 +13,15 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
-import runpy
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from test_lines import _realworld_accuracy
+
 SCENARIOS = Path(__file__).resolve().parents[1] / "examples" / "scenarios"
+ACCURACY = _realworld_accuracy()
 
 # script (relative to examples/scenarios) -> a piece of the planted line's text, and why that line.
 PLANTED_LINES = {
@@ -71,35 +71,14 @@ def planted_scripts() -> list[str]:
     return sorted(str(p.relative_to(SCENARIOS)) for p in SCENARIOS.glob("*/*.py") if not p.stem.endswith("_fixed"))
 
 
-@contextlib.contextmanager
-def _as_main(path: Path) -> Iterator[None]:
-    """As ``memwarden trace`` runs a script: ``sys.argv`` and its folder on ``sys.path``. One torch
-    thread: tiny models run hundreds of small ops a thread pool only slows; allocations are the same."""
-    import torch
-
-    saved_argv, saved_threads = sys.argv[:], torch.get_num_threads()
-    sys.argv = [str(path)]
-    sys.path.insert(0, str(path.parent))
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        sys.argv = saved_argv
-        sys.path.remove(str(path.parent))
-        torch.set_num_threads(saved_threads)
-
-
 def findings_of(relpath: str) -> list[dict[str, Any]]:
-    """``memwarden diagnose --json``'s findings on an in-process capture of the scenario."""
-    import memwarden
-    from memwarden.analyze.diagnose import diagnose
-
+    """``memwarden diagnose --json``'s findings on an in-process capture of the scenario, run as
+    the real-world corpus runs its cases (``examples/realworld/accuracy.py`` ``diagnose_case``:
+    as ``__main__``, its folder on ``sys.path``, one torch thread)."""
     path = SCENARIOS / relpath
     gc.collect()  # tensors of earlier tests would be preexisting rows of this capture
-    with _as_main(path), memwarden.capture() as cap, contextlib.redirect_stdout(io.StringIO()):
-        runpy.run_path(str(path), run_name="__main__")
-    assert cap.trace is not None
-    return [f.to_json() for f in diagnose(cap.trace)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        return list(ACCURACY.diagnose_case(ACCURACY.Case(path, relpath.split("/")[0], ())))
 
 
 def planted_line(source: str, marker: str) -> int:

@@ -114,9 +114,9 @@ class _Probes:
         return self._accepts is not None
 
     def accepted(self, k: int) -> bool:
-        """Whether the model takes k steps at all, without running it (``accepts``; else the estimate)."""
-        if k in self.peaks or k in self.refused or self._accepts is None:
-            self.fits(k)
+        """Whether the model takes k steps at all, without running it (only with ``accepts``)."""
+        assert self._accepts is not None
+        if k in self.peaks or k in self.refused:
             return k in self.peaks
         self.checked.add(k)
         if not self._accepts(k):
