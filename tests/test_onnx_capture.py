@@ -288,3 +288,63 @@ def test_malloc_counter_sees_every_byte(tmp_path: Path) -> None:
     peak, live = map(int, done.stdout.split())
     assert 10_000_000 <= peak <= 10_000_000 + 64 * 1024
     assert abs(live) < 64 * 1024
+
+
+def _rounded_scratch_graph(path: Path) -> dict[str, np.ndarray]:
+    """Relu of a 6 MiB feed, its sum, then Where(cond, x, sum) with a 4 MiB output and a 4 MiB
+    temporary. ORT's default arena serves the 6 MiB request from an 8 MiB region it does not split
+    (a chunk under twice the request stays whole), and the Where's scratch then lifts the arena's
+    high-water mark by 8 MiB, not 4."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Relu", ["a"], ["b"], name="/act/Relu"),
+        helper.make_node("ReduceSum", ["b"], ["s"], name="/sum/ReduceSum", keepdims=0),
+        helper.make_node("Where", ["cond", "x", "s"], ["y"], name="/mask/Where"),
+    ]
+    inputs = [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n"]),
+              helper.make_tensor_value_info("cond", TensorProto.BOOL, [1]),
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "where", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    rng = np.random.default_rng(0)
+    return {"a": rng.standard_normal(6 << 18, dtype=np.float32), "cond": np.array([True]),
+            "x": rng.standard_normal(1 << 20, dtype=np.float32)}  # fmt: skip
+
+
+def test_arena_off_scratch_is_not_rounded_to_arena_chunks(tmp_path: Path) -> None:
+    """Arena off, the scratch comes from the arena-on twin's high-water mark. On ORT's default arena
+    that mark counts whole chunks: the capture took 8 MiB of scratch for the Where's 4 MiB and was
+    50% above the malloc counter. The twin runs on an arena that splits every chunk
+    (``memwarden.capture.onnx.twin``), in its own process, so sessions here keep the default."""
+    import onnxruntime as ort
+
+    from memwarden.capture.onnx.measure import measure_run, run_peaks
+    from memwarden.capture.onnx.profile import read_profile
+
+    _malloc_counter()
+    path = tmp_path / "where.onnx"
+    feeds = _rounded_scratch_graph(path)
+    settings = OrtSettings(arena=False, mem_pattern=False)
+    trace = capture_onnx(path, [feeds, feeds], settings=settings)
+    ev = trace.events
+    scratch = [int(n) for c, o, n in zip(ev["category"], ev["op"], ev["nbytes"], strict=True)
+               if c == Category.TEMPORARY and trace.string(int(o)) == "Where"]  # fmt: skip
+    assert scratch and max(scratch) <= (4 << 20) + 256, scratch  # the request, not its 8 MiB chunk
+    measured = measure_run(path, feeds, settings, runs=2).malloc_peak_bytes
+    assert measured is not None
+    ours = run_peaks(trace)[1]
+    assert abs(ours - measured) <= 0.05 * measured, (ours, measured)
+    # a session of this process that asks for the environment's allocators still gets the default
+    # arena: the splitting one was registered in the twin's process only
+    so = OrtSettings(arena=True, mem_pattern=False).session_options()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "own")
+    so.add_session_config_entry("session.use_env_allocators", "1")
+    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    session.run(None, feeds)
+    (run,) = read_profile(session.end_profiling())
+    where = run.nodes[-1]
+    assert where.in_use_peak_bytes is not None and where.in_use_bytes is not None
+    assert where.in_use_peak_bytes - where.in_use_bytes > (6 << 20), (where.in_use_peak_bytes, where.in_use_bytes)

@@ -8,14 +8,17 @@ caller is re-created from its model with the same settings plus those two output
 
 from __future__ import annotations
 
+import json
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from memwarden.capture.onnx.twin import ENV_ALLOCATORS, register_splitting_arena, shadow_profile
 from memwarden.errors import InputError
 
 __all__ = ["OrtSettings", "ProfiledRun", "load_feeds", "run_profiled", "settings_of"]
@@ -133,19 +136,25 @@ def run_profiled(
 
     With the arena off ORT writes no allocator counters, so a twin session with the arena on
     runs the same feeds: ORT's allocation plan (which value reuses which buffer, when each is
-    released) does not depend on the arena, only the counters do."""
+    released) does not depend on the arena, only the counters do. On the CPU EP the twin runs in
+    a fresh interpreter on an arena that splits every chunk (``memwarden.capture.onnx.twin``), so
+    its high-water mark rises by a kernel's scratch, not by the chunk the scratch was given."""
     workdir = tempfile.TemporaryDirectory(prefix="memwarden-ort-")
     try:
         main = _profiled_session(source, feeds, settings, Path(workdir.name), "profile", optimized=True)
+        checked = main[1]
         shadow = None
         if not settings.arena:
             twin = OrtSettings(ep=settings.ep, arena=True, mem_pattern=settings.mem_pattern,
                                optimization=settings.optimization, intra_op_threads=settings.intra_op_threads)  # fmt: skip
-            shadow = _profiled_session(source, feeds, twin, Path(workdir.name), "shadow", optimized=False)[0]
+            # else (another EP, an older onnxruntime, a failed child) here, on the default arena
+            shadow = None if settings.ep != "cpu" else shadow_profile(source, checked, asdict(twin), Path(workdir.name))
+            if shadow is None:
+                shadow = _profiled_session(source, feeds, twin, Path(workdir.name), "shadow", optimized=False)[0]
     except BaseException:
         workdir.cleanup()
         raise
-    profile, checked, output_names = main
+    profile, _, output_names = main
     optimized = Path(workdir.name) / "optimized.onnx"
     return ProfiledRun(
         profile_path=profile,
@@ -159,7 +168,7 @@ def run_profiled(
 
 def _profiled_session(
     source: str | Path | bytes, feeds: Sequence[Mapping[str, np.ndarray]], settings: OrtSettings, workdir: Path,
-    prefix: str, *, optimized: bool,
+    prefix: str, *, optimized: bool, env_allocators: bool = False,
 ) -> tuple[Path, list[dict[str, np.ndarray]], list[str]]:  # fmt: skip
     import onnxruntime as ort
 
@@ -169,6 +178,8 @@ def _profiled_session(
     # fatal only: a session that fails to load still ends its profile when it is destroyed and logs
     # an error line for it; every failure reaches the caller as an exception, reported in one line
     so.log_severity_level = 4
+    if env_allocators:  # the process's registered allocators (``twin.register_splitting_arena``)
+        so.add_session_config_entry(ENV_ALLOCATORS, "1")
     if optimized:
         so.optimized_model_filepath = str(workdir / "optimized.onnx")
     model = source if isinstance(source, bytes) else str(source)
@@ -184,3 +195,17 @@ def _profiled_session(
     except Exception as exc:  # as above: a graph ORT loaded can still fail on these inputs
         raise InputError(f"onnxruntime failed to run the model: {str(exc).splitlines()[0][:300]}") from None
     return Path(session.end_profiling()), checked, [o.name for o in session.get_outputs()]
+
+
+def _twin_child(config: dict[str, Any]) -> str:
+    """In a fresh interpreter: the twin's profile on the splitting arena (``twin.shadow_profile``)."""
+    if not register_splitting_arena():
+        raise SystemExit(3)
+    feeds = [load_feeds(p) for p in config["feeds"]]
+    settings = OrtSettings(**config["settings"])
+    return str(_profiled_session(config["model"], feeds, settings, Path(config["workdir"]), "shadow",
+                                 optimized=False, env_allocators=True)[0])  # fmt: skip
+
+
+if __name__ == "__main__":
+    print(_twin_child(json.loads(sys.argv[1])))
