@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-_LAYERS = ("num_hidden_layers", "depth", "num_layers", "encoder_layers", "decoder_layers", "resampler_depth")
+_LAYERS = (
+    "num_hidden_layers",
+    "depth",
+    "num_layers",
+    "encoder_layers",
+    "decoder_layers",
+    "resampler_depth",
+    "num_global_layers",
+)
 _WIDTHS = ("hidden_size", "embed_dim", "d_model", "out_hidden_size", "projection_dim", "mm_hidden_size")
 _FFN = ("intermediate_size", "encoder_ffn_dim", "decoder_ffn_dim", "moe_intermediate_size")
 _HEADS = {"num_attention_heads": 4, "num_heads": 4, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
-          "resampler_n_heads": 4}  # fmt: skip
+          "resampler_n_heads": 4, "attention_heads": 4}  # fmt: skip
 _KV_HEADS = ("num_key_value_heads",)
 
 
@@ -40,9 +48,13 @@ def shrink(data: Any, image_side: int | None = None) -> Any:
         out["resampler_head_dim"] = 16
     if isinstance(out.get("layer_types"), list):
         out["layer_types"] = out["layer_types"][:2]
-    for key in ("deepstack_visual_indexes", "fullatt_block_indexes"):
+    for key in ("deepstack_visual_indexes", "fullatt_block_indexes", "cross_attention_layers"):
         if isinstance(out.get(key), list):
             out[key] = [1] if out[key] else []
+    if isinstance(out.get("intermediate_layers_indices"), list) and isinstance(out.get("vision_output_dim"), int):
+        # Mllama's tower: the last hidden state beside each kept intermediate one, concatenated
+        out["intermediate_layers_indices"] = [0, 1]
+        out["vision_output_dim"] = out["hidden_size"] * 3
     rope = out.get("rope_parameters") or out.get("rope_scaling")
     if isinstance(rope, dict) and isinstance(rope.get("mrope_section"), list):
         # the sections sum to the rotary half-width: head_dim 16 / 2 = 8, times a partial rotary factor

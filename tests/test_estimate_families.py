@@ -84,7 +84,7 @@ def _meta_and_live(
     torch.manual_seed(0)
     live = getattr(transformers, name)._from_config(cfg, dtype=dtype, attn_implementation="sdpa").eval()
     # the same request with real pixels: the live forward checks placeholders == image features
-    live_inputs = {k: (torch.randn(v.shape) if v.is_floating_point() else v) for k, v in inputs.items()}
+    live_inputs = {k: (torch.randn(v.shape, dtype=v.dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
     with torch.inference_mode():
         live.generate(**live_inputs, max_new_tokens=1, min_new_tokens=1, **kwargs)  # lazy kernels warmed
     forget_models()  # kept meta models of earlier tests hold CPU buffers the live capture would count

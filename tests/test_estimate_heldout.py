@@ -3,7 +3,8 @@ the estimator was built against (DeepSeek-VL, Janus-Pro, PaddleOCR-VL, Qwen2.5-O
 each shrunk to a tiny random-weight twin and estimated on meta within 1% of a live capture, with
 image and audio token counts checked against transformers' own processor arithmetic; and the
 refusals found on the way (variants served by another family's processor, per-layer size lists,
-processors that need torchvision, audio a model cannot count) are clear errors or work."""
+processors that need torchvision, audio a model cannot count) are clear errors or work. Mllama's
+cross-attention images and Chameleon's VQ-encoded ones are tests/test_estimate_mllama.py."""
 
 from __future__ import annotations
 
@@ -216,14 +217,3 @@ def test_an_encoder_decoder_card_counts_the_prompt_its_encoder_was_given(tmp_pat
     side = proc(images=[np.zeros((64, 64, 3), dtype=np.uint8)], return_tensors="pt")["pixel_values"].shape[-1]
     # DaViT: stride 4 then 2, 2, 2 (32 in all), plus one pooled token, as Florence2Processor's image_seq_length
     assert card.tokens == {"vision": (side // 32) ** 2 + 1, "audio": 0, "text": 16}
-
-
-def test_cross_attention_images_are_refused_with_the_reason() -> None:
-    # Llama 3.2 Vision (Mllama): no placeholder tokens to count; text-only requests are estimated
-    data = tiny_config(transformers.CONFIG_MAPPING["mllama"]().to_dict(), 56)
-    config = transformers.CONFIG_MAPPING["mllama"].from_dict(data)
-    model = meta.build_meta_model(config, torch.float32, "MllamaForConditionalGeneration")
-    with pytest.raises(InputError, match="cross-attention"):
-        build_request(model, config, images=((56, 56),), prompt_tokens=8, new_tokens=1, batch=1)
-    _inputs, tokens = build_request(model, config, images=(), prompt_tokens=8, new_tokens=1, batch=1)
-    assert tokens == {"vision": 0, "audio": 0, "text": 8}

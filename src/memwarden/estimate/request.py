@@ -11,6 +11,10 @@
 - The placeholder count of an image is what the model's own ``get_image_features`` returns for
   that processor output, run on the meta model (so it includes tiles, newline tokens, pooling),
   kept by value (model class and config, processor settings, size).
+- A model that takes images through cross-attention (Mllama) has no placeholders: the prompt
+  holds one image token per image, and the family's processor makes the tiles, aspect-ratio ids
+  and ``cross_attention_mask`` of the request's ids (:mod:`memwarden.estimate.request_cross`).
+- Float inputs go to the model in its dtype, as ``processor(...).to(model.dtype)`` sends them.
 - Videos and audio (any family's, through its video processor's defaults and its feature
   extractor) are built in :mod:`memwarden.estimate.request_media`; the same model call counts them.
 - Text is ids below the lowest special id; markers (BOS, image start/end, row/column tokens)
@@ -25,9 +29,11 @@ from collections import OrderedDict
 from typing import Any
 
 from memwarden.errors import InputError
+from memwarden.estimate.request_cross import cross_attention_request, takes_cross_attention_images
 from memwarden.estimate.request_media import (
     audio_media,
     feature_tokens,
+    in_model_dtype,
     processed,
     processing_families,
     processor_key,
@@ -45,11 +51,13 @@ _COUNTS_KEPT = 256
 
 
 def _vision(config: Any) -> Any:
-    return getattr(config, "vision_config", None)
+    """The image encoder's config: a vision tower's, else a VQ image tokenizer's (Chameleon, Emu3)."""
+    return getattr(config, "vision_config", None) or getattr(config, "vq_config", None)
 
 
 def _image_side(vc: Any) -> int | None:
-    side = getattr(vc, "image_size", None)
+    """The side the encoder takes: a tower's ``image_size``, a VQ encoder's ``resolution`` (Chameleon's 512)."""
+    side = getattr(vc, "image_size", None) or getattr(vc, "resolution", None)
     if isinstance(side, (list, tuple)) and side:
         side = side[0]
     return int(side) if isinstance(side, int) and not isinstance(side, bool) else None
@@ -180,11 +188,12 @@ def placeholder_counts(model: Any, processor: Any, images: list[tuple[int, int]]
         getattr(model, "model", None), "get_image_features", None
     )
     if encode is None:
-        why = "has no get_image_features, by which memwarden counts an image's tokens"
-        if "cross_attention_states" in inspect.signature(model.forward).parameters:
-            # Mllama: tiles reach the text model through cross-attention layers, not as placeholder tokens
-            why = "takes images through cross-attention (cross_attention_states), which memwarden does not build yet"
-        raise InputError(f"{type(model).__name__} {why}; send a text-only request")
+        if takes_cross_attention_images(model):  # Mllama: its tiles are cross-attention states, not tokens
+            raise InputError(f"{type(model).__name__} takes images through cross-attention: no placeholders to count")
+        raise InputError(
+            f"{type(model).__name__} has no get_image_features, by which memwarden counts an image's tokens; "
+            "send a text-only request"
+        )
     # The count depends on the model's code and config, the processor's settings and the size only:
     # kept by those values, so the points of a --fit search or a sweep that share an image run it once.
     model_key = (f"{type(model).__module__}.{type(model).__qualname__}", model.config.to_json_string())
@@ -193,7 +202,7 @@ def placeholder_counts(model: Any, processor: Any, images: list[tuple[int, int]]
         key = (*model_key, processor_key(processor), tuple(wh))
         count = _COUNTS.get(key)
         if count is None:
-            media = _to_meta(processed(processor, [wh], 1))
+            media = in_model_dtype(model, _to_meta(processed(processor, [wh], 1)))
             with placement(), torch.inference_mode():
                 out = encode(**_accepted(encode, media), return_dict=True)
             _check_width(model.config, out)
@@ -272,12 +281,16 @@ def build_request(
     context = getattr(text, "max_position_embeddings", None)
     runs: list[tuple[str, int]] = []  # (kind, placeholders) in prompt order: images, videos, audio
     media: dict[str, Any] = {}
+    cross = bool(images) and takes_cross_attention_images(model)
     if images:
         for wh in images:
             _check_image(config, wh)
         processor = image_processor(config.model_type, config, max_pixels)
-        runs += [("image", n) for n in placeholder_counts(model, processor, list(images))]
-        media = _to_meta(processed(processor, list(images), batch))
+        if cross:  # the prompt's one image token per image; the processor builds the rest from the ids
+            runs += [("image", 1) for _ in images]
+        else:
+            runs += [("image", n) for n in placeholder_counts(model, processor, list(images))]
+            media = _to_meta(processed(processor, list(images), batch))
     if videos:
         for w, h, _frames in videos:
             _check_image(config, (w, h))
@@ -325,8 +338,13 @@ def build_request(
     ids += words
     input_ids = torch.tensor([ids] * batch, dtype=torch.long)
     inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    if cross:
+        known_bos = bos if isinstance(bos, int) and 0 <= bos < text.vocab_size else None
+        media = cross_attention_request(
+            config, processor, ids, list(images), batch, (known_bos, image_token_id(config))
+        )
     accepted = inspect.signature(model.forward).parameters
-    inputs.update({k: v for k, v in media.items() if k in accepted})
+    inputs.update(in_model_dtype(model, {k: v for k, v in media.items() if k in accepted}))
     if runs and "mm_token_type_ids" in accepted:
         kinds = {"image": 1, "video": 2, "audio": 3}
         type_ids = torch.zeros_like(input_ids, dtype=torch.int)

@@ -33,8 +33,10 @@ __all__ = [
     "MAX_VIDEO_FRAMES",
     "audio_media",
     "feature_tokens",
+    "in_model_dtype",
     "processed",
     "processing_families",
+    "processor_class",
     "processor_key",
     "video_media",
 ]
@@ -98,11 +100,17 @@ def _first_class(mapping: dict[str, Any], config: Any, backend: str | None = Non
     return None
 
 
-def _processor_defaults(config: Any, kind: str) -> dict[str, Any]:
-    """The processor class's own default ``{kind}_kwargs`` (a class attribute; no tokenizer is built)."""
+def processor_class(config: Any) -> Any:
+    """The family's processor class (image processor and tokenizer together; transformers' auto
+    mapping), or None where transformers has none."""
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
-    cls = _first_class(PROCESSOR_MAPPING_NAMES, config)
+    return _first_class(PROCESSOR_MAPPING_NAMES, config)
+
+
+def _processor_defaults(config: Any, kind: str) -> dict[str, Any]:
+    """The processor class's own default ``{kind}_kwargs`` (a class attribute; no tokenizer is built)."""
+    cls = processor_class(config)
     value = getattr(cls, f"{kind}_kwargs", None) if cls is not None else None
     return dict(value) if isinstance(value, dict) else {}
 
@@ -117,6 +125,20 @@ def _encoder(model: Any, name: str) -> Any:
     return encode
 
 
+def in_model_dtype(model: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """Float inputs (pixels, audio features) in the model's dtype, as users send them
+    (``processor(...).to(model.dtype)`` casts the floating tensors only): a VQ image encoder
+    (Chameleon, Emu3) takes no float32 pixels in a bf16 model, and a tower that would cast them
+    itself then holds no float32 copy."""
+    import torch
+
+    dtype = model.dtype
+    return {
+        k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() and dtype.is_floating_point else v
+        for k, v in values.items()
+    }
+
+
 def _tokens(model: Any, encoder: str, media: dict[str, Any]) -> int:
     import torch
 
@@ -125,6 +147,7 @@ def _tokens(model: Any, encoder: str, media: dict[str, Any]) -> int:
     encode = _encoder(model, encoder)
     params = inspect.signature(encode).parameters
     forwards = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())  # (*args, **kwargs) wrappers
+    media = in_model_dtype(model, media)
     with placement(), torch.inference_mode():
         out = encode(**{k: v for k, v in media.items() if forwards or k in params}, return_dict=True)
     return feature_tokens(out)
