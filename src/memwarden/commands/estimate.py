@@ -21,7 +21,8 @@ def register(sub: Any) -> None:
             "transformers' generate() on the request and report the peak per phase (load, encode, prefill, "
             "decode), the verdict for a device and the cheapest changes that make it fit. MODEL is a zoo name "
             "(llava, qwen2-vl:small, ...), a named real model (llava-1.5-7b, qwen2-vl-7b-instruct, ...) or the "
-            "path of a config.json or of a folder holding one."
+            "path of a config.json or of a folder holding one; a preprocessor_config.json beside it sets the "
+            "image processor, as from_pretrained would (read as data, nothing it names is imported)."
         ),
     )
     p.add_argument("model", metavar="MODEL", help="zoo name, named real model, config.json or its folder")

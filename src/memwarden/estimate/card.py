@@ -43,6 +43,7 @@ CARD_KEYS = (
     "limit",
     "fit",
     "runtime",
+    "processor",
 )
 
 # Bytes per element (per parameter for quantized weights, scales included; see memwarden.estimate.suggest).
@@ -168,6 +169,9 @@ class MemoryCard:
     fit: dict[str, Any] | None = None
     # on a CUDA device: workspaces, the caching allocator's reserve, the context (estimate/cuda_runtime.py)
     runtime: dict[str, Any] | None = None
+    # where the image processor's settings came from, for a request with images or videos:
+    # "checkpoint" (the folder's preprocessor_config.json) or "defaults" (the class's, sized by the config)
+    processor: str | None = None
     # not part of the JSON: what the card is about, for the Markdown card
     model: str = ""
     request: Request | None = None
@@ -241,6 +245,11 @@ class MemoryCard:
             "logits: every prompt position, float32 (older transformers)" if self.logits == "full"
             else "logits: last position only in prefill"
         )  # fmt: skip
+        if self.processor is not None:
+            out.append(
+                "image processor: the checkpoint's preprocessor_config.json" if self.processor == "checkpoint"
+                else "image processor: the class's defaults, sized by the config (no preprocessor_config.json)"
+            )  # fmt: skip
         if self.versions:
             out.append("code run: " + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
         return out + self.quantization_lines()

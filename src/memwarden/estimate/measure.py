@@ -126,7 +126,7 @@ def _inputs(resolved: ResolvedModel, req: Request, model: Any) -> tuple[dict[str
         return build_request(
             model, resolved.config, images=req.images, prompt_tokens=req.prompt_tokens,
             new_tokens=req.new_tokens, batch=req.batch, max_pixels=req.max_pixels, videos=req.videos,
-            audio_seconds=req.audio_seconds,
+            audio_seconds=req.audio_seconds, processor_settings=resolved.processor_settings,
         )  # fmt: skip
     config = resolved.config
     if not resolved.source.startswith("zoo:"):
@@ -271,6 +271,8 @@ def card_for(
     card = card_from_trace(trace, model=resolved.name, request=req, facts=model_facts_, device=device,
                            decode=decode, versions=versions())  # fmt: skip
     card.quantization = quantization_block(resolved, meta_model, req, card)
+    if (req.images or req.videos) and not resolved.source.startswith("zoo:"):
+        card.processor = "checkpoint" if resolved.processor_settings is not None else "defaults"
     return card, model_facts_
 
 

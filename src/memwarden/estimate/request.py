@@ -3,7 +3,9 @@
 - Images go through the family's own image processor class (transformers' auto mapping, the PIL
   backend: no torchvision needed), constructed from its defaults plus the sizes the config
   states (vision ``image_size``, ``patch_size``, ``spatial_merge_size``, ``image_grid_pinpoints``,
-  tile counts), so tiling, splitting and pixel limits are exactly the processor's. It runs on a
+  tile counts), or from the checkpoint folder's own ``preprocessor_config.json`` where it ships
+  one (:mod:`memwarden.estimate.processor_file`), so tiling, splitting and pixel limits are exactly
+  the processor's. It runs on a
   blank uint8 image of the requested size (sizes are checked first) without its elementwise
   rescale/normalize steps, once per (processor settings, sizes), and only the shapes and dtypes
   of its float outputs are kept: they go to the meta device
@@ -44,6 +46,7 @@ __all__ = ["MAX_IMAGE_PIXELS", "build_request", "image_processor", "placeholder_
 
 MAX_IMAGE_PIXELS = 64 * 1024**2  # 8192 x 8192: larger than any camera image a processor is fed
 _MAX_PATCHES_PER_IMAGE = 1 << 18  # 4x Qwen2-VL's largest (3584^2 / 14^2); beyond it a config is broken
+_MAX_PROCESSOR_SIDE = 1 << 12  # a fixed-size processor's side; real ones are at most 1540 (Mistral 3)
 _FIRST_TEXT_ID = 3  # 0 pad, 1 BOS, 2 EOS in most vocabularies
 # (model class, its config, processor settings, (W, H)) -> placeholder tokens of that image
 _COUNTS: OrderedDict[tuple[Any, ...], int] = OrderedDict()
@@ -120,8 +123,46 @@ def _processor_kwargs(cls: Any, config: Any, max_pixels: int | None) -> dict[str
     return kw
 
 
-def image_processor(family: str, config: Any, max_pixels: int | None = None) -> Any:
-    """The family's image processor (PIL backend) for ``config``; InputError when transformers has none."""
+def _from_settings(cls: Any, settings: dict[str, Any], max_pixels: int | None) -> Any:
+    """``cls`` with a checkpoint folder's own settings (as ``from_pretrained`` would read them),
+    ``max_pixels`` over them; the sides of a fixed-size processor bounded."""
+    try:
+        proc = cls.from_dict(dict(settings))
+        dynamic = hasattr(proc, "merge_size")
+        if max_pixels is not None:
+            if not dynamic:
+                raise InputError(
+                    f"max_pixels applies to dynamic-resolution processors; {cls.__name__} resizes to a size"
+                )
+            size = _size_dict(proc.size)
+            size["longest_edge"] = max_pixels
+            legacy = ("min_pixels", "max_pixels")  # older files' names for the size's two bounds
+            proc = cls.from_dict({**{k: v for k, v in settings.items() if k not in legacy}, "size": size})
+    except InputError:
+        raise
+    except Exception as exc:  # values the class rejects
+        raise InputError(
+            f"the checkpoint's processor settings do not build {cls.__name__} "
+            f"({exc.__class__.__name__}: {str(exc)[:200]})"
+        ) from None
+    if not dynamic:
+        for attr in ("size", "crop_size", "max_image_size"):
+            sides = [v for v in _size_dict(getattr(proc, attr, None)).values() if isinstance(v, int)]
+            if any(not 1 <= v <= _MAX_PROCESSOR_SIDE for v in sides):
+                raise InputError(
+                    f"the checkpoint's processor resizes to {attr} = {_size_dict(getattr(proc, attr))}; "
+                    f"no real processor's side is outside 1..{_MAX_PROCESSOR_SIDE} px"
+                )
+    return proc
+
+
+def image_processor(
+    family: str, config: Any, max_pixels: int | None = None, settings: dict[str, Any] | None = None
+) -> Any:
+    """The family's image processor (PIL backend) for ``config``; InputError when transformers has none.
+
+    ``settings``: a checkpoint folder's own (``preprocessor_config.json``), used as they are instead of
+    the sizes memwarden derives from the config (the class is still the family's)."""
     import transformers
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 
@@ -139,6 +180,8 @@ def image_processor(family: str, config: Any, max_pixels: int | None = None) -> 
                 cls = None
             # without its backend installed the class is a placeholder that is no BaseImageProcessor
             if isinstance(cls, type) and issubclass(cls, transformers.image_processing_utils.BaseImageProcessor):
+                if settings is not None:
+                    return _from_settings(cls, settings, max_pixels)
                 return cls(**_processor_kwargs(cls, config, max_pixels))
     if backends:  # only a torchvision processor (Llama 4, LFM2-VL, Phi-4-multimodal, Cohere2-Vision)
         raise InputError(
@@ -272,9 +315,11 @@ def build_request(
     max_pixels: int | None = None,
     videos: tuple[tuple[int, int, int], ...] = (),
     audio_seconds: float | None = None,
+    processor_settings: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, int]]:
     """(generate() inputs with float tensors on meta, token counts per sequence). ``videos``: (W, H,
-    frames) each; ``audio_seconds``: one clip, through the family's feature extractor."""
+    frames) each; ``audio_seconds``: one clip, through the family's feature extractor;
+    ``processor_settings``: the checkpoint folder's image processor settings, when it ships them."""
     import torch
 
     text = config.get_text_config()
@@ -285,7 +330,7 @@ def build_request(
     if images:
         for wh in images:
             _check_image(config, wh)
-        processor = image_processor(config.model_type, config, max_pixels)
+        processor = image_processor(config.model_type, config, max_pixels, processor_settings)
         if cross:  # the prompt's one image token per image; the processor builds the rest from the ids
             runs += [("image", 1) for _ in images]
         else:
@@ -294,7 +339,7 @@ def build_request(
     if videos:
         for w, h, _frames in videos:
             _check_image(config, (w, h))
-        frames = image_processor(config.model_type, config, max_pixels)
+        frames = image_processor(config.model_type, config, max_pixels, processor_settings)
         video_inputs, video_counts = video_media(model, config, videos, batch, max_pixels, frames)
         media.update(video_inputs)
         runs += [("video", n) for n in video_counts]

@@ -12,6 +12,7 @@ from typing import Any
 
 from memwarden.errors import InputError
 from memwarden.estimate.checkpoint import CheckpointTensors, read_checkpoint
+from memwarden.estimate.processor_file import read_processor_settings
 from memwarden.estimate.quantized import Scheme, parse_scheme
 
 __all__ = ["CONFIG_DIR", "ResolvedModel", "model_names", "resolve_model"]
@@ -41,6 +42,7 @@ class ResolvedModel:
         checkpoint_dtype: str | None = None,
         scheme: Scheme | None = None,
         checkpoint: CheckpointTensors | None = None,
+        processor_settings: dict[str, Any] | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -49,6 +51,8 @@ class ResolvedModel:
         self.checkpoint_dtype = checkpoint_dtype  # torch_dtype / dtype of config.json; None: not stated
         self.scheme = scheme  # the quantization_config's layout; None: not quantized
         self.checkpoint = checkpoint  # a local folder's safetensors tensors (headers only); None: config only
+        # the image processor settings beside config.json (preprocessor_config.json); None: the class's
+        self.processor_settings = processor_settings
 
     @property
     def default_dtype(self) -> str:
@@ -85,9 +89,13 @@ def resolve_model(model: str) -> ResolvedModel:
             raise InputError(f"{model}: the folder holds no config.json")
         resolved = _from_file(path, folder.resolve().name)
         resolved.checkpoint = read_checkpoint(folder)  # safetensors headers only; None when the folder has none
+        resolved.processor_settings = read_processor_settings(folder)
         return resolved
     if path.is_file():
-        return _from_file(path, path.parent.name if path.name == "config.json" else path.stem)
+        resolved = _from_file(path, path.parent.name if path.name == "config.json" else path.stem)
+        if path.name == "config.json":  # a checkpoint's config.json: its processor settings beside it
+            resolved.processor_settings = read_processor_settings(path.parent)
+        return resolved
     names = model_names()
     raise InputError(
         f"unknown model {model!r}; valid names: zoo {', '.join(names['zoo'])}; real {', '.join(names['real'])}; "
