@@ -47,6 +47,26 @@ def test_module_paths_from_node_names() -> None:
     assert module_path_of("MatMul_12") is None
 
 
+def test_feeds_keep_no_torch_tensor_alive() -> None:
+    """The feeds own their memory: a feed that viewed a torch tensor's storage would keep the tensor
+    alive, and every later live capture in the process would count it (364 KB of Qwen2-VL inputs
+    did, for a session-scoped fixture's feeds)."""
+    import gc
+
+    import torch
+
+    def live_storages() -> set[int]:
+        gc.collect()
+        return {
+            o.untyped_storage().data_ptr() for o in gc.get_objects() if isinstance(o, torch.Tensor) and not o.is_meta
+        }
+
+    before = live_storages()
+    feeds = example_feeds("qwen2-vl")
+    assert all(a.flags.owndata for part in feeds.values() for a in part.values())
+    assert live_storages() <= before
+
+
 def test_export_keeps_module_paths_and_modalities(zoo_onnx: dict) -> None:
     path, feeds = zoo_onnx["llava-vision"]
     trace = capture_onnx(path, feeds)

@@ -160,8 +160,11 @@ def export_zoo(
 
 
 def example_feeds(name: str, *, size: str = "tiny") -> dict[str, dict[str, np.ndarray]]:
-    """The numpy feeds that match ``export_zoo(name)``'s parts (the export's own example inputs)."""
+    """The numpy feeds that match ``export_zoo(name)``'s parts (the export's own example inputs).
+
+    Copies that own their memory: ``Tensor.numpy()`` shares the tensor's storage and keeps it alive,
+    and a torch tensor kept alive by a feed is counted by every later live capture in the process."""
     return {
-        part: {n: t.detach().numpy() for n, t in zip(names, args, strict=True)}
+        part: {n: t.detach().numpy().copy() for n, t in zip(names, args, strict=True)}
         for part, (_, args, names, _) in export_parts(name, size).items()
     }
