@@ -300,3 +300,20 @@ def test_the_short_dtype_names_users_type_mean_the_same(capsys: pytest.CaptureFi
     nf4 = json.loads(capsys.readouterr().out)
     assert _cli("llava", "--prompt-tokens", "12", "--new-tokens", "2", "--json", "--weights-dtype", "int4") == 0
     assert nf4 == json.loads(capsys.readouterr().out)
+
+
+def test_a_live_capture_does_not_count_the_estimators_kept_models() -> None:
+    """An estimate keeps its meta models, whose rotary buffers are real CPU tensors; a live capture
+    later in the same process (a notebook that estimates, then runs) drops them as it starts,
+    instead of counting them as the process's weights (Gemma 3's vision position ids: 32 KiB)."""
+    from memwarden.capture.live.reference import state_bytes
+    from memwarden.estimate import metamodel
+
+    memwarden.estimate("gemma-3-4b-it", prompt_tokens=4, new_tokens=1)
+    assert any(not b.is_meta for m in metamodel._MODELS.values() for b in m.buffers())  # real CPU buffers
+    model = zoo.build_model("llava")
+    inputs = zoo.make_inputs(model, prompt_tokens=8)
+    with memwarden.capture() as cap, torch.inference_mode():
+        model(**inputs)
+    assert summary(cap.trace).weights_bytes == state_bytes(model)
+    assert not metamodel._MODELS

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from memwarden.capture.live.capture import before_live_capture
 from memwarden.errors import InputError
 from memwarden.estimate.card import ModelFacts, Request
 from memwarden.estimate.stored import StoredLayout, StoredLinear
@@ -56,11 +57,17 @@ def model_for(resolved: ResolvedModel, dtype: str, weights_dtype: str | None) ->
     return model
 
 
-def forget_models() -> None:
-    """Drop the kept meta models. Their weights are on meta, but a few buffers (rotary
-    ``inv_freq`` and the like) are real CPU tensors: a live capture in the same process counts them."""
+def forget_models() -> bool:
+    """Drop the kept meta models; whether there were any. Their weights are on meta, but a few
+    buffers (rotary ``inv_freq`` and the like) are real CPU tensors: a live capture in the same
+    process would count them, so every live capture drops them as it starts."""
+    kept = bool(_MODELS or _LAYOUTS)
     _MODELS.clear()
     _LAYOUTS.clear()
+    return kept
+
+
+before_live_capture(forget_models)
 
 
 def layout_for(model: Any) -> StoredLayout | None:

@@ -24,7 +24,7 @@ import itertools
 import os
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,17 @@ from memwarden.capture.live.stream import Streamer
 from memwarden.capture.modality import ModalityRules
 from memwarden.trace.io import save
 from memwarden.trace.model import Phase, Trace
+
+# Run as a live capture starts, before it looks for live tensors: memwarden's own caches drop what
+# the capture would otherwise count as the process's memory (the estimator's kept meta models hold
+# real CPU buffers). Each returns whether it dropped anything.
+_BEFORE_START: list[Callable[[], bool]] = []
+
+
+def before_live_capture(drop: Callable[[], bool]) -> None:
+    """Have ``drop`` run as every live capture starts (once per function)."""
+    if drop not in _BEFORE_START:
+        _BEFORE_START.append(drop)
 
 
 @dataclass
@@ -342,6 +353,8 @@ class Capture:
         self._t0 = self._now()
         self._log.clock = self._native.now_ns
         self._wall0 = time.time()
+        if any([drop() for drop in _BEFORE_START]):
+            gc.collect()  # what was dropped may sit in reference cycles
         tensors, modules = self._split(_gc_objects(self._native))
         for root in self._roots_of(modules):
             self._register_root(root)
