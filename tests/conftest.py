@@ -42,6 +42,16 @@ def cli():
     return run_cli
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _collected_process() -> None:
+    """Each test file starts from a collected process. Garbage cycles an earlier file left (models,
+    tensors) are memory a live capture counts as the process's, so exact figures would depend on
+    which files ran before in the same process: pytest-xdist (make test) orders them anew each run."""
+    import gc
+
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def chromium() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
