@@ -8,15 +8,13 @@ would have returned.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from memwarden.capture.native import NativeRecord
+from memwarden.capture.meta.conv import conv_out_shape, conv_pattern, conv_sizes
 
 aten = torch.ops.aten
 META = torch.device("meta")
@@ -297,7 +295,7 @@ def _flash_work_buffers(rec: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
 
 def _convolution(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A convolution plus the blocks the CPU backend allocates around its output (see _conv_pattern)."""
+    """A convolution plus the blocks the CPU backend allocates around its output (see conv_pattern)."""
     names = [a.name for a in func._schema.arguments]
     bound = dict(zip(names, args, strict=False))
     bound.update(kwargs)
@@ -312,10 +310,10 @@ def _convolution(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
 
     geometry = (per_dim(bound["stride"]), per_dim(bound["padding"]), per_dim(bound["dilation"]), bool(bound["transposed"]),
                 per_dim(bound["output_padding"]), int(bound["groups"]))  # fmt: skip
-    pattern = _conv_pattern(tuple(x.shape), tuple(w.shape), bound.get("bias") is not None, geometry, w.dtype,
+    pattern = conv_pattern(tuple(x.shape), tuple(w.shape), bound.get("bias") is not None, geometry, w.dtype,
                             torch.get_num_threads())  # fmt: skip
-    out_shape = _conv_out_shape(tuple(x.shape), tuple(w.shape), geometry)
-    sizes = _conv_sizes(tuple(x.shape), tuple(w.shape), out_shape, geometry, w.element_size())
+    out_shape = conv_out_shape(tuple(x.shape), tuple(w.shape), geometry)
+    sizes = conv_sizes(tuple(x.shape), tuple(w.shape), out_shape, geometry, w.element_size())
     live: dict[int, Block] = {}
     out = None
     for is_alloc, block, kind in pattern:
@@ -329,128 +327,6 @@ def _convolution(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
     for leftover in live.values():
         mode.rec.free(leftover)
     return out if out is not None else mode.run(func, args, kwargs)
-
-
-def _conv_out_shape(x: tuple[int, ...], w: tuple[int, ...], geometry: tuple[Any, ...]) -> tuple[int, ...]:
-    stride, padding, dilation, transposed, output_padding, groups = geometry
-    spatial = []
-    for i, n in enumerate(x[2:]):
-        k = w[2 + i]
-        if transposed:
-            spatial.append((n - 1) * stride[i] - 2 * padding[i] + dilation[i] * (k - 1) + output_padding[i] + 1)
-        else:
-            spatial.append((n + 2 * padding[i] - dilation[i] * (k - 1) - 1) // stride[i] + 1)
-    channels = w[1] * groups if transposed else w[0]
-    return (x[0], channels, *spatial)
-
-
-def _conv_sizes(
-    x: tuple[int, ...], w: tuple[int, ...], out: tuple[int, ...], geometry: tuple[Any, ...], elem: int
-) -> dict[str, int]:
-    groups = geometry[5]
-    columns = x[0] * (x[1] // groups) * int(np.prod(w[2:])) * int(np.prod(out[2:])) * groups  # im2col of the slow path
-    return {
-        "input": int(np.prod(x)) * elem,
-        "weight": int(np.prod(w)) * elem,
-        "out": int(np.prod(out)) * elem,
-        "output": int(np.prod(out)) * elem,
-        "columns": columns * elem,
-    }
-
-
-_PROBE_BYTES = 32 << 20  # a probe larger than this runs on one batch item
-
-
-@functools.lru_cache(maxsize=256)
-def _conv_pattern(x: tuple[int, ...], w: tuple[int, ...], has_bias: bool, geometry: tuple[Any, ...], dtype: torch.dtype,
-                  threads: int) -> tuple[tuple[bool, int, str], ...]:  # fmt: skip
-    """What the CPU convolution allocates, as (alloc?, block, kind) with kind in input/weight/columns/output
-    (a same-sized copy of the output), ``bytes:N`` (a block of fixed size) and one "out" (the returned
-    tensor).
-
-    The backend (oneDNN or the im2col "slow" path) is the one PyTorch selects for these shapes
-    (``torch._C._select_conv_backend`` on zero-stride stand-ins). oneDNN reorders the weight, the
-    input (unless its layout suits the kernel) and the output into its blocked layouts; which of them
-    it reorders depends on the CPU, so a probe runs the real convolution once on this CPU (on one
-    batch item when the real one is large) under the native allocation recorder and classifies each
-    block by its size. Without the recorder, oneDNN is assumed to reorder weight and output.
-    """
-    stride, padding, dilation, transposed, output_padding, groups = geometry
-    elem = torch.empty((), dtype=dtype).element_size()
-
-    def stand_in(shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.empty((), dtype=dtype).expand(shape)
-
-    def backend(xs: tuple[int, ...]) -> Any:
-        bias = stand_in((w[1] * groups if transposed else w[0],)) if has_bias else None
-        return torch._C._select_conv_backend(stand_in(xs), stand_in(w), bias, list(stride), list(padding), list(dilation),
-                                             transposed, list(output_padding), groups, None)  # fmt: skip
-
-    chosen = backend(x)
-    probe_x = x
-    if int(np.prod(x)) * elem + int(np.prod(_conv_out_shape(x, w, geometry))) * elem > _PROBE_BYTES and x[0] > 1:
-        for batch in (1, 2):
-            if backend((batch, *x[1:])) == chosen:
-                probe_x = (batch, *x[1:])
-                break
-    found = _probe_conv(probe_x, w, has_bias, geometry, dtype)
-    if found is None:
-        name = str(chosen)
-        if "Mkldnn" in name:
-            return (
-                (True, 0, "weight"),
-                (True, 1, "output"),
-                (False, 0, "weight"),
-                (True, 2, "out"),
-                (False, 1, "output"),
-            )
-        if "Slow" in name:
-            return ((True, 0, "columns"), (True, 1, "out"), (False, 0, "columns"))
-        return ((True, 0, "out"),)
-    return found
-
-
-def _probe_conv(x: tuple[int, ...], w: tuple[int, ...], has_bias: bool, geometry: tuple[Any, ...],
-                dtype: torch.dtype) -> tuple[tuple[bool, int, str], ...] | None:  # fmt: skip
-    stride, padding, dilation, transposed, output_padding, groups = geometry
-    try:
-        from memwarden.capture import native
-
-        recorder = native.load()
-        if recorder.recording():
-            return None  # a live capture is running: stay out of its log
-    except Exception:  # no compiler, no headers: the formula above
-        return None
-    elem = torch.empty((), dtype=dtype).element_size()
-    out_shape = _conv_out_shape(x, w, geometry)
-    sizes = _conv_sizes(x, w, out_shape, geometry, elem)
-    xt, wt = torch.zeros(x, dtype=dtype), torch.zeros(w, dtype=dtype)
-    bt = torch.zeros(out_shape[1], dtype=dtype) if has_bias else None
-    with torch.inference_mode():
-        recorder.start(False)
-        try:
-            out = torch.ops.aten.convolution.default(xt, wt, bt, list(stride), list(padding), list(dilation), transposed,
-                                                     list(output_padding), groups)  # fmt: skip
-        finally:
-            recorder.stop()
-            drained = recorder.drain()
-    action, nbytes, ident = (np.asarray(drained[k]) for k in ("action", "nbytes", "id"))
-    out_bytes = out.untyped_storage().nbytes()
-    del out
-    freed = set(ident[action == NativeRecord.FREE].tolist())
-    by_size = {sizes["out"]: "output", sizes["input"]: "input", sizes["weight"]: "weight", sizes["columns"]: "columns"}
-    pattern: list[tuple[bool, int, str]] = []
-    returned = False
-    for a, nb, i in zip(action.tolist(), nbytes.tolist(), ident.tolist(), strict=True):
-        if a == NativeRecord.ALLOC and i not in freed and nb == out_bytes and not returned:
-            pattern.append((True, i, "out"))
-            returned = True
-        elif a in (NativeRecord.ALLOC, NativeRecord.FREE):
-            # a size none of the tensors has (a weight padded to oneDNN's channel blocking) is kept as is
-            pattern.append((a == NativeRecord.ALLOC, i, by_size.get(nb, f"bytes:{nb}")))
-    if not returned:
-        pattern.append((True, -1, "out"))
-    return tuple(pattern)
 
 
 def _native_layer_norm(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
