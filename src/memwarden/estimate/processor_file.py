@@ -17,7 +17,7 @@ from typing import Any
 
 from memwarden.errors import InputError
 
-__all__ = ["MAX_PROCESSOR_INT", "read_processor_settings"]
+__all__ = ["MAX_PROCESSOR_INT", "read_json", "read_processor_settings"]
 
 _FILES = ("preprocessor_config.json", "processor_config.json")
 _MAX_BYTES = 1024**2  # real ones are under 2 KiB
@@ -29,6 +29,16 @@ MAX_PROCESSOR_INT = 64 * 1024**2
 _NOT_SETTINGS = ("auto_map", "processor_class", "image_processor_type", "feature_extractor_type")
 
 
+def read_json(path: Path, limit: int, what: str) -> Any:
+    """``path``'s JSON, at most ``limit`` bytes; one InputError naming ``what`` when it is not that."""
+    try:
+        if path.stat().st_size > limit:
+            raise InputError(f"{path}: {path.stat().st_size} bytes is not a {what} (limit {limit})")
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSON, huge ints
+        raise InputError(f"{path}: not a readable {what} ({exc.__class__.__name__}: {str(exc)[:200]})") from None
+
+
 def read_processor_settings(folder: Path) -> dict[str, Any] | None:
     """The image processor's settings a checkpoint folder ships, or None when it ships none.
 
@@ -37,14 +47,7 @@ def read_processor_settings(folder: Path) -> dict[str, Any] | None:
         path = folder / name
         if not path.is_file():
             continue
-        try:
-            if path.stat().st_size > _MAX_BYTES:
-                raise InputError(f"{path}: {path.stat().st_size} bytes is not a processor config (limit {_MAX_BYTES})")
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise InputError(
-                f"{path}: not a readable processor config ({exc.__class__.__name__}: {str(exc)[:200]})"
-            ) from None
+        data = read_json(path, _MAX_BYTES, "processor config")
         if name == "processor_config.json" and isinstance(data, dict):
             data = data.get("image_processor")  # transformers 5 keeps each part's settings under its name
             if data is None:

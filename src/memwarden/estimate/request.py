@@ -74,6 +74,16 @@ def _size_dict(value: Any) -> dict[str, Any]:
     return {k: getattr(value, k) for k in fields if getattr(value, k) is not None} if fields else {}
 
 
+def _pixel_limited(proc: Any, max_pixels: int) -> dict[str, Any]:
+    """A dynamic-resolution processor's size with ``max_pixels`` as its pixel budget (Qwen2-VL's
+    max_pixels is the size's longest_edge, min_pixels its shortest_edge)."""
+    if not hasattr(proc, "merge_size"):
+        raise InputError(
+            f"max_pixels applies to dynamic-resolution processors; {type(proc).__name__} resizes to a size"
+        )
+    return {**_size_dict(getattr(proc, "size", None)), "longest_edge": max_pixels}
+
+
 def _processor_kwargs(cls: Any, config: Any, max_pixels: int | None) -> dict[str, Any]:
     """Sizes the config states, given to the processor under the names the processor uses."""
     proc = cls()
@@ -97,10 +107,7 @@ def _processor_kwargs(cls: Any, config: Any, max_pixels: int | None) -> dict[str
     dynamic = hasattr(proc, "merge_size")  # Qwen-style: size is a pixel budget, not a side
     size = _size_dict(getattr(proc, "size", None))
     if max_pixels is not None:
-        if not dynamic:
-            raise InputError(f"max_pixels applies to dynamic-resolution processors; {cls.__name__} resizes to a size")
-        size["longest_edge"] = max_pixels  # Qwen2-VL's max_pixels (shortest_edge is min_pixels)
-        kw["size"] = size
+        kw["size"] = size = _pixel_limited(proc, max_pixels)
     if side is not None and not dynamic:
         max_image = _size_dict(getattr(proc, "max_image_size", None))
         if max_image.get("longest_edge"):  # Idefics3 / SmolVLM: tiles of max_image_size, whole image <= size
@@ -128,16 +135,10 @@ def _from_settings(cls: Any, settings: dict[str, Any], max_pixels: int | None) -
     ``max_pixels`` over them; the sides of a fixed-size processor bounded."""
     try:
         proc = cls.from_dict(dict(settings))
-        dynamic = hasattr(proc, "merge_size")
         if max_pixels is not None:
-            if not dynamic:
-                raise InputError(
-                    f"max_pixels applies to dynamic-resolution processors; {cls.__name__} resizes to a size"
-                )
-            size = _size_dict(proc.size)
-            size["longest_edge"] = max_pixels
             legacy = ("min_pixels", "max_pixels")  # older files' names for the size's two bounds
-            proc = cls.from_dict({**{k: v for k, v in settings.items() if k not in legacy}, "size": size})
+            unlimited = {k: v for k, v in settings.items() if k not in legacy}
+            proc = cls.from_dict({**unlimited, "size": _pixel_limited(proc, max_pixels)})
     except InputError:
         raise
     except Exception as exc:  # values the class rejects
@@ -145,7 +146,7 @@ def _from_settings(cls: Any, settings: dict[str, Any], max_pixels: int | None) -
             f"the checkpoint's processor settings do not build {cls.__name__} "
             f"({exc.__class__.__name__}: {str(exc)[:200]})"
         ) from None
-    if not dynamic:
+    if not hasattr(proc, "merge_size"):  # a fixed-size processor: its sides bounded
         for attr in ("size", "crop_size", "max_image_size"):
             sides = [v for v in _size_dict(getattr(proc, attr, None)).values() if isinstance(v, int)]
             if any(not 1 <= v <= _MAX_PROCESSOR_SIDE for v in sides):

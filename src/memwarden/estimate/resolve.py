@@ -5,14 +5,13 @@ folder holding one, into a transformers config and the model class that runs it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from memwarden.errors import InputError
 from memwarden.estimate.checkpoint import CheckpointTensors, read_checkpoint
-from memwarden.estimate.processor_file import read_processor_settings
+from memwarden.estimate.processor_file import read_json, read_processor_settings
 from memwarden.estimate.quantized import Scheme, parse_scheme
 
 __all__ = ["CONFIG_DIR", "ResolvedModel", "model_names", "resolve_model"]
@@ -184,12 +183,7 @@ def _from_file(path: Path, name: str) -> ResolvedModel:
 
     from memwarden.estimate.families import model_class_for
 
-    try:
-        if path.stat().st_size > _MAX_CONFIG_BYTES:
-            raise InputError(f"{path}: {path.stat().st_size} bytes is not a config.json (limit {_MAX_CONFIG_BYTES})")
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSON, huge ints
-        raise InputError(f"{path}: not a readable config.json ({exc.__class__.__name__}: {str(exc)[:200]})") from None
+    data = read_json(path, _MAX_CONFIG_BYTES, "config.json")
     if not isinstance(data, dict):
         raise InputError(f"{path}: not a config.json (the top level is not an object)")
     # "_source"/"_memwarden..." keys are memwarden's notes (where a shipped config comes from)
