@@ -139,12 +139,19 @@ with torch.inference_mode():
     peak_alloc = torch.cuda.max_memory_allocated() - base
     peak_res = torch.cuda.max_memory_reserved() - base  # inputs and cuBLAS workspaces are not the session's
     st = s.streamer.stats if s.streamer is not None else None
+    repacked = getattr(s.streamer, "repacked_bytes", 0)
+    fraction = torch.cuda.get_per_process_memory_fraction()
+    mstats = torch.cuda.memory_stats()
+    limit_events = [e["label"] for e in s.events if "limit refused" in e["label"] or "reserve capped" in e["label"]]
     s.close()
     after = model.generate(**inputs, max_new_tokens=16, **gk)
 res = dict(model=f"{name}/small/{'streamed' if stream else 'resident'}", budget=budget, weights=weights,
            equal=all(torch.equal(o, ref) for o in outs) and torch.equal(after, ref),
            peak_allocated=peak_alloc, peak_reserved=peak_res, base_allocated=base, plain_s=round(plain_s, 4),
            session_s=[round(t, 4) for t in times], pool_device=str(s.pool.data.device),
+           cap_fraction=fraction, fraction_after=torch.cuda.get_per_process_memory_fraction(),
+           alloc_retries=mstats.get("num_alloc_retries", 0), ooms=mstats.get("num_ooms", 0),
+           repacked_bytes=repacked, limit_events=limit_events,
            stream=None if st is None else dict(loads=st.loads, prefetch_hits=st.prefetch_hits, sync_loads=st.sync_loads,
                                                reuses=st.reuses, copied_bytes=st.copied_bytes))
 print("SESSION " + json.dumps(res))
@@ -209,6 +216,10 @@ for r in sessions:
     for label, ours in (("peak allocated vs budget", r["peak_allocated"]), ("peak reserved vs budget", r["peak_reserved"])):
         diff = (ours - r["budget"]) / r["budget"]
         print(f"{r['model']:<26} {label:<28} {mib(ours):>13} {mib(r['budget']):>10} {diff:+9.3%}  {'ok' if ours <= r['budget'] else 'OVER'}")
+    cap = r.get("cap_fraction", 1.0)
+    note = f"cap {cap:.5f}, put back {r.get('fraction_after')}, {r.get('alloc_retries')} retries, {r.get('ooms')} OOMs"
+    print(f"{r['model']:<26} {'reserve cap':<28} {note:<60}  {'ok' if cap < 1 and r.get('fraction_after') == 1.0 else 'FAIL'}")
+    print(f"{r['model']:<26} {'time: session / generate()':<28} {min(r['session_s']) / r['plain_s']:>13.2f}")
 print(f"{'pytest -m cuda':<26} {sys.argv[3][:60]:<60}  {'ok' if sys.argv[2] == '0' else 'FAIL'}")
 print(f"total {sys.argv[4]} s")
 PY

@@ -126,3 +126,54 @@ def test_captured_cuda_trace_replays_to_the_real_reserved_bytes(
 def _child(name: str, snapshot_path: str) -> None:
     seq = dict(sequences())[name]
     print(json.dumps({"max_memory_reserved": _run_captured(seq, snapshot_path)}))
+
+
+def _synthetic_trace(seq: list[tuple[str, int, int]]) -> Any:
+    builder = TraceBuilder(devices=["cuda:0"])
+    for t, (op, tid, size) in enumerate(seq):
+        builder.event(t, Action.ALLOC if op == "a" else Action.FREE, tid, 0x1000 * (tid + 1), size, device="cuda:0")
+    return builder.build()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("name", "seq"), sequences())
+def test_under_a_memory_fraction_the_real_allocator_does_what_the_model_predicts(
+    name: str, seq: list[tuple[str, int, int]]
+) -> None:
+    """``set_per_process_memory_fraction`` (the cap a GovernedSession sets on a GPU): the same reserve
+    and, where live blocks fill the cap, the refusal at the same request."""
+    import torch
+
+    from memwarden.plan.allocator.config import AllocatorConfig
+
+    free = replay(_synthetic_trace(seq), device=0)
+    # Halfway between the allocated and the reserved peaks; an odd MiB so that the fraction's rounding
+    # (allowed = fraction * total, truncated) never decides a tie (segments are whole 2 MiB units).
+    cap = (free.peak_allocated_bytes + free.peak_reserved_bytes) // 2 // (2 * MiB) * (2 * MiB) + MiB
+    model = replay(_synthetic_trace(seq), AllocatorConfig(limit_bytes=cap), device=0)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() == 0, "other CUDA segments would count against the cap"
+    torch.cuda.reset_peak_memory_stats()
+    total = torch.cuda.get_device_properties(0).total_memory
+    tensors: dict[int, Any] = {}
+    refused_at = None
+    torch.cuda.set_per_process_memory_fraction(cap / total)
+    try:
+        for t, (op, tid, size) in enumerate(seq):
+            if op == "a":
+                try:
+                    tensors[tid] = torch.empty(size, dtype=torch.uint8, device="cuda")
+                except torch.OutOfMemoryError:
+                    refused_at = t
+                    break
+            else:
+                del tensors[tid]
+        torch.cuda.synchronize()
+        real_reserved = torch.cuda.max_memory_reserved()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        tensors.clear()
+        torch.cuda.empty_cache()
+    assert refused_at == model.oom_at_event, name
+    assert real_reserved == model.peak_reserved_bytes <= cap, name

@@ -54,10 +54,13 @@ def _served(name: str, budget_of: float, *, stream: bool | str = "auto") -> dict
         peak_reserved = torch.cuda.max_memory_reserved() - base_allocated  # the base holds its reserved bytes too
         streamer = session.streamer
         stats = None if streamer is None else streamer.stats
+        fraction_serving = torch.cuda.get_per_process_memory_fraction()
         restored = session.close()
+        fraction_after = torch.cuda.get_per_process_memory_fraction()
         after = model.generate(**inputs, max_new_tokens=NEW, **gk)
     return dict(ref=ref, first=first, again=again, after=after, budget=budget, weights=weights, session=session,
-                peak_allocated=peak_allocated, peak_reserved=peak_reserved, stats=stats, restored=restored)  # fmt: skip
+                peak_allocated=peak_allocated, peak_reserved=peak_reserved, stats=stats, restored=restored,
+                fraction_serving=fraction_serving, fraction_after=fraction_after)  # fmt: skip
 
 
 @pytest.mark.cuda
@@ -71,6 +74,7 @@ def test_resident_session_on_cuda_equals_generate_under_the_budget(name: str) ->
         assert r["session"].records[1].reused_tokens > 0  # the repeat found its prefix in the device pool
     assert r["peak_allocated"] <= r["budget"]
     assert r["peak_reserved"] <= r["budget"]  # what the device lost, the allocator's cache included
+    assert r["fraction_serving"] < 1.0 and r["fraction_after"] == 1.0  # the cap held it, and was put back
 
 
 @pytest.mark.cuda
@@ -84,6 +88,7 @@ def test_streamed_weights_on_cuda_equal_generate_under_the_budget(name: str) -> 
     assert r["peak_allocated"] <= r["budget"]
     assert r["peak_reserved"] <= r["budget"]
     assert r["restored"].streamed_weights_restored
+    assert r["fraction_after"] == 1.0  # the cap went first: the weights came back past the budget
     assert torch.equal(r["after"].cpu(), r["ref"].cpu())  # close() put every weight back on the device
 
 

@@ -10,7 +10,8 @@ from memwarden.capture.live.reference import profiler_peak_bytes
 from memwarden.models import zoo
 from memwarden.runtime.admission import AdmissionError
 from memwarden.runtime.session import GovernedSession
-from memwarden.runtime.session_memory import BudgetError, state_bytes
+from memwarden.runtime.session_memory import state_bytes
+from memwarden.runtime.session_owned import BudgetError
 
 NEW = 8
 

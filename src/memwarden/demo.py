@@ -259,7 +259,8 @@ def limited_child(config_json: str, arm: str) -> dict[str, Any]:
     from memwarden.runtime.admission import AdmissionError
     from memwarden.runtime.host_memory import first_line, return_freed_memory
     from memwarden.runtime.session import GovernedSession
-    from memwarden.runtime.session_memory import BudgetError, state_bytes
+    from memwarden.runtime.session_memory import state_bytes
+    from memwarden.runtime.session_owned import BudgetError
 
     torch.set_num_threads(1)  # no thread (and stack) created after the limit
     config = DemoConfig(**json.loads(config_json))

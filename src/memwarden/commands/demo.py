@@ -28,7 +28,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memwarden.runtime.admission import AdmissionError
-    from memwarden.runtime.session_memory import BudgetError
+    from memwarden.runtime.session_owned import BudgetError
 
     try:
         return _run(args)

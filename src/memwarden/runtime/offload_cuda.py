@@ -27,10 +27,11 @@ from typing import Any
 import torch
 
 from memwarden.plan.placement import Placement
+from memwarden.runtime.cuda_reserve import SEGMENT_ROOM_BYTES
 from memwarden.runtime.offload import StreamStats
 from memwarden.runtime.offload_plan import aligned, nan_placeholder, plan_streaming, streamable_params
 
-__all__ = ["CudaWeightStreamer", "stream_weights_cuda"]
+__all__ = ["CudaWeightStreamer", "repack_resident", "stream_weights_cuda"]
 
 
 def stream_weights_cuda(
@@ -41,6 +42,55 @@ def stream_weights_cuda(
     memory (no files). Raises ``PlacementError`` when the budget cannot hold even two staging slots."""
     placement = plan_streaming(model, budget_bytes, kv_cache_bytes=kv_cache_bytes, activation_bytes=activation_bytes)
     return CudaWeightStreamer(model, placement, prefetch=prefetch)
+
+
+def repack_resident(model: torch.nn.Module, device: torch.device) -> int:
+    """Place the model's tensors on ``device`` afresh, one after another; returns the bytes moved.
+
+    Each tensor that alone owns its whole storage goes to host memory (freeing its device block),
+    the allocator's cache goes back to the device, and the tensors come back in order: they fill
+    new segments densely instead of holding on to the segments they shared with freed weights.
+    Parameters keep their identity (``.data`` is replaced), tied weights and tensors that share a
+    storage stay as they are, and so do views (a streamed weight's one-element placeholder). Needs
+    the moved bytes in host memory for the moment."""
+    params = list(model.parameters())  # each Parameter once, tied ones included once
+    slots = [(m, name) for m in model.modules() for name, b in m._buffers.items() if b is not None]
+    buffers: list[torch.Tensor] = [m._buffers[name] for m, name in slots]  # type: ignore[misc]
+    param_keys = [id(p) for p in params]
+    slot_keys = [id(b) for b in buffers]  # a buffer held by two modules: one key
+    staged = _to_host({id(t): t for t in [*params, *buffers]}, device)
+    del buffers  # nothing here may hold a device block past this point
+
+    def place(new: dict[int, torch.Tensor]) -> None:
+        for p, key in zip(params, param_keys, strict=True):
+            if key in new:
+                p.data = new[key]
+        for (m, name), key in zip(slots, slot_keys, strict=True):
+            if key in new:
+                m._buffers[name] = new[key]
+
+    place(staged)  # the device blocks are freed here (nothing else holds them)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    placed = {key: host.to(device, copy=True) for key, host in staged.items()}
+    place(placed)
+    return sum(t.nbytes for t in placed.values())
+
+
+def _to_host(tensors: dict[int, torch.Tensor], device: torch.device) -> dict[int, torch.Tensor]:
+    """Host copies of the tensors on ``device`` that alone own their whole, contiguous storage."""
+    users: dict[int, set[int]] = {}  # storage -> the tensors (by id) that use it
+    for key, t in tensors.items():
+        if t.device == device:
+            users.setdefault(t.untyped_storage().data_ptr(), set()).add(key)
+    staged = {}
+    for key, t in tensors.items():
+        st = t.untyped_storage()
+        if (t.device == device and t.is_contiguous() and t.storage_offset() == 0 and st.nbytes() == t.nbytes
+                and len(users[st.data_ptr()]) == 1):  # fmt: skip
+            staged[key] = t.detach().to("cpu", copy=True)
+    return staged
 
 
 @dataclass
@@ -83,6 +133,7 @@ class CudaWeightStreamer:
         self.placement = placement
         self.prefetch = prefetch
         self.stats = StreamStats()
+        self.repacked_bytes = 0  # resident tensors placed afresh after the streamed ones left (repack_resident)
         named = dict(model.named_modules())
         unknown = [i.name for i in placement.weights if i.name not in named]
         if unknown:
@@ -99,6 +150,10 @@ class CudaWeightStreamer:
                 t.param.data = t.placeholder  # the device storage is freed here
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # and given back to the device, not kept in the allocator's cache
+        # Segments the streamed weights shared with resident ones stay reserved, mostly free: place the
+        # resident tensors afresh so that those segments empty and go back to the device too.
+        if torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device) > SEGMENT_ROOM_BYTES:
+            self.repacked_bytes = repack_resident(model, self.device)
         self.slot_bytes = max((int(g.host.numel()) for g in self._groups), default=0)
         self._slots = [self._new_slot() for _ in range(placement.staging_slots)]
         self._copy_stream = torch.cuda.Stream(self.device)

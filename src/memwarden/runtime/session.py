@@ -42,7 +42,8 @@ from memwarden.runtime.session_chat import Conversation
 from memwarden.runtime.session_config import UNSET, SessionConfig, Unset, budget_source_of, resolve_config
 from memwarden.runtime.session_inputs import check_request, split_rows
 from memwarden.runtime.session_log import EventLog
-from memwarden.runtime.session_memory import BudgetError, SessionMemory
+from memwarden.runtime.session_memory import SessionMemory
+from memwarden.runtime.session_owned import BudgetError
 from memwarden.runtime.session_owner import Restored, claim, release, restored
 from memwarden.runtime.session_request import FirstTokenStreamer, Request, RequestPlan, RequestRecord
 from memwarden.runtime.session_tally import SessionTally

@@ -49,6 +49,7 @@ class SessionConfig:
     group_size: int = 128  # quantization group, in weights
     ladder: LadderConfig | None = None  # the degradation ladder's settings (None: LadderConfig())
     heap_mmap_threshold: int | None = 128 * 1024  # glibc's fixed mmap threshold on CPU; None: leave it
+    cuda_reserve_cap: bool = True  # on a GPU, hold the allocator's reserve to the budget (runtime/cuda_reserve.py)
 
     def __post_init__(self) -> None:
         if self.budget is not None and not isinstance(self.budget, str):

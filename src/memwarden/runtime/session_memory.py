@@ -20,12 +20,14 @@ import torch
 
 from memwarden.runtime import media as media_mod
 from memwarden.runtime.admission import AdmissionError, PeakPredictor
+from memwarden.runtime.cuda_reserve import SEGMENT_ROOM_BYTES, ReserveCap
 from memwarden.runtime.encoders import EncoderCache
 from memwarden.runtime.featcache_contract import default_encoder_store
 from memwarden.runtime.host_memory import allocation_failed, cuda_runtime_bytes, first_line, limit_cap, trim_soon
 from memwarden.runtime.kvcache import KVPool, KVSpec
 from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_log import EventLog
+from memwarden.runtime.session_owned import BudgetError, Owned
 from memwarden.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
@@ -35,51 +37,6 @@ if TYPE_CHECKING:
 _MIN_SAFETY_BYTES = 256 * 1024  # per-thread kernel workspaces seen on CPU (SDPA) are this order
 _LIMIT_STEP_BYTES = 8 * 2**20  # the least the margin grows by when a real limit refuses an allocation
 _POOL_SEQUENCES = 4  # default pool cap: this many sequences of the model's full context
-
-
-class BudgetError(ValueError):
-    """The budget cannot hold the model at all (weights plus the smallest KV pool)."""
-
-
-class _Owned:
-    """What a session made and must undo: encoder wrappers, streamed weights, its temporary folders.
-    Held apart from the session so that a finalizer can release it when the session is collected
-    without ``close()`` (the finalizer must not keep the session alive)."""
-
-    def __init__(self) -> None:
-        self.encoder_cache: EncoderCache | None = None
-        self.streamer: WeightStreamer | CudaWeightStreamer | None = None
-        self.folders: list[str] = []
-        self.folder_finalizers: dict[str, weakref.finalize] = {}
-
-    def release(self) -> None:
-        if self.encoder_cache is not None:
-            self.encoder_cache.remove()
-            self.encoder_cache = None
-        if self.streamer is not None:
-            try:
-                self.streamer.detach()
-            except (RuntimeError, MemoryError) as exc:
-                if not allocation_failed(exc):
-                    raise
-                # Under a real limit below the weights they cannot all come back: the model keeps
-                # streaming them, and their files stay (for as long as the process runs).
-                streamer, self.streamer = self.streamer, None
-                for folder in self.folders:  # removed with the streamer now, not with the session
-                    finalizer = self.folder_finalizers.pop(folder, None)
-                    if finalizer is not None:
-                        finalizer.detach()
-                    weakref.finalize(streamer, shutil.rmtree, folder, ignore_errors=True)
-                self.folders.clear()
-                raise BudgetError(
-                    f"the streamed weights cannot be brought back under this process's memory limit "
-                    f"({first_line(exc, 120)}); the model keeps streaming them: call "
-                    "model._memwarden_streamer.detach() once there is room"
-                ) from None
-            self.streamer = None
-        for folder in self.folders:
-            shutil.rmtree(folder, ignore_errors=True)
-        self.folders.clear()
 
 
 def state_bytes(model: torch.nn.Module) -> int:
@@ -128,7 +85,7 @@ class SessionMemory:
         self.fixed_budget: int | None = config.fixed_budget_bytes
         self.initial_budget = self.fixed_budget if self.fixed_budget is not None else 2**62
         self.budget_lowered = False  # a temporary squeeze (set_budget(..., temporary=True)) is in force
-        self._owned = _Owned()
+        self._owned = Owned()
         # Released on close(), or when the session is collected without it; folders also at exit (below).
         self._release = weakref.finalize(self, self._owned.release)
         self._release.atexit = False  # at exit only the folders go (their own finalizers): no weights restored
@@ -137,6 +94,8 @@ class SessionMemory:
         # (PyTorch allocates them through its caching allocator on the first matmul of a thread and stream;
         # estimate/cuda_runtime.py). Kept out of every figure the session plans with.
         self.runtime_bytes = cuda_runtime_bytes(device)
+        if device.type == "cuda":  # and room for one new segment of each pool under the allocator's cap (below)
+            self.runtime_bytes += SEGMENT_ROOM_BYTES
         # A budget above what the process may really allocate (its cgroup, RLIMIT_AS) would let native code
         # abort or the OOM killer strike mid-request: the session plans for the smaller figure.
         asked = self.budget_bytes
@@ -201,6 +160,9 @@ class SessionMemory:
                 else default_encoder_store(model, processor, config.encoder_cache_bytes)
             )
             self._owned.encoder_cache = EncoderCache(model, store)
+        if device.type == "cuda" and config.cuda_reserve_cap:  # the reserve, not only the tensors, under the budget
+            self._owned.reserve_cap = ReserveCap(device)
+            self.cap_reserve()
 
     def close(self) -> None:
         """Restore the model (encoder wrappers removed, streamed weights brought back) and remove the
@@ -422,9 +384,21 @@ class SessionMemory:
         free memory again (another process may have taken or returned some)."""
         if self.device.type == "cuda":
             self.limit_bytes, _ = limit_cap(self.held_bytes, self.device)
+            self.cap_reserve()
         poll = getattr(self.budget_source, "poll", None)
         if callable(poll):
             poll()
+
+    def cap_reserve(self) -> None:
+        """On a GPU, cap what the caching allocator may reserve at what the process holds outside the
+        session plus the budget (``runtime/cuda_reserve.py``): its cache of freed blocks is given back
+        before the device loses more than the budget to the session."""
+        cap = self._owned.reserve_cap
+        if cap is not None:
+            before = cap.limit_bytes
+            if abs(cap.apply(self.budget_bytes, self.held_bytes) - before) > 2**21:  # not each request's inputs
+                self.log.note("budget", f"the device's reserve capped at {format_bytes(cap.limit_bytes)} "
+                              "(set_per_process_memory_fraction)", reserve_cap_bytes=cap.limit_bytes)  # fmt: skip
 
     def after_request(self) -> None:
         """On the host, the heap's freed pages (a memory killer counts them) back to the OS, soon."""
@@ -496,4 +470,4 @@ class SessionMemory:
             self.limit_hit(f"a KV pool of {want} blocks")
 
 
-__all__ = ["BudgetError", "SessionMemory", "state_bytes"]
+__all__ = ["SessionMemory", "state_bytes"]
