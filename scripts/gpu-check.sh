@@ -175,7 +175,7 @@ timeout 120 python3 "$WORK/probe.py" >"$WORK/probe.out" 2>>"$LOG"; cat "$WORK/pr
 grep '^PROBE ' "$WORK/probe.out" | sed 's/^PROBE //' >"$OUT/probe.json"
 
 SESSIONS="$OUT/sessions.jsonl"; : >"$SESSIONS"
-for spec in "llava 1.6 resident" "qwen2-vl 1.6 resident" "llava 0.6 stream" "qwen2-vl 0.6 stream"; do
+for spec in "llava 1.6 resident" "qwen2-vl 1.6 resident" "llava 0.75 stream" "qwen2-vl 0.75 stream"; do
   say "session $spec"
   timeout 150 python3 "$WORK/session.py" $spec >"$WORK/session.out" 2>>"$LOG"; rc=$?
   cat "$WORK/session.out" >>"$LOG"

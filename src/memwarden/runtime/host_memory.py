@@ -12,7 +12,6 @@ import torch
 
 __all__ = [
     "allocation_failed",
-    "cuda_runtime_bytes",
     "first_line",
     "fix_mmap_threshold",
     "limit_cap",
@@ -20,6 +19,7 @@ __all__ = [
     "return_freed_memory",
     "trim_soon",
     "wait_for_trims",
+    "warm_cuda_runtime",
 ]
 
 
@@ -92,14 +92,31 @@ def fix_mmap_threshold(threshold_bytes: int) -> bool:
     return bool(libc is not None and hasattr(libc, "mallopt") and libc.mallopt(M_MMAP_THRESHOLD, threshold_bytes))
 
 
-def cuda_runtime_bytes(device: torch.device) -> int:
-    """cuBLAS + cuBLASLt workspace bytes a request on ``device`` may allocate (0 off CUDA)."""
+def warm_cuda_runtime(device: torch.device, dtype: torch.dtype = torch.float32) -> int:
+    """Run this thread's first matmuls on ``device`` now; the bytes that allocated (0 off CUDA, or
+    where it was done before).
+
+    PyTorch allocates the cuBLAS and cuBLASLt workspaces through its caching allocator on the first
+    matmul of each (handle, stream) and keeps them (32 MiB + 1 MiB on sm90, 8 MiB + 1 MiB elsewhere:
+    ``estimate/cuda_runtime.py``). Done before a session counts what the process holds outside it,
+    they are measured there instead of appearing inside its first request."""
     if device.type != "cuda":
         return 0
-    from memwarden.estimate.cuda_runtime import CUBLASLT_WORKSPACE_BYTES, cublas_workspace_bytes
-
-    capability = torch.cuda.get_device_capability(device)
-    return cublas_workspace_bytes((capability[0], capability[1])) + CUBLASLT_WORKSPACE_BYTES
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    with torch.no_grad():
+        for kind in dict.fromkeys((dtype, torch.float32)):
+            if not kind.is_floating_point:
+                continue
+            x = torch.ones(8, 8, device=device, dtype=kind)
+            try:
+                torch.nn.functional.linear(x, x)  # cuBLAS
+                torch.nn.functional.linear(x, x, x[0])  # cuBLASLt (a biased linear)
+            except RuntimeError:  # a dtype this GPU's BLAS does not do: the model cannot use it either
+                pass
+            del x
+    torch.cuda.synchronize(device)
+    return max(0, torch.cuda.memory_allocated(device) - before)
 
 
 class _Trimmer:

@@ -23,7 +23,7 @@ from memwarden.runtime.admission import AdmissionError, PeakPredictor
 from memwarden.runtime.cuda_reserve import SEGMENT_ROOM_BYTES, ReserveCap
 from memwarden.runtime.encoders import EncoderCache
 from memwarden.runtime.featcache_contract import default_encoder_store
-from memwarden.runtime.host_memory import allocation_failed, cuda_runtime_bytes, first_line, limit_cap, trim_soon
+from memwarden.runtime.host_memory import allocation_failed, first_line, limit_cap, trim_soon, warm_cuda_runtime
 from memwarden.runtime.kvcache import KVPool, KVSpec
 from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_log import EventLog
@@ -90,12 +90,13 @@ class SessionMemory:
         self._release = weakref.finalize(self, self._owned.release)
         self._release.atexit = False  # at exit only the folders go (their own finalizers): no weights restored
         self.weights_bytes = state_bytes(model)
-        # On a GPU, what serving allocates outside the model's tensors: the cuBLAS and cuBLASLt workspaces
-        # (PyTorch allocates them through its caching allocator on the first matmul of a thread and stream;
-        # estimate/cuda_runtime.py). Kept out of every figure the session plans with.
-        self.runtime_bytes = cuda_runtime_bytes(device)
-        if device.type == "cuda":  # and room for one new segment of each pool under the allocator's cap (below)
-            self.runtime_bytes += SEGMENT_ROOM_BYTES
+        # On a GPU: the cuBLAS workspaces are allocated now, outside the session (warm_cuda_runtime), and room
+        # for one new segment of each pool under the allocator's cap (below) is kept out of every figure the
+        # session plans with.
+        if device.type == "cuda" and (warmed := warm_cuda_runtime(device, spec.dtype)):
+            log.note("budget", f"CUDA runtime: {format_bytes(warmed)} of cuBLAS workspaces, outside the budget",
+                     runtime_bytes=warmed)  # fmt: skip
+        self.runtime_bytes = SEGMENT_ROOM_BYTES if device.type == "cuda" else 0
         # A budget above what the process may really allocate (its cgroup, RLIMIT_AS) would let native code
         # abort or the OOM killer strike mid-request: the session plans for the smaller figure.
         asked = self.budget_bytes
