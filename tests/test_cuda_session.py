@@ -113,3 +113,23 @@ def test_the_budget_is_capped_by_the_devices_free_memory() -> None:
         assert any("cudaMemGetInfo" in e["label"] for e in session.events)
     finally:
         session.close()
+
+
+@pytest.mark.cuda
+def test_two_caps_on_one_device_put_back_the_users_fraction_when_the_last_closes() -> None:
+    from memwarden.runtime.cuda_reserve import ReserveCap
+
+    device = torch.device("cuda")
+    torch.cuda.set_per_process_memory_fraction(0.9)  # the user's own cap
+    try:
+        first, second = ReserveCap(device), ReserveCap(device)
+        assert first.prior == second.prior == pytest.approx(0.9)  # neither takes the other's cap for the user's
+        first.apply(budget=2**30, held=0)
+        second.apply(budget=2**29, held=0)
+        assert torch.cuda.get_per_process_memory_fraction() == second.fraction < 0.9
+        first.release()
+        assert torch.cuda.get_per_process_memory_fraction() == second.fraction  # still serving under its cap
+        second.release()
+        assert torch.cuda.get_per_process_memory_fraction() == pytest.approx(0.9)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)

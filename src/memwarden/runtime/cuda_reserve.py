@@ -14,10 +14,13 @@ blocks leave no room (``plan/allocator/model.py`` does the same; the session tre
 any real limit's refusal, ``SessionMemory.limit_hit``). The session sets the cap before each request
 to what the process holds outside the session plus the budget, and puts back the fraction it found
 when it closes. The fraction is process-wide: while the session is open, other allocations on the
-device share what the cap leaves them (``SessionConfig.cuda_reserve_cap=False`` turns it off).
+device share what the cap leaves them (``SessionConfig.cuda_reserve_cap=False`` turns it off), and two
+sessions on one device take turns: each sets the cap for its own requests.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -40,21 +43,33 @@ def reserve_fraction(*, allocated: int, held: int, budget: int, total: int, prio
     return min(1.0, float(prior), (others + max(0, budget)) / total)
 
 
+# Per device index: the fraction found before the first open session capped it, and how many are open.
+# Two sessions on one device take turns (each sets the cap before its own requests); the fraction the
+# user had comes back when the last one closes, and neither reads the other's cap as the user's.
+_FOUND: dict[int, list[float]] = {}
+_LOCK = threading.Lock()
+
+
 class ReserveCap:
     """The caching allocator's cap on one CUDA device, set for a session and put back after it."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
         self.total_bytes = int(torch.cuda.get_device_properties(device).total_memory)
-        get = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.8
-        self.prior = float(get(device)) if get is not None else 1.0
-        self.fraction = self.prior
+        with _LOCK:
+            if self.index not in _FOUND:
+                get = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.8
+                _FOUND[self.index] = [float(get(self.index)) if get is not None else 1.0, 0]
+            _FOUND[self.index][1] += 1
+            self.prior = _FOUND[self.index][0]
+        self.fraction = -1.0  # not set by this cap yet
         self.released = False
 
     @property
     def limit_bytes(self) -> int:
-        """The most the process may reserve on the device now (what the allocator computes)."""
-        return int(self.fraction * self.total_bytes)
+        """The most the process may reserve on the device under this cap (what the allocator computes)."""
+        return int(max(0.0, self.fraction if self.fraction >= 0 else self.prior) * self.total_bytes)
 
     def apply(self, budget: int, held: int) -> int:
         """Cap the reserve at the process's allocations outside the session plus ``budget``; the limit."""
@@ -62,15 +77,19 @@ class ReserveCap:
             return self.limit_bytes
         fraction = reserve_fraction(allocated=torch.cuda.memory_allocated(self.device), held=held, budget=budget,
                                     total=self.total_bytes, prior=self.prior)  # fmt: skip
-        if fraction != self.fraction:
-            torch.cuda.set_per_process_memory_fraction(fraction, self.device)
-            self.fraction = fraction
+        torch.cuda.set_per_process_memory_fraction(fraction, self.index)  # another session may have set its own
+        self.fraction = fraction
         return self.limit_bytes
 
     def release(self) -> None:
-        """Put back the fraction the session found. Idempotent."""
-        if not self.released:
-            self.released = True
-            if self.fraction != self.prior:
-                torch.cuda.set_per_process_memory_fraction(self.prior, self.device)
-                self.fraction = self.prior
+        """Put back the fraction found before the first open cap on the device, when this is the last
+        one open. Idempotent."""
+        if self.released:
+            return
+        self.released = True
+        with _LOCK:
+            found = _FOUND[self.index]
+            found[1] -= 1
+            if found[1] == 0:
+                del _FOUND[self.index]
+                torch.cuda.set_per_process_memory_fraction(found[0], self.index)
