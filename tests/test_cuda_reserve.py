@@ -83,7 +83,8 @@ def test_repacking_keeps_parameters_ties_buffers_and_views() -> None:
     placeholder = nan_placeholder(torch.float32, (16, 16))
     model[1].weight.data = placeholder  # a streamed weight between uses: stays
     params = list(model.parameters())
-    before = {id(p): (p.detach().clone(), p.untyped_storage().data_ptr()) for p in params}
+    # The old storages are kept alive here, so that a new one can never get a freed one's address.
+    before = {id(p): (p.detach().clone(), p.data) for p in params}
     view = model[0].view
     x = torch.randint(0, 64, (2, 5))
     bias = model[1].bias
@@ -94,10 +95,12 @@ def test_repacking_keeps_parameters_ties_buffers_and_views() -> None:
     assert model[0].view is view  # the view was left alone
     assert model[1].weight.data_ptr() == placeholder.data_ptr()  # so was the placeholder
     for p in params:
-        old, ptr = before[id(p)]
+        old, data = before[id(p)]
         assert p is model[1].weight or torch.equal(p.detach(), old)
         if p is not model[1].weight and p is not bias:
-            assert p.untyped_storage().data_ptr() != ptr  # placed afresh
+            assert p.untyped_storage().data_ptr() != data.untyped_storage().data_ptr()  # placed afresh
+        else:
+            assert p.untyped_storage().data_ptr() == data.untyped_storage().data_ptr()  # left where it was
     assert model[1].alias.data_ptr() == bias.data_ptr()  # the alias still reads the bias
     assert moved == model[0].weight.nbytes + model[2].bias.nbytes + shared.nbytes
     assert model(x).shape == (2, 5, 64)
