@@ -385,10 +385,10 @@ class SessionMemory:
         free memory again (another process may have taken or returned some)."""
         if self.device.type == "cuda":
             self.limit_bytes, _ = limit_cap(self.held_bytes, self.device)
-            self.cap_reserve()
         poll = getattr(self.budget_source, "poll", None)
         if callable(poll):
             poll()
+        self.cap_reserve()  # at the budget this reading gives
 
     def cap_reserve(self) -> None:
         """On a GPU, cap what the caching allocator may reserve at what the process holds outside the
