@@ -131,7 +131,9 @@ budget = int(weights * factor)
 with torch.inference_mode():
     s = GovernedSession(model, budget=budget, stream=True if stream else "auto", min_kv_tokens=256,
                         example_inputs=dict(inputs, max_new_tokens=16))
-    torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()  # serving only: the weights were there before
+    torch.cuda.synchronize()
+    setup_slack = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()  # vs benchmarks/bench_cuda_stream_slack.py
+    torch.cuda.reset_peak_memory_stats()  # serving only: the weights were there before
     outs, times = [], []
     for _ in range(3):
         t0 = time.perf_counter(); outs.append(s.generate(**inputs, max_new_tokens=16, **gk)); torch.cuda.synchronize()
@@ -151,7 +153,7 @@ res = dict(model=f"{name}/small/{'streamed' if stream else 'resident'}", budget=
            session_s=[round(t, 4) for t in times], pool_device=str(s.pool.data.device),
            cap_fraction=fraction, fraction_after=torch.cuda.get_per_process_memory_fraction(),
            alloc_retries=mstats.get("num_alloc_retries", 0), ooms=mstats.get("num_ooms", 0),
-           repacked_bytes=repacked, limit_events=limit_events,
+           repacked_bytes=repacked, limit_events=limit_events, setup_slack=setup_slack,
            stream=None if st is None else dict(loads=st.loads, prefetch_hits=st.prefetch_hits, sync_loads=st.sync_loads,
                                                reuses=st.reuses, copied_bytes=st.copied_bytes))
 print("SESSION " + json.dumps(res))
@@ -220,6 +222,8 @@ for r in sessions:
     note = f"cap {cap:.5f}, put back {r.get('fraction_after')}, {r.get('alloc_retries')} retries, {r.get('ooms')} OOMs"
     print(f"{r['model']:<26} {'reserve cap':<28} {note:<60}  {'ok' if cap < 1 and r.get('fraction_after') == 1.0 else 'FAIL'}")
     print(f"{r['model']:<26} {'time: session / generate()':<28} {min(r['session_s']) / r['plain_s']:>13.2f}")
+    print(f"{r['model']:<26} {'reserved-allocated at setup':<28} {mib(r.get('setup_slack', 0)):>13}"
+          f"  repacked {mib(r.get('repacked_bytes', 0)).strip()} MiB")
 print(f"{'pytest -m cuda':<26} {sys.argv[3][:60]:<60}  {'ok' if sys.argv[2] == '0' else 'FAIL'}")
 print(f"total {sys.argv[4]} s")
 PY
