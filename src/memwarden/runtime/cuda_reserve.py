@@ -12,10 +12,11 @@ allocator first frees cached blocks (``release_available_cached_blocks``, then
 ``release_cached_blocks``) and tries again, and raises ``OutOfMemoryError`` only when the live
 blocks leave no room (``plan/allocator/model.py`` does the same; the session treats that error as
 any real limit's refusal, ``SessionMemory.limit_hit``). The session sets the cap before each request
-to what the process holds outside the session plus the budget, and puts back the fraction it found
-when it closes. The fraction is process-wide: while the session is open, other allocations on the
-device share what the cap leaves them (``SessionConfig.cuda_reserve_cap=False`` turns it off), and two
-sessions on one device take turns: each sets the cap for its own requests.
+to what the process holds outside the session plus the budget; the fraction the user had comes back
+when the last session on the device closes. The fraction is process-wide: while the session is open,
+other allocations on the device share what the cap leaves them
+(``SessionConfig.cuda_reserve_cap=False`` turns it off), and two sessions on one device take turns:
+each sets the cap for its own requests.
 """
 
 from __future__ import annotations
@@ -63,13 +64,13 @@ class ReserveCap:
                 _FOUND[self.index] = [float(get(self.index)) if get is not None else 1.0, 0]
             _FOUND[self.index][1] += 1
             self.prior = _FOUND[self.index][0]
-        self.fraction = -1.0  # not set by this cap yet
+        self.fraction = self.prior
         self.released = False
 
     @property
     def limit_bytes(self) -> int:
         """The most the process may reserve on the device under this cap (what the allocator computes)."""
-        return int(max(0.0, self.fraction if self.fraction >= 0 else self.prior) * self.total_bytes)
+        return int(self.fraction * self.total_bytes)
 
     def apply(self, budget: int, held: int) -> int:
         """Cap the reserve at the process's allocations outside the session plus ``budget``; the limit."""

@@ -106,8 +106,6 @@ def warm_cuda_runtime(device: torch.device, dtype: torch.dtype = torch.float32) 
     before = torch.cuda.memory_allocated(device)
     with torch.no_grad():
         for kind in dict.fromkeys((dtype, torch.float32)):
-            if not kind.is_floating_point:
-                continue
             x = torch.ones(8, 8, device=device, dtype=kind)
             try:
                 torch.nn.functional.linear(x, x)  # cuBLAS
