@@ -29,7 +29,7 @@ MAX_LINES = 500
 
 # Lowest first. A package may import packages of a lower rank only (and the base modules).
 LAYERS: list[set[str]] = [
-    {"errors", "units"},
+    {"errors", "units", "untrusted"},
     {"trace"},
     {"models"},
     {"interop"},
@@ -45,7 +45,7 @@ LAYERS: list[set[str]] = [
     {"cli"},
     {"__main__"},
 ]
-TORCH_FREE = {"trace", "interop", "plan", "analyze", "govern", "report", "edge", "align", "errors", "units"}
+TORCH_FREE = {"trace", "interop", "plan", "analyze", "govern", "report", "edge", "align", "errors", "units", "untrusted"}
 PUBLIC_API = [
     "BudgetController",
     "GovernedSession",
