@@ -1,5 +1,6 @@
-"""safetensors files for the estimate tests: a header with no data region, so any read of tensor
-data fails (the estimate must read headers only)."""
+"""safetensors files for the estimate tests: a header and a sparse data region of the right size
+(holes that take no disk space and read as zeros): the estimate reads headers only, and checks that
+every tensor's bytes lie inside the file."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "int8": 1,
 
 def write_header_only(path: Path, tensors: dict[str, tuple[tuple[int, ...], str]]) -> int:
     """Write the header (8-byte length + JSON) of a file holding ``tensors`` (name -> (shape, torch
-    dtype name)) and nothing after it; returns the bytes the tensors would hold."""
+    dtype name)) and a hole as its data region; returns the bytes the tensors hold."""
     header: dict[str, Any] = {}
     offset = 0
     for key, (shape, dtype) in tensors.items():
@@ -25,5 +26,7 @@ def write_header_only(path: Path, tensors: dict[str, tuple[tuple[int, ...], str]
         header[key] = {"dtype": ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
         offset += n
     raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)  # a hole: no data is written
     return offset

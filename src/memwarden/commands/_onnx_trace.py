@@ -7,6 +7,7 @@ given, before anything else of a script capture happens."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ def add_arguments(p: Any) -> None:
     )
     group.add_argument("--mem-pattern", default="on", choices=["on", "off"],
                        help="ORT's memory pattern planning (default: %(default)s)")  # fmt: skip
+    group.add_argument("--loop-timeout", type=float, default=None, metavar="S",
+                       help="seconds a model with control flow that has no bound (a Loop whose trip count is an input) "
+                       "may run, in a child process (default 4)")  # fmt: skip
+    group.add_argument("--loop-memory", type=float, default=None, metavar="MIB",
+                       help="MiB such a run may allocate (default 512)")  # fmt: skip
     group.add_argument("--phase", choices=["encode", "prefill", "decode"],
                        help="phase of the run (default: from the model's metadata and input names)")  # fmt: skip
 
@@ -39,15 +45,37 @@ def run(args: argparse.Namespace) -> int:
     if not args.inputs:
         raise InputError("--onnx needs --inputs FEEDS.npz (one array per model input)")
     check_output(args.output, flag="-o", allow_stdout=False)
+    from memwarden.capture.onnx.bounded import DEFAULT_MEMORY_BYTES, DEFAULT_SECONDS, RunLimits
     from memwarden.capture.onnx.capture import capture_onnx
     from memwarden.capture.onnx.session import OrtSettings, load_feeds
     from memwarden.trace.io import save
     from memwarden.units import format_bytes
+    from memwarden.untrusted import finite_float, terminal_safe
 
+    seconds = (
+        DEFAULT_SECONDS
+        if args.loop_timeout is None
+        else finite_float(args.loop_timeout, "--loop-timeout", lo=0.1, hi=86400)
+    )
+    memory = (
+        DEFAULT_MEMORY_BYTES
+        if args.loop_memory is None
+        else int(finite_float(args.loop_memory, "--loop-memory", lo=16, hi=1 << 30) * 1024**2)
+    )
     settings = OrtSettings(ep=args.ep, arena=args.arena == "on", mem_pattern=args.mem_pattern == "on")
-    trace = capture_onnx(Path(args.onnx), load_feeds(args.inputs), settings=settings, phase=args.phase)
+    previous = signal.signal(signal.SIGTERM, _terminated)  # so that temporary folders are removed on the way out
+    try:
+        trace = capture_onnx(Path(args.onnx), load_feeds(args.inputs), settings=settings, phase=args.phase,
+                             loop_limits=RunLimits(seconds, memory))  # fmt: skip
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     out = save(trace, args.output)
     peak = int(trace.live_bytes().max(initial=0))
-    print(f"memwarden: {Path(args.onnx).name} ran under ONNX Runtime ({settings.label()}).", file=sys.stderr)
+    name = terminal_safe(Path(args.onnx).name)
+    print(f"memwarden: {name} ran under ONNX Runtime ({settings.label()}).", file=sys.stderr)
     print(f"wrote {out} ({trace.num_events:,} events, peak {format_bytes(peak)})", file=sys.stderr)
     return 0
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

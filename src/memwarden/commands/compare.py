@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import load_trace, print_json, wrote
     from memwarden.errors import InputError
     from memwarden.report.compare import compare, describe
+    from memwarden.untrusted import markup_safe, terminal_safe
 
     if not 1 <= args.module_depth <= 64:
         raise InputError("--module-depth must be between 1 and 64")
@@ -38,6 +41,9 @@ def run(args: argparse.Namespace) -> int:
     a, b = load_trace(args.a), load_trace(args.b)
     result = compare(a, b, a_name=f"{Path(args.a).name}: {describe(a, 'A')}", b_name=f"{Path(args.b).name}: {describe(b, 'B')}",
                      module_depth=args.module_depth)  # fmt: skip
+    # names come from the traces (module paths, ONNX node names, metadata): untrusted text. The page
+    # HTML-escapes them; here every control character is made visible, for the page and the terminal
+    result = _shown(result, terminal_safe)
     if args.json:
         print_json(result.to_json())
         return 0
@@ -52,5 +58,12 @@ def run(args: argparse.Namespace) -> int:
 
     from memwarden.report.compare import comparison_table
 
-    Console().print(comparison_table(result))
+    Console().print(comparison_table(_shown(result, markup_safe)))
     return 0
+
+
+def _shown(result: Any, safe: Callable[[object], str]) -> Any:
+    """``result`` (a ``SideBySide``) with its names and row labels passed through ``safe``."""
+    rows = tuple(replace(d, kind=safe(d.kind)[:200], key=safe(d.key)[:300]) for d in result.comparison.deltas)
+    return replace(result, a_name=safe(result.a_name)[:300], b_name=safe(result.b_name)[:300],
+                   comparison=replace(result.comparison, deltas=rows))  # fmt: skip

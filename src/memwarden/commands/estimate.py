@@ -84,6 +84,9 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+MAX_BATCH = 4096  # sequences per request; --fit's own limit (estimate/fit.py: 4096 steps)
+
+
 def _int(value: str, flag: str) -> int:
     try:
         number = int(value)
@@ -137,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
     )
     new_tokens = _int(args.new_tokens, "--new-tokens")
     batch = _int(args.batch, "--batch")
+    if not 1 <= batch <= MAX_BATCH:  # the request's ids are real tensors of batch x tokens, and --fit stops here too
+        raise InputError(f"--batch {batch}: give 1 to {MAX_BATCH} sequences per request")
     fmt = "json" if args.json else args.format
     devices = [load_device(d) for d in args.device]
     common: dict[str, Any] = dict(new_tokens=new_tokens, batch=batch, dtype=_dtype(args.dtype), weights_dtype=_dtype(args.weights_dtype),

@@ -38,33 +38,41 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from memwarden.capture.onnx.guard import INFERENCE_MEMORY_BYTES, load_checked, memory_limited
     from memwarden.commands._common import print_json, wrote
-    from memwarden.errors import InputError
     from memwarden.models.compute_units import load_compute_units
     from memwarden.plan.partition_onnx import problem_of
     from memwarden.plan.partition_report import partition_result
     from memwarden.plan.partition_shapes import load_shaped
+    from memwarden.untrusted import finite_float, terminal_safe
 
-    if not args.time_limit > 0:
-        raise InputError("--time-limit must be a positive number of seconds")
+    finite_float(args.time_limit, "--time-limit", lo=1e-3, hi=86400)
     if args.html:
         from memwarden.trace.io import check_output
 
         check_output(args.html, flag="--html", allow_stdout=False)
     units = load_compute_units(args.device_profile)
+    # declared sizes against this machine, external data, a regular file: before inference reads it
+    checked = load_checked(args.model)[1]
     shapes = None
     if args.inputs:
-        from memwarden.capture.onnx.session import load_feeds
+        from memwarden.capture.onnx.feeds import feed_headers
 
-        shapes = {name: tuple(array.shape) for name, array in load_feeds(args.inputs).items()}
-    shaped = load_shaped(args.model, dims=_dims(args.dim), input_shapes=shapes)
+        shapes = {name: shape for name, (_, shape) in feed_headers(args.inputs).items()}  # no data is inflated
+    dims = _dims(args.dim)
+    _check_bound_sizes(shapes)
+    with memory_limited(INFERENCE_MEMORY_BYTES, "shape inference of the graph"):
+        shaped = load_shaped(args.model, dims=dims, input_shapes=shapes)
     _note(shaped.assumed_dims, shaped.unsized_values)
+    if checked.unbounded:
+        print(f"memwarden: {', '.join(checked.unbounded[:3])}: control flow without a bound is costed as one pass",
+              file=sys.stderr)  # fmt: skip
     problem = problem_of(shaped.model, units, dtype=args.dtype)
     result = partition_result(problem, time_limit_s=args.time_limit)
-    result = {"model": Path(args.model).name, "device": args.device_profile, "dtype": args.dtype,
+    result = {"model": terminal_safe(Path(args.model).name), "device": args.device_profile, "dtype": args.dtype,
               "input_dims": dict(shaped.dims), "assumed_dims": list(shaped.assumed_dims),
               "shape_inference": shaped.inference, "unsized_values": shaped.unsized_values, **result}  # fmt: skip
-    title = f"{Path(args.model).name} on {args.device_profile}"
+    title = f"{terminal_safe(Path(args.model).name)} on {terminal_safe(args.device_profile)}"
     if args.json:
         print_json(result)
     elif args.html:
@@ -77,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         from memwarden.report.partition import partition_table
+        from memwarden.untrusted import markup_safe
 
-        Console().print(partition_table(result, title=title))
+        Console().print(partition_table(_markup_safe(result), title=markup_safe(title)))
     return _verdict(result["solution"])
 
 
@@ -87,29 +96,63 @@ def _verdict(solution: dict[str, Any]) -> int:
     bad one): a script must not take an assignment that breaks a limit for a plan."""
     if solution["feasible"]:
         return 0
-    first = solution["violations"][0] if solution["violations"] else "a unit's memory"
+    from memwarden.untrusted import terminal_safe
+
+    first = terminal_safe(solution["violations"][0])[:300] if solution["violations"] else "a unit's memory"
     print(f"memwarden partition: no assignment fits the units' memory ({first})", file=sys.stderr)
     return 1
 
 
+_MAX_DIM = 1 << 31  # one symbolic dimension (--dim, or a feed's axis)
+
+
 def _dims(pairs: list[str]) -> dict[str, int]:
     from memwarden.errors import InputError
+    from memwarden.untrusted import terminal_safe
 
     out = {}
     for pair in pairs:
         name, _, value = pair.partition("=")
-        if not name or not value.isdigit() or int(value) < 1:
-            raise InputError(f"--dim {pair!r}: give NAME=N with N a positive integer (e.g. --dim batch=4)")
+        if not name or not value.isascii() or not value.isdigit() or len(value) > 12 or not 1 <= int(value) <= _MAX_DIM:
+            raise InputError(
+                f"--dim {terminal_safe(pair)[:80]!r}: give NAME=N with N an integer from 1 to {_MAX_DIM} (e.g. --dim batch=4)"
+            )
         out[name] = int(value)
     return out
+
+
+def _check_bound_sizes(shapes: dict[str, tuple[int, ...]] | None) -> None:
+    """A feed's axis is bound like --dim: within the same range (0 allowed: an empty feed)."""
+    from memwarden.errors import InputError
+    from memwarden.untrusted import terminal_safe
+
+    for name, shape in (shapes or {}).items():
+        if any(d > _MAX_DIM for d in shape):
+            raise InputError(f"feed {terminal_safe(name)[:80]!r}: shape {shape} has an axis over {_MAX_DIM}")
+
+
+def _markup_safe(value: Any) -> Any:
+    """Every string of a result (node names, unit names, violations) with control characters shown
+    and rich markup escaped, for the terminal table."""
+    from memwarden.untrusted import markup_safe
+
+    if isinstance(value, str):
+        return markup_safe(value)
+    if isinstance(value, dict):
+        return {(markup_safe(k) if isinstance(k, str) else k): _markup_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_markup_safe(v) for v in value]
+    return value
 
 
 def _note(assumed: tuple[str, ...], unsized: int) -> None:
     """Say on stderr what the costs rest on, so a --json on stdout stays parseable."""
     import sys
 
+    from memwarden.untrusted import terminal_safe
+
     if assumed:
-        print(f"memwarden: dynamic axes {', '.join(assumed)} taken as 1 (size them with --inputs or --dim NAME=N)",
+        print(f"memwarden: dynamic axes {terminal_safe(', '.join(assumed[:20]))[:400]} taken as 1 (size them with --inputs or --dim NAME=N)",
               file=sys.stderr)  # fmt: skip
     if unsized:
         print(f"memwarden: {unsized} node outputs have no inferable shape and count 0 bytes", file=sys.stderr)

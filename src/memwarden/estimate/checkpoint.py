@@ -11,15 +11,28 @@ memory snapshots, not model files. Pure: no torch; dtypes come back as torch dty
 from __future__ import annotations
 
 import json
+import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from memwarden.errors import InputError
+from memwarden.untrusted import terminal_safe
 
-__all__ = ["CheckpointTensors", "read_checkpoint", "read_header"]
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "MAX_TENSORS",
+    "MAX_TOTAL_TENSORS",
+    "CheckpointTensors",
+    "read_checkpoint",
+    "read_header",
+]
 
-_MAX_HEADER_BYTES = 100 * 1024**2  # safetensors' own limit (100 MB)
+MAX_HEADER_BYTES = 16 * 1024**2  # per file; safetensors' own limit is 100 MB, real headers are KiB
+MAX_TENSORS = 100_000  # per file
+MAX_TOTAL_TENSORS = 300_000  # per folder
 _MAX_FILES = 4096
 # safetensors dtype -> (torch dtype name, bits per element)
 _DTYPES = {
@@ -43,43 +56,91 @@ class CheckpointTensors:
         return sum(self.nbytes.values())
 
 
-def read_header(path: Path) -> dict[str, tuple[tuple[int, ...], str, int]]:
-    """key -> (shape, torch dtype name, data bytes) of one safetensors file; reads the header only."""
+def _open_regular(path: Path) -> tuple[int, int]:
+    """(descriptor, size) of ``path`` opened without blocking; a FIFO, device or directory refused."""
     try:
-        with path.open("rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise InputError(f"{_shown(path)}: cannot open ({exc.strerror or type(exc).__name__})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise InputError(
+            f"{_shown(path)}: not a regular file (a FIFO, device or directory); expected a safetensors file"
+        )
+    return fd, int(st.st_size)
+
+
+def _shown(text: object, limit: int = 200) -> str:
+    return terminal_safe(text)[:limit]
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key[:80]!r} appears twice")
+        out[key] = value
+    return out
+
+
+def read_header(path: Path) -> dict[str, tuple[tuple[int, ...], str, int]]:
+    """key -> (shape, torch dtype name, data bytes) of one safetensors file; reads the header only.
+
+    Checked before anything is sized by it (``docs/security.md``): a regular file, a header of at
+    most ``MAX_HEADER_BYTES`` holding at most ``MAX_TENSORS`` tensors, every dtype known, every
+    shape of non-negative integers, every ``data_offsets`` pair exactly dtype x shape bytes, inside
+    the file's data region and overlapping no other tensor."""
+    fd, file_size = _open_regular(path)
+    try:
+        with os.fdopen(fd, "rb") as f:
             head = f.read(8)
             if len(head) != 8:
-                raise InputError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
+                raise InputError(f"{_shown(path)}: not a safetensors file (shorter than its 8-byte header length)")
             (length,) = struct.unpack("<Q", head)
-            if not 2 <= length <= _MAX_HEADER_BYTES:
-                raise InputError(f"{path}: header length {length} is not a safetensors header (2..{_MAX_HEADER_BYTES})")
+            if not 2 <= length <= MAX_HEADER_BYTES:
+                raise InputError(
+                    f"{_shown(path)}: header length {length} is not a safetensors header this reader takes "
+                    f"(2..{MAX_HEADER_BYTES} bytes)"
+                )
+            if 8 + length > file_size:
+                raise InputError(f"{_shown(path)}: the file ends inside its {length}-byte header")
             raw = f.read(length)
     except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.__class__.__name__}: {str(exc)[:200]})") from None
+        raise InputError(f"{_shown(path)}: cannot read ({exc.__class__.__name__}: {_shown(exc)})") from None
     if len(raw) != length:
-        raise InputError(f"{path}: the file ends inside its {length}-byte header")
+        raise InputError(f"{_shown(path)}: the file ends inside its {length}-byte header")
+    if raw.count(b'"data_offsets"') > MAX_TENSORS:
+        raise InputError(f"{_shown(path)}: more than {MAX_TENSORS} tensors in one file")
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise InputError(f"{path}: the safetensors header is not JSON") from None
+        header = json.loads(raw, object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InputError(f"{_shown(path)}: the safetensors header is not JSON ({_shown(exc, 120)})") from None
     if not isinstance(header, dict):
-        raise InputError(f"{path}: the safetensors header is not an object")
+        raise InputError(f"{_shown(path)}: the safetensors header is not an object")
+    if len(header) > MAX_TENSORS + 1:
+        raise InputError(f"{_shown(path)}: more than {MAX_TENSORS} tensors in one file")
+    data_len = file_size - 8 - length
     out: dict[str, tuple[tuple[int, ...], str, int]] = {}
+    spans: list[tuple[int, int, str]] = []
     for key, info in header.items():
         if key == "__metadata__":
             continue
+        name = _shown(key, 80)
         if not isinstance(info, dict):
-            raise InputError(f"{path}: tensor {key[:80]!r} has no dtype/shape entry")
+            raise InputError(f"{_shown(path)}: tensor {name!r} has no dtype/shape entry")
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype not in _DTYPES:
-            raise InputError(f"{path}: tensor {key[:80]!r} has dtype {str(dtype)[:20]!r}, not a safetensors dtype")
+        if not isinstance(dtype, str) or dtype not in _DTYPES:
+            raise InputError(
+                f"{_shown(path)}: tensor {name!r} has dtype {_shown(dtype, 20)!r}, not a safetensors dtype"
+            )
         if (
             not isinstance(shape, list)
             or len(shape) > 8
             or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape)
         ):
-            raise InputError(f"{path}: tensor {key[:80]!r} has shape {str(shape)[:60]}, not a tensor shape")
-        name, bits = _DTYPES[dtype]
+            raise InputError(f"{_shown(path)}: tensor {name!r} has shape {_shown(shape, 60)}, not a tensor shape")
+        torch_name, bits = _DTYPES[dtype]
         numel = 1
         for d in shape:
             numel *= d
@@ -87,12 +148,26 @@ def read_header(path: Path) -> dict[str, tuple[tuple[int, ...], str, int]]:
         if (
             not isinstance(offsets, list) or len(offsets) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-            or offsets[1] - offsets[0] != nbytes
+            or not 0 <= offsets[0] <= offsets[1] or offsets[1] - offsets[0] != nbytes
         ):  # fmt: skip
             raise InputError(
-                f"{path}: tensor {key[:80]!r}: data_offsets {str(offsets)[:60]} do not hold {nbytes} bytes"
+                f"{_shown(path)}: tensor {name!r}: data_offsets {_shown(offsets, 60)} do not hold its {nbytes} bytes "
+                f"({dtype} x {shape})"
             )
-        out[key] = (tuple(shape), name, nbytes)
+        if offsets[1] > data_len:
+            raise InputError(
+                f"{_shown(path)}: tensor {name!r}: data_offsets {offsets} reach past the end of the file's "
+                f"{data_len}-byte data region"
+            )
+        spans.append((offsets[0], offsets[1], name))
+        out[key] = (tuple(shape), torch_name, nbytes)
+    spans.sort()
+    reach, owner = 0, ""
+    for start, end, name in spans:
+        if start < reach and end > start:
+            raise InputError(f"{_shown(path)}: tensors {owner!r} and {name!r} overlap in the data region")
+        if end > reach:
+            reach, owner = end, name
     return out
 
 
@@ -101,12 +176,12 @@ def read_checkpoint(folder: Path) -> CheckpointTensors | None:
     for a pickle-only checkpoint or a key stored twice with different contents."""
     files = sorted(folder.glob("*.safetensors"))[: _MAX_FILES + 1]
     if len(files) > _MAX_FILES:
-        raise InputError(f"{folder}: more than {_MAX_FILES} safetensors files")
+        raise InputError(f"{_shown(folder)}: more than {_MAX_FILES} safetensors files")
     if not files:
         pickles = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
         if pickles:
             raise InputError(
-                f"{folder}: the weights are pickles ({', '.join(pickles[:3])}); memwarden does not unpickle model "
+                f"{_shown(folder)}: the weights are pickles ({_shown(', '.join(pickles[:3]))}); memwarden does not unpickle model "
                 "files (a pickle can run code). Convert them to safetensors, or estimate from config.json alone"
             )
         return None
@@ -115,7 +190,11 @@ def read_checkpoint(folder: Path) -> CheckpointTensors | None:
     for path in files:
         for key, (shape, dtype, size) in read_header(path).items():
             if key in tensors and tensors[key] != (shape, dtype):
-                raise InputError(f"{folder}: tensor {key[:80]!r} is stored twice with different shapes or dtypes")
+                raise InputError(
+                    f"{_shown(folder)}: tensor {_shown(key, 80)!r} is stored twice with different shapes or dtypes"
+                )
+            if len(tensors) >= MAX_TOTAL_TENSORS:
+                raise InputError(f"{_shown(folder)}: more than {MAX_TOTAL_TENSORS} tensors in the checkpoint")
             tensors[key] = (shape, dtype)  # a key in two shards (a duplicate) is held once
             nbytes[key] = size
     return CheckpointTensors(tensors=tensors, nbytes=nbytes, files=tuple(p.name for p in files))

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.capture.modality import ModalityRules
+from memwarden.capture.onnx.bounded import RunLimits
 from memwarden.capture.onnx.build import RunInput, add_runs, add_weights
 from memwarden.capture.onnx.graph import GraphInfo, load_graph, module_path_of
 from memwarden.capture.onnx.profile import RunProfile, read_profile
@@ -59,12 +60,17 @@ def capture_onnx(
     settings: OrtSettings | None = None,
     phase: str | Phase | None = None,
     rules: ModalityRules | None = None,
+    loop_limits: RunLimits | None = None,
 ) -> Trace:
     """A Trace of running ``session_or_path`` (an ``onnxruntime.InferenceSession``, a model path or
     model bytes) on ``feeds`` (one mapping of input name -> array, or a list of them: one run each).
 
     A session's model and memory settings are reused (``settings`` overrides them); the session
     itself is not run, since profiling can only be switched on when a session is created.
+
+    The model is checked first (``memwarden.capture.onnx.guard``: declared sizes against this
+    machine, tensors folded from constants, external data); one with control flow that has no
+    bound runs in a child process under ``loop_limits`` (default ``RunLimits()``).
     """
     if isinstance(session_or_path, str | Path | bytes):
         source: str | Path | bytes = session_or_path
@@ -77,7 +83,11 @@ def capture_onnx(
         raise InputError("no feeds given: pass one mapping of input name -> array per run")
     rules = rules or ModalityRules()
     original = load_graph(source)  # a file that is not a model fails here, with one line, before ORT sees it
-    profiled = run_profiled(source, feed_list, chosen)
+    limits = None
+    if original.unbounded:
+        base = loop_limits or RunLimits()
+        limits = RunLimits(base.seconds, base.memory_bytes, why=", ".join(original.unbounded[:3]))
+    profiled = run_profiled(source, feed_list, chosen, limits=limits)
     try:
         graph = load_graph(profiled.optimized_path) if profiled.optimized_path else original
         if "memwarden.module_prefix" in original.metadata and "memwarden.module_prefix" not in graph.metadata:

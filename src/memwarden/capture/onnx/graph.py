@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memwarden.errors import InputError
+from memwarden.untrusted import terminal_safe
 
 __all__ = ["DTYPE_BYTES", "GraphInfo", "NodeInfo", "load_graph", "module_path_of"]
 
@@ -76,6 +77,7 @@ class GraphInfo:
     # ``SameSize``: same element size, same rank, each dim the same number or the same symbol), so
     # two values of a dynamic-axes export with equal bytes at run time often do not share one.
     planned_shapes: dict[str, tuple[int, tuple[int | str, ...]]] = field(default_factory=dict)
+    unbounded: list[str] = field(default_factory=list)  # control-flow nodes without a bound (``guard``)
 
     def consumers(self) -> dict[str, list[str]]:
         """Value name -> names of the nodes that read it (subgraph reads are not followed)."""
@@ -112,18 +114,16 @@ def load_graph(source: str | Path | bytes) -> GraphInfo:
     import onnx
     from google.protobuf.message import DecodeError
 
-    try:
-        if isinstance(source, bytes):
+    from memwarden.capture.onnx.guard import check_model, load_checked
+
+    if isinstance(source, bytes):
+        try:
             model = onnx.load_from_string(source)
-        else:
-            path = Path(source)
-            if not path.is_file():
-                raise InputError(f"{source}: no such ONNX file")
-            model = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, ValueError, RuntimeError, onnx.onnx_cpp2py_export.checker.ValidationError) as exc:
-        raise InputError(
-            f"{source if not isinstance(source, bytes) else 'model bytes'}: not an ONNX model ({exc})"
-        ) from None
+        except (DecodeError, ValueError, RuntimeError, TypeError) as exc:
+            raise InputError(f"model bytes: not an ONNX model ({terminal_safe(exc)[:200]})") from None
+        checked = check_model(model, None, label="model bytes")
+    else:
+        model, checked = load_checked(source)
     graph = model.graph
     if not graph.node:
         raise InputError("the ONNX model has no nodes")
@@ -157,6 +157,7 @@ def load_graph(source: str | Path | bytes) -> GraphInfo:
         outputs=[o.name for o in graph.output],
         metadata=metadata,
         static_values=static,
+        unbounded=list(checked.unbounded),
     )
 
 

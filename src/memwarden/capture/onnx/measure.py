@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.capture.onnx import mallocpeak
+from memwarden.capture.onnx.feeds import save_feeds
 from memwarden.capture.onnx.session import OrtSettings
 from memwarden.errors import InputError
 from memwarden.trace.model import Category, Trace
@@ -112,7 +113,7 @@ def measure_run(
         raise InputError("runs must be at least 1")
     with tempfile.TemporaryDirectory(prefix="memwarden-measure-") as tmp:
         feeds_path = Path(tmp) / "feeds.npz"
-        np.savez(feeds_path, **feeds)  # type: ignore[arg-type]
+        save_feeds(feeds_path, feeds)
         config = {"model": str(model), "feeds": str(feeds_path), "work": tmp, "arena": settings.arena,
                   "mem_pattern": settings.mem_pattern, "optimization": settings.optimization, "runs": runs}  # fmt: skip
         env = dict(os.environ)

@@ -18,8 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.capture.onnx.bounded import RunLimits, run_bounded
+from memwarden.capture.onnx.feeds import load_feeds
 from memwarden.capture.onnx.twin import ENV_ALLOCATORS, register_splitting_arena, shadow_profile
 from memwarden.errors import InputError
+from memwarden.untrusted import terminal_safe
 
 __all__ = ["OrtSettings", "ProfiledRun", "load_feeds", "run_profiled", "settings_of"]
 
@@ -83,36 +86,27 @@ def settings_of(session: Any) -> tuple[str | bytes, OrtSettings]:
     )
 
 
-def load_feeds(path: str | Path) -> dict[str, np.ndarray]:
-    """Feeds from an ``.npz`` (one array per model input). Pickled objects are refused."""
-    try:
-        with np.load(Path(path), allow_pickle=False) as data:
-            return {name: np.asarray(data[name]) for name in data.files}
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such feeds file") from None
-    except (ValueError, OSError, EOFError) as exc:
-        raise InputError(f"{path}: not a readable .npz of input arrays ({exc})") from None
-
-
 def _check_feeds(session: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     wanted = {i.name: i for i in session.get_inputs()}
     missing = sorted(set(wanted) - set(feeds))
     extra = sorted(set(feeds) - set(wanted))
     if missing or extra:
-        raise InputError(
-            f"feeds do not match the model's inputs: missing {missing or 'none'}, unexpected {extra or 'none'} "
-            f"(model inputs: {', '.join(wanted)})"
-        )
+        raise InputError(terminal_safe(
+            f"feeds do not match the model's inputs: missing {missing[:20] or 'none'}, unexpected "
+            f"{extra[:20] or 'none'} (model inputs: {', '.join(list(wanted)[:20])})"
+        )[:600])  # fmt: skip
     out = {}
     for name, value in feeds.items():
-        array = np.ascontiguousarray(value)
+        array = np.asarray(value, order="C")  # ascontiguousarray would make a 0-d feed 1-d
         if array.dtype == object:
-            raise InputError(f"feed {name!r} holds Python objects; give numeric arrays")
+            raise InputError(f"feed {terminal_safe(name)[:80]!r} holds Python objects; give numeric arrays")
         shape = wanted[name].shape
         if len(shape) != array.ndim or any(
             isinstance(d, int) and d != n for d, n in zip(shape, array.shape, strict=False)
         ):
-            raise InputError(f"feed {name!r} has shape {tuple(array.shape)}; the model wants {shape}")
+            raise InputError(
+                terminal_safe(f"feed {name[:80]!r} has shape {tuple(array.shape)}; the model wants {shape}")
+            )
         out[name] = array
     return out
 
@@ -130,25 +124,40 @@ class ProfiledRun:
 
 
 def run_profiled(
-    source: str | Path | bytes, feeds: Sequence[Mapping[str, np.ndarray]], settings: OrtSettings
-) -> ProfiledRun:
+    source: str | Path | bytes, feeds: Sequence[Mapping[str, np.ndarray]], settings: OrtSettings,
+    *, limits: RunLimits | None = None,
+) -> ProfiledRun:  # fmt: skip
     """Create a profiled session of ``source`` and run it once per feed set.
 
     With the arena off ORT writes no allocator counters, so a twin session with the arena on
     runs the same feeds: ORT's allocation plan (which value reuses which buffer, when each is
     released) does not depend on the arena, only the counters do. On the CPU EP the twin runs in
     a fresh interpreter on an arena that splits every chunk (``memwarden.capture.onnx.twin``), so
-    its high-water mark rises by a kernel's scratch, not by the chunk the scratch was given."""
+    its high-water mark rises by a kernel's scratch, not by the chunk the scratch was given.
+
+    With ``limits`` (a model with control flow that has no bound) every session runs in a child
+    process under those limits (``memwarden.capture.onnx.bounded``). The work folder is removed on
+    any failure; on success the caller removes it (``ProfiledRun.workdir``)."""
     workdir = tempfile.TemporaryDirectory(prefix="memwarden-ort-")
     try:
-        main = _profiled_session(source, feeds, settings, Path(workdir.name), "profile", optimized=True)
+        if limits is not None:
+            probe = _checked_feeds(source, feeds, settings)
+            path, names = run_bounded(source, probe, settings, Path(workdir.name), "profile", optimized=True,
+                                      limits=limits)  # fmt: skip
+            main = (path, probe, names)
+        else:
+            main = _profiled_session(source, feeds, settings, Path(workdir.name), "profile", optimized=True)
         checked = main[1]
         shadow = None
         if not settings.arena:
             twin = OrtSettings(ep=settings.ep, arena=True, mem_pattern=settings.mem_pattern,
                                optimization=settings.optimization, intra_op_threads=settings.intra_op_threads)  # fmt: skip
             # else (another EP, an older onnxruntime, a failed child) here, on the default arena
-            shadow = None if settings.ep != "cpu" else shadow_profile(source, checked, asdict(twin), Path(workdir.name))
+            if limits is not None:
+                shadow = run_bounded(source, checked, twin, Path(workdir.name), "shadow", optimized=False,
+                                     limits=limits)[0]  # fmt: skip
+            elif settings.ep == "cpu":
+                shadow = shadow_profile(source, checked, asdict(twin), Path(workdir.name))
             if shadow is None:
                 shadow = _profiled_session(source, feeds, twin, Path(workdir.name), "shadow", optimized=False)[0]
     except BaseException:
@@ -164,6 +173,27 @@ def run_profiled(
         feeds=checked,
         output_names=output_names,
     )
+
+
+def _checked_feeds(
+    source: str | Path | bytes, feeds: Sequence[Mapping[str, np.ndarray]], settings: OrtSettings
+) -> list[dict[str, np.ndarray]]:
+    """``feeds`` checked against the inputs of a session that is created but never run."""
+    import onnxruntime as ort
+
+    so = settings.session_options()
+    so.log_severity_level = 4
+    try:
+        session = ort.InferenceSession(source if isinstance(source, bytes) else str(source), so,
+                                       providers=settings.providers())  # fmt: skip
+    except Exception as exc:  # ORT's pybind errors share no base
+        raise InputError(f"onnxruntime cannot load the model: {_first_line(exc)}") from None
+    return [_check_feeds(session, f) for f in feeds]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()
+    return terminal_safe(text[0] if text else type(exc).__name__)[:300]
 
 
 def _profiled_session(
@@ -187,13 +217,13 @@ def _profiled_session(
     try:
         session = ort.InferenceSession(model, so, providers=providers)
     except Exception as exc:  # ORT's pybind errors (Fail, InvalidGraph, InvalidProtobuf, ...) share no base
-        raise InputError(f"onnxruntime cannot load the model: {str(exc).splitlines()[0][:300]}") from None
+        raise InputError(f"onnxruntime cannot load the model: {_first_line(exc)}") from None
     checked = [_check_feeds(session, f) for f in feeds]
     try:
         for f in checked:
             session.run(None, f)
     except Exception as exc:  # as above: a graph ORT loaded can still fail on these inputs
-        raise InputError(f"onnxruntime failed to run the model: {str(exc).splitlines()[0][:300]}") from None
+        raise InputError(f"onnxruntime failed to run the model: {_first_line(exc)}") from None
     return Path(session.end_profiling()), checked, [o.name for o in session.get_outputs()]
 
 

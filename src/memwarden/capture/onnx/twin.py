@@ -36,6 +36,7 @@ ENV_ALLOCATORS = "session.use_env_allocators"  # session config entry: take the 
 SPLIT_DEAD_BYTES = 256  # BFC's allocation granule: every leftover of a granule or more is split off
 _SAME_AS_REQUESTED = 1  # ArenaExtendStrategy::kSameAsRequested: grow by the request, not a power of two
 _registered = False
+TWIN_TIMEOUT_S = 600.0  # the twin reruns a run that already ended in process; past this it is given up
 
 
 def splitting_supported() -> bool:
@@ -78,6 +79,8 @@ def shadow_profile(
     cannot be had (the caller then runs the twin in process)."""
     if not splitting_supported():
         return None
+    from memwarden.capture.onnx.feeds import save_feeds
+
     child = workdir / "twin"
     child.mkdir(exist_ok=True)
     if isinstance(source, bytes):
@@ -88,14 +91,14 @@ def shadow_profile(
     paths = []
     for i, f in enumerate(feeds):
         paths.append(str(child / f"feeds{i}.npz"))
-        np.savez(paths[-1], **f)  # type: ignore[arg-type]
+        save_feeds(paths[-1], f)
     config = {"model": str(model), "feeds": paths, "settings": dict(settings), "workdir": str(child)}
     try:
         done = subprocess.run(
             [sys.executable, "-m", "memwarden.capture.onnx.session", json.dumps(config)],
-            capture_output=True, text=True, check=False,
+            capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, timeout=TWIN_TIMEOUT_S,
         )  # fmt: skip
-    except OSError:
+    except (OSError, subprocess.TimeoutExpired):
         return None
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
