@@ -71,8 +71,8 @@ class FaultyTransport:
     def total_injected(self) -> int:
         return sum(self.injected.values())
 
-    async def get(self, path: str, headers: Mapping[str, str]) -> Response:
-        resp = await self.inner.get(path, headers)
+    async def get(self, path: str, headers: Mapping[str, str], *, limit: int | None = None) -> Response:
+        resp = await self.inner.get(path, headers, limit=limit)
         self.responses += 1
         kind = self._draw()
         body = resp.body

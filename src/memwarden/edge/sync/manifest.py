@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from memwarden.errors import InputError
+from memwarden.untrusted import finite_int
 
 __all__ = [
     "AdapterFormatError",
@@ -34,6 +35,8 @@ __all__ = [
     "build_manifest",
     "canonical_name",
     "digest_bytes",
+    "load_json",
+    "numel",
     "read_safetensors",
     "write_safetensors",
 ]
@@ -42,6 +45,11 @@ MANIFEST_FORMAT = "memwarden-lora-manifest/1"
 MAX_HEADER_BYTES = 16 << 20  # a header with 100k tensors is ~10 MiB; more is not an adapter
 MAX_TENSORS = 100_000
 MAX_NAME_CHARS = 1024
+MAX_NDIM = 8  # LoRA tensors are 2-D (4-D for convolutions); bounded before any product is taken
+MAX_DIM = 2**40
+MAX_ELEMENTS = 2**40  # per tensor: 4 TiB of F32, above any adapter
+MAX_VERSION = 10**12  # store files are v<1-12 digits>.safetensors
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 # safetensors dtype names -> bytes per element
 DTYPE_BYTES = {
@@ -67,6 +75,31 @@ def digest_bytes(data: bytes | memoryview) -> str:
     return hashlib.blake2b(data, digest_size=32).hexdigest()
 
 
+def load_json(data: bytes | str, what: str) -> Any:
+    """JSON from an untrusted body: nesting deep enough to exhaust the parser's recursion is one
+    ``AdapterFormatError``, as is anything that is not JSON."""
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise AdapterFormatError(f"{what} is not JSON (truncated, corrupted or nested too deep)") from None
+
+
+def numel(shape: object, what: str) -> int:
+    """The element count of an untrusted shape: a list of at most ``MAX_NDIM`` integers in
+    ``[0, MAX_DIM)``, checked before they are multiplied (a 200,000-dimension shape costs one
+    length check, not a minute of big-integer products), the product capped at ``MAX_ELEMENTS``."""
+    if not isinstance(shape, list | tuple) or len(shape) > MAX_NDIM:
+        raise AdapterFormatError(f"{what}: a shape is a list of at most {MAX_NDIM} dimensions")
+    count = 1
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < MAX_DIM:
+            raise AdapterFormatError(f"{what}: malformed shape")
+        count *= d
+        if count > MAX_ELEMENTS:
+            raise AdapterFormatError(f"{what}: more than {MAX_ELEMENTS} elements")
+    return count
+
+
 @dataclass(frozen=True)
 class RawTensor:
     """One tensor of a safetensors file as bytes: dtype (safetensors name), shape, data."""
@@ -87,10 +120,7 @@ def read_safetensors(blob: bytes) -> tuple[dict[str, RawTensor], dict[str, str]]
     (header_len,) = struct.unpack("<Q", blob[:8])
     if header_len > min(MAX_HEADER_BYTES, len(blob) - 8):
         raise AdapterFormatError(f"safetensors header length {header_len} is out of range (truncated file?)")
-    try:
-        header = json.loads(blob[8 : 8 + header_len])
-    except (ValueError, UnicodeDecodeError):
-        raise AdapterFormatError("safetensors header is not JSON") from None
+    header = load_json(blob[8 : 8 + header_len], "safetensors header")
     if not isinstance(header, dict):
         raise AdapterFormatError("safetensors header is not a JSON object")
     meta = header.pop("__metadata__", None) or {}
@@ -102,19 +132,20 @@ def read_safetensors(blob: bytes) -> tuple[dict[str, RawTensor], dict[str, str]]
     spans = []
     tensors: dict[str, RawTensor] = {}
     for name, info in header.items():
-        if not isinstance(info, dict) or len(name) > MAX_NAME_CHARS:
+        if not isinstance(info, dict) or len(name) > MAX_NAME_CHARS or not name:
             raise AdapterFormatError(f"tensor {name[:80]!r}: malformed entry")
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if dtype not in DTYPE_BYTES:
             raise AdapterFormatError(f"tensor {name!r}: unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and 0 <= d < 2**40 for d in shape):
-            raise AdapterFormatError(f"tensor {name!r}: malformed shape")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+        if not isinstance(shape, list):
+            raise AdapterFormatError(f"tensor {name[:80]!r}: malformed shape")
+        count = numel(shape, f"tensor {name[:80]!r}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
             raise AdapterFormatError(f"tensor {name!r}: malformed data_offsets")
         start, end = offsets
         if not 0 <= start <= end <= len(body):
             raise AdapterFormatError(f"tensor {name!r}: data beyond the end of the file (truncated?)")
-        if end - start != math.prod(shape) * DTYPE_BYTES[dtype]:
+        if end - start != count * DTYPE_BYTES[dtype]:
             raise AdapterFormatError(f"tensor {name!r}: {end - start} bytes for shape {shape} {dtype}")
         spans.append((start, end))
         tensors[name] = RawTensor(dtype=dtype, shape=tuple(shape), data=bytes(body[start:end]))
@@ -223,15 +254,17 @@ class Manifest:
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_json(), separators=(",", ":")).encode()
 
+    def with_doc(self, doc: dict[str, Any]) -> bytes:
+        """The bytes of this manifest's JSON ``doc`` with extra fields (a signature) added, its
+        ``digest`` computed over all of them."""
+        body = {k: v for k, v in doc.items() if k != "digest"}
+        return json.dumps({**body, "digest": _doc_digest(body)}, separators=(",", ":")).encode()
+
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:
         if len(data) > MAX_HEADER_BYTES:
             raise AdapterFormatError("manifest larger than 16 MiB")
-        try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            raise AdapterFormatError("manifest is not JSON (truncated or corrupted?)") from None
-        return cls.from_json(doc)
+        return cls.from_json(load_json(data, "manifest"))
 
     @classmethod
     def from_json(cls, doc: Any) -> Manifest:
@@ -241,34 +274,52 @@ class Manifest:
         body = {k: v for k, v in doc.items() if k != "digest"}
         if doc.get("digest") != _doc_digest(body):
             raise AdapterFormatError("manifest digest mismatch (corrupted in transit?)")
+        tensors = doc.get("tensors")
+        if not isinstance(tensors, list) or len(tensors) > MAX_TENSORS:
+            raise AdapterFormatError(f"manifest tensors: a list of at most {MAX_TENSORS} entries")
         try:
-            entries = tuple(
-                TensorEntry(
-                    name=str(t["name"]),
-                    layer=str(t["layer"]),
-                    shape=tuple(int(d) for d in t["shape"]),
-                    dtype=str(t["dtype"]),
-                    digest=str(t["digest"]),
-                    rank=int(t["rank"]),
-                    version=int(t["version"]),
-                    nbytes=int(t["nbytes"]),
-                )
-                for t in doc["tensors"]
-            )
-            manifest = cls(adapter=str(doc["adapter"]), version=int(doc["version"]), tensors=entries)
-        except (KeyError, TypeError, ValueError):
-            raise AdapterFormatError("manifest entries are malformed") from None
+            entries = tuple(_entry(t) for t in tensors)
+            adapter = _text(doc.get("adapter"), "adapter")
+            version = finite_int(doc.get("version"), "manifest version", hi=MAX_VERSION)
+        except InputError as exc:
+            raise AdapterFormatError(f"manifest entries are malformed: {exc}") from None
+        manifest = cls(adapter=adapter, version=version, tensors=entries)
         if [t.name for t in entries] != sorted({t.name for t in entries}):
             raise AdapterFormatError("manifest tensors must be unique and in name order")
-        for t in entries:
-            if t.dtype not in DTYPE_BYTES or t.nbytes != math.prod(t.shape) * DTYPE_BYTES[t.dtype]:
-                raise AdapterFormatError(f"manifest entry {t.name!r}: size does not match shape and dtype")
         if manifest.content_digest != doc.get("content_digest"):
             raise AdapterFormatError("manifest content digest mismatch")
         return manifest
 
     def with_version(self, version: int) -> Manifest:
         return replace(self, version=version)
+
+
+def _text(value: object, field: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME_CHARS:
+        raise AdapterFormatError(f"{field}: a string of 1 to {MAX_NAME_CHARS} characters")
+    return value
+
+
+def _entry(t: object) -> TensorEntry:
+    """One manifest entry from untrusted JSON, every field typed and bounded."""
+    if not isinstance(t, dict):
+        raise AdapterFormatError("a manifest entry is not an object")
+    name = _text(t.get("name"), "tensor name")
+    shape, dtype, digest = t.get("shape"), t.get("dtype"), t.get("digest")
+    count = numel(shape, f"manifest entry {name[:80]!r}")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        raise AdapterFormatError(f"manifest entry {name[:80]!r}: unknown dtype")
+    if not isinstance(digest, str) or not _DIGEST.match(digest):
+        raise AdapterFormatError(f"manifest entry {name[:80]!r}: a digest is 64 hex digits")
+    nbytes = finite_int(t.get("nbytes"), "nbytes", hi=MAX_ELEMENTS * 8)
+    if nbytes != count * DTYPE_BYTES[dtype]:
+        raise AdapterFormatError(f"manifest entry {name[:80]!r}: size does not match shape and dtype")
+    assert isinstance(shape, list | tuple)
+    return TensorEntry(
+        name=name, layer=_text(t.get("layer"), "layer"), shape=tuple(shape), dtype=dtype, digest=digest,
+        rank=finite_int(t.get("rank"), "rank", hi=MAX_DIM), version=finite_int(t.get("version"), "version", hi=MAX_VERSION),
+        nbytes=nbytes,
+    )  # fmt: skip
 
 
 def _doc_digest(body: Mapping[str, Any]) -> str:

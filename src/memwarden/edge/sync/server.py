@@ -8,6 +8,11 @@
 Bodies that a device may need to resume honour a single ``Range: bytes=START-[END]`` with
 ``206 Partial Content`` and ``Content-Range``. ``bytes_sent`` counts every body byte written,
 which is what the sync benchmark compares with a full transfer.
+
+Manifests are served as the publisher signed them (the server holds no key). Everything a
+request carries is bounded before it is used: request lines and headers by aiohttp's limits
+(8 KiB a line, 128 headers), numbers (``Range``, ``version``, ``from``, ``to``) to 1-19 digits by
+the patterns below, so a 5,000-digit ``Range`` is a 416, never a 500.
 """
 
 from __future__ import annotations
@@ -16,13 +21,22 @@ import re
 
 from aiohttp import web
 
-from memwarden.edge.sync.manifest import AdapterFormatError
 from memwarden.edge.sync.store import AdapterStore, check_adapter_name
+from memwarden.errors import InputError
 
 __all__ = ["SyncServer"]
 
-_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+_RANGE = re.compile(r"^bytes=(\d{1,19})-(\d{0,19})$")
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_VERSION = re.compile(r"^\d{1,12}$")
+
+
+def _version(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not _VERSION.match(text):
+        raise ValueError("a version is 1 to 12 digits")
+    return int(text)
 
 
 class SyncServer:
@@ -93,11 +107,10 @@ class SyncServer:
         name = request.match_info["name"]
         try:
             check_adapter_name(name)
-            version = request.query.get("version")
-            manifest = self.store.latest(name) if version is None else self.store.manifest(name, int(version))
-        except (KeyError, ValueError, AdapterFormatError):
+            data = self.store.signed_manifest(name, _version(request.query.get("version")))
+        except (KeyError, ValueError, InputError):
             raise web.HTTPNotFound(text=f"no adapter {name[:80]!r} at that version") from None
-        return self._body(request, manifest.to_bytes(), "application/json")
+        return self._body(request, data, "application/json")
 
     async def _tensor(self, request: web.Request) -> web.Response:
         digest = request.match_info["digest"]
@@ -113,9 +126,10 @@ class SyncServer:
         name = request.match_info["name"]
         try:
             check_adapter_name(name)
-            start = int(request.query["from"])
-            to = request.query.get("to")
-            data = self.store.delta(name, start, None if to is None else int(to))
-        except (KeyError, ValueError, AdapterFormatError):
+            start = _version(request.query.get("from"))
+            if start is None:
+                raise KeyError("from")
+            data = self.store.delta(name, start, _version(request.query.get("to")))
+        except (KeyError, ValueError, InputError):
             raise web.HTTPNotFound(text=f"no delta of {name[:80]!r} between those versions") from None
         return self._body(request, data, "application/octet-stream")

@@ -6,9 +6,12 @@ replaced and a graph compiled over the model (``torch.compile``) keeps its guard
 recompile. Unlike it, an update here is a *delta* (only the changed tensors travel), it is
 versioned, and it is all-or-nothing:
 
-1. everything is checked before the model is touched — the delta's digests (``read_delta``),
-   that the device holds the delta's base version (content digest), that every tensor names an
-   existing parameter with a compatible shape and the same dtype;
+1. everything is checked before the model is touched — the delta's digests (``read_delta``) and,
+   with ``publisher_key``, its publisher signature; that the device holds the delta's base
+   version (content digest) and the delta leads to a higher version; that every tensor names an
+   existing parameter with the same dtype and the same shape (only a LoRA A/B matrix may carry a
+   lower rank, zero-padded; a ``modules_to_save`` weight of another shape is refused, not padded)
+   — on the bytes' description, before any tensor is made of them;
 2. the new values are staged and the old ones of the affected parameters saved;
 3. the copies run under the slot's lock; if any fails, the ones done are undone from the saved
    values and the error is raised — the model holds the old version, bit for bit.
@@ -25,13 +28,18 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from memwarden.edge.sync.delta import Delta, adapter_manifest, read_delta
+from memwarden.edge.sync.errors import SignatureError
 from memwarden.edge.sync.manifest import AdapterFormatError, Manifest, build_manifest
 from memwarden.errors import MemwardenError
-from memwarden.runtime.lora.tensors import adapter_parameters, from_raw, logical_view, padded, to_raw
+from memwarden.runtime.lora.tensors import adapter_parameters, check_fits, from_raw, logical_view, padded, to_raw
+
+if TYPE_CHECKING:
+    from memwarden.edge.sync.signing import PublicKey
 from memwarden.runtime.lora.versions import AdapterVersions
 
 __all__ = ["AdapterSlot", "AdapterSwapError", "SwapResult"]
@@ -58,6 +66,7 @@ class AdapterSlot:
     ``manifest`` describes what the model holds now (default: computed from its parameters, as
     ``adapter`` version ``version``). ``versions`` keeps older versions for rollback (default: an
     LRU of 64 MiB). ``before_copy(name)`` runs before each parameter copy (fault injection).
+    ``publisher_key``: when given, every delta applied must carry the publisher's signed manifest.
     """
 
     def __init__(
@@ -70,8 +79,10 @@ class AdapterSlot:
         manifest: Manifest | None = None,
         versions: AdapterVersions | None = None,
         before_copy: Callable[[str], None] | None = None,
+        publisher_key: PublicKey | None = None,
     ) -> None:
         self.model = model
+        self.publisher_key = publisher_key
         self.params = adapter_parameters(model, adapter_name)
         self.versions = versions if versions is not None else AdapterVersions(_DEFAULT_VERSIONS_BYTES)
         self.before_copy = before_copy
@@ -113,12 +124,14 @@ class AdapterSlot:
 
     def apply(self, delta: Delta | bytes) -> SwapResult:
         """Apply a delta (a verified :class:`Delta` or the bytes of a delta file) in place."""
-        if isinstance(delta, bytes | bytearray | memoryview):
-            try:
-                delta = read_delta(bytes(delta))
-            except AdapterFormatError:
-                self.refused += 1
-                raise
+        try:
+            if isinstance(delta, bytes | bytearray | memoryview):
+                delta = read_delta(bytes(delta), publisher_key=self.publisher_key)
+            elif self.publisher_key is not None:
+                self._check_signed(delta)
+        except (AdapterFormatError, SignatureError):
+            self.refused += 1
+            raise
         with self.lock:
             if delta.base_digest != self.manifest.content_digest:
                 self.refused += 1
@@ -132,8 +145,29 @@ class AdapterSlot:
                 raise AdapterSwapError(
                     f"the delta leads to v{delta.manifest.version}, not newer than the v{self.version} this model holds"
                 )
-            values = {name: from_raw(raw) for name, raw in delta.tensors.items()}
+            try:
+                for name, raw in delta.tensors.items():
+                    param = self.params.get(name)
+                    if param is None:
+                        raise AdapterFormatError(f"tensor {name!r}: the model has no slot for it")
+                    check_fits(name, raw, param)
+                values = {name: from_raw(raw) for name, raw in delta.tensors.items()}
+            except AdapterFormatError as exc:
+                self.refused += 1
+                raise AdapterSwapError(f"refused, the model keeps v{self.version}: {exc}") from None
             return self._swap(delta.manifest, values)
+
+    def _check_signed(self, delta: Delta) -> None:
+        from memwarden.edge.sync.signing import verify_manifest
+
+        assert self.publisher_key is not None
+        if not delta.signed_manifest:
+            raise SignatureError(
+                f"the delta to {delta.manifest.adapter} v{delta.manifest.version} is not signed: refused"
+            )
+        signed = verify_manifest(delta.signed_manifest, self.publisher_key)
+        if signed != delta.manifest:
+            raise SignatureError("the delta's manifest is not the one its publisher signed: refused")
 
     def load(self, adapter_blob: bytes, *, version: int | None = None) -> SwapResult:
         """Hot-swap a whole adapter file in (PEFT's ``hotswap_adapter``, versioned): only the
@@ -144,6 +178,12 @@ class AdapterSlot:
             )
             if target.version <= self.version and version is None:
                 target = target.with_version(self.version + 1)
+            if target.version <= self.version:
+                self.refused += 1
+                raise AdapterSwapError(
+                    f"v{target.version} is not newer than the v{self.version} this model holds: versions never go "
+                    "backwards (activate() or rollback() switch to a kept version)"
+                )
             values = {n: from_raw(t) for n, t in raw.items()}
             return self._swap(target, values)
 

@@ -15,7 +15,7 @@ import torch
 from memwarden.capture.inputs import host_array
 from memwarden.edge.sync.manifest import AdapterFormatError, RawTensor, canonical_name
 
-__all__ = ["adapter_parameters", "from_raw", "logical_view", "padded", "to_raw"]
+__all__ = ["adapter_parameters", "check_fits", "from_raw", "logical_view", "padded", "rank_dim", "to_raw"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
@@ -23,6 +23,34 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }  # fmt: skip
 SAFETENSORS_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
+# The LoRA matrices whose rank a slot may zero-pad, and which of their dimensions is the rank.
+_RANK_DIM = {".lora_A.weight": 0, ".lora_embedding_A": 0, ".lora_B.weight": 1, ".lora_embedding_B": 1}
+
+
+def rank_dim(name: str) -> int | None:
+    """The rank dimension of a LoRA A/B matrix named ``name``; None for every other tensor (a
+    ``modules_to_save`` weight, a bias, a DoRA magnitude), which must keep its shape exactly."""
+    return next((d for suffix, d in _RANK_DIM.items() if name.endswith(suffix)), None)
+
+
+def check_fits(name: str, raw: RawTensor, slot: torch.Tensor) -> None:
+    """``raw`` can be laid into ``slot`` (same dtype; same shape, or a lower LoRA rank), checked on
+    the bytes' description before any tensor is made of them. ``AdapterFormatError`` otherwise."""
+    dtype = TORCH_DTYPES.get(raw.dtype)
+    if dtype is None or dtype != slot.dtype:
+        raise AdapterFormatError(f"tensor {name!r}: dtype {raw.dtype}, the model holds {slot.dtype}")
+    _check_shape(name, tuple(raw.shape), tuple(slot.shape))
+
+
+def _check_shape(name: str, shape: tuple[int, ...], held: tuple[int, ...]) -> None:
+    if shape == held:
+        return
+    dim = rank_dim(name)
+    if dim is None or len(shape) != 2 or len(held) != 2 or shape[1 - dim] != held[1 - dim] or shape[dim] > held[dim]:
+        raise AdapterFormatError(
+            f"tensor {name!r}: shape {shape} does not fit the model's {held} "
+            "(only a LoRA A/B matrix may carry a lower rank; anything else needs a new adapter slot, not a hot swap)"
+        )
 
 
 def to_raw(t: torch.Tensor) -> RawTensor:
@@ -38,7 +66,9 @@ def to_raw(t: torch.Tensor) -> RawTensor:
 
 def from_raw(raw: RawTensor) -> torch.Tensor:
     """A CPU tensor holding a copy of ``raw``'s bytes."""
-    dtype = TORCH_DTYPES[raw.dtype]
+    dtype = TORCH_DTYPES.get(raw.dtype)
+    if dtype is None:
+        raise AdapterFormatError(f"dtype {raw.dtype} cannot be applied to a model (no torch dtype here)")
     if not raw.data:
         return torch.empty(raw.shape, dtype=dtype)
     flat = torch.frombuffer(bytearray(raw.data), dtype=torch.uint8)
@@ -54,20 +84,9 @@ def padded(name: str, value: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         raise AdapterFormatError(f"tensor {name!r}: dtype {value.dtype}, the model holds {slot.dtype}")
     if value.shape == slot.shape:
         return value
-    rank_dim = 0 if ("lora_A" in name or "lora_embedding_A" in name) else 1
-    other = 1 - rank_dim
-    if (
-        value.dim() != 2
-        or slot.dim() != 2
-        or value.shape[other] != slot.shape[other]
-        or value.shape[rank_dim] > slot.shape[rank_dim]
-    ):
-        raise AdapterFormatError(
-            f"tensor {name!r}: shape {tuple(value.shape)} does not fit the model's {tuple(slot.shape)} "
-            "(a higher rank or another module size needs a new adapter slot, not a hot swap)"
-        )
+    _check_shape(name, tuple(value.shape), tuple(slot.shape))
     out = torch.zeros_like(slot, device="cpu")
-    if rank_dim == 0:
+    if rank_dim(name) == 0:
         out[: value.shape[0]] = value
     else:
         out[:, : value.shape[1]] = value
@@ -78,7 +97,7 @@ def logical_view(name: str, param: torch.Tensor, shape: tuple[int, ...]) -> torc
     """The part of a (possibly rank-padded) parameter that holds an adapter tensor of ``shape``."""
     if tuple(param.shape) == shape:
         return param
-    if "lora_A" in name or "lora_embedding_A" in name:
+    if rank_dim(name) == 0:
         return param[: shape[0]]
     return param[:, : shape[1]]
 
