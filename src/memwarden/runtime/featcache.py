@@ -14,21 +14,24 @@ version or an old input pipeline should age out even if it is popular. L2 ages u
 file's own ``created_s`` and the injectable wall clock, because files outlive processes.
 
 L2 files are safetensors (never pickle: a cache directory is a place other processes can
-write) with the fingerprint, the creation time and a BLAKE2b checksum of the tensor bytes in
-the header's metadata, written to a temp file and renamed into place. A file that is
-truncated, garbled, fails its checksum or belongs to another fingerprint is deleted and
-counted as ``corrupt`` and as a miss; the caller recomputes the features and ``put`` heals the
-entry. Disk errors while writing are counted (``write_errors``), never raised: the cache is an
-optimisation and must not take the session down. Values are returned as stored, not copied:
-treat them as read-only.
+write), named ``mwfc-<BLAKE2b of the fingerprint>.safetensors``, with the fingerprint, the
+creation time and a keyed digest of the whole file (BLAKE2b keyed with the folder's secret key,
+``.memwarden-featcache.key``, 0600, made by the first cache on the folder) in the header's
+metadata, written to a new temp file (``O_EXCL | O_NOFOLLOW``, 0600) and renamed into place: a
+symlink planted at an entry's name is replaced, never written through. A file that is truncated,
+garbled, forged (its digest needs the key), a symlink, FIFO or device, or another fingerprint's,
+is counted as ``corrupt`` and as a miss, and never used as data; the caller recomputes the
+features and ``put`` heals the entry. The cache only ever deletes files of its own: an entry's
+name and header (sweep, eviction, ``clear``), its own stale temp files. Other files in the folder
+(model shards, downloads) are never indexed, counted or removed. Disk errors while writing are
+counted (``write_errors``), never raised: the cache is an optimisation and must not take the
+session down. Values are returned as stored, not copied: treat them as read-only.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import struct
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -39,18 +42,18 @@ from typing import Any, Union
 
 import torch
 from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
-from memwarden.trace.io import atomic_write
+from memwarden.runtime import featcache_file as ff
+from memwarden.runtime.private_files import folder_key, read_own
+from memwarden.runtime.private_files import replace_with as atomic_write
+from memwarden.untrusted import finite_int
 
 __all__ = ["CacheStats", "FeatureCache", "FeatureValue", "TierStats"]
 
 FeatureValue = Union[torch.Tensor, tuple[torch.Tensor, ...]]  # noqa: UP007 (a runtime alias)
 
 _MIB = 1 << 20
-_FORMAT = "memwarden-featcache/1"
-_SUFFIX = ".safetensors"
-_MAX_HEADER_BYTES = 1 << 20  # a few tensors' header is < 1 KiB; more is not ours
+_encode = ff.encode  # (fp, tensors, single, now, *, key) -> an entry's bytes
 _STALE_TEMP_S = 60.0  # a temp file this old is a crashed writer's, not a writer in progress
 
 
@@ -60,7 +63,7 @@ class TierStats:
     misses: int
     evictions: int  # dropped for room (LRU)
     expirations: int  # dropped for age (TTL)
-    corrupt: int  # L2 files found unreadable, deleted
+    corrupt: int  # L2 files refused: unreadable, changed, forged or not the cache's
     write_errors: int  # L2 writes that failed (disk full, permissions)
     entries: int
     bytes: int
@@ -106,10 +109,6 @@ class _Counters:
         self.hits = self.misses = self.evictions = self.expirations = self.corrupt = self.write_errors = 0
 
 
-class _Corrupt(Exception):
-    pass
-
-
 class FeatureCache:
     """``get(fp) -> value | None``, ``put(fp, value)``, ``prewarm(fps)``; see the module docstring."""
 
@@ -136,8 +135,10 @@ class FeatureCache:
         self._c1, self._c2 = _Counters(), _Counters()
         self._prewarmed = 0
         self.l2_dir = None if l2_dir is None else Path(l2_dir)
+        self._key = b""
         if self.l2_dir is not None:
-            self.l2_dir.mkdir(parents=True, exist_ok=True)
+            self.l2_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._key = folder_key(self.l2_dir, ff.KEY_FILE)  # InputError if someone else's
             self._scan()
 
     # -- public API -----------------------------------------------------------------------
@@ -199,12 +200,12 @@ class FeatureCache:
             return False
         with self._lock:
             entry = self._l1.get(fp)
-            return (entry is not None and entry.expires_s > self._clock()) or _stem(fp) in self._l2
+            return (entry is not None and entry.expires_s > self._clock()) or ff.stem_of(fp) in self._l2
 
     def invalidate(self, fp: str) -> None:
         with self._lock:
             self._drop_l1(fp)
-            self._drop_l2(_stem(fp))
+            self._drop_l2(ff.stem_of(fp))
 
     def clear(self, *, l2: bool = True) -> None:
         """Drop every entry (``l2=False``: the in-memory tier only, as under memory pressure)."""
@@ -235,14 +236,12 @@ class FeatureCache:
                     self._c1.expirations += 1
                     dropped += 1
             for stem in list(self._l2):
-                try:
-                    meta = _read_header(self._path(stem))[0]
-                    expired = float(meta["created_s"]) + self.l2_ttl_s <= now
-                except (OSError, _Corrupt, KeyError, ValueError):
+                created_s = self._own_created_s(stem)
+                if created_s is None:  # not an entry of ours (any more): forgotten, never deleted
+                    self._forget_l2(stem)
                     self._c2.corrupt += 1
-                    expired = True
-                if expired:
-                    self._drop_l2(stem)
+                elif created_s + self.l2_ttl_s <= now:
+                    self._drop_l2(stem, own=True)
                     self._c2.expirations += 1
                     dropped += 1
         return dropped
@@ -287,65 +286,68 @@ class FeatureCache:
 
     def _path(self, stem: str) -> Path:
         assert self.l2_dir is not None
-        return self.l2_dir / f"{stem}{_SUFFIX}"
+        return self.l2_dir / f"{ff.PREFIX}{stem}{ff.SUFFIX}"
 
     def _scan(self) -> None:
         """Index the files already there, least recently used (oldest mtime) first."""
         assert self.l2_dir is not None
         found = []
+        uid = os.geteuid() if hasattr(os, "geteuid") else None
         for entry in os.scandir(self.l2_dir):
+            ours, temp = ff.ENTRY_NAME.fullmatch(entry.name), ff.TEMP_NAME.fullmatch(entry.name)
             try:
-                st = entry.stat()
+                st = entry.stat(follow_symlinks=False) if ours or temp else None
             except OSError:
                 continue
-            if entry.name.endswith(".partial"):
-                if time.time() - st.st_mtime > _STALE_TEMP_S:
+            if st is None or not stat.S_ISREG(st.st_mode):  # symlinks, FIFOs, others' files: left alone
+                continue
+            if temp:  # a crashed writer's (this user's), not a writer in progress
+                if st.st_uid == (st.st_uid if uid is None else uid) and time.time() - st.st_mtime > _STALE_TEMP_S:
                     _unlink(Path(entry.path))
-            elif entry.name.endswith(_SUFFIX) and entry.is_file():
-                found.append((st.st_mtime, entry.name[: -len(_SUFFIX)], st.st_size))
+            else:
+                found.append((st.st_mtime, entry.name[len(ff.PREFIX) : -len(ff.SUFFIX)], st.st_size))
         for _, stem, size in sorted(found):
             self._l2[stem] = size
             self._l2_bytes += size
         self._evict_l2(0)
 
     def _read_l2(self, fp: str, now: float) -> FeatureValue | None:
-        stem = _stem(fp)
+        stem = ff.stem_of(fp)
         if self.l2_dir is None or stem not in self._l2:
             return None
         path = self._path(stem)
         try:
-            meta, data, body_start = _read_header(path)
+            data = read_own(path, self.l2_max_bytes)  # regular files only: never a FIFO, device or symlink
+            meta = ff.verify(data, self._key)  # from here on the bytes are ours, as written
             if meta.get("fingerprint") != fp:
-                raise _Corrupt("another fingerprint")
-            if hashlib.blake2b(data[body_start:], digest_size=20).hexdigest() != meta.get("checksum"):
-                raise _Corrupt("checksum mismatch")
-            if float(meta["created_s"]) + self.l2_ttl_s <= now:
-                self._drop_l2(stem)
+                raise ff.CorruptEntry("another fingerprint")
+            if ff.created_s(meta) + self.l2_ttl_s <= now:
+                self._drop_l2(stem, own=True)
                 self._c2.expirations += 1
                 return None
             tensors = st_load(data)
-            count = int(meta["count"])
+            count = finite_int(int(meta["count"]), "count", lo=1, hi=len(tensors))
             value: FeatureValue = (
                 tensors["0"] if meta["kind"] == "tensor" else tuple(tensors[str(i)] for i in range(count))
             )
         except FileNotFoundError:  # removed behind our back (another process, a cleaner)
             self._forget_l2(stem)
             return None
-        except Exception:  # _Corrupt, bad JSON/safetensors, missing keys, unreadable: all corrupt
-            self._drop_l2(stem)
+        except Exception:  # forged, truncated, garbled, not a regular file, missing keys: all corrupt
+            self._discard_l2(stem)
             self._c2.corrupt += 1
             return None
         self._l2.move_to_end(stem)
         try:
-            os.utime(path)  # recency survives restarts: _scan orders by mtime
+            os.utime(path, follow_symlinks=False)  # recency survives restarts: _scan orders by mtime
         except OSError:
             pass
         return value
 
     def _write_l2(self, fp: str, tensors: list[torch.Tensor], single: bool, now: float) -> None:
-        stem = _stem(fp)
+        stem = ff.stem_of(fp)
         try:
-            data = _encode(fp, tensors, single, now)
+            data = _encode(fp, tensors, single, now, key=self._key)
         except Exception:
             self._c2.write_errors += 1
             return
@@ -363,13 +365,38 @@ class FeatureCache:
 
     def _evict_l2(self, incoming_bytes: int) -> None:
         while self._l2 and self._l2_bytes + incoming_bytes > self.l2_max_bytes:
-            self._drop_l2(next(iter(self._l2)))
-            self._c2.evictions += 1
+            if self._drop_l2(next(iter(self._l2))):
+                self._c2.evictions += 1
+            else:
+                self._c2.corrupt += 1
 
-    def _drop_l2(self, stem: str) -> None:
-        if stem in self._l2:
+    def _drop_l2(self, stem: str, *, own: bool = False) -> bool:
+        """Forget the entry and delete its file if it is ours (``own``: just verified): its name and
+        header. Whether it was deleted."""
+        ours = stem in self._l2 and (own or self._own_created_s(stem) is not None)
+        if ours:
             _unlink(self._path(stem))
         self._forget_l2(stem)
+        return ours
+
+    def _discard_l2(self, stem: str) -> None:
+        """A file at an entry's name that failed verification on read: deleted if a regular file
+        (the name is the cache's; a put would replace it), else only forgotten. Never followed."""
+        try:
+            if stat.S_ISREG(os.lstat(self._path(stem)).st_mode):
+                _unlink(self._path(stem))
+        except OSError:
+            pass
+        self._forget_l2(stem)
+
+    def _own_created_s(self, stem: str) -> float | None:
+        """The creation time in the entry's file's header if the file is a regular file (never a
+        symlink followed) with this cache's header for this name; None otherwise."""
+        try:
+            head = read_own(self._path(stem), self.l2_max_bytes, head=ff.HEADER_READ_BYTES)
+        except Exception:  # OSError, NotOurs
+            return None
+        return ff.header_created_s(head, stem)
 
     def _forget_l2(self, stem: str) -> None:
         size = self._l2.pop(stem, None)
@@ -378,26 +405,10 @@ class FeatureCache:
 
     @staticmethod
     def _tier(c: _Counters, entries: int, nbytes: int, max_bytes: int, ttl_s: float) -> TierStats:
-        return TierStats(
-            hits=c.hits,
-            misses=c.misses,
-            evictions=c.evictions,
-            expirations=c.expirations,
-            corrupt=c.corrupt,
-            write_errors=c.write_errors,
-            entries=entries,
-            bytes=nbytes,
-            max_bytes=max_bytes,
-            ttl_s=ttl_s,
-        )
+        return TierStats(**vars(c), entries=entries, bytes=nbytes, max_bytes=max_bytes, ttl_s=ttl_s)
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def _stem(fp: str) -> str:
-    """File name for a fingerprint: its hash, so any string is a safe key (no path tricks)."""
-    return hashlib.blake2b(fp.encode("utf-8", "surrogatepass"), digest_size=20).hexdigest()
 
 
 def _as_tensors(value: Any) -> list[torch.Tensor]:
@@ -420,40 +431,6 @@ def _to(value: FeatureValue, device: torch.device) -> FeatureValue:
     if isinstance(value, torch.Tensor):
         return value.to(device)
     return tuple(t.to(device) for t in value)
-
-
-def _encode(fp: str, tensors: list[torch.Tensor], single: bool, now: float) -> bytes:
-    """safetensors bytes whose metadata carries the checksum of the tensor bytes after the header."""
-    # Clones: safetensors refuses tensors that share storage, and wants dense CPU memory.
-    named = {str(i): t.detach().to("cpu", copy=True).contiguous() for i, t in enumerate(tensors)}
-    meta = {"format": _FORMAT, "fingerprint": fp, "kind": "tensor" if single else "tuple"}
-    meta.update(count=str(len(tensors)), created_s=repr(float(now)))
-    data = st_save(named, metadata=meta)
-    (header_len,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + header_len])
-    body = data[8 + header_len :]
-    header["__metadata__"]["checksum"] = hashlib.blake2b(body, digest_size=20).hexdigest()
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # safetensors pads its header to 8 bytes with spaces
-    return struct.pack("<Q", len(text)) + text + body
-
-
-def _read_header(path: Path) -> tuple[dict[str, str], bytes, int]:
-    """(metadata, whole file, offset of the tensor bytes). Raises _Corrupt or OSError."""
-    data = path.read_bytes()
-    if len(data) < 8:
-        raise _Corrupt("truncated")
-    (header_len,) = struct.unpack("<Q", data[:8])
-    if header_len > min(_MAX_HEADER_BYTES, len(data) - 8):
-        raise _Corrupt("header length out of range")
-    try:
-        header = json.loads(data[8 : 8 + header_len])
-    except ValueError:
-        raise _Corrupt("header is not JSON") from None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
-        raise _Corrupt("not a memwarden feature-cache file")
-    return meta, data, 8 + header_len
 
 
 def _unlink(path: Path) -> None:

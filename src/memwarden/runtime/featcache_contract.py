@@ -43,6 +43,8 @@ __all__ = ["TieredEncoderStore", "default_encoder_store", "encoder_contract"]
 MANIFEST_FORMAT = "memwarden-prewarm/1"
 _SIZE_WORDS = ("size", "pixels", "resize", "crop", "resample", "patch", "pad", "max_image", "image_seq")
 _SAMPLES = 16  # values sampled per parameter for the change token
+_MAX_NESTING = 32  # an encoder output nests a few levels; deeper is never cached, never rebuilt
+_MAX_STRUCTURE_BYTES = 1 << 20
 
 
 def _jsonable(value: Any) -> Any:
@@ -146,7 +148,8 @@ class TieredEncoderStore:
         self.processor = processor
         self.adapters = list(adapters)
         self.contract_changes = 0
-        self.unstorable = 0  # outputs with parts that are not tensors (never cached)
+        self.unstorable = 0  # outputs with parts that are not tensors, or nested too deep (never cached)
+        self.unreadable = 0  # cached values whose structure record could not be rebuilt (dropped, a miss)
         self._seen: dict[str, None] = {}  # media keys put, in order (the prewarm manifest)
         self._token: tuple[Any, ...] | None = None
         self._contract: dict[str, Any] = {}
@@ -185,8 +188,16 @@ class TieredEncoderStore:
     # -- the store protocol ---------------------------------------------------------------------
 
     def get(self, media_key: str) -> Any | None:
-        value = self.cache.get(self.key(media_key))
-        return None if value is None else _rebuild(value)
+        key = self.key(media_key)
+        value = self.cache.get(key)
+        if value is None:
+            return None
+        try:
+            return _rebuild(value)
+        except Exception:  # a structure record that is not one _flatten wrote: a miss, never an error
+            self.cache.invalidate(key)
+            self.unreadable += 1
+            return None
 
     def put(self, media_key: str, value: Any) -> None:
         flat = _flatten(value)
@@ -228,6 +239,7 @@ class TieredEncoderStore:
             "contract": self.contract_digest,
             "contract_changes": self.contract_changes,
             "unstorable": self.unstorable,
+            "unreadable": self.unreadable,
         }
 
 
@@ -237,7 +249,9 @@ class TieredEncoderStore:
 def _flatten(value: Any) -> tuple[torch.Tensor, ...] | None:
     tensors: list[torch.Tensor] = []
 
-    def walk(v: Any) -> Any:
+    def walk(v: Any, depth: int = 0) -> Any:
+        if depth > _MAX_NESTING:
+            raise TypeError("nested too deep")
         if isinstance(v, torch.Tensor):
             tensors.append(v.detach())
             return {"t": len(tensors) - 1}
@@ -245,9 +259,12 @@ def _flatten(value: Any) -> tuple[torch.Tensor, ...] | None:
             return {"v": v}
         if isinstance(v, dict):  # ModelOutput is an OrderedDict
             cls = type(v)
-            return {"d": [[str(k), walk(x)] for k, x in v.items()], "c": f"{cls.__module__}:{cls.__qualname__}"}
+            return {
+                "d": [[str(k), walk(x, depth + 1)] for k, x in v.items()],
+                "c": f"{cls.__module__}:{cls.__qualname__}",
+            }
         if isinstance(v, list | tuple):
-            return {"l" if isinstance(v, list) else "u": [walk(x) for x in v]}
+            return {"l" if isinstance(v, list) else "u": [walk(x, depth + 1) for x in v]}
         raise TypeError(type(v).__name__)
 
     try:
@@ -259,23 +276,42 @@ def _flatten(value: Any) -> tuple[torch.Tensor, ...] | None:
 
 
 def _rebuild(value: FeatureValue) -> Any:
+    """The encoder output ``_flatten`` stored. A structure record it did not write (not a uint8
+    vector, too large, nested too deep, a node of another shape, a tensor index out of range)
+    raises ``ValueError`` (or ``RecursionError`` from the JSON parser), never builds anything else."""
     parts = (value,) if isinstance(value, torch.Tensor) else value
-    tree = json.loads(bytes(parts[0].cpu().numpy().tobytes()))
+    record = parts[0]
+    if record.dtype != torch.uint8 or record.dim() != 1 or record.numel() > _MAX_STRUCTURE_BYTES:
+        raise ValueError("not a structure record")
+    tree = json.loads(bytes(record.cpu().numpy().tobytes()))
     tensors = parts[1:]
 
-    def build(node: dict[str, Any]) -> Any:
+    def build(node: Any, depth: int) -> Any:
+        if depth > _MAX_NESTING or not isinstance(node, dict) or len(node) > 2:
+            raise ValueError("not a structure node")
         if "t" in node:
-            return tensors[node["t"]]
+            index = node["t"]
+            if type(index) is not int or not 0 <= index < len(tensors):
+                raise ValueError("tensor index out of range")
+            return tensors[index]
         if "v" in node:
+            if not (node["v"] is None or isinstance(node["v"], bool | int | float | str)):
+                raise ValueError("not a plain value")
             return node["v"]
         if "d" in node:
-            fields = {k: build(x) for k, x in node["d"]}
-            cls = _output_class(node.get("c", ""))
+            pairs = node["d"]
+            if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+                raise ValueError("not a field list")
+            fields = {str(k): build(x, depth + 1) for k, x in pairs}
+            cls = _output_class(str(node.get("c", "")))
             return cls(**fields) if cls is not None else fields
-        items = [build(x) for x in node["l" if "l" in node else "u"]]
-        return items if "l" in node else tuple(items)
+        kind = "l" if "l" in node else "u"
+        if not isinstance(node.get(kind), list):
+            raise ValueError("not a structure node")
+        items = [build(x, depth + 1) for x in node[kind]]
+        return items if kind == "l" else tuple(items)
 
-    return build(tree)
+    return build(tree, 0)
 
 
 def _output_class(spec: str) -> Any:

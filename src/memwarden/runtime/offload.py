@@ -32,15 +32,19 @@ Why the details are what they are:
 - Groups are single modules, not decoder layers: small slots leave more budget to resident
   weights, and each copy is read back while it is likely still cached (bench_offload.py compares).
 
+- The files are the streamer's own (``offload_files``): without ``offload_dir`` a new private folder
+  (0700), removed on ``detach``; each created ``O_EXCL | O_NOFOLLOW`` (a planted symlink is never
+  written through), read back only if still the file written and its HMAC (a key in process
+  memory) matches, else ``OffloadFileChanged``; only those files are deleted.
+
 A model on a GPU streams with ``memwarden.runtime.offload_cuda`` (pinned host, device slots).
 """
 
 from __future__ import annotations
 
-import ctypes
-import json
 import os
-import struct
+import secrets
+import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -52,7 +56,9 @@ import torch
 
 from memwarden.models.devices import MemoryTier
 from memwarden.plan.placement import Placement
+from memwarden.runtime.offload_files import GroupFile, delete_group, read_group, write_group
 from memwarden.runtime.offload_plan import aligned, nan_placeholder, plan_streaming, streamable_params
+from memwarden.runtime.private_files import KEY_BYTES
 
 __all__ = ["StreamStats", "WeightStreamer", "stream_weights"]
 
@@ -95,7 +101,7 @@ class _Slot:
 @dataclass
 class _Group:
     name: str
-    path: Path
+    file: GroupFile
     tensors: list[_Tensor]
     slot_bytes: int
     hooks: list[Any] = field(default_factory=list)
@@ -104,7 +110,7 @@ class _Group:
 def stream_weights(
     model: torch.nn.Module,
     budget_bytes: int,
-    offload_dir: str | os.PathLike[str],
+    offload_dir: str | os.PathLike[str] | None = None,
     *,
     kv_cache_bytes: int = 0,
     activation_bytes: int = 0,
@@ -118,6 +124,7 @@ def stream_weights(
     :func:`memwarden.runtime.offload_cuda.stream_weights_cuda`.
 
     ``placement`` overrides the plan (e.g. one from :func:`plan_streaming` with other tiers).
+    ``offload_dir``: where the group files go; none: a new private folder, removed on ``detach``.
     Raises ``PlacementError`` when the budget cannot hold even two staging slots.
     """
     if placement is None:
@@ -127,7 +134,7 @@ def stream_weights(
             kv_cache_bytes=kv_cache_bytes,
             activation_bytes=activation_bytes,
             tiers=tiers,
-            offload_dir=offload_dir,
+            offload_dir=tempfile.gettempdir() if offload_dir is None else offload_dir,
         )
     return WeightStreamer(model, placement, offload_dir, prefetch=prefetch)
 
@@ -139,7 +146,7 @@ class WeightStreamer:
         self,
         model: torch.nn.Module,
         placement: Placement,
-        offload_dir: str | os.PathLike[str],
+        offload_dir: str | os.PathLike[str] | None = None,
         *,
         prefetch: bool = True,
     ) -> None:
@@ -151,8 +158,6 @@ class WeightStreamer:
         self.placement = placement
         self.prefetch = prefetch
         self.stats = StreamStats()
-        self.offload_dir = Path(offload_dir)
-        self.offload_dir.mkdir(parents=True, exist_ok=True)
         named = dict(model.named_modules())
         unknown = [i.name for i in placement.weights if i.name not in named]
         if unknown:
@@ -161,6 +166,13 @@ class WeightStreamer:
         streamable = streamable_params(list(modules.items()))
         names = [i.name for i in placement.weights if i.streamed and i.nbytes > 0 and streamable[i.name]]
 
+        self._key = secrets.token_bytes(KEY_BYTES)  # in memory only: the files' digests need it
+        self._made_dir = offload_dir is None
+        if offload_dir is None:
+            self.offload_dir = Path(tempfile.mkdtemp(prefix="memwarden-offload-"))  # 0700, ours alone
+        else:
+            self.offload_dir = Path(offload_dir)
+            self.offload_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._groups: list[_Group] = []
         self._requires_grad: dict[int, bool] = {}
         try:
@@ -244,31 +256,17 @@ class WeightStreamer:
         self.slot_bytes = nbytes
 
     def _write(self, name: str, params: list[tuple[str, torch.nn.Parameter]]) -> _Group:
-        path = self.offload_dir / f"{name or 'model'}.safetensors"
         by_key = {key: p for key, p in params}
-        _write_safetensors(path, {key: p.detach() for key, p in params}, {"memwarden": "offload"})
-        with path.open("rb") as f:
-            (header_bytes,) = struct.unpack("<Q", f.read(8))  # safetensors: u64 LE header length, JSON header, data
-            header = json.loads(f.read(header_bytes))
-        data_start = 8 + header_bytes
+        file = write_group(self.offload_dir, name or "model", {key: p.detach() for key, p in params}, self._key)
         tensors = []
         slot_offset = 0
         # Slot order = file order, so that copies read the file front to back.
-        entries = [(info["data_offsets"], key) for key, info in header.items() if key != "__metadata__"]
-        for (begin, end), key in sorted(entries):
+        for key, (begin, end) in file.extents.items():
             p = by_key[key]
-            tensors.append(
-                _Tensor(
-                    param=p,
-                    key=key,
-                    file_offset=data_start + begin,
-                    nbytes=end - begin,
-                    slot_offset=slot_offset,
-                    placeholder=nan_placeholder(p.dtype, tuple(p.shape)),
-                )
-            )
+            placeholder = nan_placeholder(p.dtype, tuple(p.shape))
+            tensors.append(_Tensor(p, key, begin, end - begin, slot_offset, placeholder))
             slot_offset += aligned(end - begin)
-        return _Group(name=name, path=path, tensors=tensors, slot_bytes=slot_offset)
+        return _Group(name=name, file=file, tensors=tensors, slot_bytes=slot_offset)
 
     def _pre_hook(self, index: int, module: torch.nn.Module, args: Any) -> None:
         if index in self._active:  # a group re-entered from inside itself
@@ -365,13 +363,9 @@ class WeightStreamer:
     def _copy(self, index: int, slot: int) -> None:
         """Read group ``index`` from its file into ``slot`` (runs on the prefetch thread too)."""
         group = self._groups[index]
-        slot_address = self._slots[slot].buffer.data_ptr()
-        fd = os.open(group.path, os.O_RDONLY)
-        try:
-            for t in group.tensors:
-                _read_exactly(fd, slot_address + t.slot_offset, t.file_offset, t.nbytes, group.path)
-        finally:
-            os.close(fd)
+        address = self._slots[slot].buffer.data_ptr()
+        targets = [(address + t.slot_offset, t.file_offset, t.nbytes) for t in group.tensors]
+        read_group(group.file, self._key, targets, repr(group.name or "the model"))
 
     def _count_load(self, index: int) -> None:
         # Counted on the compute thread only, so the counters need no lock.
@@ -420,66 +414,33 @@ class WeightStreamer:
         nothing changes and the allocator's error is raised — the model goes on streaming."""
         back: list[tuple[_Tensor, torch.Tensor]] = []
         for g in self._groups:
-            fd = os.open(g.path, os.O_RDONLY)
-            try:
-                for t in g.tensors:
-                    if id(t.param) in self._requires_grad:
-                        data = torch.empty(t.placeholder.shape, dtype=t.placeholder.dtype)
-                        _read_exactly(fd, data.data_ptr(), t.file_offset, t.nbytes, g.path)
-                        back.append((t, data))
-            finally:
-                os.close(fd)
+            if not any(id(t.param) in self._requires_grad for t in g.tensors):
+                continue
+            read = [torch.empty(t.placeholder.shape, dtype=t.placeholder.dtype) for t in g.tensors]
+            targets = [(data.data_ptr(), t.file_offset, t.nbytes) for t, data in zip(g.tensors, read, strict=True)]
+            read_group(g.file, self._key, targets, repr(g.name or "the model"))
+            back.extend(
+                (t, data) for t, data in zip(g.tensors, read, strict=True) if id(t.param) in self._requires_grad
+            )
         for t, data in back:
             t.param.data = data
             t.param.requires_grad_(self._requires_grad.pop(id(t.param)))
 
     def _close_files(self, *, delete: bool) -> None:
-        if delete:
-            for g in self._groups:
-                g.path.unlink(missing_ok=True)
+        """Delete the files this streamer created (the same inode still at the name: never a file put
+        in its place), then the private folder it made, if empty."""
+        if not delete:
+            return
+        for g in self._groups:
+            delete_group(g.file)
+        if self._made_dir:
+            try:
+                os.rmdir(self.offload_dir)
+            except OSError:
+                pass
 
     def __enter__(self) -> WeightStreamer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.detach()
-
-
-def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    """A safetensors file of ``tensors`` (CPU), written from the tensors' own memory: safetensors'
-    ``save_file`` serializes the whole group into one bytes object first, a transient copy that a
-    process streaming its weights because memory is short may not have room for."""
-    from memwarden.runtime.lora.tensors import SAFETENSORS_DTYPES
-
-    header: dict[str, Any] = {"__metadata__": metadata}
-    offset = 0
-    flat: list[torch.Tensor] = []
-    for key, t in tensors.items():
-        t = t if t.is_contiguous() else t.contiguous()  # weights are; a strided one is copied alone
-        nbytes = t.numel() * t.element_size()
-        header[key] = {
-            "dtype": SAFETENSORS_DTYPES[t.dtype],
-            "shape": list(t.shape),
-            "data_offsets": [offset, offset + nbytes],
-        }
-        offset += nbytes
-        flat.append(t)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
-    with path.open("wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        for t in flat:
-            nbytes = t.numel() * t.element_size()
-            if nbytes:
-                f.write(memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())))
-
-
-def _read_exactly(fd: int, address: int, offset: int, nbytes: int, path: Path) -> None:
-    """``nbytes`` of ``fd`` from ``offset`` into memory at ``address`` (``os.preadv`` releases the GIL)."""
-    done = 0
-    while done < nbytes:
-        view = (ctypes.c_char * (nbytes - done)).from_address(address + done)
-        n = os.preadv(fd, [view], offset + done)
-        if n <= 0:
-            raise OSError(f"{path}: the offload file ends early ({done} of {nbytes} bytes at offset {offset})")
-        done += n
