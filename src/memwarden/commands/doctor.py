@@ -50,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.output and not args.collect:
         raise InputError("-o/--output goes with --collect")
-    if not args.probe_timeout > 0:
-        raise InputError(f"--probe-timeout must be positive (got {args.probe_timeout})")
+    if not 0 < args.probe_timeout <= 3600:  # inf and NaN fail too: a deadline that never comes is none
+        raise InputError(f"--probe-timeout must be more than 0 and at most 3600 seconds (got {args.probe_timeout})")
     if args.facts:
         facts = doctor_facts.load(args.facts)
         if args.pipeline:
@@ -125,7 +125,13 @@ def _summary(facts: dict[str, Any]) -> list[tuple[str, str]]:
     for key, value in rows.items():
         try:
             out.append((key, value()))
-        except (AttributeError, TypeError, ValueError, KeyError):  # a hand-written facts file: show, don't fail
+        except (
+            AttributeError,
+            TypeError,
+            ValueError,
+            KeyError,
+            ArithmeticError,
+        ):  # hand-written facts: show, don't fail
             out.append((key, "?"))
     return out
 
@@ -134,20 +140,25 @@ def _print(facts: dict[str, Any], findings: list[Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from memwarden.untrusted import markup_safe, terminal_safe
+
     console = Console()
     table = Table(title="Environment", show_header=False)
     table.add_column("fact", style="bold", no_wrap=True)
     table.add_column("value")
-    for key, value in _summary(facts):
-        table.add_row(key, value)
+    for key, value in _summary(facts):  # facts are someone else's text: no markup, no escape sequences
+        table.add_row(key, markup_safe(value))
     console.print(table)
     if not findings:
         console.print("[green]No known issue matches this environment.[/green]")
         return
     colour = {"high": "red", "medium": "yellow", "low": "cyan"}
     for f in findings:
-        console.print(f"\n[bold {colour.get(f.severity, 'white')}]{f.severity.upper()}[/] [bold]{f.id}[/]: {f.title}")
-        console.print(f"  here: {f.detail}", highlight=False, markup=False)
+        console.print(
+            f"\n[bold {colour.get(f.severity, 'white')}]{markup_safe(f.severity.upper())}[/] "
+            f"[bold]{markup_safe(f.id)}[/]: {markup_safe(f.title)}"
+        )
+        console.print(f"  here: {terminal_safe(f.detail)}", highlight=False, markup=False)
         console.print(f"  symptom: {f.symptom}", highlight=False, markup=False)
         console.print(f"  fix: {f.fix}", highlight=False, markup=False)
         console.print(f"  affected: {f.affected}", highlight=False, markup=False)

@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
         if not sep or not key.strip():
             raise InputError(f"--set expects KEY=VALUE, got {item!r}")
         params[key.strip()] = value.strip()
-    if args.count < 1 or not args.interval > 0:
-        raise InputError("--count must be at least 1 and --interval positive")
+    if args.count < 1 or not 0 < args.interval <= 86400:  # inf and NaN fail too: time.sleep(inf) overflows
+        raise InputError("--count must be at least 1 and --interval more than 0 and at most 86400 seconds")
     if args.count > 10**9:  # 31 years of samples a second: a number past that is a mistake, not a request
         raise InputError(f"--count {str(args.count)[:20]}{'...' if len(str(args.count)) > 20 else ''}: too large "
                          "(at most 10^9)")  # fmt: skip
@@ -112,11 +112,13 @@ def _replay(args: argparse.Namespace, controller: Any) -> int:
     from rich.console import Console
 
     from memwarden.report.telemetry import budget_table, policy_line, replay_totals_line
+    from memwarden.untrusted import markup_safe
 
     console = Console()
     console.print(policy_line(controller))
     shown = [r for i, r in enumerate(rows) if r["changed"] or i == len(rows) - 1]
-    console.print(budget_table(shown, title=f"{args.replay}: the budget where it changes ({len(rows)} samples)"))
+    title = f"{markup_safe(args.replay)}: the budget where it changes ({len(rows)} samples)"
+    console.print(budget_table(shown, title=title))
     console.print(replay_totals_line(summary))
     return 0
 
@@ -154,11 +156,12 @@ def _live(args: argparse.Namespace, controller: Any) -> int:
     from rich.console import Console
 
     from memwarden.report.telemetry import budget_table, policy_line
+    from memwarden.untrusted import markup_safe
 
     console = Console()
-    console.print(f"sources: {', '.join(names) or 'none found'}")
-    for name, error in errors.items():
-        console.print(f"[yellow]{name} failed: {error}[/yellow]")
+    console.print(f"sources: {markup_safe(', '.join(names) or 'none found')}")
+    for name, error in errors.items():  # an exception's text can hold anything, rich markup included
+        console.print(f"[yellow]{markup_safe(name)} failed: {markup_safe(error)}[/yellow]")
     console.print(policy_line(controller))
     console.print(budget_table(rows, title="Live telemetry (t from the first sample)", origin=origin, relative_t=True))
     return 0

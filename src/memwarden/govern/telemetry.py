@@ -127,6 +127,8 @@ def _number(name: str, value: Any) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f'"{name}" must be a number, got {json.dumps(value)[:40]}')
+    if isinstance(value, int) and value.bit_length() > 64:  # float() of a 400-digit integer overflows
+        raise ValueError(f'"{name}" is a {len(str(abs(value)))}-digit number, out of range')
     return float(value)
 
 
@@ -484,7 +486,11 @@ def parse_tegrastats(line: str) -> Reading:
     hottest = _hottest(float(v) for name, v in _TEMP.findall(line) if name not in _FAKE_SENSORS)
     if hottest is not None:
         out["temp_c"] = hottest
-    rails = {name: int(now) for name, now, _avg in _RAIL.findall(line) if name != "NC"}
+    found = [(name, now) for name, now, _avg in _RAIL.findall(line) if name != "NC"]
+    if any(len(now) > 9 for _, now in found):  # 10^9 mW is a megawatt: a number past that is no rail
+        name, now = next((n, v) for n, v in found if len(v) > 9)
+        raise ValueError(f"rail {name} reads {now[:20]}{'...' if len(now) > 20 else ''} mW, out of range")
+    rails = {name: int(now) for name, now in found}
     if rails:
         inputs = [rails[n] for n in _INPUT_RAILS if n in rails]
         out["power_w"] = (inputs[0] if inputs else sum(rails.values())) / 1000.0

@@ -19,6 +19,7 @@ from typing import Any
 from memwarden.edge.doctor import versions
 from memwarden.edge.doctor.derive import derive
 from memwarden.errors import InputError
+from memwarden.untrusted import terminal_safe
 
 DATA = Path(__file__).with_name("known_issues.json")
 _PLACEHOLDER = re.compile(r"\{([\w.\-]+)\}")
@@ -113,9 +114,11 @@ def diagnose(facts: dict[str, Any]) -> list[Finding]:
     data = known_issues()
     try:
         return _diagnose(facts, data)
-    except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError, ArithmeticError, RecursionError) as exc:
         # A facts file is someone else's JSON: a list where an object belongs must not be a traceback.
-        raise InputError(f"facts have a value of the wrong type ({type(exc).__name__}: {exc})") from None
+        shown = terminal_safe(exc)
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        raise InputError(f"facts have a value of the wrong type ({type(exc).__name__}: {shown})") from None
 
 
 def _diagnose(facts: dict[str, Any], data: dict[str, Any]) -> list[Finding]:

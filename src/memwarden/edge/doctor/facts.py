@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memwarden.edge.doctor import pipeline as pipeline_config
+from memwarden.edge.doctor import untrusted_json
 from memwarden.edge.doctor.sources import (
     audio,
     caches,
@@ -31,6 +32,7 @@ from memwarden.edge.doctor.sources import (
 )
 from memwarden.errors import InputError
 from memwarden.trace.io import atomic_write
+from memwarden.untrusted import terminal_safe
 
 SCHEMA = "memwarden-doctor-facts/1"
 SECTIONS = ("platform", "packages", "torch", "onnxruntime", "libraries", "nvidia", "jetson", "audio", "video",
@@ -98,21 +100,19 @@ def dump(facts: dict[str, Any], path: str | Path) -> Path:
     return atomic_write(path, (json.dumps(facts, indent=2, sort_keys=True) + "\n").encode())
 
 
+MAX_FACTS_BYTES = 16 << 20  # a real facts file is a few KiB; a scenario file as much
+
+
 def load(path: str | Path) -> dict[str, Any]:
-    """A facts file (from ``--collect`` or written by hand for a scenario), validated."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        facts = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise InputError(f"{path}: not a facts file: invalid JSON ({exc})") from None
+    """A facts file (from ``--collect`` or written by hand for a scenario), validated: a regular file
+    of at most ``MAX_FACTS_BYTES``, JSON within ``untrusted_json``'s limits, the schema and sections."""
+    facts = untrusted_json.read(path, MAX_FACTS_BYTES, what="a facts file")
+    label = terminal_safe(path)
     if not isinstance(facts, dict) or facts.get("schema") != SCHEMA:
-        raise InputError(f'{path}: not a facts file (expected a JSON object with "schema": "{SCHEMA}")')
+        raise InputError(f'{label}: not a facts file (expected a JSON object with "schema": "{SCHEMA}")')
     for section in SECTIONS:
         value = facts.get(section)
         expected = list if section == "caches" else dict
         if value is not None and not isinstance(value, expected):
-            raise InputError(f"{path}: section {section!r} must be a JSON {'array' if expected is list else 'object'}")
+            raise InputError(f"{label}: section {section!r} must be a JSON {'array' if expected is list else 'object'}")
     return facts

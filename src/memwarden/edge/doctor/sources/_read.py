@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 
 def text(path: str | Path, limit_bytes: int = 65536) -> str | None:
-    """The file's text, or None when it is missing, unreadable or not a file."""
+    """The file's first ``limit_bytes`` as text, or None when it is missing, unreadable or not a
+    regular file (opened without blocking and checked on the descriptor: a FIFO named by an
+    environment variable or planted in a cache directory must not hang the doctor; /proc and /sys
+    files are regular)."""
     try:
-        with open(path, "rb") as fh:
-            return fh.read(limit_bytes).decode("utf-8", "replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except (OSError, ValueError):
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, left = [], limit_bytes
+        while left > 0 and (chunk := os.read(fd, min(left, 65536))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def integer(path: str | Path) -> int | None:

@@ -11,11 +11,15 @@ predates the installation of the runtime that would load it is marked ``older_th
 from __future__ import annotations
 
 import importlib.metadata
-import json
+import itertools
 import os
 import re
 from pathlib import Path
 from typing import Any
+
+from memwarden.edge.doctor import untrusted_json
+from memwarden.edge.doctor.sources import _read
+from memwarden.errors import InputError
 
 _ENV_DIRS = ("ORT_TENSORRT_CACHE_PATH", "ORT_TENSORRT_ENGINE_CACHE_PATH", "ORT_TENSORRT_TIMING_CACHE_PATH")
 _KINDS = (("tensorrt", (".engine", ".trt", ".plan")), ("coreml", (".mlmodelc", ".mlpackage")), ("openvino", (".blob",)))
@@ -39,7 +43,7 @@ def _installed_at(kind: str) -> float | None:
 
 def _describe(path: Path) -> dict[str, Any] | None:
     try:
-        entries = list(path.rglob("*"))[:10000]
+        entries = list(itertools.islice(path.rglob("*"), 10000))  # a huge tree is cut, not listed in full
     except OSError:
         return None
     kind = next((k for k, suffixes in _KINDS if any(e.name.endswith(suffixes) for e in entries)), None)
@@ -47,10 +51,11 @@ def _describe(path: Path) -> dict[str, Any] | None:
         return None
     built_by: dict[str, str] = {}
     sidecar = path / "built_by.json"
+    raw = _read.text(sidecar, 1 << 20)  # None for a FIFO or device planted under the name
     try:
-        data = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
-        built_by.update({str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {})
-    except (OSError, ValueError):
+        data = untrusted_json.loads(raw) if raw else {}
+        built_by.update({str(k)[:100]: str(v)[:100] for k, v in data.items()} if isinstance(data, dict) else {})
+    except InputError:
         pass
     for part in path.parts:
         if match := _VERSION_DIR.match(part):
