@@ -29,6 +29,24 @@ import numpy as np
 from memwarden.align.fit import LineFit
 from memwarden.align.resample import HALF_TAPS, read_at
 from memwarden.errors import InputError
+from memwarden.untrusted import finite_float, finite_int
+
+# Bounds checked before anything is sized by them (docs/security.md). A gap longer than MAX_GAP_S in
+# either stream (a timestamp jump, a frame index jump) is an error, not minutes of silence or of
+# repeated frames: at 16 kHz a 10^5 s jump would be 6 GiB of silence.
+MAX_AUDIO_RATE = 1e7  # samples (or feature frames) per second: far above 384 kHz audio
+MIN_VIDEO_FPS, MAX_VIDEO_FPS = 0.01, 1e4
+MAX_AUDIO_PER_FRAME = 1 << 20
+MAX_GAP_S = 60.0  # default; the most a caller may set is MAX_GAP_S_LIMIT
+MAX_GAP_S_LIMIT = 3600.0
+
+
+def _finite(t_s: object) -> bool:
+    # A number whose float is finite: a 400-digit integer's float() overflows, so it is no timestamp.
+    try:
+        return not isinstance(t_s, bool) and math.isfinite(t_s)  # type: ignore[arg-type]
+    except (TypeError, OverflowError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -75,6 +93,12 @@ class StreamAligner:
     same host clock. The audio device's rate may differ from ``audio_rate`` by a clock drift
     (a few thousand ppm at most), not by a different nominal rate: check that with
     ``memwarden doctor --pipeline``.
+
+    Limits, checked before anything is allocated (``InputError`` otherwise): ``audio_rate`` at most
+    ``MAX_AUDIO_RATE``, ``video_fps`` within ``MIN_VIDEO_FPS``..``MAX_VIDEO_FPS``, ``audio_per_frame``
+    at most ``MAX_AUDIO_PER_FRAME``; a timestamp more than ``max_gap_s`` (default 60 s, at most an
+    hour) from its stream's previous one, and a gap that would be filled with more than ``max_gap_s``
+    of silence or of repeated frames, is refused: restart the aligner for a new stream.
     """
 
     def __init__(
@@ -86,22 +110,23 @@ class StreamAligner:
         max_slew: float = 0.01,
         quality: str = "sinc",
         detect_audio_gaps: bool = True,
+        max_gap_s: float = MAX_GAP_S,
     ) -> None:
-        if not (audio_rate > 0 and video_fps > 0 and math.isfinite(audio_rate) and math.isfinite(video_fps)):
-            raise InputError(f"audio_rate and video_fps must be positive (got {audio_rate}, {video_fps})")
+        rate = finite_float(audio_rate, "audio_rate", lo=1.0, hi=MAX_AUDIO_RATE)
+        fps = finite_float(video_fps, "video_fps", lo=MIN_VIDEO_FPS, hi=MAX_VIDEO_FPS)
         if audio_per_frame is None:
-            per_frame = audio_rate / video_fps
+            per_frame = rate / fps
             if abs(per_frame - round(per_frame)) > 1e-9:
                 raise InputError(
                     f"audio_rate / video_fps = {per_frame:g} is not whole: pass audio_per_frame (the model's k)"
                 )
             audio_per_frame = int(round(per_frame))
-        if audio_per_frame < 1:
-            raise InputError(f"audio_per_frame must be at least 1 (got {audio_per_frame})")
+        audio_per_frame = finite_int(audio_per_frame, "audio_per_frame", lo=1, hi=MAX_AUDIO_PER_FRAME)
+        self.max_gap_s = finite_float(max_gap_s, "max_gap_s", lo=0.001, hi=MAX_GAP_S_LIMIT)
         if quality not in ("sinc", "linear"):
             raise InputError(f"quality must be 'sinc' or 'linear' (got {quality!r})")
-        self.audio_rate = float(audio_rate)
-        self.video_fps = float(video_fps)
+        self.audio_rate = rate
+        self.video_fps = fps
         self.audio_per_frame = int(audio_per_frame)
         self.max_slew = float(max_slew)
         self.quality = quality
@@ -124,13 +149,19 @@ class StreamAligner:
              "audio_gaps", "audio_gap_samples_filled", "units_emitted", "units_padded"), 0,
         )  # fmt: skip
         self._max_correction_s = 0.0
+        self._last_audio_t: float | None = None
+        self._last_video_t: float | None = None
+        self._max_jump_frames = int(self.max_gap_s * self.video_fps * 1.02) + 2  # the fit's slope is within 1%
+        self._max_gap_samples = int(self.max_gap_s * self.audio_rate * 1.02) + 2
 
     # -- input -------------------------------------------------------------------------------
 
     def push_audio(self, t_s: float, samples: Any) -> list[AlignedUnit]:
         chunk = np.asarray(samples, dtype=np.float32)
-        if chunk.ndim == 0 or chunk.shape[0] == 0 or not math.isfinite(t_s):
+        if chunk.ndim == 0 or chunk.shape[0] == 0 or not _finite(t_s):
             raise InputError("an audio chunk needs a finite timestamp and at least one sample")
+        chunk_s = self._last_chunk_samples / self.audio_rate * 1.02  # a stamp marks its chunk's first sample
+        self._last_audio_t = self._check_jump("audio", t_s, self._last_audio_t, chunk_s)
         if self._received == 0 and self._buf.size == 0 and not self._pending:
             self._buf = np.zeros((0,) + chunk.shape[1:], dtype=np.float32)
         elif chunk.shape[1:] != self._buf.shape[1:]:
@@ -145,13 +176,19 @@ class StreamAligner:
         return self._drain()
 
     def push_frame(self, t_s: float, frame: Any = None) -> list[AlignedUnit]:
-        if not math.isfinite(t_s):
+        if not _finite(t_s):
             raise InputError("a video frame needs a finite timestamp")
+        self._last_video_t = self._check_jump("video", t_s, self._last_video_t)
         self._c["frames_in"] += 1
         index = 0 if self._last_index < 0 else round(self._video_fit.counter_at(t_s))
         if index <= self._last_index:
             self._c["frames_duplicate"] += 1
             return []
+        if index - self._last_index > self._max_jump_frames:  # checked before a slot is made for each
+            raise InputError(
+                f"a video frame at t={t_s:g} s lands {index - self._last_index} frames after the last one, "
+                f"a gap over max_gap_s={self.max_gap_s:g} s"
+            )
         for missing in range(self._last_index + 1, index):
             self._slots.append((missing, self._last_payload, True))
             self._c["frames_filled"] += 1
@@ -188,6 +225,14 @@ class StreamAligner:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _check_jump(self, stream: str, t_s: float, last_t_s: float | None, allow_s: float = 0.0) -> float:
+        if last_t_s is not None and abs(t_s - last_t_s) > self.max_gap_s + allow_s:
+            raise InputError(
+                f"{stream} timestamp {t_s:g} s is {abs(t_s - last_t_s):g} s from the previous one "
+                f"({last_t_s:g} s), over max_gap_s={self.max_gap_s:g} s"
+            )
+        return float(t_s)
+
     def _fill_audio_gap(self, t_s: float) -> None:
         # A chunk lost upstream shows as a timestamp later than the fit predicts by much more than
         # the jitter seen so far; reading on would shift all later audio earlier by the gap.
@@ -206,6 +251,11 @@ class StreamAligner:
                     missing = int(round(chunks)) * self._last_chunk_samples
                 else:
                     missing = int(round(residual_s / fit.slope_s))
+                if missing > self._max_gap_samples:  # checked before the silence is allocated
+                    raise InputError(
+                        f"an audio chunk at t={t_s:g} s follows a gap of {missing} samples, "
+                        f"over max_gap_s={self.max_gap_s:g} s"
+                    )
                 self._pending.append(np.zeros((missing,) + self._buf.shape[1:], dtype=np.float32))
                 self._received += missing
                 self._c["audio_gaps"] += 1

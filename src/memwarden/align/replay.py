@@ -13,18 +13,27 @@ arrived, or slicing k samples per frame, would have produced on the same log.
 
 from __future__ import annotations
 
+import io
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from memwarden.align import AlignCounters, ClockEstimate, StreamAligner
+from memwarden.align import (
+    MAX_AUDIO_PER_FRAME,
+    MAX_AUDIO_RATE,
+    MAX_VIDEO_FPS,
+    MIN_VIDEO_FPS,
+    AlignCounters,
+    ClockEstimate,
+    StreamAligner,
+)
 from memwarden.align.baselines import naive_concat, slop_match
 from memwarden.align.simulate import Event
 from memwarden.errors import InputError
+from memwarden.untrusted import finite_float, read_regular, terminal_safe
 
 
 @dataclass(frozen=True)
@@ -57,67 +66,106 @@ class ReplayReport:
         return {k: (v.__dict__ if hasattr(v, "__dataclass_fields__") else v) for k, v in self.__dict__.items()}
 
 
+# A log is a few dozen bytes a record: an hour at 25 fps with one chunk a frame is 180k records, 8 MB.
+MAX_LOG_BYTES = 64 << 20
+MAX_RECORDS = 2_000_000
+MAX_CHUNK_SAMPLES = 1 << 20  # one audio record: 65 s at 16 kHz
+_MAX_T_S = 1e11  # |t_s|: host clocks in seconds (epoch time is 1.7e9)
+
+
 def read_log(path: str | Path) -> tuple[dict[str, Any], list[Event]]:
-    """The header (or {}) and the events, validated; every problem is one InputError with its line."""
+    """The header (or {}) and the events, validated; every problem is one InputError with its line.
+
+    A regular file only (a FIFO would block for ever, ``/dev/zero`` never ends), at most
+    ``MAX_LOG_BYTES`` and ``MAX_RECORDS`` records, ``samples`` at most ``MAX_CHUNK_SAMPLES`` a record."""
+    label = terminal_safe(path)
     header: dict[str, Any] = {}
     events: list[Event] = []
     audio_received = frames = 0
     try:
-        fh = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    with fh:
-        try:
-            lines = list(fh)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: cannot read as text ({exc})") from None
-    for lineno, line in enumerate(lines, 1):
+        text = read_regular(path, MAX_LOG_BYTES, what="an align-check log (JSON lines)").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{label}: cannot read as text (not UTF-8 at byte {exc.start})") from None
+    for lineno, line in enumerate(io.StringIO(text), 1):  # lazily: no list of every line
         if not line.strip():
             continue
+        if len(events) >= MAX_RECORDS:
+            raise InputError(f"{label}: more than {MAX_RECORDS} records")
         try:
             record = json.loads(line)
         except (ValueError, RecursionError):
-            raise InputError(f"{path}:{lineno}: not a JSON line") from None
+            raise InputError(f"{label}:{lineno}: not a JSON line") from None
         if not isinstance(record, dict):
-            raise InputError(f"{path}:{lineno}: expected a JSON object")
+            raise InputError(f"{label}:{lineno}: expected a JSON object")
         kind = record.get("type", record.get("stream"))
         if kind == "header":
             header = record
             continue
         t_s = record.get("t_s")
-        if (
-            kind not in ("audio", "video")
-            or isinstance(t_s, bool)
-            or not isinstance(t_s, int | float)
-            or not math.isfinite(t_s)
-        ):
-            raise InputError(f'{path}:{lineno}: need "type": "audio" or "video" and a finite "t_s"')
+        if kind not in ("audio", "video") or isinstance(t_s, bool) or not isinstance(t_s, int | float):
+            raise InputError(f'{label}:{lineno}: need "type": "audio" or "video" and a finite "t_s"')
+        t = finite_float(t_s, f'{label}:{lineno}: need a finite "t_s"; "t_s"', lo=-_MAX_T_S, hi=_MAX_T_S)
         if kind == "audio":
             n = record.get("samples")
-            if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= 10_000_000:
-                raise InputError(f'{path}:{lineno}: an audio record needs "samples": a positive count')
-            events.append(Event(float(t_s), "audio", audio_received, n, None))
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_CHUNK_SAMPLES:
+                raise InputError(
+                    f'{label}:{lineno}: an audio record needs "samples": a positive count (at most {MAX_CHUNK_SAMPLES})'
+                )
+            events.append(Event(t, "audio", audio_received, n, None))
             audio_received += n
         else:
-            events.append(Event(float(t_s), "video", frames, 0, None))
+            events.append(Event(t, "video", frames, 0, None))
             frames += 1
     if not any(e.kind == "audio" for e in events) or not any(e.kind == "video" for e in events):
-        raise InputError(f"{path}: needs both audio and video records")
+        raise InputError(f"{label}: needs both audio and video records")
     return header, events
 
 
 # Far above any real stream (a 10 MHz "audio" rate, 10,000 fps): past these a value is a typo, and
 # the aligner's buffers are sized by them.
-_MAX = {"audio_rate": 1e7, "video_fps": 1e4, "audio_per_frame": 1e7}
+_MAX = {"audio_rate": MAX_AUDIO_RATE, "video_fps": MAX_VIDEO_FPS, "audio_per_frame": MAX_AUDIO_PER_FRAME}
+_MIN = {"audio_rate": 1.0, "video_fps": MIN_VIDEO_FPS, "audio_per_frame": 1}
 
 
 def _number(header: dict[str, Any], key: str, given: float | None, default: float | None) -> float | None:
     value = given if given is not None else header.get(key, default)
     if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= _MAX[key]
+        isinstance(value, bool) or not isinstance(value, int | float) or not _MIN[key] <= value <= _MAX[key]
     ):
-        raise InputError(f"{key} must be a positive number up to {_MAX[key]:g} (got {str(value)[:40]})")
+        shown = str(value) if not isinstance(value, int) or value.bit_length() < 200 else "a huge integer"
+        raise InputError(
+            f"{key} must be a number from {_MIN[key]:g} to {_MAX[key]:g} (got {terminal_safe(shown)[:40]})"
+        )
     return value
+
+
+MAX_REPLAY_SAMPLES = 1 << 31  # audio samples the aligner reads in one replay: 37 h at 16 kHz
+_SLACK_SLOTS = 15_000  # frame slots a log may have beyond 4x its video records: 10 minutes at 25 fps
+_SLACK_SAMPLES = 1 << 24  # samples the frames may read beyond 4x the audio the log declares
+
+
+def _check_work(label: str, events: list[Event], rate: float, fps: float, k: int) -> None:
+    """Refuse, before replaying, a log whose work is out of proportion to its records: the aligner
+    makes a unit of ``k`` samples for every frame slot of the log's span, gaps included."""
+    span_s = max(e.t_s for e in events) - min(e.t_s for e in events)
+    frames = sum(e.kind == "video" for e in events)
+    audio = sum(e.count for e in events if e.kind == "audio")
+    slots = span_s * fps
+    if slots > 4 * frames + _SLACK_SLOTS:
+        raise InputError(
+            f"{label}: spans {span_s:g} s ({slots:.0f} frame slots at {fps:g} fps) for {frames} video records: "
+            "more than three quarters of it would be gaps"
+        )
+    if audio > 4 * span_s * rate + MAX_CHUNK_SAMPLES:
+        raise InputError(
+            f"{label}: {audio} audio samples in {span_s:g} s is over 4x the audio rate {rate:g} Hz (wrong --audio-rate?)"
+        )
+    reads = (slots + frames) * k
+    if reads > min(4 * audio + _SLACK_SAMPLES, MAX_REPLAY_SAMPLES):
+        raise InputError(
+            f"{label}: {slots + frames:.0f} units of {k} samples would read {reads:.3g} samples, over 4x the "
+            f"{audio} the log holds or the {MAX_REPLAY_SAMPLES}-sample limit (wrong --audio-per-frame?)"
+        )
 
 
 def replay(
@@ -133,18 +181,18 @@ def replay(
     k_given = _number(header, "audio_per_frame", audio_per_frame, None)
     aligner = StreamAligner(rate, fps, None if k_given is None else int(k_given), quality="linear")
     k = aligner.audio_per_frame
+    _check_work(terminal_safe(path), events, rate, fps, k)
     violations = 0
-    silence: dict[int, np.ndarray] = {}
+    silence = np.zeros(max(e.count for e in events), np.float32)  # every chunk a view of one buffer
     for event in events:
         if event.kind == "audio":
-            chunk = silence.setdefault(event.count, np.zeros(event.count, np.float32))
-            units = aligner.push_audio(event.t_s, chunk)
+            units = aligner.push_audio(event.t_s, silence[: event.count])
         else:
             units = aligner.push_frame(event.t_s, event.index)
         violations += sum(1 for u in units if u.audio.shape[0] != k)
     violations += sum(1 for u in aligner.flush() if u.audio.shape[0] != k)
     return ReplayReport(
-        path=str(path),
+        path=terminal_safe(path),
         audio_rate=rate,
         video_fps=fps,
         audio_per_frame=k,
