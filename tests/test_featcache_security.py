@@ -227,3 +227,17 @@ def test_deeply_nested_outputs_are_not_cached() -> None:
     store = TieredEncoderStore(FeatureCache(), torch.nn.Linear(2, 2))
     store.put("deep", nested)
     assert store.unstorable == 1 and store.get("deep") is None
+
+
+def test_fuzz_campaign_small_budget() -> None:
+    """benchmarks/bench_fuzz_cache.py on 300 mutations (the benchmark runs 10,000): every mutated
+    entry or offload file is a miss, the original value, or ``OffloadFileChanged``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_fuzz_cache
+
+    result = bench_fuzz_cache.run(300, seed=1, hang_s=120.0, offload_share=0.1)
+    assert result["mutations"] == 300
+    assert (result["tracebacks"], result["hangs"], result["wrong_data"]) == (0, 0, 0), result["first_tracebacks"]
+    assert result["foreign_files_damaged"] == 0
+    kinds = {k.split(":")[0] for k in result["kinds"]}
+    assert {"flip", "truncate", "meta", "structure", "filetype", "offload"} <= kinds

@@ -72,6 +72,8 @@ def test_a_file_modified_after_it_was_written_is_refused_not_used(tmp_path: Path
         with pytest.raises(OffloadFileChanged, match="modified after it was written"):
             run(model, x)  # before: the flipped bytes reached the model (NaN / wrong outputs)
         with pytest.raises(OffloadFileChanged):
+            run(model, x)  # again: the slot the refused copy went to holds nothing usable
+        with pytest.raises(OffloadFileChanged):
             streamer.detach()  # nothing is read back from a changed file; the model keeps streaming
         _flip(path)  # the original bytes again: checked on every read, not once
         assert torch.equal(run(model, x), want)

@@ -286,7 +286,11 @@ class WeightStreamer:
             slot = self._free_slot()
             self._wait(slot)
             self._slots[slot].content = index
-            self._copy(index, slot)
+            try:
+                self._copy(index, slot)
+            except BaseException:
+                self._slots[slot].content = None  # holds bytes nothing may use (a refused or partial copy)
+                raise
             self._count_load(index)
             self.stats.sync_loads += 1
         self._slots[slot].in_use = True
