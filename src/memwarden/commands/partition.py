@@ -53,14 +53,15 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.html, flag="--html", allow_stdout=False)
     units = load_compute_units(args.device_profile)
     # declared sizes against this machine, external data, a regular file: before inference reads it
-    checked = load_checked(args.model)[1]
+    model, checked = load_checked(args.model)
     shapes = None
     if args.inputs:
         from memwarden.capture.onnx.feeds import feed_headers
 
         shapes = {name: shape for name, (_, shape) in feed_headers(args.inputs).items()}  # no data is inflated
     dims = _dims(args.dim)
-    _check_bound_sizes(shapes)
+    _check_feed_names(model, shapes)
+    del model
     with memory_limited(INFERENCE_MEMORY_BYTES, "shape inference of the graph"):
         shaped = load_shaped(args.model, dims=dims, input_shapes=shapes)
     _note(shaped.assumed_dims, shaped.unsized_values)
@@ -121,12 +122,21 @@ def _dims(pairs: list[str]) -> dict[str, int]:
     return out
 
 
-def _check_bound_sizes(shapes: dict[str, tuple[int, ...]] | None) -> None:
-    """A feed's axis is bound like --dim: within the same range (0 allowed: an empty feed)."""
+def _check_feed_names(model: Any, shapes: dict[str, tuple[int, ...]] | None) -> None:
+    """Feeds name model inputs, and bind an axis like --dim does (at most ``_MAX_DIM``)."""
     from memwarden.errors import InputError
     from memwarden.untrusted import terminal_safe
 
-    for name, shape in (shapes or {}).items():
+    if shapes is None:
+        return
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [v.name for v in model.graph.input if v.name not in initializers]
+    unknown = sorted(set(shapes) - set(inputs))
+    if unknown:
+        raise InputError(terminal_safe(
+            f"feeds name no model input: {', '.join(unknown[:10])} (inputs: {', '.join(inputs[:20])})"
+        )[:600])  # fmt: skip
+    for name, shape in shapes.items():
         if any(d > _MAX_DIM for d in shape):
             raise InputError(f"feed {terminal_safe(name)[:80]!r}: shape {shape} has an axis over {_MAX_DIM}")
 
