@@ -44,17 +44,21 @@ telemetry_fps                          gauge    (absent until the budget followe
 
 from __future__ import annotations
 
+import contextlib
+import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
+from prometheus_client.exposition import make_wsgi_app
 from prometheus_client.registry import Collector, CollectorRegistry
 
-__all__ = ["PREFIX", "SessionMetrics", "families", "serve_metrics", "streamed_weight_bytes"]
+__all__ = ["PREFIX", "BoundedServer", "SessionMetrics", "families", "serve_metrics", "streamed_weight_bytes"]
 
 PREFIX = "memwarden_"
 _TELEMETRY = (("temp_c", "telemetry_temp_celsius", "device temperature"),
@@ -145,6 +149,122 @@ class _QuietHandler(WSGIRequestHandler):
         """A scrape every few seconds is not news: log nothing."""
 
 
+class BoundedServer:
+    """The HTTP server of the metrics: at most ``workers`` threads, whatever the clients do.
+
+    One thread accepts and watches connections with a selector; a connection goes to the worker
+    pool only once its request has started to arrive, so a client that connects and sends nothing
+    costs a descriptor, not a thread, and is closed after ``idle_timeout_s``; past
+    ``max_pending`` such connections the oldest is closed. A worker reads with the same idle
+    timeout on every socket call and serves one request per connection (HTTP/1.0, as
+    ``prometheus_client``'s server does); at most ``max_queued`` connections wait for a worker,
+    later ones are closed. So scrapes keep being answered while hundreds of half-open connections
+    are held open (``tests/test_top_metrics_security.py``)."""
+
+    def __init__(self, addr: str, port: int, app: Callable[..., Iterable[bytes]], *, workers: int = 4,
+                 max_pending: int = 256, max_queued: int = 64, idle_timeout_s: float = 10.0) -> None:  # fmt: skip
+        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        server_class = type("_Server", (WSGIServer,), {"address_family": family})
+        self._wsgi: WSGIServer = make_server(addr, port, app, server_class, handler_class=_QuietHandler)
+        self.port = int(self._wsgi.server_port)
+        self.max_pending, self.max_queued, self.idle_timeout_s = max_pending, max_queued, idle_timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memwarden-metrics")
+        self._lock = threading.Lock()
+        self._busy: set[socket.socket] = set()  # queued or being served
+        self._pending: dict[socket.socket, tuple[Any, float]] = {}  # accepted, nothing read yet: (address, since)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stopping = False
+
+    def serve_forever(self) -> None:
+        listener = self._wsgi.socket
+        listener.setblocking(False)
+        sel = selectors.DefaultSelector()
+        sel.register(listener, selectors.EVENT_READ, "listen")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        try:
+            while not self._stopping:
+                for key, _ in sel.select(timeout=self._next_expiry()):
+                    if key.data == "listen":
+                        self._accept(sel, listener)
+                    elif key.data == "conn":
+                        conn = key.fileobj
+                        assert isinstance(conn, socket.socket)
+                        if (entry := self._pending.pop(conn, None)) is not None:  # not dropped this round
+                            sel.unregister(conn)
+                            self._dispatch(conn, entry[0])
+                now = time.monotonic()
+                for conn, (_address, since) in list(self._pending.items()):
+                    if now - since > self.idle_timeout_s:
+                        self._drop(sel, conn)
+        finally:
+            for conn in list(self._pending):
+                self._drop(sel, conn)
+            sel.close()
+
+    def _next_expiry(self) -> float | None:
+        if not self._pending:
+            return None
+        oldest = min(since for _address, since in self._pending.values())
+        return max(0.0, oldest + self.idle_timeout_s - time.monotonic()) + 0.01
+
+    def _accept(self, sel: selectors.BaseSelector, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, address = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of descriptors, a reset before accept: the next one may do
+                return
+            conn.setblocking(False)
+            self._pending[conn] = (address, time.monotonic())
+            sel.register(conn, selectors.EVENT_READ, "conn")
+            if len(self._pending) > self.max_pending:  # the oldest silent connection makes room
+                self._drop(sel, next(iter(self._pending)))
+
+    def _drop(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        self._pending.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            sel.unregister(conn)
+        conn.close()
+
+    def _dispatch(self, conn: socket.socket, address: Any) -> None:
+        with self._lock:
+            if len(self._busy) >= self.max_queued or self._stopping:
+                conn.close()
+                return
+            self._busy.add(conn)
+        self._pool.submit(self._handle, conn, address)
+
+    def _handle(self, conn: socket.socket, address: Any) -> None:
+        try:
+            conn.settimeout(self.idle_timeout_s)  # every read and write, not just the first
+            self._wsgi.finish_request(conn, address)
+        except Exception:  # a client that went away, stalled or sent garbage: nothing to report
+            pass
+        finally:
+            with self._lock:
+                self._busy.discard(conn)
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+    def shutdown(self) -> None:
+        """Stop serving: ``serve_forever`` returns; connections being served are cut."""
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        with self._lock:
+            for conn in self._busy:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._wsgi.server_close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+
 Snapshot = tuple[dict[str, Any], int]  # stats(include_requests=False), streamed weight bytes
 
 
@@ -201,16 +321,15 @@ class SessionMetrics(Collector):
         return [body]
 
     def start(self, port: int, addr: str = "127.0.0.1") -> SessionMetrics:
-        """Serve ``/metrics`` on ``addr:port`` from a daemon thread (``port=0``: any free port); as
-        ``prometheus_client.start_http_server`` does, with :meth:`app` as the application."""
+        """Serve ``/metrics`` on ``addr:port`` (``port=0``: any free port) with :meth:`app` as the
+        application, from a bounded server (:class:`BoundedServer`): a fixed pool of worker threads,
+        idle connections closed, so half-open connections cannot take the scrapes' threads."""
         if self._server is not None:
             raise RuntimeError(f"already serving on {self.url}")
-        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        server_class = type("_Server", (ThreadingWSGIServer,), {"address_family": family})
-        self._server = make_server(addr, port, self.app, server_class, handler_class=_QuietHandler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._server = BoundedServer(addr, port, self.app)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="memwarden-metrics", daemon=True)
         self._thread.start()
-        self.host, self.port = addr, int(self._server.server_port)
+        self.host, self.port = addr, self._server.port
         return self
 
     @property
@@ -221,8 +340,8 @@ class SessionMetrics(Collector):
         if self._server is None:
             return
         self._server.shutdown()
-        self._server.server_close()
         self._thread.join()
+        self._server.close()
         self._server = self._thread = None
 
     def __enter__(self) -> SessionMetrics:
