@@ -57,6 +57,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
+    directory = config.getoption("memwarden_traces", None)
+    if directory:  # one clear error at start-up, not a FileExistsError in the first test that breaches
+        path = Path(directory)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            what = "exists and is not a directory" if path.exists() else (exc.strerror or type(exc).__name__)
+            raise pytest.UsageError(f"--memwarden-traces {directory}: {what}") from None
 
 
 def limits_from_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[Limit]:
@@ -74,7 +82,13 @@ def limits_from_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list
     limits = [parse_limit(str(text)) for text in args]
     for measure in ("peak", "allocated"):
         if kwargs.get(measure) is not None:
-            limits.append(Limit(max_bytes=parse_bytes(kwargs[measure]), measure=measure, **scope))
+            try:
+                max_bytes = parse_bytes(kwargs[measure])
+            except ArithmeticError:  # Fraction(10**400), Decimal('1e999'): float() overflows
+                shown = repr(kwargs[measure])
+                shown = shown if len(shown) <= 40 else shown[:37] + "..."
+                raise ValueError(f"{measure}={shown}: out of range (0 to 2**62 bytes)") from None
+            limits.append(Limit(max_bytes=max_bytes, measure=measure, **scope))
     if not limits:
         raise TypeError("no limit: give peak=..., allocated=... or a limit such as 'prefill=1.2GiB'")
     return limits
@@ -121,7 +135,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
         return (yield)
     try:
         limits = [limit for mark in marks for limit in limits_from_marker(mark.args, mark.kwargs)]
-    except (TypeError, ValueError) as exc:  # the test's own mistake: fail it, run the others
+    except (TypeError, ValueError, ArithmeticError) as exc:  # the test's own mistake: fail it, run the others
         error = f"@pytest.mark.memwarden: {exc}"
     else:
         error = ""
