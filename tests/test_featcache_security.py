@@ -169,6 +169,19 @@ def test_a_fifo_or_dev_zero_in_place_of_an_entry_is_a_miss(tmp_path: Path) -> No
     assert cache.stats().l2.corrupt == 2
 
 
+def test_an_entry_grown_behind_the_caches_back_is_refused_unread(tmp_path: Path) -> None:
+    import resource
+
+    clock = Clock()
+    cache = FeatureCache(tmp_path, clock=clock)  # L2 budget 2 GiB: the file's indexed size bounds a read
+    cache.put("img", feat(1))
+    os.truncate(entry_path(cache, "img"), 1 << 30)  # 1 GiB, sparse: costs no disk, would cost memory
+    cache.clear(l2=False)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert cache.get("img") is None and cache.stats().l2.corrupt == 1
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024  # KiB: never read
+
+
 def test_put_never_writes_through_a_planted_symlink(tmp_path: Path) -> None:
     clock = Clock()
     victim = tmp_path / "victim.txt"

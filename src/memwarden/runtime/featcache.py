@@ -317,7 +317,9 @@ class FeatureCache:
             return None
         path = self._path(stem)
         try:
-            data = read_own(path, self.l2_max_bytes)  # regular files only: never a FIFO, device or symlink
+            # A regular file only (never a FIFO, device or symlink), about the size indexed: one grown
+            # behind our back is refused before it is read.
+            data = read_own(path, min(self.l2_max_bytes, self._l2[stem] + ff.HEADER_READ_BYTES))
             meta = ff.verify(data, self._key)  # from here on the bytes are ours, as written
             if meta.get("fingerprint") != fp:
                 raise ff.CorruptEntry("another fingerprint")
