@@ -89,7 +89,9 @@ def capture_onnx(
         limits = RunLimits(base.seconds, base.memory_bytes, why=", ".join(original.unbounded[:3]))
     profiled = run_profiled(source, feed_list, chosen, limits=limits)
     try:
-        graph = load_graph(profiled.optimized_path) if profiled.optimized_path else original
+        # ORT's optimized file keeps the original's external data references (beside the original)
+        folder = Path(source).resolve().parent if not isinstance(source, bytes) else None
+        graph = load_graph(profiled.optimized_path, external_folder=folder) if profiled.optimized_path else original
         if "memwarden.module_prefix" in original.metadata and "memwarden.module_prefix" not in graph.metadata:
             # ORT dropped the metadata from the optimized file: read its paths with the original's
             prefix = original.metadata["memwarden.module_prefix"]

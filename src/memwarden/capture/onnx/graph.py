@@ -109,8 +109,9 @@ def _tensor_bytes(tensor: object) -> int:
     return count * int(name.itemsize)
 
 
-def load_graph(source: str | Path | bytes) -> GraphInfo:
-    """Parse an ONNX model (path or bytes) into a ``GraphInfo``; external data is not read."""
+def load_graph(source: str | Path | bytes, *, external_folder: Path | None = None) -> GraphInfo:
+    """Parse an ONNX model (path or bytes) into a ``GraphInfo``; external data is not read, only
+    checked to exist in ``external_folder`` (default: the model's folder) with the declared size."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -123,7 +124,7 @@ def load_graph(source: str | Path | bytes) -> GraphInfo:
             raise InputError(f"model bytes: not an ONNX model ({terminal_safe(exc)[:200]})") from None
         checked = check_model(model, None, label="model bytes")
     else:
-        model, checked = load_checked(source)
+        model, checked = load_checked(source, external_folder=external_folder)
     graph = model.graph
     if not graph.node:
         raise InputError("the ONNX model has no nodes")

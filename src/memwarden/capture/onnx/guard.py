@@ -100,8 +100,11 @@ class ModelCheck:
     nodes: int = 0
 
 
-def load_checked(path: str | Path, *, what: str = "ONNX model") -> tuple[Any, ModelCheck]:
-    """Read and check the ONNX file at ``path``: (``onnx.ModelProto`` without external data, check)."""
+def load_checked(
+    path: str | Path, *, what: str = "ONNX model", external_folder: Path | None = None
+) -> tuple[Any, ModelCheck]:
+    """Read and check the ONNX file at ``path``: (``onnx.ModelProto`` without external data, check).
+    External data must lie in ``external_folder`` (default: the model's own folder)."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -113,7 +116,7 @@ def load_checked(path: str | Path, *, what: str = "ONNX model") -> tuple[Any, Mo
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"{_safe(p, 200)}: not an ONNX model ({_safe(first, 200)})") from None
     del raw
-    return model, check_model(model, p.parent, label=_safe(p.name, 120))
+    return model, check_model(model, external_folder or p.parent, label=_safe(p.name, 120))
 
 
 def check_model(model: Any, folder: Path | None, *, label: str = "model") -> ModelCheck:
