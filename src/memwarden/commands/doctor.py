@@ -147,7 +147,7 @@ def _print(facts: dict[str, Any], findings: list[Any]) -> None:
     table.add_column("fact", style="bold", no_wrap=True)
     table.add_column("value")
     for key, value in _summary(facts):  # facts are someone else's text: no markup, no escape sequences
-        table.add_row(key, markup_safe(value))
+        table.add_row(key, markup_safe(value if len(value) <= 500 else value[:497] + "..."))
     console.print(table)
     if not findings:
         console.print("[green]No known issue matches this environment.[/green]")

@@ -141,7 +141,9 @@ def fetch(url: str, timeout_s: float = FETCH_DEADLINE_S) -> dict[tuple[str, tupl
 
     try:
         text = _http_get(url, timeout_s).decode("utf-8", "replace")
-    except (OSError, ssl.SSLError, UnicodeError, ValueError, _Refused) as exc:  # TimeoutError is an OSError
+    except TimeoutError:  # socket.timeout too: the time left ran out inside a socket call
+        raise InputError(f"{url}: cannot read metrics (no complete answer within {timeout_s:g} s)") from None
+    except (OSError, ssl.SSLError, UnicodeError, ValueError, _Refused) as exc:
         reason = terminal_safe(getattr(exc, "strerror", None) or exc)
         raise InputError(f"{url}: cannot read metrics ({reason[:200]})") from None
     try:
