@@ -5,7 +5,10 @@ fixed twin or a correct library path) and, when it plants one, ``FIX_WORDS`` (wo
 must contain, at least one of them). A planted case counts as found when a finding of its pattern
 (any severity) names one of the fix words; a clean case is clean when no finding is medium or high.
 
-Run: ``python examples/realworld/accuracy.py`` (add ``--json`` for the per-case results). Each case
+Run: ``python examples/realworld/accuracy.py`` (add ``--json`` for the per-case results;
+``--corpus DIR`` scores another folder of cases, e.g. ``examples/postfreeze``). A planted case may
+mark the line the user must change with a trailing ``# MISTAKE`` comment; a found case then also
+counts whether the finding's first line (as ``diagnose --json`` gives it in ``lines``) is that one. Each case
 runs as ``memwarden trace case.py`` runs it (as ``__main__``, its folder on ``sys.path``) and is
 diagnosed as ``memwarden diagnose --json`` does.
 """
@@ -30,23 +33,31 @@ class Case:
     path: Path
     expect: str | None
     fix_words: tuple[str, ...]
+    mistake_line: int | None = None
 
     @property
     def name(self) -> str:
         return self.path.stem
 
 
-def cases() -> list[Case]:
-    """Every script of this folder that declares ``EXPECT``, by name."""
+def cases(folder: Path = HERE) -> list[Case]:
+    """Every script of ``folder`` that declares ``EXPECT``, by name."""
     found = []
-    for path in sorted(HERE.glob("*.py")):
+    for path in sorted(folder.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
         values: dict[str, Any] = {}
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 if node.targets[0].id in ("EXPECT", "FIX_WORDS"):
                     values[node.targets[0].id] = ast.literal_eval(node.value)
         if "EXPECT" in values:
-            found.append(Case(path, values["EXPECT"], tuple(values.get("FIX_WORDS", ()))))
+            marked = [
+                i for i, text in enumerate(path.read_text().splitlines(), 1) if text.rstrip().endswith("# MISTAKE")
+            ]
+            found.append(
+                Case(path, values["EXPECT"], tuple(values.get("FIX_WORDS", ())), marked[0] if marked else None)
+            )
     return found
 
 
@@ -88,6 +99,11 @@ def verdict(case: Case, findings: list[dict[str, Any]]) -> dict[str, Any]:
         out["named"] = bool(mine)
         out["fix_ok"] = any(w in f["fix"] for f in mine for w in case.fix_words) if case.fix_words else bool(mine)
         out["ok"] = out["named"] and out["fix_ok"]
+        if case.mistake_line is not None and out["ok"]:
+            first = [f["lines"][0] for f in mine if f["lines"]]
+            out["line_ok"] = any(
+                Path(x["file"]).name == case.path.name and x["line"] == case.mistake_line for x in first
+            )
     return out
 
 
@@ -107,8 +123,9 @@ def score(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def main() -> None:
+    folder = Path(sys.argv[sys.argv.index("--corpus") + 1]).resolve() if "--corpus" in sys.argv else HERE
     results = []
-    for case in cases():
+    for case in cases(folder):
         results.append(verdict(case, diagnose_case(case)))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     table = score(results)
@@ -125,8 +142,10 @@ def main() -> None:
         )
     planted = [r for r in results if r["expect"]]
     clean = [r for r in results if not r["expect"]]
+    marked = [r for r in planted if "line_ok" in r]
     print(f"\nrecall {sum(r['ok'] for r in planted)}/{len(planted)}; "
-          f"clean cases without a medium/high finding {sum(r['ok'] for r in clean)}/{len(clean)}")  # fmt: skip
+          f"clean cases without a medium/high finding {sum(r['ok'] for r in clean)}/{len(clean)}; "
+          f"line to change named first {sum(r['line_ok'] for r in marked)}/{len(marked)} of the found marked cases")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ Source: memwarden issue 14 ("graph-retention fires under torch.no_grad() (a LLaV
 spans logits, vision hidden states and the projector)"); the pattern is the transformers docs'
 ``outputs = model(**inputs)`` under no_grad, e.g. https://huggingface.co/docs/transformers/model_doc/llava
 
-No autograd graph exists: nothing here is retained for a backward.
+No autograd graph exists: nothing here is retained for a backward, so it is not graph-retention.
+It was a clean case until the catalogue named ``retained-outputs`` (issue 45): every request's
+whole output, with all its hidden states, stays alive in ``outputs`` while only the logits' shape
+is read. Relabelled as that pattern's case, the ``append`` the line to change.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import torch
 
 from memwarden.models import zoo
 
-EXPECT = None
+EXPECT = "retained-outputs"
+FIX_WORDS = ("hidden_states", "logits")
 REQUESTS = 4
 
 
@@ -23,7 +27,7 @@ def main() -> None:
     with torch.no_grad():
         for seed in range(REQUESTS):
             inputs = zoo.make_inputs(model, prompt_tokens=24, seed=seed)
-            outputs.append(model(**inputs, output_hidden_states=True))
+            outputs.append(model(**inputs, output_hidden_states=True))  # MISTAKE
     print([tuple(o.logits.shape) for o in outputs])
 
 

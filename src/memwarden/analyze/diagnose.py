@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.analysis import Analysis
+from memwarden.analyze.counterfactual import Change, saving
 from memwarden.analyze.lines import finding_lines
 from memwarden.analyze.thresholds import check_thresholds
 from memwarden.analyze.timeline import Summary, live_blocks_at
@@ -41,6 +42,11 @@ PATTERNS: dict[str, str] = {
     "load-spike": "load_spike",
     "vision-token-dominance": "vision_token_dominance",
     "unbounded-growth": "unbounded_growth",
+    "retained-outputs": "retained_outputs",
+    "two-models-alive": "two_models_alive",
+    "full-logits": "full_logits",
+    "request-multiplier": "request_multiplier",
+    "untracked-host-memory": "untracked_host_memory",
 }
 
 # Findings that waste less than this share of the peak are not reported (any pattern).
@@ -58,14 +64,21 @@ class Finding:
     fix: str  # a concrete change, naming the setting or memwarden feature, with the predicted saving
     # The waste as two numbers a user can act on: bytes the pattern adds to the run's peak, and
     # bytes it allocates over the run (repeated copies, recomputed work). -1: the detector does not say.
-    peak_added_bytes: int = -1
-    allocated_bytes: int = -1
+    peak_added_bytes: int = 0
+    allocated_bytes: int = 0
     # The lines of the user's code the evidence came from, heaviest first: {file, line, nbytes}.
     # A detector that knows them sets them; otherwise diagnose() finds them from ``where``.
     lines: list[dict[str, Any]] = field(default_factory=list)
+    # The fix as a counterfactual, computed by diagnose() from ``change`` (the trace replayed with
+    # the fix applied, analyze/counterfactual.py) or given by a detector that re-ran the step:
+    # how much lower the peak would be, and the bytes the fixed run no longer allocates.
+    saving_peak_bytes: int = 0
+    saving_allocated_bytes: int = 0
+    change: Change | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = {k: v for k, v in asdict(replace(self, change=None)).items() if k != "change"}
+        return out
 
 
 @dataclass
@@ -120,11 +133,14 @@ def diagnose(
     patterns: list[str] | None = None,
     *,
     analysis: Analysis | None = None,
+    budget_bytes: int | None = None,
 ) -> list[Finding]:
-    """Run the detectors and return their findings, largest waste first.
+    """Run the detectors and return their findings, the largest saving at the peak first (those
+    that save only work after them, ``rank``).
 
     ``analysis``: the trace's Analysis when the caller goes on to use it (a report), so nothing
-    the detectors compute is computed again.
+    the detectors compute is computed again. ``budget_bytes``: the memory the run must fit in; a
+    fix that makes it fit is high.
     """
     ctx = Context(trace=trace, thresholds=thresholds or {}, shared=analysis)
     peak = ctx.summary.peak_bytes
@@ -138,15 +154,43 @@ def diagnose(
         except ModuleNotFoundError:
             continue  # detector not built yet
         for f in detect(trace, ctx):
+            f = _with_saving(ctx, f, budget_bytes)
             # Negligible at the peak and not heavy over the run either: not reported. A finding that
             # allocates at least the peak over the run stays, as the hint its severity says.
-            if peak and f.wasted_bytes < min_fraction * peak and f.allocated_bytes < peak:
+            if peak and f.saving_peak_bytes < min_fraction * peak and f.saving_allocated_bytes < peak:
                 continue
             if not f.lines:
                 f = replace(f, lines=finding_lines(trace, f.where, _live_at_peak(ctx), pattern=f.pattern))
             findings.append(f)
-    findings.sort(key=lambda f: (-f.wasted_bytes, SEVERITIES.index(f.severity), f.pattern))
+    findings.sort(key=rank)
     return findings
+
+
+def rank(f: Finding) -> tuple[int, int, int, int, str]:
+    """Findings that lower the peak first, by how much; those that only save work after them."""
+    return (f.saving_peak_bytes <= 0, -f.saving_peak_bytes, SEVERITIES.index(f.severity), -f.saving_allocated_bytes,
+            f.pattern)  # fmt: skip
+
+
+def _with_saving(ctx: Context, f: Finding, budget_bytes: int | None) -> Finding:
+    """The finding with its counterfactual computed and its severity following the saving: against
+    the peak (high >= 20%, medium >= 5%), and against the budget when one is given (a fix that
+    turns "does not fit" into "fits" is high). A detector may only lower the severity (a hint it
+    knows to be bounded); a fix that saves nothing at the peak is never more than low."""
+    peak = ctx.summary.peak_bytes
+    if f.change is not None:
+        s = saving(ctx.analysis, f.change)
+        peak_saving, allocated = s.saving_peak_bytes, s.saving_allocated_bytes
+    else:  # a detector that measured its fix itself (a meta re-run)
+        peak_saving, allocated = max(0, f.saving_peak_bytes), max(0, f.saving_allocated_bytes)
+    severity = severity_for(peak_saving, peak)
+    if budget_bytes is not None and peak > budget_bytes >= peak - peak_saving and peak_saving > 0:
+        severity = "high"
+    severity = max(severity, f.severity, key=SEVERITIES.index)
+    return replace(
+        f, severity=severity, saving_peak_bytes=int(peak_saving), saving_allocated_bytes=int(allocated),
+        peak_added_bytes=int(peak_saving), allocated_bytes=int(allocated), change=None,
+    )  # fmt: skip
 
 
 def _live_at_peak(ctx: Context) -> np.ndarray:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from memwarden.analyze.analysis import Analysis
-from memwarden.analyze.diagnose import Finding
-from memwarden.report.findings import allocated, fix_headline, peak_added
+from memwarden.analyze.diagnose import Finding, rank
+from memwarden.report.findings import allocated, fix_headline
 from memwarden.trace.model import Phase, SpanKind, enum_name
 from memwarden.units import format_bytes, format_us
 
@@ -33,8 +33,9 @@ def phase_at(analysis: Analysis, time_us: int) -> str | None:
 
 def answer_sentence(analysis: Analysis, findings: list[Finding] | None) -> str:
     """E.g. "Peak 197.0 MiB at 37.6 s, in decode 3; weights are 120.0 MiB of it and kv_cache the
-    largest of the rest (41.0 MiB). Biggest cause: kv-reprefill, which adds 0 B to the peak and
-    allocates 204.3 MiB over the run. Fix: keep the KV cache between turns."""
+    largest of the rest (41.0 MiB). Biggest cause: retained-outputs in model: its fix lowers the peak
+    by 30.0 MiB ... Findings are ranked by the peak their fix saves (``diagnose.rank``); one that
+    saves only work is never called the cause of the peak."""
     s = analysis.summary
     if not s.events:
         return "No allocations were recorded in this trace, so there is no peak to explain."
@@ -52,8 +53,14 @@ def answer_sentence(analysis: Analysis, findings: list[Finding] | None) -> str:
         return text
     if not findings:
         return text + " No overflow pattern was found."
-    top = min(findings, key=lambda f: (_SEVERITY_RANK.get(f.severity, 3), -peak_added(f), -allocated(f)))
+    top = min(findings, key=rank)
+    if top.saving_peak_bytes <= 0:  # nothing found lowers the peak: wasted work is no cause of it
+        return (
+            f"{text} No finding lowers the peak; {top.pattern} in {top.where} allocates "
+            f"{format_bytes(allocated(top))} over the run that its fix saves. Fix: {fix_headline(top.fix)}"
+        )
     return (
-        f"{text} Biggest cause: {top.pattern} in {top.where}, which adds {format_bytes(peak_added(top))} to the "
-        f"peak and allocates {format_bytes(allocated(top))} over the run. Fix: {fix_headline(top.fix)}"
+        f"{text} Biggest cause: {top.pattern} in {top.where}: its fix lowers the peak by "
+        f"{format_bytes(top.saving_peak_bytes)} and saves {format_bytes(allocated(top))} of allocation over the "
+        f"run. Fix: {fix_headline(top.fix)}"
     )

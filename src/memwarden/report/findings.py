@@ -22,19 +22,25 @@ EVIDENCE_ROWS = 8
 
 
 def headline(f: Finding) -> str:
-    """Both numbers, named: what the pattern adds to the peak and what it allocates over the run
-    (the detector's own figures where it gives them, else what it holds at the peak and wastes)."""
-    return f"adds {format_bytes(peak_added(f))} to the peak; allocates {format_bytes(allocated(f))} over the run"
+    """Both numbers of the fix's counterfactual: how much lower the peak would be, and the
+    allocation over the run it saves."""
+    return f"fix lowers the peak by {format_bytes(peak_added(f))}; saves {format_bytes(allocated(f))} allocated"
+
+
+def fix_at(f: Finding) -> str:
+    """The line to change, ``file:line``: the first of the finding's lines (its JSON ``lines[0]``)."""
+    if not f.lines:
+        return ""
+    first = f.lines[0]
+    return f"{first.get('file')}:{first.get('line')}"
 
 
 def peak_added(f: Finding) -> int:
-    value = getattr(f, "peak_added_bytes", -1)
-    return value if isinstance(value, int) and value >= 0 else f.bytes_at_peak
+    return max(0, f.saving_peak_bytes)
 
 
 def allocated(f: Finding) -> int:
-    value = getattr(f, "allocated_bytes", -1)
-    return value if isinstance(value, int) and value >= 0 else f.wasted_bytes
+    return max(0, f.saving_allocated_bytes)
 
 
 def short_fix(text: str, limit: int = FIX_CHARS) -> str:
@@ -117,6 +123,8 @@ def render_findings(findings: list[Finding], peak_bytes: int) -> Group:
         fix.add_column(style="bold", no_wrap=True)
         fix.add_column()
         fix.add_row("   fix", short_fix(f.fix))
+        if at := fix_at(f):
+            fix.add_row("   at", at)
         parts.append(fix)
         rows = evidence_rows(f.evidence)
         if rows:
@@ -147,7 +155,8 @@ def findings_html(findings: list[Finding], peak_bytes: int) -> str:
             f"in <code>{esc(f.where)}</code></small></h3>"
             f"<p class='mw-headline'>{esc(headline(f))}</p>"
             f"<p><b>fix</b> {esc(short_fix(f.fix))}</p>"
-            f"<p><a class='mw-goto' href='#timeline' data-finding='{i}'>show the evidence on the timeline</a></p>"
+            + (f"<p class='mw-fix-at'><b>fix at</b> <code>{esc(fix_at(f))}</code></p>" if fix_at(f) else "")
+            + f"<p><a class='mw-goto' href='#timeline' data-finding='{i}'>show the evidence on the timeline</a></p>"
             f"<details><summary>full fix and evidence</summary><p>{esc(f.fix)}</p>"
             f"<table class='mw-evidence'>{evidence}</table></details></div>"
         )

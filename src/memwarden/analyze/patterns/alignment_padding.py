@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.diagnose import Context, Finding, severity_for
 from memwarden.analyze.lines import led_by, lines_of_rows
 from memwarden.analyze.patterns.padding_inputs import input_padding_findings
@@ -250,6 +251,8 @@ def _op_findings(trace: Trace, ctx: Context, min_ratio: float) -> list[Finding]:
                 where=f"{module} / {op}",
                 evidence=evidence,
                 fix=_fix(kind, module, int(wasted), waste_at_peak > 0),
+                # the fix makes each padded block only as large as the data written into it
+                change=Change(scale_rows=g_rows, scale=data[g_rows] / np.maximum(nbytes[g_rows], 1)),
                 # The padding op's own line first (the F.pad / cat to a fixed slot to take out, even
                 # inside the model's forward), then the call that ran it, then the lines holding the
                 # activations at the peak (the padded positions' downstream work).

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.diagnose import Context, Finding, severity_for
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
 from memwarden.units import format_bytes
@@ -237,7 +238,6 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             where=str(worst["module"]),
             evidence=evidence,
             fix=fix,
-            peak_added_bytes=wasted,
-            allocated_bytes=total_allocated,
+            change=Change(drop=m_rows),  # the fused kernel makes no float copy
         )
     ]

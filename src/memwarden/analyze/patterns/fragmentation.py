@@ -203,6 +203,8 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             severity=severity_for(wasted, reserved),
             bytes_at_peak=int(reserved - allocated),
             wasted_bytes=wasted,
+            # reserved memory, which the live-bytes replay does not see: the allocator model's saving
+            saving_peak_bytes=wasted,
             where=module,
             evidence=evidence,
             fix=fix,

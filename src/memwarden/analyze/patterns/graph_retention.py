@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.diagnose import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, finding_lines, holder_line, merge_lines
 from memwarden.analyze.timeline import live_blocks_at
@@ -226,10 +227,17 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             f"next forward runs: del those locals at the end of the step or run the step in a function; "
             f"{saving}"
         )
+    # The fix as a change: every graph kept past its step (by a loss summed, a list, a loop without
+    # no_grad) is freed when its step returns, as backward per micro-batch or no_grad would free it.
+    kept_past = np.flatnonzero(alive_until > np.concatenate([starts[1:], [never]]))  # recording steps only
+    kept_rows = np.isin(step, kept_past) & at_end
+    step_end_row = np.searchsorted(times, ends[step[kept_rows]], side="right")
+    change = Change(free_rows=act_rows[kept_rows], free_at=step_end_row)
     return [
         Finding(
             pattern=PATTERN,
             severity=severity,
+            change=change,
             bytes_at_peak=int(per_step_at_peak[graphs_at_peak].sum()),
             wasted_bytes=wasted,
             where=root,

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.diagnose import Context, Finding, severity_for
 from memwarden.trace.model import Action, Category, Trace
 from memwarden.units import format_bytes
@@ -134,7 +135,12 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         op = trace.string(int(e["op"][r0])) or "aten::cat"
         last = length == length.max()
         first = length == length.min()
-        alive = (run <= p) & (fi[run] > p)
+        # A copy the next cat supersedes is freed by the one after it at the latest; one that lives on
+        # is kept by something else (an old turn's output): retained-outputs', not this pattern's.
+        two_longer = np.searchsorted(length, length + 2, side="left")  # lengths grow along the run
+        after_next = np.where(two_longer < len(run), run[np.minimum(two_longer, len(run) - 1)], n)
+        passing = fi[run] <= after_next
+        alive = (run <= p) & (fi[run] > p) & passing
         transient = 0
         if alive.any():
             longest = length[alive].max()
@@ -154,6 +160,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
                 "first_shape": list(trace.shapes[int(e["shape"][run[0]])]),
                 "last_shape": list(trace.shapes[int(e["shape"][run[last][-1]])]),
                 "axis": axis,
+                "drop": run[(length < length.max()) & passing],
             }
         )
 
@@ -203,6 +210,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
                 where=f"{where_module} / {op}",
                 evidence=evidence,
                 fix=fix,
+                change=Change(drop=np.concatenate([c["drop"] for c in chains])),
             )
         )
     return findings

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.diagnose import Context, Finding, severity_for
 from memwarden.trace.model import Action, Category, Modality, SpanKind, Trace
 from memwarden.units import format_bytes, format_us
@@ -101,6 +102,32 @@ def _shared_prefix(
     return lcp
 
 
+def _rows_between(trace: Trace, dev: int, start_us: int, end_us: int) -> np.ndarray:
+    e = trace.events
+    lo = np.searchsorted(e["time_us"], start_us, side="left")
+    hi = np.searchsorted(e["time_us"], end_us, side="right")
+    rows = np.arange(lo, hi)
+    return rows[(e["action"][rows] == Action.ALLOC) & (e["device"][rows] == dev)]
+
+
+def _split_at_reloads(trace: Trace, dev: int, times: list[int]) -> list[list[int]]:
+    """Indices of ``times`` (encode starts, in order) grouped so that no weights were loaded between
+    two of a group: the same image sent to a model loaded since is another model's first encode."""
+    e = trace.events
+    w = (e["action"] == Action.ALLOC) & (e["category"] == Category.WEIGHT) & (e["device"] == dev)
+    wt = np.sort(e["time_us"][w])
+    out: list[list[int]] = []
+    last_loads = -1
+    for k, t in enumerate(times):
+        loads = int(np.searchsorted(wt, t, side="left"))
+        if not out or loads != last_loads:
+            out.append([k])
+        else:
+            out[-1].append(k)
+        last_loads = loads
+    return out
+
+
 def detect(trace: Trace, ctx: Context) -> list[Finding]:
     if trace.num_events == 0:
         return []
@@ -119,22 +146,28 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     for k, row in enumerate(enc.tolist()):
         groups[(int(s["name"][row]), int(s["fingerprint"][row]))].append(k)
     repeats: list[dict[str, Any]] = []
-    for (name, fp), ks in groups.items():
-        if len(ks) < 2:
-            continue
-        later = ks[1:]
-        repeats.append(
-            {
-                "module": trace.string(name),
-                "fingerprint": trace.string(fp),
-                "modality": Modality(int(s["modality"][enc[ks[0]]])).name.lower(),
-                "encodes": len(ks),
-                "bytes_per_encode": int(enc_bytes[ks].mean()),
-                "ms_per_encode": round(float(enc_us[ks].mean()) / 1000, 2),
-                "repeated_bytes": int(enc_bytes[later].sum()),
-                "repeated_us": int(enc_us[later].sum()),
-            }
-        )
+    drop_rows: list[np.ndarray] = []
+    for (name, fp), all_ks in groups.items():
+        for part in _split_at_reloads(trace, dev, [int(s["start_us"][enc[k]]) for k in all_ks]):
+            ks = [all_ks[j] for j in part]
+            if len(ks) < 2:
+                continue
+            later = ks[1:]
+            drop_rows += [
+                _rows_between(trace, dev, int(s["start_us"][enc[k]]), int(s["end_us"][enc[k]])) for k in later
+            ]
+            repeats.append(
+                {
+                    "module": trace.string(name),
+                    "fingerprint": trace.string(fp),
+                    "modality": Modality(int(s["modality"][enc[ks[0]]])).name.lower(),
+                    "encodes": len(ks),
+                    "bytes_per_encode": int(enc_bytes[ks].mean()),
+                    "ms_per_encode": round(float(enc_us[ks].mean()) / 1000, 2),
+                    "repeated_bytes": int(enc_bytes[later].sum()),
+                    "repeated_us": int(enc_us[later].sum()),
+                }
+            )
 
     # -- re-prefilled prefixes ---------------------------------------------------------------------
     steps = ctx.analysis.steps
@@ -145,6 +178,8 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     requests: list[dict[str, Any]] = []  # earlier requests: fed ids, media fingerprints, placeholder ids
     by_head: dict[tuple[int, ...], list[int]] = defaultdict(list)  # first min_prefix ids -> requests
     reprefills: list[dict[str, Any]] = []
+    scale_rows: list[np.ndarray] = []  # the re-prefills' blocks, made smaller by the prefix they re-fed
+    scale: list[np.ndarray] = []
     kv_alloc = _alloc_bytes_between(
         trace,
         dev,
@@ -188,6 +223,9 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
                     "prefill_us": st.end_us - st.start_us,
                 }
             )
+            step_rows = _rows_between(trace, dev, st.start_us, st.end_us)
+            scale_rows.append(step_rows)
+            scale.append(np.full(len(step_rows), 1.0 - best / max(seq_len, 1)))
         # what this request's KV covers: the prefill ids, then one id per decode step
         fed = ids + [(st2.input_ids or (0,))[0] for st2 in steps[i + 1 : bounds[n_req]] if st2.phase == "decode"]
         if len(fed) >= min_prefix:
@@ -254,6 +292,11 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             where=where,
             evidence=evidence,
             fix=fix,
+            change=Change(
+                drop=np.concatenate(drop_rows) if drop_rows else np.zeros(0, np.int64),
+                scale_rows=np.concatenate(scale_rows) if scale_rows else np.zeros(0, np.int64),
+                scale=np.concatenate(scale) if scale else np.zeros(0),
+            ),
         )
     ]
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.diagnose import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, led_by, lines_of_rows
 from memwarden.analyze.timeline import live_blocks_at
@@ -199,6 +200,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             severity=severity_for(wasted, peak_bytes),
             bytes_at_peak=dup_bytes,
             wasted_bytes=wasted,
+            change=Change(drop=dup_rows),
             where=f"load: {top['op']} ({top['dtype']})",
             evidence=evidence,
             fix=fix,

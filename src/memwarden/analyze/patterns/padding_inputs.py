@@ -21,13 +21,15 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.diagnose import Context, Finding, severity_for
 from memwarden.analyze.lines import input_lines, merge_lines
-from memwarden.trace.model import Trace
+from memwarden.trace.model import Category, Trace
 from memwarden.units import format_bytes
 
 __all__ = ["input_padding_findings"]
 
+_STAYS = np.array([Category.WEIGHT, Category.BUFFER, Category.GRADIENT, Category.OPTIMIZER_STATE], dtype=np.uint8)
 _MIN_PAD_POSITIONS = 8  # positions beyond the longest row: fewer is rounding, not a padding policy
 
 
@@ -53,6 +55,10 @@ def input_padding_findings(trace: Trace, ctx: Context, min_ratio: float) -> list
     p = int(np.argmax(live))
     peak_bytes = int(live[p])
     per_step: list[dict[str, Any]] = []
+    starts_all = np.sort(np.array([s["start_us"] for s in steps], dtype=np.int64))
+    scale_rows: list[np.ndarray] = []
+    scale: list[np.ndarray] = []
+    e = trace.events
     for st in steps:
         lo = int(np.searchsorted(times, st["start_us"], side="left"))
         hi = int(np.searchsorted(times, st["end_us"], side="right"))
@@ -61,6 +67,14 @@ def input_padding_findings(trace: Trace, ctx: Context, min_ratio: float) -> list
         base = int(live[lo - 1]) if lo > 0 else 0
         working = max(0, int(live[lo:hi].max()) - base)
         share = 1.0 - st["longest"] / st["length"]
+        # The fix as a change: the step and its backward work on the longest row's length, not the
+        # padded one: their blocks (weights, gradients and optimizer state aside) scale with it.
+        later = starts_all[starts_all > st["start_us"]]
+        until = int(np.searchsorted(times, later[0], side="left")) if len(later) else trace.num_events
+        rows = np.arange(lo, until)
+        rows = rows[(e["action"][rows] == 0) & ~np.isin(e["category"][rows], _STAYS)]
+        scale_rows.append(rows)
+        scale.append(np.full(len(rows), st["longest"] / st["length"]))
         per_step.append({**st, "working_bytes": working, "padded_share": round(share, 3),
                          "waste_bytes": int(working * share), "has_peak": lo <= p < hi})  # fmt: skip
     if not per_step:
@@ -110,5 +124,6 @@ def input_padding_findings(trace: Trace, ctx: Context, min_ratio: float) -> list
             peak_added_bytes=int(peak_added),
             allocated_bytes=int(sum(s["waste_bytes"] for s in per_step)),
             lines=merge_lines(made, ctx.analysis.lines_at(p, 3)) if made else [],
+            change=Change(scale_rows=np.concatenate(scale_rows), scale=np.concatenate(scale)),
         )
     ]

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.diagnose import Context, Finding, severity_for
 from memwarden.trace.model import Action, Category, Trace
 from memwarden.trace.sites import parse_line
@@ -111,4 +112,6 @@ def _finding(trace: Trace, line_id: int, kept: np.ndarray, step_starts: np.ndarr
         peak_added_bytes=kept_bytes,
         allocated_bytes=kept_bytes,
         lines=[{"file": src.file, "line": src.line, "nbytes": kept_bytes}],
+        # the fix keeps what it needs (a number, a bounded window): each kept block gone once made
+        change=Change(free_rows=kept[:-1], free_at=kept[:-1] + 1),
     )

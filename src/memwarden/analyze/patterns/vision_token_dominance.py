@@ -1,42 +1,35 @@
-"""vision-token-dominance: images / frames / audio make more tokens than the budget tolerates.
+"""vision-token-dominance: a request with more media tokens than the model and the task need.
 
-A 1232 px image gives Qwen2-VL ~1900 visual tokens; 32 video frames give 1024;
-every one of them costs encoder activations, language-model activations and KV.
-At the peak, the bytes that belong to media tokens are:
+A Qwen2-VL processor at its class default (``max_pixels=16384*28*28``) turns a 12 MP photo into
+thousands of vision tokens; the model card's documented range caps an image at 1280. Every
+token beyond it costs encoder activations, language-model activations and KV. What is avoidable
+is judged against that documented range, never against the share of memory media tokens hold (in
+a VLM with a short prompt they always dominate): a fixed-resolution tower at its native size
+(LLaVA-1.5 at 336 px, PaliGemma, Gemma 3) makes the same tokens for any image, and nothing is said.
 
-- the encoder's and projector's activations and temporaries (vision/audio/fusion
-  modality) live at the peak, all of them media;
-- the language model's activations, temporaries and KV cache (text/shared
-  modality) live at the peak, times the media share of the sequence being
-  processed (the token counts of the step, ``Analysis.steps``, of the prefill that the peak
-  belongs to; an encode that runs before its prefill belongs to that prefill).
+What the trace shows: the prefill the peak belongs to, its vision tokens (``Step.tokens``), the
+images it was fed (the rows of its ``image_grid_thw`` input), and the root module's class, which
+names the family. The pattern holds when the vision tokens exceed the family's documented most
+per image times the images; the fix names the setting (``max_pixels``) at the documented value.
 
-The pattern holds when that is at least ``min_share`` (0.5) of the activation +
-KV + temporary bytes at the peak and the request has at least
-``min_media_tokens`` (256) media tokens. The predicted saving assumes media
-bytes scale linearly with media tokens (encoder attention scales faster, so the
-real saving is larger): cutting media tokens from m to m* saves
-``(media_bytes + media_input_bytes) * (1 - m*/m)``, where m* is the token count
-at which the media share would fall to ``min_share``, and never below
-``min_media_tokens``. Media inputs are the floating-point model inputs live at
-the peak (pixel values, audio features: token ids and masks are integers);
-they scale with the pixels too, but are not counted in the share.
+The fix as a change: the request's media blocks (encoder, projector, pixel values) scale with the
+media tokens, the language model's blocks with the sequence length (linear: attention that grows
+faster than linear makes the real saving larger).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.counterfactual import Change
+from memwarden.analyze.diagnose import Context, Finding
 from memwarden.analyze.lines import input_rows, led_by, script_input_lines
 from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Category, Modality, SpanKind, Trace
 from memwarden.trace.steps import Step
-from memwarden.units import format_bytes
 
 PATTERN = "vision-token-dominance"
 _WORKING = (int(Category.ACTIVATION), int(Category.KV_CACHE), int(Category.TEMPORARY))
@@ -87,94 +80,110 @@ def _encoder_names(trace: Trace) -> list[str]:
     return sorted({trace.string(int(n)) or "" for n in s["name"][rows]} - {""})
 
 
+# Media tokens per image above which a family's documented settings cut them, the setting, and the
+# pixels per token. Qwen2-VL / Qwen2.5-VL model cards: "min_pixels = 256*28*28, max_pixels =
+# 1280*28*28" (the processor's class default, 16384*28*28, is the out-of-memory users report:
+# lmms-eval#436, oumi#908). Fixed-resolution towers (CLIP/SigLIP at their native size: LLaVA-1.5,
+# PaliGemma, Gemma 3) make the same tokens for every image: nothing to cut, nothing said.
+_DOCUMENTED: dict[str, tuple[int, str, int]] = {
+    "Qwen2VL": (1280, "max_pixels", 28 * 28),
+    "Qwen2_5_VL": (1280, "max_pixels", 28 * 28),
+    "Qwen2_5Omni": (1280, "max_pixels", 28 * 28),
+    "Qwen3VL": (1280, "max_pixels", 32 * 32),
+}
+
+
+def documented_range(module: str) -> tuple[int, str, int] | None:
+    """(most tokens per image, the setting that caps them, pixels per token) for a root module class."""
+    for prefix, value in _DOCUMENTED.items():
+        if module.startswith(prefix):
+            return value
+    return None
+
+
+def _images_fed(trace: Trace, prefill: Step, free: np.ndarray) -> int:
+    """Images in a prefill: the rows of its ``image_grid_thw`` (an (n, 3) integer input), else 1."""
+    e = trace.events
+    rows = np.flatnonzero((e["category"] == Category.INPUT) & (e["action"] == 0) & (e["time_us"] <= prefill.start_us))
+    rows = rows[free[rows] > np.searchsorted(e["time_us"], prefill.start_us)]
+    best = 1
+    for r in rows.tolist():
+        k = int(e["shape"][r])
+        shape = trace.shapes[k] if k >= 0 else ()
+        dt = trace.string(int(e["dtype"][r])) or ""
+        if len(shape) == 2 and shape[1] == 3 and dt.startswith("int"):
+            best = max(best, int(shape[0]))
+    return best
+
+
 def detect(trace: Trace, ctx: Context) -> list[Finding]:
     n = trace.num_events
     steps = ctx.analysis.steps
     if n == 0 or not steps:
         return []
-    min_share = float(ctx.threshold(PATTERN, "min_share", 0.5))
-    min_tokens = int(ctx.threshold(PATTERN, "min_media_tokens", 256))
     e = trace.events
-    signed = ctx.analysis.signed_bytes
     live = ctx.analysis.live_bytes
     p = int(np.argmax(live))
-    peak_bytes = int(live[p])
-
     context = _context_at(steps, int(e["time_us"][p]))
     if context is None:
         return []
+    documented = documented_range(str(context.get("module") or ""))
+    if documented is None:
+        return []  # a fixed-resolution tower, or a family whose range memwarden does not know
+    most_per_image, setting, px_per_token = documented
     tokens = context["tokens"]
-    media_tokens = int(tokens.get("vision", 0)) + int(tokens.get("audio", 0))
+    prefill = steps[context["step"]]
+    media_tokens = int(tokens.get("vision", 0))
+    images = _images_fed(trace, prefill, ctx.analysis.free_index)
+    target = most_per_image * images
+    if media_tokens <= target:
+        return []
     seq_tokens = media_tokens + int(tokens.get("text", 0))
-    if media_tokens < min_tokens or seq_tokens == 0:
-        return []
-
-    cat, mod = e["category"][: p + 1], e["modality"][: p + 1]
-    working = np.isin(cat, _WORKING)
-    s = signed[: p + 1]
-    encoder_bytes = int(s[working & np.isin(mod, _ENCODER)].sum())
-    text_side_bytes = int(s[working & ~np.isin(mod, _ENCODER)].sum())
-    kv_bytes = int(s[(cat == Category.KV_CACHE)].sum())
+    ratio = target / media_tokens
+    # The fix as a change: the request's media blocks (encoder, projector, pixel values) scale with
+    # the media tokens, the language model's with the sequence it works on.
+    group_end = next((st.start_us for st in steps[context["step"] + 1 :] if st.phase != "decode"), None)
+    prev_end = steps[context["step"] - 1].end_us if context["step"] > 0 else -1
+    t = e["time_us"]
+    lo = int(np.searchsorted(t, prev_end, side="right"))
+    hi = n if group_end is None else int(np.searchsorted(t, group_end, side="left"))
+    rows = np.arange(lo, hi)
+    rows = rows[(e["action"][rows] == 0) & ~np.isin(e["category"][rows], (Category.WEIGHT, Category.BUFFER))]
+    media = np.isin(e["modality"][rows], _ENCODER)
     float_dtypes = np.array([(name or "").startswith(("float", "bfloat")) for name in trace.strings] + [False])
-    is_float = float_dtypes[e["dtype"][: p + 1]]
-    media_input_bytes = int(s[(cat == Category.INPUT) & is_float].sum())
-    token_share = media_tokens / seq_tokens
-    media_bytes = encoder_bytes + int(text_side_bytes * token_share)
-    total = encoder_bytes + text_side_bytes
-    share = media_bytes / total if total > 0 else 0.0
-    if share < min_share:
-        return []
-
-    other_bytes = total - media_bytes
-    k = min_share / (1 - min_share) * other_bytes / media_bytes if min_share < 1 else 1.0
-    target = min(media_tokens, max(min_tokens, math.ceil(media_tokens * k)))
-    if target >= media_tokens:
-        return []  # already at the token floor: nothing to cut
-    saving = int((media_bytes + media_input_bytes) * (1 - target / media_tokens))
-    prune_ratio = 1 - target / media_tokens
+    media |= (e["category"][rows] == Category.INPUT) & float_dtypes[e["dtype"][rows]]
+    text_scale = (seq_tokens - media_tokens + target) / seq_tokens
+    change = Change(scale_rows=rows, scale=np.where(media, ratio, text_scale))
     towers = _encoder_names(trace)
     where = ", ".join(towers) if towers else str(context.get("module") or "(model)")
-    modality = "vision" if int(tokens.get("vision", 0)) >= int(tokens.get("audio", 0)) else "audio"
+    value = most_per_image * px_per_token
     evidence: dict[str, Any] = {
         "tokens": {k2: int(v) for k2, v in tokens.items()},
         "media_tokens": media_tokens,
-        "seq_len": seq_tokens,
-        "batch": context.get("batch"),
-        "media_token_share": round(token_share, 3),
-        "media_bytes_at_peak": media_bytes,
-        "encoder_bytes_at_peak": encoder_bytes,
-        "language_model_bytes_at_peak": text_side_bytes,
-        "kv_cache_bytes_at_peak": kv_bytes,
-        "media_input_bytes_at_peak": media_input_bytes,
-        "media_share_of_working_bytes": round(share, 3),
+        "images": images,
+        "media_tokens_per_image": media_tokens // images,
+        "documented_max_tokens_per_image": most_per_image,
+        "recommended": {setting: value},
         "target_media_tokens": target,
-        "predicted_saving_bytes": saving,
         "prefill_step": context["step"],
-        "min_share": min_share,
-        "min_media_tokens": min_tokens,
     }
-    if modality == "vision":
-        cap = (
-            f"cap the image size (Qwen2-VL/Qwen2.5-VL processor max_pixels={target * _QWEN_PX_PER_TOKEN} for "
-            f"{target} tokens; fewer tiles or a lower resolution for fixed-size towers; fewer video frames)"
-        )
-    else:
-        cap = f"cap the audio length to what {target} tokens cover (shorter chunks, lower frame rate)"
     fix = (
-        f"{media_tokens} {modality} tokens hold {share:.0%} of the working memory at peak: {cap}, or prune "
-        f"{modality} tokens (memwarden's degradation ladder / FastV-style pruning at ratio r={prune_ratio:.2f}): "
-        f"predicted saving {format_bytes(saving)} at peak ({media_tokens} -> {target} tokens)."
+        f"{media_tokens} vision tokens for {images} image(s), above the model card's range (at most "
+        f"{most_per_image} a image): set the processor's {setting}={most_per_image}*{int(px_per_token**0.5)}*"
+        f"{int(px_per_token**0.5)} ({value}) -- AutoProcessor.from_pretrained(..., {setting}={value}) -- so each "
+        f"image makes at most {most_per_image} tokens ({media_tokens} -> {target})"
     )
     return [
         Finding(
             pattern=PATTERN,
-            severity=severity_for(saving, peak_bytes),
-            bytes_at_peak=media_bytes,
-            wasted_bytes=saving,
+            severity="high",
+            bytes_at_peak=0,
+            wasted_bytes=0,
             where=where,
             evidence=evidence,
             fix=fix,
-            lines=_lines(trace, ctx, steps[context["step"]], p, where),
+            lines=_lines(trace, ctx, prefill, p, where),
+            change=change,
         )
     ]
 

@@ -1,0 +1,113 @@
+"""full-logits: logits over the whole vocabulary for every prompt position, where one is read.
+
+``model(**inputs).logits[:, -1]`` computes a (batch, seq, vocab) float tensor to read its last row:
+for a 2,000-token multimodal prompt and a 150k vocabulary that is 1.2 GB in fp32, more than the KV
+cache. ``generate`` asks for the last position only (``logits_to_keep=1``); a hand-written
+prefill, a scoring loop or a classification head on a causal LM does not.
+
+What the trace shows: a float block made by a root call with no autograd, shaped ``(..., seq,
+vocab)`` with ``seq >= min_positions`` (16) and ``vocab`` the output size of the largest weight
+(the LM head), that nothing reads in full: no block of at least half its elements is made while it
+lives (a loss, ``log_softmax`` or a full ``.float()`` copy would be), so the positions read are
+a slice. A training step or a perplexity evaluation needs every position and makes such blocks.
+
+The fix as a change: the logits block made for one position (``logits_to_keep=1`` in
+``forward``, or ``model.model(...)`` then ``lm_head`` on ``hidden[:, -1:]``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from memwarden.analyze.counterfactual import Change
+from memwarden.analyze.diagnose import Context, Finding
+from memwarden.analyze.lines import lines_of_rows, merge_lines
+from memwarden.trace.model import Action, Category, Trace
+from memwarden.units import format_bytes
+
+PATTERN = "full-logits"
+
+
+def _vocab_sizes(trace: Trace) -> set[int]:
+    """Output sizes of the weights a logits row could come from: the largest 2-D weights' rows."""
+    e = trace.events
+    rows = np.flatnonzero((e["category"] == Category.WEIGHT) & (e["action"] != Action.FREE) & (e["shape"] >= 0))
+    sizes: dict[int, int] = {}
+    for r in rows.tolist():
+        shape = trace.shapes[int(e["shape"][r])]
+        if len(shape) == 2:
+            sizes[shape[0]] = max(sizes.get(shape[0], 0), int(e["nbytes"][r]))
+    if not sizes:
+        return set()
+    biggest = max(sizes.values())
+    return {v for v, nbytes in sizes.items() if nbytes >= 0.5 * biggest and v >= 1000}
+
+
+def detect(trace: Trace, ctx: Context) -> list[Finding]:
+    min_positions = int(ctx.threshold(PATTERN, "min_positions", 16))
+    steps = [s for s in ctx.analysis.steps if s.grad is False and s.phase != "decode"]
+    n = trace.num_events
+    if not steps or not n:
+        return []
+    vocab = _vocab_sizes(trace)
+    if not vocab:
+        return []
+    e = trace.events
+    times = e["time_us"]
+    free = ctx.analysis.free_index
+    is_float = np.array([s.startswith(("float", "bfloat")) for s in trace.strings] + [False])
+    logits_shape = np.array([len(s) >= 3 and s[-1] in vocab and s[-2] >= min_positions for s in trace.shapes] + [False])
+    numel = np.array([math.prod(s) if s else 0 for s in trace.shapes] + [0], dtype=np.int64)[e["shape"]]
+    cand = np.flatnonzero((e["action"] == Action.ALLOC) & logits_shape[e["shape"]] & is_float[e["dtype"]])
+    starts = np.array([s.start_us for s in steps], dtype=np.int64)
+    ends = np.array([s.end_us for s in steps], dtype=np.int64)
+    k = np.searchsorted(starts, times[cand], side="right") - 1
+    cand = cand[(k >= 0) & (times[cand] <= ends[np.maximum(k, 0)])]  # made by a no-grad prefill/forward
+    found: list[int] = []
+    positions: list[int] = []
+    all_starts = np.array(sorted(st.start_us for st in ctx.analysis.steps), dtype=np.int64)
+    for r in cand.tolist():
+        # read in full? a block of half its elements or more made after it, while it lives and before
+        # the next call (a loss, a log_softmax, a full .float() copy)
+        nxt = all_starts[all_starts > times[r]]
+        until = int(np.searchsorted(times, nxt[0], side="left")) if len(nxt) else n
+        later = np.arange(r + 1, min(int(free[r]), until))
+        if np.any((e["action"][later] == Action.ALLOC) & (numel[later] >= numel[r] // 2)):
+            continue
+        found.append(r)
+        positions.append(int(trace.shapes[int(e["shape"][r])][-2]))
+    if not found:
+        return []
+    rows = np.array(found, dtype=np.int64)
+    pos = np.array(positions, dtype=np.float64)
+    change = Change(scale_rows=rows, scale=1.0 / pos)
+    nbytes = int(e["nbytes"][rows].sum())
+    made = lines_of_rows(trace, rows, limit=2)
+    evidence: dict[str, Any] = {
+        "logits_blocks": len(rows),
+        "logits_bytes": nbytes,
+        "positions": sorted(set(positions))[:8],
+        "vocab": sorted(vocab)[:4],
+        "largest_shape": list(trace.shapes[int(e["shape"][rows[np.argmax(e["nbytes"][rows])]])]),
+    }
+    fix = (
+        f"ask for the logits of the positions you read: model(**inputs, logits_to_keep=1) (num_logits_to_keep in "
+        f"older transformers), or run model.model(...) and apply lm_head to hidden[:, -1:]: {len(rows)} calls made "
+        f"{format_bytes(nbytes)} of (batch, {max(positions)}, {max(vocab)}) logits to read one position"
+    )
+    return [
+        Finding(
+            pattern=PATTERN,
+            severity="high",
+            bytes_at_peak=0,
+            wasted_bytes=nbytes,
+            where=steps[0].module,
+            evidence=evidence,
+            fix=fix,
+            lines=merge_lines(made),
+            change=change,
+        )
+    ]

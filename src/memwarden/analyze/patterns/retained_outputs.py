@@ -1,0 +1,151 @@
+"""retained-outputs: what each iteration produced, kept across iterations with what it carries.
+
+The commonest leak in inference code: a loop keeps every ``generate(..., return_dict_in_generate=
+True, output_hidden_states=True)`` result in a list (and with it every step's hidden states,
+attentions, scores and the whole KV cache), a chat loop keeps every turn's output object and so
+every turn's cache, an evaluation loop keeps each batch's logits (``preds.append(out.logits)``,
+``all_logits = torch.cat([all_logits, logits])``). Nothing is wrong inside one iteration; the peak
+grows with the number of iterations.
+
+What the trace shows. An *iteration* is one request: a run of root calls that starts with a call
+that is not a decode step (a prefill, a forward), with its decode steps; the allocations a loop
+makes between two requests belong to the one before. A block is *kept* when it outlives the end of
+the iteration after its own: ``out = model.generate(...)`` reassigned next time frees the old
+result once the new one exists, but a list that keeps it does not. The pattern holds when, at the
+peak, blocks kept from at least ``min_iterations`` (2) earlier iterations are still live (weights,
+buffers, gradients and optimizer state are meant to stay and are left out; graphs of calls made
+with autograd on are graph-retention's).
+
+The fix as a change: every kept block is freed when the iteration after its own ends (what
+reassigning ``out``, keeping ``.sequences``/``.item()``/``.cpu()`` of what is needed, or deleting
+``past_key_values``/``hidden_states`` does). The line to change is the statement that keeps the
+result, followed from the call in the script's own source (``analyze/source_lines.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from memwarden.analyze.counterfactual import Change
+from memwarden.analyze.diagnose import Context, Finding
+from memwarden.analyze.lines import LineBytes, finding_lines, merge_lines, row_lines
+from memwarden.analyze.source_lines import keeper_line
+from memwarden.analyze.timeline import live_blocks_at
+from memwarden.trace.model import Action, Category, Trace, enum_name
+from memwarden.trace.sites import parse_line
+from memwarden.trace.steps import Step
+from memwarden.units import format_bytes
+
+PATTERN = "retained-outputs"
+_STAY = np.array([Category.WEIGHT, Category.BUFFER, Category.GRADIENT, Category.OPTIMIZER_STATE], dtype=np.uint8)
+
+
+def iterations(steps: tuple[Step, ...] | list[Step]) -> list[list[Step]]:
+    """The steps grouped into requests: a new one at every step that is not a decode step."""
+    groups: list[list[Step]] = []
+    for st in steps:
+        if st.phase != "decode" or not groups:
+            groups.append([st])
+        else:
+            groups[-1].append(st)
+    return groups
+
+
+def detect(trace: Trace, ctx: Context) -> list[Finding]:
+    min_iterations = int(ctx.threshold(PATTERN, "min_iterations", 2))
+    steps = ctx.analysis.steps
+    groups = iterations(steps)
+    n = trace.num_events
+    if len(groups) < min_iterations + 1 or not n:
+        return []
+    e = trace.events
+    times = e["time_us"]
+    starts = np.array([g[0].start_us for g in groups], dtype=np.int64)
+    ends = np.array([max(s.end_us for s in g) for g in groups], dtype=np.int64)
+    grad = np.array([any(bool(s.grad) for s in g) for g in groups], dtype=bool)
+    rows = np.flatnonzero((e["action"] == Action.ALLOC) & (e["device"] == ctx.analysis.device))
+    rows = rows[~np.isin(e["category"][rows], _STAY) & (times[rows] >= starts[0])]
+    if not len(rows):
+        return []
+    it = np.searchsorted(starts, times[rows], side="right") - 1  # the request a block belongs to
+    nxt = it + 1
+    has_next = nxt < len(groups)
+    rows, it, nxt = rows[has_next], it[has_next], nxt[has_next]
+    free = ctx.analysis.free_index[rows]
+    end_next_row = np.searchsorted(times, ends[nxt], side="right")
+    kept = (free > end_next_row) & ~grad[it]  # outlives the next request; graphs are graph-retention's
+    rows, it, end_next_row, free = rows[kept], it[kept], end_next_row[kept], free[kept]
+    if not len(rows):
+        return []
+    live = ctx.analysis.live_bytes
+    peak_row = int(np.argmax(live))
+    peak_it = int(np.searchsorted(starts, times[peak_row], side="right") - 1)
+    at_peak = (rows <= peak_row) & (free > peak_row) & (it < peak_it)
+    kept_iterations = np.unique(it[at_peak])
+    if len(kept_iterations) < min_iterations:
+        return []
+    nbytes = e["nbytes"][rows]
+    kept_at_peak = int(nbytes[at_peak].sum())
+    per_iteration = np.bincount(it[at_peak], weights=nbytes[at_peak], minlength=len(groups))
+    by_category: dict[str, int] = {}
+    for cat in np.unique(e["category"][rows[at_peak]]).tolist():
+        sel = at_peak & (e["category"][rows] == cat)
+        by_category[enum_name(Category(cat))] = int(nbytes[sel].sum())
+    change = Change(free_rows=rows, free_at=end_next_row)
+    lines, keeper = _lines(trace, ctx, rows[at_peak], groups, peak_row)
+    carried = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(by_category.items(), key=lambda kv: -kv[1]))
+    at = f" at {keeper['file']}:{keeper['line']}" if keeper else ""
+    fix = (
+        f"keep only what you need from each result{at}: the generated ids (out.sequences), a number (.item()) or "
+        f"a small .detach().cpu() slice, not the whole output with its caches, hidden states and attentions; call "
+        f"generate without output_hidden_states/output_attentions/return_dict_in_generate when you do not read "
+        f"them, and del past_key_values of finished requests. {len(kept_iterations)} earlier requests' outputs "
+        f"({carried}) are alive at the peak"
+    )
+    evidence: dict[str, Any] = {
+        "iterations": len(groups),
+        "iterations_kept_at_peak": len(kept_iterations),
+        "kept_bytes_at_peak": kept_at_peak,
+        "kept_bytes_by_category": by_category,
+        "kept_bytes_per_iteration": [int(v) for v in per_iteration[:64]],
+        "keeper": keeper or {},
+    }
+    return [
+        Finding(
+            pattern=PATTERN,
+            severity="high",
+            bytes_at_peak=kept_at_peak,
+            wasted_bytes=kept_at_peak,
+            where=groups[0][0].module,
+            evidence=evidence,
+            fix=fix,
+            lines=lines,
+            change=change,
+        )
+    ]
+
+
+def _lines(
+    trace: Trace, ctx: Context, kept: np.ndarray, groups: list[list[Step]], peak_row: int
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The statement that keeps the results first (followed from the call in the script's source:
+    the ``append``, the dict insert, the ``cat`` accumulator), then the lines that made them."""
+    e = trace.events
+    sites = [s.call_site for g in groups for s in g if s.call_site]
+    made = row_lines(trace, kept)
+    candidates: list[tuple[str, int]] = []
+    for site in dict.fromkeys(sites):
+        src = parse_line(site)
+        candidates.append((src.file, src.line))
+    for x in made:
+        if x is not None and (x[0], x[1]) not in candidates:
+            candidates.append((x[0], x[1]))
+    found = next((k for k in (keeper_line(f, ln) for f, ln in candidates) if k is not None), None)
+    keeper = {"file": found.file, "line": found.line, "what": found.what} if found else None
+    first = [LineBytes(found.file, found.line, "", int(e["nbytes"][kept].sum()), len(kept))] if found else []
+    live = live_blocks_at(trace, peak_row, ctx.analysis.device, ctx.analysis.free_index)
+    rest = [LineBytes(str(x["file"]), int(x["line"]), "", int(x["nbytes"]), 0)
+            for x in finding_lines(trace, groups[0][0].module, live, pattern=PATTERN)]  # fmt: skip
+    return merge_lines(first, rest), keeper
