@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
+from memwarden.analyze.counterfactual import saving as replay_saving
 from memwarden.analyze.diagnose import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, finding_lines, holder_line, merge_lines
 from memwarden.analyze.timeline import live_blocks_at
@@ -229,10 +230,21 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         )
     # The fix as a change: every graph kept past its step (by a loss summed, a list, a loop without
     # no_grad) is freed when its step returns, as backward per micro-batch or no_grad would free it.
+    # The fix as a change, the smallest of the fixes named: .item() / backward per micro-batch frees
+    # each graph when its step returns. Without any backward, no_grad would also drop what the
+    # current step saves (its blocks kept to its end, the output aside, freed once used): that
+    # larger saving is evidence, not the headline.
     kept_past = np.flatnonzero(alive_until > np.concatenate([starts[1:], [never]]))  # recording steps only
     kept_rows = np.isin(step, kept_past) & at_end
-    step_end_row = np.searchsorted(times, ends[step[kept_rows]], side="right")
-    change = Change(free_rows=act_rows[kept_rows], free_at=step_end_row)
+    free_at = np.searchsorted(times, ends[step[kept_rows]], side="right")
+    if not has_backward:
+        rec = np.array([g is not False for g in grad], dtype=bool) if len(grad) == n_steps else np.ones(n_steps, bool)
+        last_of_step = np.zeros(len(act_rows), dtype=bool)
+        last_of_step[np.maximum(np.searchsorted(step, np.arange(n_steps), side="right") - 1, 0)] = True
+        nograd = rec[step] & at_end & ~last_of_step
+        no_grad = replay_saving(ctx.analysis, Change(free_rows=act_rows[nograd], free_at=act_rows[nograd] + 1))
+        evidence["saving_peak_bytes_with_no_grad"] = no_grad.saving_peak_bytes
+    change = Change(free_rows=act_rows[kept_rows], free_at=free_at)
     return [
         Finding(
             pattern=PATTERN,
