@@ -6,7 +6,8 @@ must contain, at least one of them). A planted case counts as found when a findi
 (any severity) names one of the fix words; a clean case is clean when no finding is medium or high.
 
 Run: ``python examples/realworld/accuracy.py`` (add ``--json`` for the per-case results;
-``--corpus DIR`` scores another folder of cases, e.g. ``examples/postfreeze``). A planted case may
+``--corpus DIR`` scores another folder of cases, e.g. ``examples/postfreeze``; ``--cli`` runs each
+case through ``memwarden trace`` and ``memwarden diagnose --json`` in subprocesses, as documented). A planted case may
 mark the line the user must change with a trailing ``# MISTAKE`` comment; a found case then also
 counts whether the finding's first line (as ``diagnose --json`` gives it in ``lines``) is that one. Each case
 runs as ``memwarden trace case.py`` runs it (as ``__main__``, its folder on ``sys.path``) and is
@@ -88,6 +89,23 @@ def diagnose_case(case: Case) -> list[dict[str, Any]]:
     return [f.to_json() for f in diagnose(cap.trace)]
 
 
+def diagnose_case_cli(case: Case) -> list[dict[str, Any]]:
+    """The same, through the commands exactly as a user runs them: ``memwarden trace -o T case.py``
+    (a supervised child: resident samples too) then ``memwarden diagnose --json T``."""
+    import subprocess
+    import tempfile
+
+    memwarden_cli = [sys.executable, "-m", "memwarden"]
+    with tempfile.TemporaryDirectory(prefix="mw-accuracy-") as tmp:
+        out = Path(tmp) / f"{case.name}.mwtrace"
+        subprocess.run([*memwarden_cli, "trace", "-o", str(out), case.path.name], cwd=case.path.parent,
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        done = subprocess.run(
+            [*memwarden_cli, "diagnose", "--json", str(out)], check=True, capture_output=True, text=True
+        )
+    return list(json.loads(done.stdout)["findings"])
+
+
 def verdict(case: Case, findings: list[dict[str, Any]]) -> dict[str, Any]:
     loud = [f["pattern"] for f in findings if f["severity"] in ("high", "medium")]
     out: dict[str, Any] = {"case": case.name, "expect": case.expect, "loud": loud,
@@ -125,8 +143,9 @@ def score(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def main() -> None:
     folder = Path(sys.argv[sys.argv.index("--corpus") + 1]).resolve() if "--corpus" in sys.argv else HERE
     results = []
+    run = diagnose_case_cli if "--cli" in sys.argv else diagnose_case
     for case in cases(folder):
-        results.append(verdict(case, diagnose_case(case)))
+        results.append(verdict(case, run(case)))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     table = score(results)
     if "--json" in sys.argv:

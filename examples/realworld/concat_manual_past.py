@@ -33,7 +33,7 @@ class Block(nn.Module):
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)  # (B, H, T, hd) each
         if past is not None:
-            k = torch.cat([past[0], k], dim=2)  # (B, H, S+T, hd): a new, longer copy every step
+            k = torch.cat([past[0], k], dim=2)  # MISTAKE
             v = torch.cat([past[1], v], dim=2)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=past is None)
         return x + self.out(y.transpose(1, 2).reshape(b, t, DIM)), (k, v)

@@ -32,7 +32,7 @@ class W8Linear(nn.Module):
         self.scale = nn.Parameter(scale, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight.to(x.dtype) * self.scale[:, None])  # a bf16 copy of the weight per call
+        return F.linear(x, self.weight.to(x.dtype) * self.scale[:, None])  # MISTAKE
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ def main() -> None:
     model = tiny_llama(layers=2)
     with torch.no_grad():
         for i, n in enumerate(lengths()):
-            logits = model(prompt(n, batch=4, seed=i)).logits
+            logits = model(prompt(n, batch=4, seed=i)).logits  # MISTAKE
     print(tuple(logits.shape))
 
 

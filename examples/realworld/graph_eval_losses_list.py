@@ -27,7 +27,7 @@ def main() -> None:
     losses = []
     for i in range(VAL_BATCHES):
         x, y = batch(100 + i)
-        losses.append(F.cross_entropy(model(x), y))  # a tensor with its graph
+        losses.append(F.cross_entropy(model(x), y))  # MISTAKE
     print(torch.stack(losses).mean().item())
 
 

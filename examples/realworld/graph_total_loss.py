@@ -33,7 +33,7 @@ def main() -> None:
         x, y = batch(step)
         output = model(x)
         loss = F.cross_entropy(output, y)
-        total_loss += loss  # a differentiable tensor: the graph of every step stays alive
+        total_loss += loss  # MISTAKE
     print(float(total_loss) / STEPS)
 
 

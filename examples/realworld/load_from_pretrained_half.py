@@ -22,7 +22,7 @@ FIX_WORDS = ("dtype",)
 
 def main() -> None:
     path = saved_tiny_llama(layers=4, hidden=512)
-    model = LlamaForCausalLM.from_pretrained(path).half().eval()
+    model = LlamaForCausalLM.from_pretrained(path).half().eval()  # MISTAKE
     with torch.no_grad():
         print(tuple(model(prompt(8)).logits.shape))
 

@@ -32,7 +32,7 @@ def main() -> None:
     torch.manual_seed(0)
     torch.save(build().state_dict(), path)
     m = build()
-    state_dict = torch.load(path)
+    state_dict = torch.load(path)  # MISTAKE
     m.load_state_dict(state_dict)
     del state_dict
     with torch.no_grad():

@@ -25,7 +25,7 @@ MAX_LENGTH, BATCH, BATCHES = 512, 8, 3
 
 
 def collate(rows: list[list[int]], max_length: int = MAX_LENGTH) -> dict[str, torch.Tensor]:
-    ids = np.zeros((len(rows), max_length), dtype=np.int64)  # pad id 0
+    ids = np.zeros((len(rows), max_length), dtype=np.int64)  # MISTAKE
     mask = np.zeros((len(rows), max_length), dtype=np.int64)
     for i, row in enumerate(rows):
         ids[i, : len(row)], mask[i, : len(row)] = row, 1

@@ -24,7 +24,7 @@ def main() -> None:
     model = tiny_llama()
     rng = random.Random(0)
     rows = [[rng.randrange(3, 1000) for _ in range(rng.randrange(16, 48))] for _ in range(BATCH)]
-    ids = torch.tensor([r + [0] * (MAX_LENGTH - len(r)) for r in rows])  # (B, 384), mostly pad id 0
+    ids = torch.tensor([r + [0] * (MAX_LENGTH - len(r)) for r in rows])  # MISTAKE
     mask = torch.tensor([[1] * len(r) + [0] * (MAX_LENGTH - len(r)) for r in rows])
     with torch.no_grad():
         hidden = model.model(ids, mask).last_hidden_state  # positional: input_ids, attention_mask

@@ -26,7 +26,7 @@ def main() -> None:
     ids = prompt(40, seed=5)
     with torch.no_grad():
         for _ in range(NEW_TOKENS):
-            ids = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, **GREEDY)
+            ids = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, **GREEDY)  # MISTAKE
     print(ids[0, -NEW_TOKENS:].tolist())
 
 

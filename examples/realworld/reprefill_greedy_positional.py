@@ -26,7 +26,7 @@ def main() -> None:
     ids = prompt(48)  # (1, T)
     with torch.no_grad():
         for _ in range(NEW_TOKENS):
-            logits = model(ids).logits  # positional, the whole sequence again, no cache
+            logits = model(ids).logits  # MISTAKE
             ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     print(ids[0, -NEW_TOKENS:].tolist())
 

@@ -25,7 +25,7 @@ def main() -> None:
     generated = prompt(64, seed=3)
     with torch.no_grad():
         for _ in range(NEW_TOKENS):
-            out = model(input_ids=generated, attention_mask=torch.ones_like(generated), use_cache=False)
+            out = model(input_ids=generated, attention_mask=torch.ones_like(generated), use_cache=False)  # MISTAKE
             generated = torch.cat([generated, out.logits[:, -1:].argmax(-1)], dim=1)
     print(generated.shape)
 

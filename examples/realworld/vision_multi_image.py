@@ -19,7 +19,7 @@ FIX_WORDS = ("max_pixels",)
 
 def main() -> None:
     model = zoo.build_model("qwen2-vl")
-    inputs = zoo.make_inputs(model, image_size=(1428, 728), prompt_tokens=20)
+    inputs = zoo.make_inputs(model, image_size=(1428, 728), prompt_tokens=20)  # MISTAKE
     with torch.no_grad():
         out = model(**inputs)
     print(tuple(out.logits.shape))

@@ -23,7 +23,7 @@ IMAGE_SIZE = (1232, 1232)
 
 def main() -> None:
     model = zoo.build_model("qwen2-vl")
-    inputs = zoo.make_inputs(model, image_size=IMAGE_SIZE, prompt_tokens=16)
+    inputs = zoo.make_inputs(model, image_size=IMAGE_SIZE, prompt_tokens=16)  # MISTAKE
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=4, **zoo.generate_kwargs("qwen2-vl"))
     print(out[0, -4:].tolist())
