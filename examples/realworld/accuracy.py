@@ -35,6 +35,7 @@ class Case:
     expect: str | None
     fix_words: tuple[str, ...]
     mistake_line: int | None = None
+    mistake_lines: tuple[int, int] | None = None  # the statement holding the mark (a call may span lines)
 
     @property
     def name(self) -> str:
@@ -56,10 +57,23 @@ def cases(folder: Path = HERE) -> list[Case]:
             marked = [
                 i for i, text in enumerate(path.read_text().splitlines(), 1) if text.rstrip().endswith("# MISTAKE")
             ]
-            found.append(
-                Case(path, values["EXPECT"], tuple(values.get("FIX_WORDS", ())), marked[0] if marked else None)
-            )
+            span = _statement_span(path, marked[0]) if marked else None
+            words = tuple(values.get("FIX_WORDS", ()))
+            found.append(Case(path, values["EXPECT"], words, marked[0] if marked else None, span))
     return found
+
+
+def _statement_span(path: Path, line: int) -> tuple[int, int]:
+    """The lines of the smallest simple statement (not a loop, block or definition) holding ``line``."""
+    compound = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For, ast.While, ast.With, ast.If, ast.Try)
+    spans = [
+        (node.lineno, node.end_lineno or node.lineno)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.stmt)
+        and not isinstance(node, compound)
+        and node.lineno <= line <= (node.end_lineno or node.lineno)
+    ]
+    return min(spans, key=lambda s: s[1] - s[0]) if spans else (line, line)
 
 
 @contextlib.contextmanager
@@ -119,9 +133,8 @@ def verdict(case: Case, findings: list[dict[str, Any]]) -> dict[str, Any]:
         out["ok"] = out["named"] and out["fix_ok"]
         if case.mistake_line is not None and out["ok"]:
             first = [f["lines"][0] for f in mine if f["lines"]]
-            out["line_ok"] = any(
-                Path(x["file"]).name == case.path.name and x["line"] == case.mistake_line for x in first
-            )
+            lo, hi = case.mistake_lines or (case.mistake_line, case.mistake_line)
+            out["line_ok"] = any(Path(x["file"]).name == case.path.name and lo <= x["line"] <= hi for x in first)
     return out
 
 
