@@ -63,6 +63,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
         ('{"t": 0, "mem_total_bytes": 1' + "0" * 400 + "}\n", ["401-digit", "line 1"]),
         ('{"t": 1' + "0" * 400 + "}\n", ["digit"]),
         ("RAM 100/200MB VDD_IN 1" + "0" * 400 + "mW/1mW\n", ["rail VDD_IN", "out of range"]),
+        ("33-05-2024 10:00:06 RAM 100/200MB\n", ["bad timestamp"]),  # found by bench_fuzz_logs.py
     ],
 )
 def test_telemetry_huge_numbers_are_one_line(tmp_path: Path, content: str, words: list[str]) -> None:

@@ -56,7 +56,10 @@ def parse_tegrastats_log(
             raise InputError(f"{label}: more than {MAX_SAMPLES} samples")
         stamp = _STAMP.match(line)
         if stamp is not None:
-            when = datetime.strptime(stamp.group(1), "%m-%d-%Y %H:%M:%S")
+            try:
+                when = datetime.strptime(stamp.group(1), "%m-%d-%Y %H:%M:%S")
+            except ValueError:  # month 33, second 61: the shape of a stamp, not a date
+                raise InputError(f"{label}: line {lineno}: bad timestamp {stamp.group(1)!r}") from None
             first = first or when
             t_s = (when - first).total_seconds()
         else:
