@@ -236,3 +236,26 @@ def test_fuzz_campaign_short_run() -> None:
     assert summary["ok"], summary["findings"]
     for kind in ("onnx", "feeds", "checkpoint"):
         assert summary[kind]["cases"] == 40
+
+
+# -- what the fuzzer found ---------------------------------------------------------------------------
+
+
+def test_node_name_that_is_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """fuzz onnx seed 309: a flipped byte in a node name reached partition_onnx as bytes."""
+    data = hostile.named_model("/mm/MatMulX").SerializeToString().replace(b"MatMulX", b"MatMul\xff")
+    (tmp_path / "m.onnx").write_bytes(data)
+    assert "not valid UTF-8" in one_error_line(
+        ["partition", str(tmp_path / "m.onnx"), "--device-profile", PROFILE], capsys
+    )
+
+
+def test_corrupt_deflate_stream_in_feeds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """fuzz feeds seeds 1117/1243/1252: a damaged deflate stream raised zlib.error."""
+    data = bytearray(hostile.npz_bytes({"x.npy": hostile.npy_bytes(np.arange(64.0))}, compress=True))
+    data[40:48] = b"\xff" * 8  # inside the member's compressed data
+    (tmp_path / "f.npz").write_bytes(bytes(data))
+    onnx.save(hostile.tiny_model(), str(tmp_path / "m.onnx"))
+    line = one_error_line(["partition", str(tmp_path / "m.onnx"), "--device-profile", PROFILE, "--inputs",
+                           str(tmp_path / "f.npz")], capsys)  # fmt: skip
+    assert "f.npz" in line

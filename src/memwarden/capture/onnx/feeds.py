@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def _member_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str | Path)
         else:
             raise ValueError(f"npy version {version}")
         data_start = stream.tell()
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError, SyntaxError, TypeError) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError, SyntaxError, TypeError, zlib.error) as exc:
         raise InputError(f"{label}: not a readable .npy ({terminal_safe(exc)[:160]})") from None
     except NotImplementedError as exc:  # an encrypted or unsupported compression
         raise InputError(f"{label}: {terminal_safe(exc)[:160]}") from None
@@ -135,7 +136,7 @@ def load_feeds(path: str | Path) -> dict[str, np.ndarray]:
             try:
                 with zf.open(info) as f:
                     array = np.lib.format.read_array(f, allow_pickle=False)
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError) as exc:
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError, zlib.error) as exc:
                 raise InputError(
                     f"{_name(path)}: array {terminal_safe(name)[:80]!r} cannot be read ({terminal_safe(exc)[:160]})"
                 ) from None

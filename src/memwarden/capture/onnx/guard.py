@@ -172,6 +172,8 @@ class _Walker:
         from onnx import TensorProto
 
         self.check.tensors += 1
+        if not isinstance(t.name, str):
+            raise self.fail(where, "a tensor name that is not valid UTF-8")
         where = f"{where} tensor {_safe(t.name)!r}" if t.name else where
         size = self.count(t.dims, _itemsize(t.data_type), where)
         n = math.prod(int(d) for d in t.dims)
@@ -212,6 +214,8 @@ class _Walker:
             )
 
     def shape(self, v: Any, where: str) -> None:
+        if not isinstance(v.name, str):
+            raise self.fail(where, "a value name that is not valid UTF-8")
         t = v.type.tensor_type if v.type.HasField("tensor_type") else None
         if t is None or not t.HasField("shape"):
             return
@@ -245,6 +249,8 @@ class _Walker:
 
         for node in nodes:
             self.check.nodes += 1
+            if not all(isinstance(x, str) for x in (node.name, node.op_type, node.domain, *node.input, *node.output)):
+                raise self.fail(f"{kind} {self.check.nodes}", "a name that is not valid UTF-8")
             where = f"{kind} {_safe(node.name or node.op_type)!r} ({_safe(node.op_type, 40)})"
             for a in node.attribute:
                 if a.type == AttributeProto.TENSOR:
