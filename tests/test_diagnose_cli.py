@@ -45,18 +45,25 @@ def test_json_shape_and_sorting(reprefill_trace: Path) -> None:
             "fix",
             "peak_added_bytes",
             "allocated_bytes",
+            "saving_peak_bytes",
+            "saving_allocated_bytes",
             "lines",
         }
         assert all(set(x) == {"file", "line", "nbytes"} for x in f["lines"])
         assert f["severity"] in ("high", "medium", "low")
-    wasted = [f["wasted_bytes"] for f in data["findings"]]
-    assert wasted == sorted(wasted, reverse=True)
+        assert isinstance(f["saving_peak_bytes"], int) and f["saving_peak_bytes"] >= 0
+        assert isinstance(f["saving_allocated_bytes"], int) and f["saving_allocated_bytes"] >= 0
+    # ranked by the peak the fix saves; those that save only work after them, by that work
+    lowers = [f["saving_peak_bytes"] for f in data["findings"] if f["saving_peak_bytes"] > 0]
+    assert lowers == sorted(lowers, reverse=True)
+    kinds = [f["saving_peak_bytes"] > 0 for f in data["findings"]]
+    assert kinds == sorted(kinds, reverse=True)
     assert "kv-reprefill" in [f["pattern"] for f in data["findings"]]
 
 
 def test_thresholds_file_changes_the_verdict(reprefill_trace: Path, tmp_path: Path) -> None:
     config = tmp_path / "t.toml"
-    config.write_text("[thresholds.all]\nmin_waste_fraction = 0.99\n")
+    config.write_text("[thresholds.all]\nmin_waste_fraction = 0.99\nmin_work_peaks = 1000\n")
     data = json.loads(run_cli("diagnose", "--json", "--config", str(config), str(reprefill_trace)).stdout)
     assert data["findings"] == []
 

@@ -286,7 +286,7 @@ PLANTED_LINES = {
     # The graphs are kept by the statement after the call, not by the call: the holder line (the
     # newest block the loop's own function made after the oldest kept step and still live at the
     # peak) comes first.
-    "graph_total_loss": ("graph-retention", "total_loss += loss  # a differentiable tensor"),
+    "graph_total_loss": ("graph-retention", "total_loss += loss  # MISTAKE"),
     # Padding made outside torch: the line that built the padded ids (a step's input) comes first.
     "padding_tokenizer_list": ("alignment-padding", "ids = torch.tensor([r + [0] * (MAX_LENGTH - len(r))"),
     # Ids padded in numpy carry no allocation line (torch never allocated them): the line that
@@ -308,9 +308,17 @@ PLANTED_LINES = {
     # covered: the dequantised weight saved for backward, the calls that feed the whole sequence
     # again without a cache, and the generate() that is not given the cache it should keep.
     "dequant_saved_for_backward": ("dequant-temporaries", "base = F.linear(x, self.weight.to(x.dtype) * self.scale"),
-    "reprefill_greedy_positional": ("kv-reprefill", "logits = model(ids).logits  # positional"),
+    "reprefill_greedy_positional": ("kv-reprefill", "logits = model(ids).logits  # MISTAKE"),
     "reprefill_use_cache_false": ("kv-reprefill", "out = model(input_ids=generated, attention_mask="),
     "reprefill_llava_chat_resend": ("kv-reprefill", "output = model.generate(**inputs, max_new_tokens=8"),
+    # The patterns of issue 45: the statement that keeps the result (followed from the call through
+    # the script's source), the reload that binds the new model over the old, the call that asks for
+    # every position's logits, the call that passes num_beams.
+    "retained_generate_hidden_states": ("retained-outputs", "results.append(out)"),
+    "lib_nograd_llava_outputs": ("retained-outputs", "outputs.append(model(**inputs, output_hidden_states=True))"),
+    "two_models_switch": ("two-models-alive", "self.model = tiny_llama(layers=4, hidden=hidden)"),
+    "full_logits_scoring": ("full-logits", "logits = model(prompt(512, batch=4, seed=i)).logits"),
+    "multiplier_num_beams": ("request-multiplier", "num_beams=8"),
 }
 
 

@@ -62,8 +62,6 @@ PLANTED_LINES = {
     # The image at the camera's size: make_inputs is where the processor's max_pixels / the resize
     # applies (IMAGE_SIZE, the constant the twin changes, allocates nothing a trace could name).
     "vision-token-dominance/qwen2vl_large_image.py": "inputs = zoo.make_inputs(model, image_size=IMAGE_SIZE",
-    # The video's pixel values, 32 frames' worth: where fewer frames would be sampled.
-    "vision-token-dominance/qwen2vl_video_frames.py": '"pixel_values_videos": torch.randn(',
 }
 
 

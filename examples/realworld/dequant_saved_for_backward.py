@@ -32,7 +32,7 @@ class W8LoraLinear(nn.Module):
         self.lora_b = nn.Parameter(torch.zeros(q.shape[0], RANK, dtype=DTYPE))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        base = F.linear(x, self.weight.to(x.dtype) * self.scale[:, None])  # dequantised W saved for backward
+        base = F.linear(x, self.weight.to(x.dtype) * self.scale[:, None])  # MISTAKE
         return base + F.linear(F.linear(x, self.lora_a), self.lora_b)
 
 

@@ -25,7 +25,7 @@ MAX_LENGTH, BATCH, BATCHES = 512, 8, 3
 
 
 def collate(rows: list[list[int]], max_length: int = MAX_LENGTH) -> dict[str, torch.Tensor]:
-    ids = np.zeros((len(rows), max_length), dtype=np.int64)  # MISTAKE
+    ids = np.zeros((len(rows), max_length), dtype=np.int64)
     mask = np.zeros((len(rows), max_length), dtype=np.int64)
     for i, row in enumerate(rows):
         ids[i, : len(row)], mask[i, : len(row)] = row, 1
@@ -41,7 +41,7 @@ def main() -> None:
     model = tiny_llama()
     with torch.no_grad():
         for b in range(BATCHES):
-            logits = model(**collate(sentences(b))).logits
+            logits = model(**collate(sentences(b))).logits  # MISTAKE
     print(tuple(logits.shape))
 
 

@@ -44,9 +44,9 @@ def main() -> None:
             content.insert(0, {"type": "image"})
         conversation.append({"role": "user", "content": content})
         text_prompt = processor.apply_chat_template(conversation, add_generation_prompt=True)
-        inputs = processor(images=image, text=text_prompt)  # MISTAKE
+        inputs = processor(images=image, text=text_prompt)  # the image again, every turn
         with torch.no_grad():
-            output = model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=0)
+            output = model.generate(**inputs, max_new_tokens=8, do_sample=False, pad_token_id=0)  # MISTAKE
         answer = processor.decode(output[0, inputs["input_ids"].shape[1] :])
         conversation.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
         print(f"{inputs['input_ids'].shape[1]} prompt tokens -> {answer}")

@@ -145,6 +145,7 @@ def diagnose(
     ctx = Context(trace=trace, thresholds=thresholds or {}, shared=analysis)
     peak = ctx.summary.peak_bytes
     min_fraction = float(ctx.threshold("all", "min_waste_fraction", DEFAULT_MIN_WASTE_FRACTION))
+    min_work = float(ctx.threshold("all", "min_work_peaks", 1.0))
     findings: list[Finding] = []
     for pattern in patterns or list(PATTERNS):
         if pattern not in PATTERNS:
@@ -157,7 +158,7 @@ def diagnose(
             f = _with_saving(ctx, f, budget_bytes)
             # Negligible at the peak and not heavy over the run either: not reported. A finding that
             # allocates at least the peak over the run stays, as the hint its severity says.
-            if peak and f.saving_peak_bytes < min_fraction * peak and f.saving_allocated_bytes < peak:
+            if peak and f.saving_peak_bytes < min_fraction * peak and f.saving_allocated_bytes < min_work * peak:
                 continue
             if not f.lines:
                 f = replace(f, lines=finding_lines(trace, f.where, _live_at_peak(ctx), pattern=f.pattern))

@@ -35,7 +35,8 @@ def _count(lo: int = 0, hi: int = _BIG) -> Threshold:
 
 
 THRESHOLDS: dict[str, dict[str, Threshold]] = {
-    "all": {"min_waste_fraction": _fraction()},
+    # min_work_peaks: a finding that lowers no peak is kept when its fix saves this many peaks of allocation
+    "all": {"min_waste_fraction": _fraction(), "min_work_peaks": Threshold(integer=False, lo=0.0, hi=1e9)},
     "alignment-padding": {"min_ratio": Threshold(integer=False, lo=0.0, hi=1e6)},
     "kv-reprefill": {"min_prefix_tokens": _count(), "high": _fraction(), "medium": _fraction()},
     "kv-concat-growth": {"min_steps": _count(lo=1), "high": _fraction(), "medium": _fraction()},
@@ -55,7 +56,12 @@ THRESHOLDS: dict[str, dict[str, Threshold]] = {
         "max_windows": _count(lo=1),
     },
     "load-spike": {"min_ratio": Threshold(integer=False, lo=0.0, hi=1e6), "min_share_of_weights": _fraction()},
-    "vision-token-dominance": {"min_share": _fraction(), "min_media_tokens": _count()},
+    "vision-token-dominance": {},
+    "retained-outputs": {"min_iterations": _count(lo=1)},
+    "two-models-alive": {"min_old_share": _fraction()},
+    "full-logits": {"min_positions": _count(lo=1)},
+    "request-multiplier": {},
+    "untracked-host-memory": {"min_bytes": _count(), "min_share": Threshold(integer=False, lo=0.0, hi=1e6)},
     # bins cut the run into equal parts; each one is an array the detector builds
     "unbounded-growth": {"bins": _count(lo=1, hi=1000), "min_bins": _count(lo=1, hi=1000), "min_blocks": _count()},
 }
