@@ -38,10 +38,7 @@ from memwarden.edge.sync.errors import SignatureError, SyncError, UpdateRefused
 from memwarden.edge.sync.manifest import MAX_HEADER_BYTES, AdapterFormatError, Manifest, RawTensor, digest_bytes
 from memwarden.edge.sync.signing import PublicKey, verify_manifest
 
-__all__ = [
-    "AiohttpTransport", "Response", "SignatureError", "SyncClient", "SyncError", "SyncStats", "Transport",
-    "TransportError", "UpdateRefused",
-]  # fmt: skip
+__all__ = ["AiohttpTransport", "Response", "SyncClient", "SyncStats", "Transport", "TransportError"]
 
 T = TypeVar("T")
 _CONTENT_RANGE = re.compile(r"^bytes (\d{1,19})-(\d{1,19})/(\d{1,19})$")
@@ -260,8 +257,11 @@ class SyncClient:
                 resumable=True,
                 limit=self.max_delta_bytes,
             )
-            if not self._admit(name, delta.manifest, have):
-                raise UpdateRefused(f"the delta of {name} leads to the v{have.version} this device holds")
+            self._admit(name, delta.manifest, have)  # False (same content) is still a new version to apply
+            if delta.manifest.version <= have.version:
+                raise UpdateRefused(
+                    f"the delta of {name} leads to v{delta.manifest.version}, not above v{have.version}"
+                )
         except SyncError as exc:
             self._failed(exc)
             raise

@@ -135,8 +135,8 @@ def read_safetensors(blob: bytes) -> tuple[dict[str, RawTensor], dict[str, str]]
         if not isinstance(info, dict) or len(name) > MAX_NAME_CHARS or not name:
             raise AdapterFormatError(f"tensor {name[:80]!r}: malformed entry")
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype not in DTYPE_BYTES:
-            raise AdapterFormatError(f"tensor {name!r}: unknown dtype {dtype!r}")
+        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+            raise AdapterFormatError(f"tensor {name[:80]!r}: unknown dtype {str(dtype)[:40]!r}")
         if not isinstance(shape, list):
             raise AdapterFormatError(f"tensor {name[:80]!r}: malformed shape")
         count = numel(shape, f"tensor {name[:80]!r}")
