@@ -25,9 +25,11 @@ from memwarden.edge.sync.client import AiohttpTransport, SyncClient
 from memwarden.edge.sync.delta import adapter_manifest
 from memwarden.edge.sync.manifest import DTYPE_BYTES, RawTensor, write_safetensors
 from memwarden.edge.sync.server import SyncServer
+from memwarden.edge.sync.signing import SigningKey
 from memwarden.edge.sync.store import AdapterStore
 
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
+KEY = SigningKey.generate()  # the publisher's; the device pins KEY.public_key
 
 
 def adapter(layers: int, hidden: int, rank: int, dtype: str, seed_of_layer: dict[int, int]) -> bytes:
@@ -53,7 +55,7 @@ def _bytes(n: int, key: str) -> bytes:
 
 
 async def measure(args: argparse.Namespace, k: int, root: str) -> dict[str, Any]:
-    server = SyncServer(AdapterStore(os.path.join(root, f"k{k}")))
+    server = SyncServer(AdapterStore(os.path.join(root, f"k{k}"), signing_key=KEY))
     await server.start()
     transport = AiohttpTransport(server.url)
     try:
@@ -62,7 +64,7 @@ async def measure(args: argparse.Namespace, k: int, root: str) -> dict[str, Any]
         v1 = adapter(args.layers, args.hidden, args.rank, args.dtype, changed)
         server.store.publish("a", v0)
         have, _ = adapter_manifest(v0, adapter="a", version=0)
-        client = SyncClient(transport)
+        client = SyncClient(transport, publisher_key=KEY.public_key)
         sent = server.bytes_sent
         t0 = time.perf_counter()
         await client.pull("a", None)

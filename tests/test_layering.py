@@ -46,7 +46,19 @@ LAYERS: list[set[str]] = [
     {"cli"},
     {"__main__"},
 ]
-TORCH_FREE = {"trace", "interop", "plan", "analyze", "govern", "report", "edge", "align", "errors", "units", "untrusted"}
+TORCH_FREE = {
+    "trace",
+    "interop",
+    "plan",
+    "analyze",
+    "govern",
+    "report",
+    "edge",
+    "align",
+    "errors",
+    "units",
+    "untrusted",
+}
 PUBLIC_API = [
     "BudgetController",
     "GovernedSession",

@@ -13,20 +13,23 @@ import pytest
 import torch
 
 from _lora_models import adapter_state, changed, file_of, peft_stack
-from memwarden.edge.sync.client import AiohttpTransport, SyncClient, SyncError
+from memwarden.edge.sync.client import AiohttpTransport, SyncClient
+from memwarden.edge.sync.errors import SyncError
 from memwarden.edge.sync.faults import FaultPlan, FaultyTransport
 from memwarden.edge.sync.server import SyncServer
+from memwarden.edge.sync.signing import SigningKey
 from memwarden.edge.sync.store import AdapterStore
 from memwarden.runtime.lora.slot import AdapterSlot
 
-NO_WAIT = {"backoff_s": lambda attempt: 0.0}
+KEY = SigningKey.generate()  # the publisher's; devices pin KEY.public_key
+NO_WAIT = {"backoff_s": lambda attempt: 0.0, "publisher_key": KEY.public_key}
 
 
 def _serve(tmp_path: Path, body: Callable[[SyncServer, AiohttpTransport], Awaitable[Any]]) -> Any:
     """Run ``body`` against a server on a port the OS picks, then shut both down."""
 
     async def main() -> Any:
-        server = SyncServer(AdapterStore(tmp_path / "store"))
+        server = SyncServer(AdapterStore(tmp_path / "store", signing_key=KEY))
         await server.start()
         transport = AiohttpTransport(server.url)
         try:
@@ -93,7 +96,7 @@ def test_server_restart_mid_transfer_is_survived(tmp_path: Path) -> None:
         async def restart() -> None:
             nonlocal restarts
             await server.stop()
-            server.store = AdapterStore(server.store.root)  # a new process reads the store back from disk
+            server.store = AdapterStore(server.store.root, signing_key=KEY)  # a new process reads the store back
             await server.start()
             restarts += 1
 
@@ -125,7 +128,7 @@ def test_fault_campaign_never_serves_a_half_applied_adapter(tmp_path: Path) -> N
         async def restart() -> None:
             nonlocal restarts
             await server.stop()
-            server.store = AdapterStore(server.store.root)
+            server.store = AdapterStore(server.store.root, signing_key=KEY)
             await server.start()
             restarts += 1
 

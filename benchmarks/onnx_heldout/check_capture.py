@@ -5,8 +5,9 @@ import sys
 from pathlib import Path
 
 from memwarden.capture.onnx.capture import capture_onnx
+from memwarden.capture.onnx.feeds import load_feeds
 from memwarden.capture.onnx.measure import measure_run, run_peaks
-from memwarden.capture.onnx.session import OrtSettings, load_feeds
+from memwarden.capture.onnx.session import OrtSettings
 
 rows = []
 for name in sys.argv[1:]:

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output, flag="-o", allow_stdout=False)
     from memwarden.capture.onnx.bounded import DEFAULT_MEMORY_BYTES, DEFAULT_SECONDS, RunLimits
     from memwarden.capture.onnx.capture import capture_onnx
-    from memwarden.capture.onnx.session import OrtSettings, load_feeds
+    from memwarden.capture.onnx.feeds import load_feeds
+    from memwarden.capture.onnx.session import OrtSettings
     from memwarden.trace.io import save
     from memwarden.units import format_bytes
     from memwarden.untrusted import finite_float, terminal_safe

@@ -3,7 +3,7 @@
 A model with control flow that has no bound (a ``Loop`` whose trip count is an input, or a
 constant of ``2**62``: ``guard.ModelCheck.unbounded``) can run for ever or grow without end, and
 nothing inside ``session.run`` can be interrupted from Python. Such a run happens here instead: a
-fresh interpreter (``python -m memwarden.capture.onnx.bounded``, its own process group) with
+fresh interpreter (``python -m memwarden.capture.onnx.bounded_child``, its own process group) with
 ``RLIMIT_AS`` set to what it holds after start-up plus ``RunLimits.memory_bytes`` and a wall-clock
 limit of ``RunLimits.seconds``, after which its whole group is killed. The child writes only into
 the caller's work folder, which the caller removes on every exit. Either limit reached is one
@@ -63,7 +63,7 @@ def run_bounded(
     config = {"model": str(model), "feeds": paths, "settings": asdict(settings), "workdir": str(workdir),
               "prefix": prefix, "optimized": optimized, "memory_bytes": int(limits.memory_bytes)}  # fmt: skip
     proc = subprocess.Popen(
-        [sys.executable, "-m", "memwarden.capture.onnx.bounded", json.dumps(config)],
+        [sys.executable, "-m", "memwarden.capture.onnx.bounded_child", json.dumps(config)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
@@ -97,47 +97,3 @@ def _kill(proc: subprocess.Popen[str]) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.communicate()
-
-
-def _vm_size() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def _child(config: dict[str, Any]) -> dict[str, Any]:
-    import resource
-
-    import onnxruntime  # noqa: F401 - loaded before the limit is set, so its libraries are not counted
-
-    from memwarden.capture.onnx.feeds import load_feeds
-    from memwarden.capture.onnx.session import OrtSettings, _profiled_session
-
-    feeds = [load_feeds(p) for p in config["feeds"]]
-    settings = OrtSettings(**config["settings"])
-    cap = _vm_size() + int(config["memory_bytes"])
-    if cap > int(config["memory_bytes"]):
-        resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    profile, _, outputs = _profiled_session(config["model"], feeds, settings, Path(config["workdir"]),
-                                            config["prefix"], optimized=bool(config["optimized"]))  # fmt: skip
-    return {"profile": str(profile), "outputs": outputs}
-
-
-if __name__ == "__main__":
-    try:
-        print(json.dumps(_child(json.loads(sys.argv[1]))))
-    except MemoryError:
-        print("memwarden: memory limit reached", file=sys.stderr)
-        raise SystemExit(3) from None
-    except InputError as exc:
-        text = str(exc)
-        if "bad_alloc" in text or "Failed to allocate" in text:
-            print(f"memwarden: memory limit reached ({text[:200]})", file=sys.stderr)
-        else:
-            print(f"memwarden: {text}", file=sys.stderr)
-        raise SystemExit(2) from None

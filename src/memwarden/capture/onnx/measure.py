@@ -142,7 +142,7 @@ def _status_kib(field: str) -> int:
 def _child(config: dict[str, Any]) -> dict[str, Any]:
     import onnxruntime as ort
 
-    from memwarden.capture.onnx.session import load_feeds
+    from memwarden.capture.onnx.feeds import load_feeds
 
     settings = OrtSettings(arena=bool(config["arena"]), mem_pattern=bool(config["mem_pattern"]),
                            optimization=str(config["optimization"]))  # fmt: skip
