@@ -25,6 +25,7 @@ import numpy as np
 from memwarden.analyze.analysis import Analysis
 from memwarden.analyze.counterfactual import Change, saving
 from memwarden.analyze.lines import finding_lines
+from memwarden.analyze.source_lines import read_from
 from memwarden.analyze.thresholds import check_thresholds
 from memwarden.analyze.timeline import Summary, live_blocks_at
 from memwarden.trace.model import Trace
@@ -143,6 +144,7 @@ def diagnose(
     fix that makes it fit is high.
     """
     ctx = Context(trace=trace, thresholds=thresholds or {}, shared=analysis)
+    read_from(trace.metadata.get("cwd"))  # the script's relative source paths, for the line to change
     peak = ctx.summary.peak_bytes
     min_fraction = float(ctx.threshold("all", "min_waste_fraction", DEFAULT_MIN_WASTE_FRACTION))
     min_work = float(ctx.threshold("all", "min_work_peaks", 1.0))

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["SourceLine", "argument_line", "call_lines", "keeper_line", "script_files"]
+__all__ = ["SourceLine", "argument_line", "call_lines", "keeper_line", "read_from", "rebinding_line", "script_files"]
 
 _MAX_SOURCE_BYTES = 4 << 20
 _STORE_METHODS = frozenset({"append", "extend", "insert", "add", "update", "setdefault", "appendleft", "put"})
@@ -32,8 +32,28 @@ class SourceLine:
     what: str  # how the line keeps or sizes the value: "list.append", "dict insert", "cat accumulator", ...
 
 
-@lru_cache(maxsize=64)
+_BASES: list[str] = []  # folders relative source paths are resolved against (the traced run's cwd)
+
+
+def read_from(folder: str | None) -> None:
+    """Resolve relative source paths against ``folder`` (a trace's ``metadata["cwd"]``: ``memwarden
+    trace`` records the folder the script ran in, and ``diagnose`` may run in another)."""
+    _BASES[:] = [folder] if isinstance(folder, str) and folder else []
+
+
+def _resolve(path: str) -> str:
+    if os.path.isabs(path) or not _BASES:
+        return path
+    candidate = os.path.join(_BASES[0], path)
+    return candidate if os.path.isfile(candidate) else path
+
+
 def _tree(path: str) -> ast.Module | None:
+    return _parse(_resolve(path))
+
+
+@lru_cache(maxsize=64)
+def _parse(path: str) -> ast.Module | None:
     try:
         if not os.path.isfile(path) or os.path.getsize(path) > _MAX_SOURCE_BYTES:
             return None
@@ -236,3 +256,38 @@ def call_lines(file: str, function: str) -> list[SourceLine]:
             if name == function:
                 out.append(SourceLine(file, node.lineno, f"{function}(...)"))
     return sorted(out, key=lambda s: s.line)
+
+
+def rebinding_line(file: str, line: int, depth: int = 4) -> SourceLine | None:
+    """The assignment that binds the value made at ``file:line`` to a name that already held one
+    (``model = load(...)``, ``self.model = build(...)``): the statement itself when it is such an
+    assignment, else, going up through the functions that contain it, the last line of ``file``
+    that calls that function, and so on (``depth`` levels)."""
+    tree = _tree(file)
+    if tree is None:
+        return None
+    for _ in range(depth):
+        found = _enclosing_body(tree, line)
+        if found is None:
+            return None
+        _, stmt = found
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and isinstance(stmt.value, ast.Call):
+            return SourceLine(file, stmt.lineno, "rebinds")
+        function = _function_of(tree, line)
+        if function is None:
+            return None
+        calls = [c for c in call_lines(file, function) if c.line != line]
+        if not calls:
+            return None
+        line = calls[-1].line
+    return None
+
+
+def _function_of(tree: ast.Module, line: int) -> str | None:
+    best: ast.FunctionDef | ast.AsyncFunctionDef | None = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            end = node.end_lineno or node.lineno
+            if node.lineno <= line <= end and (best is None or node.lineno > best.lineno):
+                best = node
+    return best.name if best is not None else None

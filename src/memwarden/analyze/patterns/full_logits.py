@@ -48,7 +48,12 @@ def _vocab_sizes(trace: Trace) -> set[int]:
 
 def detect(trace: Trace, ctx: Context) -> list[Finding]:
     min_positions = int(ctx.threshold(PATTERN, "min_positions", 16))
-    steps = [s for s in ctx.analysis.steps if s.grad is False and s.phase != "decode"]
+    # A prefill that decode steps follow is a generation: its logits are the library's to slice
+    # (transformers' generate asks for one position where the model supports logits_to_keep), not a
+    # line of the user's; the pattern is about a forward the user calls and reads one row of.
+    all_steps = ctx.analysis.steps
+    generating = {i for i, s in enumerate(all_steps[:-1]) if all_steps[i + 1].phase == "decode"}
+    steps = [s for i, s in enumerate(all_steps) if s.grad is False and s.phase != "decode" and i not in generating]
     n = trace.num_events
     if not steps or not n:
         return []

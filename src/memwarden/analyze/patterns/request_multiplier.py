@@ -5,9 +5,10 @@ prefill: eight times the prefill activations, the media features and the KV cach
 ``num_return_sequences=4`` does the same for four answers, and a batch built by repeating one image
 for each prompt does it by hand. On a small device the multiplier, not the model, is what runs out.
 
-What the trace shows: a prefill whose integer inputs are ``(B, T)`` while the run made the same
-ids as ``(b, T)`` before it, with ``B = k * b`` and ``k >= 2``: the request was expanded ``k`` times
-between the user's tensors and the model. The multiplier is ``k``.
+What the trace shows: a prefill whose integer inputs are ``(B, T)``, made by an expanding op
+(``repeat_interleave``, ``repeat``, ``index_select``, ``tile``) from the same ids as ``(b, T)``,
+still alive, with ``B = k * b`` and ``k >= 2``: the request was expanded ``k`` times between the
+user's tensors and the model. The multiplier is ``k``.
 
 The fix as a change: the request's blocks (weights aside) at ``1/k`` of their size, what
 ``num_beams=1`` (greedy or sampling), ``num_return_sequences=1`` or one row per distinct image
@@ -31,6 +32,8 @@ from memwarden.units import format_bytes
 
 PATTERN = "request-multiplier"
 _KEYWORDS = ("num_beams", "num_return_sequences", "num_beam_groups")
+_EXPANDING = frozenset({"aten::repeat_interleave", "aten::repeat", "aten::index_select", "aten::expand_copy",
+                        "aten::tile"})  # fmt: skip
 _STAY = np.array([Category.WEIGHT, Category.BUFFER, Category.GRADIENT, Category.OPTIMIZER_STATE], dtype=np.uint8)
 
 
@@ -43,11 +46,16 @@ def _multiplier(trace: Trace, lo: int, hi: int, batch: int, free: np.ndarray) ->
     rows = rows[
         (e["action"][rows] == Action.ALLOC) & (e["category"][rows] == Category.INPUT) & is_int[e["dtype"][rows]]
     ]
+    # the expansion itself: generate's _expand_inputs_for_generation (repeat_interleave), a batch
+    # repeated or expanded by hand; a (b, T) tensor that merely divides the batch proves nothing
+    window = np.arange(lo, hi)
+    expanded = {int(e["shape"][r]) for r in window.tolist()
+                if e["action"][r] == Action.ALLOC and trace.string(int(e["op"][r])) in _EXPANDING}  # fmt: skip
     best = 1
     for r in rows.tolist():
         k_shape = int(e["shape"][r])
         shape = shape_of[k_shape] if k_shape >= 0 else ()
-        if len(shape) != 2 or shape[0] != batch or shape[1] < 2:
+        if len(shape) != 2 or shape[0] != batch or shape[1] < 2 or k_shape not in expanded:
             continue
         before = np.arange(0, r)
         before = before[(e["action"][before] == Action.ALLOC) & is_int[e["dtype"][before]] & (free[before] > r)]

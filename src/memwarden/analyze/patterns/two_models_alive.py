@@ -27,7 +27,7 @@ import numpy as np
 from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.diagnose import Context, Finding
 from memwarden.analyze.lines import LineBytes, lines_of_rows, merge_lines
-from memwarden.analyze.source_lines import call_lines, script_files
+from memwarden.analyze.source_lines import call_lines, rebinding_line, script_files
 from memwarden.trace.model import Action, Category, Trace
 from memwarden.units import format_bytes
 
@@ -101,13 +101,18 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
 
 
 def _script_line(made: list[LineBytes], steps: Any, nbytes: int) -> list[LineBytes]:
-    """The script's line that asked for the new model first: the line that made its weights when it
-    is in the script, else the script's last call of the helper that made them (``load(name)``)."""
+    """The script's line that binds the new model over the old one first (``self.model = load(name)``):
+    from the line that made its weights when it is in the script, else from the script's last call of
+    the helper that made them, up through the functions that contain it to the assignment."""
     files = script_files([s.call_site for s in steps if s.call_site])
-    if not made or made[0].file in files or any(f.endswith(made[0].file) for f in files):
+    if not made:
         return made
-    for file in files:
-        calls = call_lines(file, made[0].function)
-        if calls:
-            return [LineBytes(file, calls[-1].line, made[0].function, nbytes, 0), *made]
+    if made[0].file in files or any(f.endswith(made[0].file) for f in files):
+        start = [(made[0].file, made[0].line)]
+    else:
+        start = [(file, c.line) for file in files for c in call_lines(file, made[0].function)[-1:]]
+    for file, line in start:
+        bound = rebinding_line(file, line)
+        at = bound.line if bound is not None else line
+        return [LineBytes(file, at, made[0].function, nbytes, 0), *made]
     return made

@@ -171,7 +171,8 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         f"{media_tokens} vision tokens for {images} image(s), above the model card's range (at most "
         f"{most_per_image} a image): set the processor's {setting}={most_per_image}*{int(px_per_token**0.5)}*"
         f"{int(px_per_token**0.5)} ({value}) -- AutoProcessor.from_pretrained(..., {setting}={value}) -- so each "
-        f"image makes at most {most_per_image} tokens ({media_tokens} -> {target})"
+        f"image makes at most {most_per_image} tokens ({media_tokens} -> {target}); for a video, sample fewer "
+        f"frames (the processor's fps, e.g. fps=1.0, or nframes/max_frames) and cap each frame's max_pixels"
     )
     return [
         Finding(

@@ -52,7 +52,9 @@ def run(
         sys.argv = [script, *args]
         sys.path.insert(0, str(Path(script).resolve().parent))
         target = str(Path(script).resolve())
-    meta: dict[str, Any] = {"script": script if module is None else f"-m {module}", "argv": list(args)}
+    # cwd: the folder the script's relative source paths are read from (diagnose follows its lines)
+    meta: dict[str, Any] = {"script": script if module is None else f"-m {module}", "argv": list(args),
+                            "cwd": os.getcwd()}  # fmt: skip
     opts = dict(options or {})
     cap = Capture(metadata=meta, stream_to=stream, stacks=bool(opts.get("stacks")),
                   user_code=opts.get("user_code") or None, library_code=opts.get("library_code") or None,
