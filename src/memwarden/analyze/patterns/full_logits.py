@@ -8,8 +8,10 @@ prefill, a scoring loop or a classification head on a causal LM does not.
 What the trace shows: a float block made by a root call with no autograd, shaped ``(..., seq,
 vocab)`` with ``seq >= min_positions`` (16) and ``vocab`` the output size of the largest weight
 (the LM head), that nothing reads in full: no block of at least half its elements is made while it
-lives (a loss, ``log_softmax`` or a full ``.float()`` copy would be), so the positions read are
-a slice. A training step or a perplexity evaluation needs every position and makes such blocks.
+lives (a loss, ``log_softmax`` or a full ``.float()`` copy would be), and what the script makes
+from it after the call shows one position read (a block without the sequence axis: ``logits[:,
+-1].softmax(-1)`` is (B, V)); a block along every position reads them all, and logits nothing is
+made from (only kept, or a shape printed) say nothing. A training step or a perplexity evaluation needs every position and makes such blocks.
 
 The fix as a change: the logits block made for one position (``logits_to_keep=1`` in
 ``forward``, or ``model.model(...)`` then ``lm_head`` on ``hidden[:, -1:]``).
@@ -29,6 +31,9 @@ from memwarden.trace.model import Action, Category, Trace
 from memwarden.units import format_bytes
 
 PATTERN = "full-logits"
+# ops that make a tensor from nothing (the next request's ids): no read of the logits
+_FACTORIES = ("aten::rand", "aten::empty", "aten::zeros", "aten::ones", "aten::full", "aten::arange", "aten::tensor",
+              "aten::lift", "aten::scalar_tensor", "aten::normal", "aten::bernoulli")  # fmt: skip
 
 
 def _vocab_sizes(trace: Trace) -> set[int]:
@@ -74,16 +79,34 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     found: list[int] = []
     positions: list[int] = []
     all_starts = np.array(sorted(st.start_us for st in ctx.analysis.steps), dtype=np.int64)
+    all_ends = np.array(sorted(st.end_us for st in ctx.analysis.steps), dtype=np.int64)
+
+    def end_of_step(row: int) -> int:
+        """Rows after the call that made ``row`` has returned start here (the script's own reads)."""
+        k = int(np.searchsorted(all_ends, times[row], side="left"))
+        return n if k >= len(all_ends) else int(np.searchsorted(times, all_ends[k], side="right"))
+
     for r in cand.tolist():
         # read in full? a block of half its elements or more made after it, while it lives and before
         # the next call (a loss, a log_softmax, a full .float() copy)
         nxt = all_starts[all_starts > times[r]]
         until = int(np.searchsorted(times, nxt[0], side="left")) if len(nxt) else n
         later = np.arange(r + 1, min(int(free[r]), until))
-        if np.any((e["action"][later] == Action.ALLOC) & (numel[later] >= numel[r] // 2)):
+        later = later[e["action"][later] == Action.ALLOC]
+        if np.any(numel[later] >= numel[r] // 2):
+            continue
+        later = later[later >= end_of_step(r)]
+        # ... or one position? What the script makes from the logits must show it: a block without
+        # the sequence axis (``logits[:, -1].softmax(-1)``: (B, V); ``.argmax(-1)`` of it: (B,)).
+        # A block along every position (``logits.argmax(-1)``: (B, T)) reads them all; nothing made
+        # at all (only a shape printed, the logits kept) says nothing, and nothing is said.
+        shape = trace.shapes[int(e["shape"][r])]
+        read = [trace.shapes[int(k)] for k, op in zip(e["shape"][later].tolist(), e["op"][later].tolist(), strict=True)
+                if k >= 0 and not (trace.string(int(op)) or "").startswith(_FACTORIES)]  # fmt: skip
+        if not read or any(shape[-2] in m for m in read):
             continue
         found.append(r)
-        positions.append(int(trace.shapes[int(e["shape"][r])][-2]))
+        positions.append(int(shape[-2]))
     if not found:
         return []
     rows = np.array(found, dtype=np.int64)
