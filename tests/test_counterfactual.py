@@ -126,3 +126,32 @@ def test_vision_tokens_saving_at_the_documented_max_pixels() -> None:
     # the twin makes 1260 tokens, the recommendation 1280: a 1.5% smaller request than predicted
     assert abs(mine[0].saving_peak_bytes - measured) <= max(0.1 * measured, MiB), (mine[0].saving_peak_bytes, measured)
     assert not [f for f in fixed_findings if f.pattern == "vision-token-dominance"]
+
+
+def test_a_fix_that_makes_the_run_fit_its_budget_is_high() -> None:
+    """Severity follows the saving against the budget: a finding whose saving is small against the
+    peak is high when the budget lies between the peak and the peak without it (``diagnose
+    --budget``, and the demo with its budget); against a budget the fix cannot reach, the peak
+    share decides as before."""
+    path = REALWORLD / "concat_manual_past.py"
+    import torch
+
+    saved_argv, threads = sys.argv[:], torch.get_num_threads()
+    sys.argv = [str(path)]
+    sys.path.insert(0, str(path.parent))
+    torch.set_num_threads(1)
+    try:
+        with memwarden.capture() as run:
+            runpy.run_path(str(path), run_name="__main__")
+    finally:
+        sys.argv = saved_argv
+        sys.path.remove(str(path.parent))
+        torch.set_num_threads(threads)
+    assert run.trace is not None
+    peak = memwarden.summary(run.trace).peak_bytes
+    (g,) = [x for x in diagnose(run.trace) if x.pattern == "kv-concat-growth"]
+    assert g.severity != "high" and g.saving_peak_bytes > 0
+    fits = [x for x in diagnose(run.trace, budget_bytes=peak - g.saving_peak_bytes // 2) if x.pattern == g.pattern]
+    assert fits[0].severity == "high"
+    short = [x for x in diagnose(run.trace, budget_bytes=peak - 2 * g.saving_peak_bytes) if x.pattern == g.pattern]
+    assert short[0].severity == g.severity

@@ -186,10 +186,9 @@ def _with_saving(ctx: Context, f: Finding, budget_bytes: int | None) -> Finding:
         peak_saving, allocated = s.saving_peak_bytes, s.saving_allocated_bytes
     else:  # a detector that measured its fix itself (a meta re-run)
         peak_saving, allocated = max(0, f.saving_peak_bytes), max(0, f.saving_allocated_bytes)
-    severity = severity_for(peak_saving, peak)
+    severity = max(severity_for(peak_saving, peak), f.severity, key=SEVERITIES.index)
     if budget_bytes is not None and peak > budget_bytes >= peak - peak_saving and peak_saving > 0:
-        severity = "high"
-    severity = max(severity, f.severity, key=SEVERITIES.index)
+        severity = "high"  # the fix turns "does not fit" into "fits": nothing matters more
     return replace(
         f, severity=severity, saving_peak_bytes=int(peak_saving), saving_allocated_bytes=int(allocated),
         peak_added_bytes=int(peak_saving), allocated_bytes=int(allocated), change=None,

@@ -1,4 +1,4 @@
-"""memwarden diagnose FILE [--json] [--html OUT.html] [--config thresholds.toml]"""
+"""memwarden diagnose FILE [--json] [--html OUT.html] [--config thresholds.toml] [--budget SIZE]"""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--config", metavar="TOML", help="thresholds: [thresholds.<pattern-id>] name = value")
     p.add_argument("--pattern", action="append", help="run only this detector (repeatable)")
+    p.add_argument(
+        "--budget", metavar="SIZE", help="the memory the run must fit in (e.g. 6GiB): a fix that makes it fit is high"
+    )
     p.set_defaults(func=run)
 
 
@@ -57,10 +60,18 @@ def run(args: argparse.Namespace) -> int:
     for pattern in args.pattern or []:
         if pattern not in PATTERNS:
             raise InputError(f"unknown pattern {pattern!r} (known: {', '.join(PATTERNS)})")
+    budget = None
+    if args.budget is not None:
+        from memwarden.units import parse_bytes
+
+        try:
+            budget = parse_bytes(args.budget)
+        except ValueError as exc:
+            raise InputError(f"--budget {args.budget!r}: {exc}") from None
     trace = load_trace(args.file)
     # With --html the detectors' allocator replay records the heatmap's layout too: one replay.
     analysis = Analysis(trace, replay_history_columns=HEATMAP_COLUMNS if args.html else 0)
-    findings = diagnose(trace, thresholds, args.pattern, analysis=analysis)
+    findings = diagnose(trace, thresholds, args.pattern, analysis=analysis, budget_bytes=budget)
     data = report_json(analysis, findings)
     if args.html:
         write_report(trace, args.html, findings=findings, analysis=analysis)
