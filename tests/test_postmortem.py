@@ -121,7 +121,30 @@ def test_killed_from_outside_while_growing(script: Path, tmp_path: Path) -> None
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 137, err
-    _check(out, signal.SIGKILL)
+    trace = _check(out, signal.SIGKILL)
+    if trace.metadata["oom_killed"] is False:  # the counters were read and did not move: a hand kill
+        assert "died of memory" not in err and "not by the OOM killer" in err
+
+
+def test_a_hand_kill_is_not_an_oom() -> None:
+    """issue 41: a SIGKILL the OOM counters do not count is a kill, never "died of memory", even
+    after resident memory grew; an OOM the counters count is one; unreadable counters after growth
+    are a likely OOM, said as such."""
+    from memwarden.analyze.postmortem import died_of_memory, killed_lines
+    from memwarden.trace.model import TraceBuilder
+
+    def trace(oom: bool | None) -> memwarden.Trace:
+        meta = {"exit_signal": int(signal.SIGKILL), "oom_killed": oom,
+                "resident": {"samples": {"rss": [100 << 20, 200 << 20, 400 << 20]}}}  # fmt: skip
+        return TraceBuilder(metadata=meta).build()
+
+    assert died_of_memory(trace(False)) is None
+    assert killed_lines(trace(False)) == [
+        "memwarden: the script was killed by signal 9 (SIGKILL), not by the OOM killer (the kernel's OOM "
+        "counters did not move)"
+    ]
+    assert "OOM killer" in (died_of_memory(trace(True)) or "") and killed_lines(trace(True)) == []
+    assert "could not be read" in (died_of_memory(trace(None)) or "")
 
 
 def test_memory_error_is_explained(script: Path, tmp_path: Path) -> None:

@@ -1,9 +1,12 @@
 """What ``memwarden trace`` prints when the traced script dies of memory: a few lines on stderr,
 before the user opens anything.
 
-A run died of memory when its trace says so: ``metadata.failure`` (a ``MemoryError`` or
-``torch.OutOfMemoryError`` propagated), ``metadata.oom_killed`` true, or a signal after the
-resident size grew (the last resident sample at least 1.5x the first and the run's highest).
+A run died of memory when its trace says so, on evidence: ``metadata.failure`` (a ``MemoryError``
+or ``torch.OutOfMemoryError`` propagated) or ``metadata.oom_killed`` true (the kernel's or the
+cgroup's OOM counters moved). A signal after the resident size grew (the last resident sample at
+least 1.5x the first and the run's highest) is called a likely OOM only where the counters could not
+be read (``oom_killed`` None); where they were read and did not move, the run was killed by that
+signal, not by the OOM killer, and ``killed_lines`` says so.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from memwarden.analyze.timeline import summary
 from memwarden.trace.model import Trace
 from memwarden.units import format_bytes
 
-__all__ = ["died_of_memory", "failure_lines"]
+__all__ = ["died_of_memory", "failure_lines", "killed_lines"]
 
 
 def _resident_grew(meta: dict[str, Any]) -> bool:
@@ -34,9 +37,21 @@ def died_of_memory(trace: Trace) -> str | None:
     name = signal.Signals(sig).name if isinstance(sig, int) and sig in signal.Signals._value2member_map_ else sig
     if meta.get("oom_killed") is True:
         return f"{name} from the kernel's OOM killer"
-    if sig is not None and _resident_grew(meta):
-        return f"{name} after resident memory grew"
+    if sig is not None and meta.get("oom_killed") is None and _resident_grew(meta):
+        return f"{name} after resident memory grew; the kernel's OOM counters could not be read"
     return None
+
+
+def killed_lines(trace: Trace) -> list[str]:
+    """One line for a run a signal ended that did not die of memory (a hand ``kill -9``, a watchdog,
+    a segfault): which signal, and that the OOM counters say it was not the OOM killer."""
+    meta = trace.metadata
+    sig = meta.get("exit_signal")
+    if sig is None or died_of_memory(trace) is not None:
+        return []
+    name = signal.Signals(sig).name if isinstance(sig, int) and sig in signal.Signals._value2member_map_ else sig
+    why = "the kernel's OOM counters did not move" if meta.get("oom_killed") is False else "no memory error"
+    return [f"memwarden: the script was killed by signal {sig} ({name}), not by the OOM killer ({why})"]
 
 
 def _top(items: dict[str, int], n: int = 4) -> str:

@@ -161,7 +161,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _report(name: str, out: Path, trace: Any) -> int:
     from memwarden.analyze.analysis import Analysis
-    from memwarden.analyze.postmortem import failure_lines
+    from memwarden.analyze.postmortem import failure_lines, killed_lines
     from memwarden.units import format_bytes
 
     status = int(trace.metadata["exit_status"])
@@ -172,7 +172,7 @@ def _report(name: str, out: Path, trace: Any) -> int:
         f"wrote {out} ({s.events:,} events, peak {format_bytes(s.peak_bytes)}, weights {format_bytes(s.weights_bytes)})",
         file=sys.stderr,
     )
-    for line in failure_lines(trace):
+    for line in failure_lines(trace) or killed_lines(trace):
         print(line, file=sys.stderr)
     return status
 
