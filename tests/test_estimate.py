@@ -220,6 +220,16 @@ def test_cli_card_and_sweep(capsys: pytest.CaptureFixture[str]) -> None:
     assert "largest image 224x224" in capsys.readouterr().out
 
 
+def test_cli_exits_1_when_the_request_does_not_fit_the_device(capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 44: estimate with a device says "does not fit" through its exit status too (as partition
+    and check do); --json keeps the verdict."""
+    argv = ["llava-1.5-7b", "--dtype", "float32", "--prompt-tokens", "16", "--new-tokens", "1", "--no-suggest"]
+    assert _cli(*argv, "--device-profile", "raspberry-pi-5-8gb", "--json", "--quiet") == 1
+    assert json.loads(capsys.readouterr().out)["fits"] is False
+    assert _cli("llava", "--prompt-tokens", "12", "--new-tokens", "1", "--device-profile", "rtx-4060-8gb",
+                "--quiet") == 0  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

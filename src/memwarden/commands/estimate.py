@@ -180,4 +180,5 @@ def run(args: argparse.Namespace) -> int:
         print(card.to_markdown(devices[1:]))
     else:
         print(card_text(card, devices[1:]), end="")
-    return 0
+    # like partition and check: a device that the request does not fit is a failure a script can see
+    return 1 if devices and card.fits is False else 0
