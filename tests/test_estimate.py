@@ -241,7 +241,7 @@ def test_cli_exits_1_when_the_request_does_not_fit_the_device(capsys: pytest.Cap
         (["llava", "--prompt-tokens", "-5"], "prompt_tokens must be an integer >= 1"),
         (["llava", "--new-tokens", "0"], "new_tokens must be an integer >= 1"),
         (["llava", "--new-tokens", "x"], "--new-tokens takes an integer"),
-        (["llava", "--batch", "0"], "batch must be an integer >= 1"),
+        (["llava", "--batch", "0"], "--batch 0: give 1 to 4096 sequences per request"),
         (["llava", "--dtype", "int3"], "dtype must be one of"),
         (["llava", "--weights-dtype", "int3"], "weights_dtype must be one of"),
         (["qwen2-vl", "--image", "56x56", "--image", "56x56", "--prompt-tokens", "3"], "needs prompt_tokens >= 4"),

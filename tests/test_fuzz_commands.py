@@ -97,7 +97,9 @@ def test_every_threshold_a_detector_reads_has_a_rule() -> None:
     for pattern, module in PATTERNS.items():
         source = (ROOT / "src/memwarden/analyze/patterns" / f"{module}.py").read_text()
         read[pattern] = set(re.findall(r'ctx\.threshold\(\s*PATTERN,\s*"(\w+)"', source))
-    read["all"] = {"min_waste_fraction"}
+    diagnose_source = (ROOT / "src/memwarden/analyze/diagnose.py").read_text()
+    read["all"] = set(re.findall(r'ctx\.threshold\(\s*"all",\s*"(\w+)"', diagnose_source))
+    assert read["all"] == {"min_waste_fraction", "min_work_peaks"}
     assert {p: set(rules) for p, rules in THRESHOLDS.items() if rules or read.get(p)} == {
         p: names for p, names in read.items() if names
     }
@@ -176,7 +178,7 @@ def test_align_check_refuses_an_absurd_samples_per_frame(where: str, tmp_path: P
     log = tmp_path / "a.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in records))
     argv = ["align-check", str(log), *(["--audio-per-frame", "9" * 80] if where == "flag" else [])]
-    assert "audio_per_frame must be a positive number up to" in one_error_line(argv, capsys)
+    assert "audio_per_frame must be a number from 1 to" in one_error_line(argv, capsys)
 
 
 @pytest.mark.parametrize("url", ["expandable_segments:maybe", "127.0.0.1:99999"])

@@ -67,8 +67,8 @@ def test_findings_read_in_five_seconds(trace_file: str) -> None:
     blocks = re.split(r"\n(?=\d+\. (?:HIGH|MEDIUM|LOW) )", out)[1:]
     assert blocks, out
     for block in blocks:
-        assert re.search(r"adds [\d.]+ \w*B to the peak; allocates [\d.]+ \w*B over the run", block), block
-        fix = block.split("   fix ", 1)[1].split("   evidence", 1)[0]
+        assert re.search(r"the fix saves [\d.]+ \w*B at the peak and [\d.]+ \w*B of allocation", block), block
+        fix = block.split("   fix ", 1)[1].split("   at ", 1)[0].split("   evidence", 1)[0]
         assert len(fix.strip().splitlines()) <= 3, fix
         assert "{'" not in block and "[{" not in block  # evidence as a table, not a Python dict
 

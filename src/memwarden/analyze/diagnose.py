@@ -50,8 +50,11 @@ PATTERNS: dict[str, str] = {
     "untracked-host-memory": "untracked_host_memory",
 }
 
-# Findings that waste less than this share of the peak are not reported (any pattern).
+# A finding is reported when its fix lowers the peak by at least this share of it, or saves at
+# least DEFAULT_MIN_WORK_PEAKS peaks' worth of allocation over the run (wasted work: time, churn),
+# ranked after every finding that lowers the peak.
 DEFAULT_MIN_WASTE_FRACTION = 0.01
+DEFAULT_MIN_WORK_PEAKS = 0.05
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +150,7 @@ def diagnose(
     read_from(trace.metadata.get("cwd"))  # the script's relative source paths, for the line to change
     peak = ctx.summary.peak_bytes
     min_fraction = float(ctx.threshold("all", "min_waste_fraction", DEFAULT_MIN_WASTE_FRACTION))
-    min_work = float(ctx.threshold("all", "min_work_peaks", 1.0))
+    min_work = float(ctx.threshold("all", "min_work_peaks", DEFAULT_MIN_WORK_PEAKS))
     findings: list[Finding] = []
     for pattern in patterns or list(PATTERNS):
         if pattern not in PATTERNS:

@@ -13,7 +13,7 @@ from memwarden.units import format_bytes, format_us
 
 __all__ = ["answer_sentence", "phase_at"]
 
-_SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+MIN_CAUSE_SHARE = 0.01  # a finding is called the cause of the peak when its fix lowers it by this share
 
 
 def phase_at(analysis: Analysis, time_us: int) -> str | None:
@@ -54,10 +54,11 @@ def answer_sentence(analysis: Analysis, findings: list[Finding] | None) -> str:
     if not findings:
         return text + " No overflow pattern was found."
     top = min(findings, key=rank)
-    if top.saving_peak_bytes <= 0:  # nothing found lowers the peak: wasted work is no cause of it
+    if top.saving_peak_bytes < MIN_CAUSE_SHARE * s.peak_bytes:  # wasted work is no cause of the peak
         return (
-            f"{text} No finding lowers the peak; {top.pattern} in {top.where} allocates "
-            f"{format_bytes(allocated(top))} over the run that its fix saves. Fix: {fix_headline(top.fix)}"
+            f"{text} No finding lowers the peak by 1% or more; {top.pattern} in {top.where} saves "
+            f"{format_bytes(top.saving_peak_bytes)} at the peak and {format_bytes(allocated(top))} of allocation "
+            f"over the run. Fix: {fix_headline(top.fix)}"
         )
     return (
         f"{text} Biggest cause: {top.pattern} in {top.where}: its fix lowers the peak by "

@@ -24,7 +24,7 @@ EVIDENCE_ROWS = 8
 def headline(f: Finding) -> str:
     """Both numbers of the fix's counterfactual: how much lower the peak would be, and the
     allocation over the run it saves."""
-    return f"fix lowers the peak by {format_bytes(peak_added(f))}; saves {format_bytes(allocated(f))} allocated"
+    return f"the fix saves {format_bytes(peak_added(f))} at the peak and {format_bytes(allocated(f))} of allocation"
 
 
 def fix_at(f: Finding) -> str:
