@@ -60,7 +60,9 @@ def test_drop_free_and_scale_replay_the_run_without_them() -> None:
     assert s.saving_peak_bytes == 0 and s.saving_allocated_bytes == 0
 
 
-def _peak_and_findings(path: Path) -> tuple[int, list[Finding]]:
+def _captured(path: Path) -> Trace:
+    """A capture of the script run as ``memwarden trace`` runs it (as ``__main__``, its folder on
+    ``sys.path``), with one torch thread."""
     import torch
 
     saved_argv, threads = sys.argv[:], torch.get_num_threads()
@@ -75,7 +77,12 @@ def _peak_and_findings(path: Path) -> tuple[int, list[Finding]]:
         sys.path.remove(str(path.parent))
         torch.set_num_threads(threads)
     assert cap.trace is not None
-    return memwarden.summary(cap.trace).peak_bytes, diagnose(cap.trace)
+    return cap.trace
+
+
+def _peak_and_findings(path: Path) -> tuple[int, list[Finding]]:
+    trace = _captured(path)
+    return memwarden.summary(trace).peak_bytes, diagnose(trace)
 
 
 # (planted case, pattern): the twin ``<case>_fixed.py`` applies the fix the finding names
@@ -133,25 +140,11 @@ def test_a_fix_that_makes_the_run_fit_its_budget_is_high() -> None:
     peak is high when the budget lies between the peak and the peak without it (``diagnose
     --budget``, and the demo with its budget); against a budget the fix cannot reach, the peak
     share decides as before."""
-    path = REALWORLD / "concat_manual_past.py"
-    import torch
-
-    saved_argv, threads = sys.argv[:], torch.get_num_threads()
-    sys.argv = [str(path)]
-    sys.path.insert(0, str(path.parent))
-    torch.set_num_threads(1)
-    try:
-        with memwarden.capture() as run:
-            runpy.run_path(str(path), run_name="__main__")
-    finally:
-        sys.argv = saved_argv
-        sys.path.remove(str(path.parent))
-        torch.set_num_threads(threads)
-    assert run.trace is not None
-    peak = memwarden.summary(run.trace).peak_bytes
-    (g,) = [x for x in diagnose(run.trace) if x.pattern == "kv-concat-growth"]
+    trace = _captured(REALWORLD / "concat_manual_past.py")
+    peak = memwarden.summary(trace).peak_bytes
+    (g,) = [x for x in diagnose(trace) if x.pattern == "kv-concat-growth"]
     assert g.severity != "high" and g.saving_peak_bytes > 0
-    fits = [x for x in diagnose(run.trace, budget_bytes=peak - g.saving_peak_bytes // 2) if x.pattern == g.pattern]
+    fits = [x for x in diagnose(trace, budget_bytes=peak - g.saving_peak_bytes // 2) if x.pattern == g.pattern]
     assert fits[0].severity == "high"
-    short = [x for x in diagnose(run.trace, budget_bytes=peak - 2 * g.saving_peak_bytes) if x.pattern == g.pattern]
+    short = [x for x in diagnose(trace, budget_bytes=peak - 2 * g.saving_peak_bytes) if x.pattern == g.pattern]
     assert short[0].severity == g.severity

@@ -11,18 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from memwarden.capture.onnx.guard import vm_size
 from memwarden.errors import InputError
-
-
-def _vm_size() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _child(config: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +25,7 @@ def _child(config: dict[str, Any]) -> dict[str, Any]:
 
     feeds = [load_feeds(p) for p in config["feeds"]]
     settings = OrtSettings(**config["settings"])
-    cap = _vm_size() + int(config["memory_bytes"])
+    cap = vm_size() + int(config["memory_bytes"])
     if cap > int(config["memory_bytes"]):
         resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
     profile, _, outputs = _profiled_session(config["model"], feeds, settings, Path(config["workdir"]),

@@ -46,6 +46,7 @@ __all__ = [
     "load_checked",
     "max_tensor_bytes",
     "memory_limited",
+    "vm_size",
 ]
 
 MAX_MODEL_BYTES = 2 * 1024**3  # protobuf's own limit for one message
@@ -325,8 +326,8 @@ def memory_limited(extra_bytes: int, what: str) -> Iterator[None]:
         import resource
 
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        cap = _vm_size() + extra_bytes
-        if _vm_size() == 0 or (hard != resource.RLIM_INFINITY and cap > hard):
+        cap = vm_size() + extra_bytes
+        if vm_size() == 0 or (hard != resource.RLIM_INFINITY and cap > hard):
             raise ValueError
         if soft != resource.RLIM_INFINITY and soft < cap:
             cap = soft
@@ -346,7 +347,8 @@ def memory_limited(extra_bytes: int, what: str) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def _vm_size() -> int:
+def vm_size() -> int:
+    """This process's virtual size (``VmSize``), 0 where /proc does not say."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
