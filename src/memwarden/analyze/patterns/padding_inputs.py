@@ -84,6 +84,10 @@ def input_padding_findings(trace: Trace, ctx: Context, min_ratio: float) -> list
     if at_peak:
         wasted, severity, peak_added = at_peak[0]["waste_bytes"], None, at_peak[0]["waste_bytes"]
         severity = severity_for(wasted, peak_bytes)
+    elif scale_rows:
+        # The peak fell outside the padded forward (in its backward, say): the change below carries
+        # the shorter sequence through the backward, and diagnose() judges the saving it computes.
+        wasted, severity, peak_added = worst["waste_bytes"], "high", 0
     else:
         wasted, severity, peak_added = worst["waste_bytes"], "low", 0
     if wasted <= 0:
@@ -106,7 +110,9 @@ def input_padding_findings(trace: Trace, ctx: Context, min_ratio: float) -> list
     # call that fed them. The lines holding the most at the peak follow (the call, by its caller).
     shown = at_peak[0] if at_peak else worst
     made = input_lines(trace, int(shown["start_us"]), ctx.analysis.free_index)
-    gain = f"saves {format_bytes(wasted)}" + (" at the peak" if at_peak else " (not at the peak)")
+    gain = f"saves {format_bytes(wasted)}" + (
+        " at the peak" if at_peak else " in each padded forward, its backward too"
+    )
     fix = (
         f"The batches are padded to {', '.join(map(str, lengths))} positions outside torch (tokenizer or collator "
         f"padding='max_length'), but their longest row has {longest} tokens: pad each batch to its longest sequence "
