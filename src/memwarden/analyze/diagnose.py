@@ -66,8 +66,8 @@ class Finding:
     where: str  # module path / op
     evidence: dict[str, Any]  # the numbers that prove it
     fix: str  # a concrete change, naming the setting or memwarden feature, with the predicted saving
-    # The waste as two numbers a user can act on: bytes the pattern adds to the run's peak, and
-    # bytes it allocates over the run (repeated copies, recomputed work). -1: the detector does not say.
+    # The same numbers as saving_peak_bytes / saving_allocated_bytes (set by diagnose()), kept under
+    # their earlier names for users' code that reads them.
     peak_added_bytes: int = 0
     allocated_bytes: int = 0
     # The lines of the user's code the evidence came from, heaviest first: {file, line, nbytes}.
@@ -81,7 +81,8 @@ class Finding:
     change: Change | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(replace(self, change=None)).items() if k != "change"}
+        out = asdict(replace(self, change=None))
+        del out["change"]  # the replay's input, not a result
         return out
 
 
@@ -161,8 +162,8 @@ def diagnose(
             continue  # detector not built yet
         for f in detect(trace, ctx):
             f = _with_saving(ctx, f, budget_bytes)
-            # Negligible at the peak and not heavy over the run either: not reported. A finding that
-            # allocates at least the peak over the run stays, as the hint its severity says.
+            # Negligible at the peak and not heavy over the run either: not reported. A finding whose
+            # fix saves min_work_peaks of the peak in allocation stays, as the hint its severity says.
             if peak and f.saving_peak_bytes < min_fraction * peak and f.saving_allocated_bytes < min_work * peak:
                 continue
             if not f.lines:
