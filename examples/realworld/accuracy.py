@@ -6,7 +6,7 @@ must contain, at least one of them). A planted case counts as found when a findi
 (any severity) names one of the fix words; a clean case is clean when no finding is medium or high.
 
 Run: ``python examples/realworld/accuracy.py`` (add ``--json`` for the per-case results;
-``--corpus DIR`` scores another folder of cases, e.g. ``examples/postfreeze``; ``--cli`` runs each
+``--corpus DIR`` scores another folder of cases, e.g. ``examples/postfreeze``; ``--case TEXT`` keeps the cases whose name contains it; ``--cli`` runs each
 case through ``memwarden trace`` and ``memwarden diagnose --json`` in subprocesses, as documented). A planted case may
 mark the line the user must change with a trailing ``# MISTAKE`` comment; a found case then also
 counts whether the finding's first line (as ``diagnose --json`` gives it in ``lines``) is that one. Each case
@@ -157,7 +157,10 @@ def main() -> None:
     folder = Path(sys.argv[sys.argv.index("--corpus") + 1]).resolve() if "--corpus" in sys.argv else HERE
     results = []
     run = diagnose_case_cli if "--cli" in sys.argv else diagnose_case
+    only = sys.argv[sys.argv.index("--case") + 1] if "--case" in sys.argv else ""
     for case in cases(folder):
+        if only not in case.name:
+            continue
         results.append(verdict(case, run(case)))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     table = score(results)

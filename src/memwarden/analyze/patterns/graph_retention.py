@@ -36,11 +36,15 @@ from memwarden.analyze.diagnose import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, finding_lines, holder_line, merge_lines
 from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
+from memwarden.trace.sites import parse_line
 from memwarden.trace.steps import Step
 from memwarden.units import format_bytes
 
 PATTERN = "graph-retention"
-_EVIDENCE_STEPS = 64  # per-step lists in the evidence are cut to this many entries
+_EVIDENCE_STEPS = 64
+_SCALAR_BYTES = (
+    16  # a kept 0-d tensor (a loss) is at most this big  # per-step lists in the evidence are cut to this many entries
+)
 
 
 def _step_table(trace: Trace, steps: Sequence[Step]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
@@ -255,18 +259,20 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
             where=root,
             evidence=evidence,
             fix=fix,
-            lines=_lines(trace, ctx, peak_row, root, starts, ends, group, graphs_at_peak),
+            lines=_lines(trace, ctx, peak_row, root, starts, ends, group, graphs_at_peak, has_backward),
         )
     ]
 
 
 def _lines(
     trace: Trace, ctx: Context, peak_row: int, root: str, starts: np.ndarray, ends: np.ndarray,
-    group: np.ndarray, graphs_at_peak: np.ndarray,
+    group: np.ndarray, graphs_at_peak: np.ndarray, has_backward: bool,
 ) -> list[dict[str, object]]:  # fmt: skip
     """The line that keeps the oldest extra graph first (what the script made between that step
     and the next one of its root module, still live at the peak: ``total_loss += loss``), then the
-    lines the graphs' activations came from (the calls' lines)."""
+    lines the graphs' activations came from (the calls' lines). Without any backward, a kept result
+    larger than a scalar (features, predictions; a kept loss is a scalar, fixed by ``.item()`` where it
+    is kept) is fixed by ``no_grad`` around the call: the call's own line (the step's caller) comes first."""
     live = live_blocks_at(trace, peak_row, ctx.analysis.device, ctx.analysis.free_index)
     calls = finding_lines(trace, root, live, pattern=PATTERN)
     if len(graphs_at_peak) < 2:
@@ -276,9 +282,14 @@ def _lines(
     until = int(starts[later[0]]) if len(later) else int(trace.events["time_us"][peak_row])
     site = next((s.call_site for s in ctx.analysis.steps if s.start_us == int(starts[oldest])), None)
     holder = holder_line(trace, int(ends[oldest]) + 1, until - 1, live, site)
-    if holder is None:
+    first = [holder] if holder is not None else []
+    kept_result = holder is None or holder.nbytes > _SCALAR_BYTES  # not a logged loss (.item() fixes that)
+    if not has_backward and site is not None and kept_result:
+        call = parse_line(site)
+        first = [LineBytes(call.file, call.line, call.function, 0, 0), *first]
+    if not first:
         return calls
-    return merge_lines([holder], [_as_line(x) for x in calls])
+    return merge_lines(first, [_as_line(x) for x in calls])
 
 
 def _as_line(x: dict[str, object]) -> LineBytes:

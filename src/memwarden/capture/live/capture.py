@@ -227,7 +227,13 @@ class Capture:
     ) -> None:
         ctx = self._ctx_of(module)
         info = self._modules[ctx]
-        is_step = not self._stack and info.path == ""
+        # A step is an outermost call of a model; with autograd recording, also of a part of it the
+        # program calls directly (``model.get_image_features`` runs the vision tower and projector with
+        # no model call around them), whose graph is a step's graph. Under no_grad (generate) a part's
+        # call outside the model's is an internal of the next step, not a step.
+        is_step = not self._stack and (
+            info.path == "" or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
+        )
         fp = None
         if self.fingerprints and info.is_boundary:
             fp = fingerprint((args, kwargs), self._digests)
@@ -269,7 +275,7 @@ class Capture:
                 break
         if entry is not None and entry[0] == ctx and not entry[2] and kwargs:
             self._late_kwargs(module, entry, args, kwargs)
-        if not self._stack and self._modules[ctx].path == "":
+        if not self._stack and entry is not None and entry[0] == ctx and entry[3]:
             now = self._now()
             for t in cache_tensors(output):
                 self._log.tag(now, t, "kv_cache", "")
