@@ -194,6 +194,13 @@ class MemoryCard:
         """What the device loses at the peak: on CUDA the allocator's reserved peak, else the tensors'."""
         return int(self.runtime["reserved_peak_bytes"]) if self.runtime else self.peak_bytes
 
+    def fits_in(self, usable_bytes: int) -> bool:
+        """The verdict, the one every answer shares (the plain estimate's, ``--fit``'s search, a
+        sweep's table): what the device loses at the peak (on CUDA the allocator's reserved peak,
+        workspaces and reserve included) against what it leaves. ``build.apply_device`` sets
+        ``fits`` to this for the card's own device."""
+        return self.device_peak_bytes <= usable_bytes
+
     def verdict(self, usable_bytes: int) -> str:
         headroom = usable_bytes - self.device_peak_bytes
         if headroom < 0:
@@ -333,10 +340,13 @@ class MemoryCard:
 
 def fit_lines(fit: dict[str, Any]) -> list[str]:
     """The answer of ``--fit``: the largest value, its peak against the budget, the settings to type."""
-    out = [f"largest {fit['solve']} that fits: {fit['value']} (peak {format_bytes(fit['peak_bytes'])} of "
+    peak = "reserved peak" if fit.get("compared") == "reserved_peak_bytes" else "peak"
+    out = [f"largest {fit['solve']} that fits: {fit['value']} ({peak} {format_bytes(fit['peak_bytes'])} of "
            f"{format_bytes(fit['budget_bytes'])})"]  # fmt: skip
-    if fit.get("next_value") is not None:
-        out.append(f"next step {fit['next_value']}: peak {format_bytes(fit['next_peak_bytes'])}, does not fit")
+    if fit.get("next_refused"):
+        out.append(f"next step {fit['next_value']}: refused ({fit['next_refused']})")
+    elif fit.get("next_value") is not None:
+        out.append(f"next step {fit['next_value']}: {peak} {format_bytes(fit['next_peak_bytes'])}, does not fit")
     for where, text in (fit.get("settings") or {}).items():
         out.append(f"{where}: {text}")
     return out

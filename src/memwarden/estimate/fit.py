@@ -12,6 +12,13 @@ estimates (the first step, a cheap second one for the slope, the limit, the refu
 next to one that does not (or is refused), both run on the same estimator: about 4 estimates where the
 previous secant crept up from below in 5-22. A budget under the meta model's weights is refused
 before any request runs.
+
+"Fits" is the plain estimate's verdict (``MemoryCard.fits_in``), on the card ``estimate`` makes
+with the same device: on a CUDA device the peak compared is the allocator's reserved peak
+(workspaces and the caching allocator's reserve, replayed from each value's own allocations). That
+reserve does not grow smoothly with the setting (a Jetson's 0.5B batch of 374 reserved 0.57 GiB
+more than one of 375), so a CUDA search takes more estimates (8-12 for a batch) and its answer is
+a value that fits next to one that does not, as the search's bracket ends.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memwarden.errors import InputError
-from memwarden.estimate.card import MemoryCard, Request
+from memwarden.estimate.card import Device, MemoryCard, Request
 from memwarden.estimate.measure import card_for, refusal
 from memwarden.estimate.rerun import image_multiple, replace_request
 from memwarden.estimate.resolve import ResolvedModel
@@ -262,6 +269,11 @@ def _context_cap(resolved: ResolvedModel, solve: str, step: int, first: MemoryCa
     return max(1, int(room_x**0.5) if solve == "image" else int(room_x))
 
 
+def _compared(card: MemoryCard) -> str:
+    """Which peak the verdict compared: on a CUDA device the allocator's reserved peak, else the tensors'."""
+    return "reserved_peak_bytes" if card.runtime else "peak_bytes"
+
+
 def _weights_bytes(resolved: ResolvedModel, req: Request) -> int:
     """Bytes of the meta model's weights as the request holds them (tied tensors once): a lower
     bound of every peak, known without running a request."""
@@ -273,10 +285,17 @@ def _weights_bytes(resolved: ResolvedModel, req: Request) -> int:
 
 
 def solve_fit(
-    resolved: ResolvedModel, base: Request, budget_bytes: int, solve: str
+    resolved: ResolvedModel, base: Request, budget_bytes: int, solve: str, device: Device | None = None
 ) -> tuple[MemoryCard, dict[str, Any]]:
     """(the card of the largest fitting value, the ``fit`` block); InputError when even the
-    smallest step does not fit (without running a request when the weights alone do not)."""
+    smallest step does not fit (without running a request when the weights alone do not).
+
+    Every value tried is judged as the plain estimate judges it: its card is the one
+    ``estimate(..., device=device)`` makes (``card_for`` with the device: on CUDA the allocator's
+    reserved peak, workspaces and reserve included) and it fits when ``card.fits_in(budget)``. So
+    the answer, given back to ``estimate`` with the same device, fits, and the next step does not
+    (before, the search compared the tensors' peak and a CUDA device's reserve was left out: 3192 px
+    "fit" a Jetson Orin Nano that the plain estimate, 2.0 GiB of reserve later, said it did not)."""
     if solve not in SOLVES:
         raise InputError(f"--solve takes one of {', '.join(SOLVES)}; got {solve!r}")
     step, most = _grid(resolved, base, solve)
@@ -289,15 +308,17 @@ def solve_fit(
     cards: dict[int, MemoryCard] = {}
     refused: dict[int, str] = {}  # k -> why the model does not accept that value (past its context)
 
-    def peak(k: int) -> int | None:  # the peak of k steps; None: the model refuses that value
+    def peak(k: int) -> int | None:
+        """The bytes the verdict compares for k steps (``MemoryCard.fits_in``: the device's peak);
+        None: the model refuses that value."""
         try:
-            cards[k] = card_for(resolved, _request(base, solve, k * step))[0]
+            cards[k] = card_for(resolved, _request(base, solve, k * step), device)[0]
         except InputError as exc:
             if k == 1:
                 raise
             refused[k] = str(exc)
             return None
-        return cards[k].peak_bytes
+        return cards[k].device_peak_bytes
 
     def accepts(k: int) -> bool:
         why = refusal(resolved, _request(base, solve, k * step))
@@ -307,15 +328,20 @@ def solve_fit(
 
     probes = _Probes(peak, budget_bytes, accepts)
     if not probes.fits(1):
-        raise InputError(f"not even {solve} = {step} fits {budget_bytes} bytes (peak {cards[1].peak_bytes} bytes)")
+        raise InputError(
+            f"not even {solve} = {step} fits {budget_bytes} bytes ({_compared(cards[1])} {cards[1].device_peak_bytes} bytes)"
+        )
     cap = _context_cap(resolved, solve, step, cards[1], base)
     lo, hi = _search(probes, top, cap, quadratic=solve == "image")
     card = cards[lo]
-    next_peak = cards[hi].peak_bytes if hi is not None and hi in cards else None
+    # the search's own comparison is the card's verdict: nothing else decides "fits"
+    assert card.fits_in(budget_bytes) and (hi is None or hi not in cards or not cards[hi].fits_in(budget_bytes))
+    next_peak = cards[hi].device_peak_bytes if hi is not None and hi in cards else None
     req = card.request or base
     block = {
-        "solve": solve, "value": lo * step, "peak_bytes": card.peak_bytes, "budget_bytes": int(budget_bytes),
+        "solve": solve, "value": lo * step, "peak_bytes": card.device_peak_bytes, "budget_bytes": int(budget_bytes),
         "next_value": hi * step if hi is not None else None, "next_peak_bytes": next_peak,
+        "compared": _compared(card), "tensor_peak_bytes": card.peak_bytes,
         "settings": settings(solve, lo * step, req, card),
         "estimates_run": len(cards) + len(set(refused) - probes.checked), "acceptance_checks": len(probes.checked),
     }  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Any
 
 from memwarden.errors import InputError
 
-__all__ = ["MAX_PROCESSOR_INT", "read_json", "read_processor_settings"]
+__all__ = ["MAX_PROCESSOR_INT", "read_json", "read_processor_file", "read_processor_settings"]
 
 _FILES = ("preprocessor_config.json", "processor_config.json")
 _MAX_BYTES = 1024**2  # real ones are under 2 KiB
@@ -47,16 +47,26 @@ def read_processor_settings(folder: Path) -> dict[str, Any] | None:
         path = folder / name
         if not path.is_file():
             continue
-        data = read_json(path, _MAX_BYTES, "processor config")
-        if name == "processor_config.json" and isinstance(data, dict):
-            data = data.get("image_processor")  # transformers 5 keeps each part's settings under its name
-            if data is None:
-                continue
-        if not isinstance(data, dict):
-            raise InputError(f"{path}: not a processor config (its image settings are not an object)")
-        _check(data, path, "", 0)
-        return {k: v for k, v in data.items() if k not in _NOT_SETTINGS and not str(k).startswith("_")}
+        settings = read_processor_file(path, parts=name == "processor_config.json")
+        if settings is not None:
+            return settings
     return None
+
+
+def read_processor_file(path: Path, *, parts: bool = False) -> dict[str, Any] | None:
+    """The image processor's settings in one file: a ``preprocessor_config.json`` (or one of the
+    published ones memwarden ships beside its configs, ``models/configs/processors/``); with ``parts``
+    a ``processor_config.json``, whose image settings are under ``image_processor`` (None: it has none).
+    Keys that name classes or code, and memwarden's own ``_`` notes, are dropped."""
+    data = read_json(path, _MAX_BYTES, "processor config")
+    if parts and isinstance(data, dict):
+        data = data.get("image_processor")  # transformers 5 keeps each part's settings under its name
+        if data is None:
+            return None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a processor config (its image settings are not an object)")
+    _check(data, path, "", 0)
+    return {k: v for k, v in data.items() if k not in _NOT_SETTINGS and not str(k).startswith("_")}
 
 
 def _check(value: Any, path: Path, where: str, depth: int) -> None:

@@ -1,22 +1,32 @@
 """Resolving MODEL: a zoo name (``llava``, ``qwen2-vl:small``), a named real model (a
-config.json shipped in ``memwarden/models/configs``) or the path of a config.json or of a
-folder holding one, into a transformers config and the model class that runs it."""
+config.json shipped in ``memwarden/models/configs``, by its name or by the Hub id its model card
+shows, ``Qwen/Qwen2-VL-2B-Instruct``, in any case) or the path of a config.json or of a folder
+holding one, into a transformers config and the model class that runs it.
+
+A named model takes the image processor settings its published checkpoint ships
+(``configs/processors/NAME.json``: its preprocessor_config.json, kept as data), as
+``from_pretrained`` of its Hub id would; a name that is none of these gets the nearest names
+(difflib) in its error."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import math
 from pathlib import Path
 from typing import Any
 
 from memwarden.errors import InputError
 from memwarden.estimate.checkpoint import CheckpointTensors, read_checkpoint
-from memwarden.estimate.processor_file import read_json, read_processor_settings
+from memwarden.estimate.processor_file import read_json, read_processor_file, read_processor_settings
 from memwarden.estimate.quantized import Scheme, parse_scheme
 
-__all__ = ["CONFIG_DIR", "ResolvedModel", "model_names", "resolve_model"]
+__all__ = ["CONFIG_DIR", "ResolvedModel", "hub_ids", "model_names", "resolve_model", "shipped_name"]
 
 CONFIG_DIR = Path(__file__).parent.parent / "models" / "configs"
+PROCESSOR_DIR = CONFIG_DIR / "processors"  # NAME.json: the published preprocessor_config.json's settings
+HUB_IDS_FILE = CONFIG_DIR / "hub_ids.toml"
 
 
 # -- model names ------------------------------------------------------------------------------
@@ -27,6 +37,49 @@ def model_names() -> dict[str, list[str]]:
     from memwarden.models import zoo
 
     return {"zoo": list(zoo.NAMES), "real": sorted(p.stem for p in CONFIG_DIR.glob("*.json"))}
+
+
+@functools.lru_cache(maxsize=1)
+def hub_ids() -> dict[str, str]:
+    """Hub id (as the model card spells it) -> shipped config name (``configs/hub_ids.toml``)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    data = tomllib.loads(HUB_IDS_FILE.read_text())
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def shipped_name(model: str) -> str | None:
+    """The shipped config ``model`` names: its own name, its Hub id (``org/name``) or the name part of
+    one, in any case (the Hub's ids are case-insensitive); None when it names none."""
+    names = {n.lower(): n for n in model_names()["real"]}
+    key = model.strip().lower()
+    if key in names:
+        return names[key]
+    ids = {hub.lower(): name for hub, name in hub_ids().items()}
+    if key in ids:
+        return ids[key]
+    if "/" not in key:  # "Qwen2-VL-2B-Instruct": a Hub id without its org, when only one id ends so
+        found = {name for hub, name in ids.items() if hub.rpartition("/")[2] == key}
+        if len(found) == 1:
+            return found.pop()
+    return None
+
+
+def _near_misses(model: str) -> list[str]:
+    """The names closest to ``model`` (difflib), spelled as a user types them: Hub ids, shipped and zoo names."""
+    from memwarden.models import zoo
+
+    spelled = {hub.lower(): hub for hub in hub_ids()}
+    spelled |= {n.lower(): n for n in (*model_names()["real"], *zoo.NAMES)}
+    key = model.strip().lower()
+    found = difflib.get_close_matches(key, list(spelled), n=3, cutoff=0.75)
+    if not found and "/" in key:  # the org mistyped or another one's: match the name part
+        tails = {k.rpartition("/")[2]: k for k in spelled if "/" in k}
+        found = [tails[t] for t in difflib.get_close_matches(key.rpartition("/")[2], list(tails), n=3, cutoff=0.75)]
+    return [spelled[k] for k in found]
 
 
 class ResolvedModel:
@@ -78,8 +131,8 @@ def resolve_model(model: str) -> ResolvedModel:
             model, zoo.build_config(name, size), zoo.spec(name, size).model_class, f"zoo:{name}:{size}"
         )
     named = CONFIG_DIR / f"{model}.json"
-    if named.is_file():
-        return _from_file(named, model)
+    if "/" not in model and "\\" not in model and named.is_file():  # a name, never a path into the folder
+        return _shipped(model)
     path = Path(model).expanduser()
     if path.is_dir():
         folder = path
@@ -95,11 +148,26 @@ def resolve_model(model: str) -> ResolvedModel:
         if path.name == "config.json":  # a checkpoint's config.json: its processor settings beside it
             resolved.processor_settings = read_processor_settings(path.parent)
         return resolved
+    # a local folder named like a Hub id (a download's --local-dir) is the user's and came first
+    shipped = shipped_name(model)
+    if shipped is not None:
+        return _shipped(shipped)
     names = model_names()
+    near = _near_misses(model)
+    hint = f" (did you mean {' or '.join(repr(n) for n in near)}?)" if near else ""
     raise InputError(
-        f"unknown model {model!r}; valid names: zoo {', '.join(names['zoo'])}; real {', '.join(names['real'])}; "
-        "or the path of a config.json (or of a folder holding one)"
+        f"unknown model {model!r}{hint}; valid names: zoo {', '.join(names['zoo'])}; real {', '.join(names['real'])} "
+        "(or their Hub ids, e.g. Qwen/Qwen2-VL-2B-Instruct); or the path of a config.json (or of a folder holding one)"
     )
+
+
+def _shipped(name: str) -> ResolvedModel:
+    """A shipped config, with the image processor settings of its published checkpoint where it ships them."""
+    resolved = _from_file(CONFIG_DIR / f"{name}.json", name)
+    published = PROCESSOR_DIR / f"{name}.json"
+    if published.is_file():
+        resolved.processor_settings = read_processor_file(published)
+    return resolved
 
 
 _MAX_CONFIG_BYTES = 4 * 1024**2  # real config.json files are a few KiB

@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from memwarden.errors import InputError, MemwardenError
 from memwarden.estimate.card import MemoryCard, Request
 from memwarden.estimate.measure import Progress, card_for, check_request
 from memwarden.estimate.rerun import image_multiple, replace_request, rerun_suggestions
-from memwarden.estimate.resolve import CONFIG_DIR, resolve_model
+from memwarden.estimate.resolve import CONFIG_DIR, resolve_model, shipped_name
 from memwarden.estimate.suggest import rank_suggestions
 
 __all__ = ["SweepResult", "estimate", "load_device", "parse_image", "parse_video", "sweep"]
@@ -82,7 +83,10 @@ def _user_config(model: Any) -> bool:
     from memwarden.models import zoo
 
     name = str(model).partition(":")[0]
-    return name not in zoo.NAMES and not (CONFIG_DIR / f"{model}.json").is_file()
+    if name in zoo.NAMES or (CONFIG_DIR / f"{model}.json").is_file():
+        return False
+    # a shipped config by its Hub id, unless a local path of that name (the user's) comes first
+    return Path(str(model)).expanduser().exists() or shipped_name(str(model)) is None
 
 
 def parse_image(text: str) -> tuple[int, int]:
@@ -170,8 +174,8 @@ def _fit(
     resolved: Any, req: Request, fit: Any, solve: str | None, profile: Any, progress: Progress | None
 ) -> MemoryCard:
     """``fit`` (a byte count, a size like ``6GiB``, a device id or profile): the card of the largest
-    ``solve`` value whose peak fits it, with the ``fit`` block."""
-    from memwarden.estimate.build import apply_device
+    ``solve`` value whose peak fits it, with the ``fit`` block. Each value is judged on the device
+    (``fit``'s, else ``profile``) exactly as ``estimate(..., device=...)`` judges it."""
     from memwarden.estimate.fit import solve_fit
     from memwarden.units import parse_bytes
 
@@ -188,13 +192,16 @@ def _fit(
         except (InputError, ValueError):
             budget_device = load_device(fit)
     if budget_device is not None:
+        if profile is not None and profile.id != budget_device.id:
+            raise InputError(
+                f"--fit names the device {budget_device.id} and --device-profile {profile.id}: give one device "
+                "(or a byte budget with --fit, judged on the --device-profile)"
+            )
         budget = int(budget_device.usable_bytes)
-        profile = profile or budget_device
+        profile = budget_device
     if progress is not None:
         progress(f"solving the largest {solve} that fits", 0.1)
-    card, block = solve_fit(resolved, req, budget, solve)
-    if profile is not None:
-        apply_device(card, profile)
+    card, block = solve_fit(resolved, req, budget, solve, profile)
     card.fit = block
     return card
 
@@ -215,13 +222,28 @@ _SWEEP_AUDIO_SECONDS = (1.0, 5.0, 10.0, 20.0, 30.0)
 
 
 class SweepResult:
-    """Cards along each swept axis (image sizes, prompt lengths, audio lengths) and, per device,
-    the largest point of each axis that fits."""
+    """Cards along each swept axis (image sizes, prompt lengths, audio lengths), each point's
+    verdict per device (the card ``estimate(..., device=d)`` makes of it), and per device the
+    largest point of each axis that fits."""
 
-    def __init__(self, model: str, axes: dict[str, list[tuple[Any, MemoryCard]]], devices: list[Any]) -> None:
+    def __init__(
+        self,
+        model: str,
+        axes: dict[str, list[tuple[Any, MemoryCard]]],
+        devices: list[Any],
+        judged: dict[str, list[dict[str, MemoryCard]]] | None = None,
+    ) -> None:
         self.model = model
         self.axes = axes
         self.devices = devices
+        # axis -> per point: device id -> that point's card on the device (its verdict, its device peak)
+        self.judged = judged if judged is not None else {a: [{} for _ in points] for a, points in axes.items()}
+
+    def fits(self, axis: str, index: int, device: Any) -> bool:
+        """Whether point ``index`` of ``axis`` fits ``device``: the plain estimate's verdict
+        (``MemoryCard.fits_in``; on CUDA the reserved peak), where the sweep judged that device."""
+        card = self.judged[axis][index].get(device.id) or self.axes[axis][index][1]
+        return card.fits_in(int(device.usable_bytes))
 
     def limits(self) -> dict[str, dict[str, Any]]:
         """device id -> axis -> the largest value that fits (None when none does)."""
@@ -229,16 +251,23 @@ class SweepResult:
         for d in self.devices:
             out[d.id] = {}
             for axis, points in self.axes.items():
-                fitting = [value for value, card in points if card.peak_bytes <= d.usable_bytes]
+                fitting = [value for i, (value, _card) in enumerate(points) if self.fits(axis, i, d)]
                 out[d.id][axis] = fitting[-1] if fitting else None
         return out
+
+    def _point_json(self, axis: str, index: int) -> dict[str, Any]:
+        value, card = self.axes[axis][index]
+        devices = {}
+        for d in self.devices:  # the peak each verdict compared (on CUDA the reserved peak)
+            judged = self.judged[axis][index].get(d.id) or card
+            devices[d.id] = {"fits": self.fits(axis, index, d), "peak_bytes": judged.device_peak_bytes}
+        return {"value": list(value) if isinstance(value, tuple) else value, "card": card.to_json(), "devices": devices}
 
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model,
             "axes": {
-                axis: [{"value": list(v) if isinstance(v, tuple) else v, "card": c.to_json()} for v, c in points]
-                for axis, points in self.axes.items()
+                axis: [self._point_json(axis, i) for i in range(len(points))] for axis, points in self.axes.items()
             },
             "devices": [{"id": d.id, "name": d.name, "usable_bytes": int(d.usable_bytes)} for d in self.devices],
             "limits": {
@@ -304,10 +333,39 @@ def sweep(
     )
     check_request(replace_request(base, images=base.images[:1]))
     cards: dict[str, list[tuple[Any, MemoryCard]]] = {}
+    judged: dict[str, list[dict[str, MemoryCard]]] = {}
     field_of = {"image": "images", "prompt_tokens": "prompt_tokens", "audio_seconds": "audio_seconds"}
     for axis, values in axes.items():
-        cards[axis] = []
+        cards[axis], judged[axis] = [], []
         for value in values:
             req = replace_request(base, **{field_of[axis]: (value,) if axis == "image" else value})
-            cards[axis].append((value, card_for(resolved, req)[0]))
-    return SweepResult(resolved.name, cards, profiles)
+            card, on_devices = _judged(resolved, req, profiles)
+            cards[axis].append((value, card))
+            judged[axis].append(on_devices)
+    return SweepResult(resolved.name, cards, profiles, judged)
+
+
+def _judged(resolved: Any, req: Request, devices: list[Any]) -> tuple[MemoryCard, dict[str, MemoryCard]]:
+    """(the card of ``req``, device id -> the card ``estimate(..., device=d)`` makes of it).
+
+    On a CUDA device the verdict needs the request's own allocation sequence (the allocator's
+    reserve is replayed from it), so that card is ``card_for`` with the device, as the plain
+    estimate makes it. Elsewhere ``card_for`` with a device only applies it to the device-free card
+    (``build.apply_device``), so that is done here without running the request again."""
+    import dataclasses
+
+    from memwarden.estimate.build import apply_device
+    from memwarden.estimate.cuda_runtime import is_cuda
+
+    judged = {d.id: card_for(resolved, req, d)[0] for d in devices if is_cuda(d)}
+    first = next(iter(judged.values()), None)
+    if first is None:
+        card = card_for(resolved, req)[0]
+    else:  # the same run's card without the device (the tensors' peak does not depend on it)
+        card = dataclasses.replace(first, runtime=None, usable_bytes=None, fits=None, headroom_bytes=None,
+                                   limit=None, device=None, device_id=None)  # fmt: skip
+    for d in devices:
+        if not is_cuda(d):
+            judged[d.id] = dataclasses.replace(card)
+            apply_device(judged[d.id], d)
+    return card, judged

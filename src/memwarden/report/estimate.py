@@ -33,9 +33,9 @@ def sweep_text(result: SweepResult, markdown: bool) -> str:
     for axis, points in result.axes.items():
         header = [_AXIS_LABELS[axis], "peak", *names]
         rows = []
-        for value, card in points:
+        for i, (value, card) in enumerate(points):
             shown = f"{value[0]}x{value[1]}" if isinstance(value, tuple) else f"{value:g}"
-            cells = ["fits" if card.peak_bytes <= d.usable_bytes else "no" for d in result.devices]
+            cells = ["fits" if result.fits(axis, i, d) else "no" for d in result.devices]  # estimate's own verdict
             rows.append([shown, format_bytes(card.peak_bytes), *cells])
         if markdown:
             lines.append("| " + " | ".join(header) + " |")
