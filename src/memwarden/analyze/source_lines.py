@@ -19,7 +19,10 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["SourceLine", "argument_line", "call_lines", "keeper_line", "read_from", "rebinding_line", "script_files"]
+__all__ = [
+    "SourceLine", "argument_line", "call_lines", "holding_line", "keeper_line", "read_from", "rebinding_line",
+    "script_files",
+]  # fmt: skip
 
 _MAX_SOURCE_BYTES = 4 << 20
 _STORE_METHODS = frozenset({"append", "extend", "insert", "add", "update", "setdefault", "appendleft", "put"})
@@ -280,6 +283,26 @@ def rebinding_line(file: str, line: int, depth: int = 4) -> SourceLine | None:
         if not calls:
             return None
         line = calls[-1].line
+    return None
+
+
+def holding_line(file: str, line: int, function: str, scripts: list[str], depth: int = 4) -> SourceLine | None:
+    """The line of the user's script that asked for the value made at ``file:line`` (in
+    ``function``) and keeps it: up through helpers (a ``return helper(...)``, a function of another
+    file of the user's folder such as a frame decoder) to the script's calling statement, then that
+    statement's keeper (``frames.append(...)``) or the statement itself (``frames = [decode(i) for
+    i in ...]``)."""
+    for _ in range(depth):
+        tree = _tree(file) if file in scripts else None
+        found = _enclosing_body(tree, line) if tree is not None else None
+        if tree is not None and found is not None and not isinstance(found[1], ast.Return):
+            return keeper_line(file, line) or SourceLine(file, found[1].lineno, "keeps")
+        if tree is not None:
+            function = _function_of(tree, line) or ""
+        calls = [c for script in scripts for c in call_lines(script, function) if (c.file, c.line) != (file, line)]
+        if not calls:
+            return None
+        file, line = calls[0].file, calls[0].line
     return None
 
 

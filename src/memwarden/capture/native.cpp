@@ -17,6 +17,11 @@
 
 #include <torch/extension.h>
 
+// numpy's data-memory handler API (NumPy >= 1.22), compiled against the numpy installed beside
+// torch: arrays' data made while a capture runs pass through numpy_malloc and friends below.
+#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+#include <numpy/arrayobject.h>
+
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -535,6 +540,107 @@ struct RecordingAllocator final : public c10::Allocator {
 
 RecordingAllocator g_recording_allocator;
 
+// -- numpy's data allocations -------------------------------------------------------------------
+// Decoded video frames, a processor's pixel buffers and audio waveforms live in numpy arrays, whose
+// data numpy allocates itself: invisible to the CPU allocator wrapper above. While a capture runs
+// this module is numpy's data-memory handler (PyDataMem_SetHandler, a context variable: the
+// capturing thread's arrays, not those of threads started elsewhere). Every call goes through to
+// the handler it replaced (numpy's default keeps its small-block cache); blocks of at least
+// g_np_min bytes are logged as ALLOC/FREE rows like a tensor's, their op named "(numpy)".
+// An array made during the capture keeps this handler for its free, so the functions stay valid
+// after the capture (they only pass through then).
+PyDataMem_Handler* g_np_inner = nullptr;  // the handler replaced (numpy's default: static, never freed)
+PyObject* g_np_previous = nullptr;        // its capsule, restored at numpy_stop (owned)
+size_t g_np_min = 4096;
+constexpr const char* kNumpyOp = "(numpy)";
+
+void np_note_alloc(void* p, size_t size) {
+  if (p == nullptr || size < g_np_min || !g_recording.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  int64_t id = g_next_id++;
+  g_live[reinterpret_cast<int64_t>(p)] = Live{id, static_cast<int64_t>(size), g_events.size()};
+  push_event(kAlloc, reinterpret_cast<int64_t>(p), static_cast<int64_t>(size), id);
+  g_events.back().op_outer = g_events.back().op_inner = intern_op(kNumpyOp);
+}
+
+void np_note_free(void* p) {
+  if (p == nullptr || !g_recording.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_live.find(reinterpret_cast<int64_t>(p));
+  if (it == g_live.end()) return;  // below g_np_min, or made before the capture
+  push_event(kFree, it->first, it->second.nbytes, it->second.id);
+  g_live.erase(it);
+}
+
+void* np_malloc(void*, size_t size) {
+  void* p = g_np_inner->allocator.malloc(g_np_inner->allocator.ctx, size);
+  np_note_alloc(p, size);
+  return p;
+}
+
+void* np_calloc(void*, size_t nelem, size_t elsize) {
+  void* p = g_np_inner->allocator.calloc(g_np_inner->allocator.ctx, nelem, elsize);
+  np_note_alloc(p, nelem * elsize);
+  return p;
+}
+
+void* np_realloc(void*, void* ptr, size_t size) {
+  void* p = g_np_inner->allocator.realloc(g_np_inner->allocator.ctx, ptr, size);
+  if (p != nullptr) {  // on failure the old block stays valid
+    np_note_free(ptr);
+    np_note_alloc(p, size);
+  }
+  return p;
+}
+
+void np_free(void*, void* ptr, size_t size) {
+  np_note_free(ptr);
+  g_np_inner->allocator.free(g_np_inner->allocator.ctx, ptr, size);
+}
+
+PyDataMem_Handler g_np_handler = {"memwarden", 1, {nullptr, np_malloc, np_calloc, np_realloc, np_free}};
+
+// Install the handler on this thread's context; false where numpy's C API cannot be imported.
+bool numpy_start(int64_t min_bytes) {
+  if (g_np_previous != nullptr) return true;
+  if (_import_array() < 0) {
+    PyErr_Clear();
+    return false;
+  }
+  PyObject* capsule = PyCapsule_New(&g_np_handler, "mem_handler", nullptr);
+  if (capsule == nullptr) throw py::error_already_set();
+  PyObject* previous = PyDataMem_SetHandler(capsule);
+  Py_DECREF(capsule);  // the context variable holds it now
+  if (previous == nullptr) throw py::error_already_set();
+  auto* inner = static_cast<PyDataMem_Handler*>(PyCapsule_GetPointer(previous, "mem_handler"));
+  if (inner == nullptr || inner == &g_np_handler) {
+    PyErr_Clear();
+    Py_XDECREF(PyDataMem_SetHandler(previous));
+    Py_DECREF(previous);
+    return false;
+  }
+  g_np_inner = inner;
+  g_np_previous = previous;
+  g_np_min = static_cast<size_t>(min_bytes < 1 ? 1 : min_bytes);
+  return true;
+}
+
+void numpy_stop() {
+  if (g_np_previous == nullptr) return;
+  PyObject* ours = PyDataMem_SetHandler(g_np_previous);
+  Py_XDECREF(ours);
+  // g_np_previous stays referenced (and g_np_inner valid): arrays made during the capture free
+  // through np_free, which calls it.
+  g_np_previous = nullptr;
+}
+
+// Whether a block at this address is being recorded (a numpy array's data that torch.from_numpy
+// wraps is already in the log: not a foreign storage too).
+bool recorded(int64_t ptr) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_live.find(ptr) != g_live.end();
+}
+
 // Bytes of data a tensor carries: an expanded view carries only its storage.
 int64_t data_bytes(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return 0;
@@ -945,6 +1051,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "memwarden CPU allocation recorder";
   m.def("start", &start, py::arg("record_ops") = true);
   m.def("stop", &stop);
+  m.def("numpy_start", &numpy_start, py::arg("min_bytes") = 4096);
+  m.def("numpy_stop", &numpy_stop);
+  m.def("recorded", &recorded);
   m.def("enter", &enter);
   m.def("exit", &exit_ctx);
   m.def("fast_register", &fast_register);

@@ -54,7 +54,10 @@ def _build_dir() -> Path:
 
 
 def _digest() -> str:
-    return hashlib.sha256(_SOURCE.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()[:12]
+    import numpy  # its headers are compiled in (the data-memory handler): a new numpy, a new build
+
+    text = _SOURCE.read_bytes() + " ".join(_CFLAGS).encode() + numpy.__version__.encode()
+    return hashlib.sha256(text).hexdigest()[:12]
 
 
 def _module_name() -> str:
@@ -86,6 +89,7 @@ def load(verbose: bool = False) -> ModuleType:
         return module
     directory.mkdir(parents=True, exist_ok=True)
     try:
+        import numpy
         from torch.utils import cpp_extension
 
         return cpp_extension.load(
@@ -93,6 +97,7 @@ def load(verbose: bool = False) -> ModuleType:
             sources=[str(_SOURCE)],
             build_directory=str(directory),
             extra_cflags=_CFLAGS,
+            extra_include_paths=[numpy.get_include()],
             verbose=verbose,
         )
     except Exception as exc:  # compiler missing, headers missing, ...

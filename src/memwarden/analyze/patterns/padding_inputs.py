@@ -23,11 +23,15 @@ import numpy as np
 
 from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.diagnose import Context, Finding, severity_for
-from memwarden.analyze.lines import input_lines, merge_lines
+from memwarden.analyze.lines import LineBytes, input_lines, merge_lines
+from memwarden.analyze.source_lines import argument_line, call_lines
 from memwarden.trace.model import Category, Trace
+from memwarden.trace.sites import parse_line
 from memwarden.units import format_bytes
 
 __all__ = ["input_padding_findings"]
+
+_PADDING_KEYWORDS = ("padding", "max_length", "pad_to_multiple_of")
 
 _STAYS = np.array([Category.WEIGHT, Category.BUFFER, Category.GRADIENT, Category.OPTIMIZER_STATE], dtype=np.uint8)
 _MIN_PAD_POSITIONS = 8  # positions beyond the longest row: fewer is rounding, not a padding policy
@@ -110,6 +114,20 @@ def input_padding_findings(trace: Trace, ctx: Context, min_ratio: float) -> list
     # call that fed them. The lines holding the most at the peak follow (the call, by its caller).
     shown = at_peak[0] if at_peak else worst
     made = input_lines(trace, int(shown["start_us"]), ctx.analysis.free_index)
+    # Where the width is chosen comes first: the call that passes padding="max_length" / max_length=.
+    begun = [st for st in ctx.analysis.steps if st.start_us <= int(shown["start_us"])]  # the call it fed
+    site = max(begun, key=lambda st: st.start_us).call_site if begun else None
+    if site:
+        call = parse_line(site)
+        chosen = argument_line(call.file, call.line, _PADDING_KEYWORDS)
+        if chosen is not None:
+            made = [LineBytes(chosen.file, chosen.line, chosen.what, 0, 0), *made]
+        elif (
+            made
+            and made[0].function != call.function
+            and any(c.line == call.line for c in call_lines(call.file, made[0].function))
+        ):  # model(**collate(rows)): the batch is asked for where the model is called
+            made = [LineBytes(call.file, call.line, call.function, 0, 0), *made]
     gain = f"saves {format_bytes(wasted)}" + (
         " at the peak" if at_peak else " in each padded forward, its backward too"
     )

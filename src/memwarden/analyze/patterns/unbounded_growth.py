@@ -22,6 +22,8 @@ their own patterns judge them). An iteration is a step (a root module call) when
 steps, else one survivor.
 
 Waste: the bytes the line keeps; growth per iteration: those bytes over the iterations they span.
+The fix is computed for the container bounded to the last ``bound_iterations`` (4) iterations'
+blocks, the size the fix names: an LRU of 4 images, a deque of 4 turns.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
     bins = int(ctx.threshold(PATTERN, "bins", 4))
     min_bins = int(ctx.threshold(PATTERN, "min_bins", 3))
     min_blocks = int(ctx.threshold(PATTERN, "min_blocks", 4))
+    bound = max(1, int(ctx.threshold(PATTERN, "bound_iterations", 4)))  # the fix's container size
     e = trace.events
     device = ctx.analysis.device
     allocs = np.flatnonzero((e["action"] == Action.ALLOC) & (e["device"] == device) & (e["line"] >= 0))
@@ -67,13 +70,15 @@ def detect(trace: Trace, ctx: Context) -> list[Finding]:
         occupied = np.unique(which)
         if len(occupied) < min_bins or occupied[-1] != bins - 1:
             continue
-        finding = _finding(trace, int(line_id), kept, step_starts, peak)
+        finding = _finding(trace, int(line_id), kept, step_starts, peak, bound)
         if finding is not None:
             findings.append(finding)
     return findings
 
 
-def _finding(trace: Trace, line_id: int, kept: np.ndarray, step_starts: np.ndarray, peak: int) -> Finding | None:
+def _finding(
+    trace: Trace, line_id: int, kept: np.ndarray, step_starts: np.ndarray, peak: int, bound: int
+) -> Finding | None:
     e = trace.events
     kept_bytes = int(e["nbytes"][kept].sum())
     if len(step_starts):
@@ -81,6 +86,7 @@ def _finding(trace: Trace, line_id: int, kept: np.ndarray, step_starts: np.ndarr
         iterations = int(len(np.unique(steps)))
         unit = "step"
     else:
+        steps = np.arange(len(kept))
         iterations = len(kept)
         unit = "iteration"
     if iterations < 2:
@@ -98,9 +104,18 @@ def _finding(trace: Trace, line_id: int, kept: np.ndarray, step_starts: np.ndarr
         "first_kept_us": int(e["time_us"][kept[0]]),
         "last_kept_us": int(e["time_us"][kept[-1]]),
     }
+    # The fix as a change: the container bounded to the newest ``bound`` iterations (an LRU, a deque
+    # with maxlen): what an iteration kept is dropped when the one ``bound`` iterations later keeps its own.
+    first_of = {int(k): int(kept[np.argmax(steps == k)]) for k in np.unique(steps)}
+    order = sorted(first_of)
+    evicted_at = {order[i]: first_of[order[i + bound]] for i in range(len(order) - bound)}
+    dropped = np.array([k in evicted_at for k in steps.tolist()], dtype=bool)
+    free_at = np.array([evicted_at[k] for k in steps[dropped].tolist()], dtype=np.int64)
+    evidence["bound_iterations"] = bound
     fix = (f"{label} ({src.function}) keeps {format_bytes(per_iteration)} more every {unit} and never gives it back "
            f"({format_bytes(kept_bytes)} over {iterations} {unit}s): keep only what you need (.detach(), .item(), "
-           f".cpu() of a slice) or bound the container (collections.deque(maxlen=N), functools.lru_cache(maxsize=N))")  # fmt: skip
+           f".cpu() of a slice) or bound the container to the last {bound} (an LRU: collections.OrderedDict with "
+           f"popitem(last=False), collections.deque(maxlen={bound}), functools.lru_cache(maxsize={bound}))")  # fmt: skip
     return Finding(
         pattern=PATTERN,
         severity=severity_for(kept_bytes, peak),
@@ -112,6 +127,5 @@ def _finding(trace: Trace, line_id: int, kept: np.ndarray, step_starts: np.ndarr
         peak_added_bytes=kept_bytes,
         allocated_bytes=kept_bytes,
         lines=[{"file": src.file, "line": src.line, "nbytes": kept_bytes}],
-        # the fix keeps what it needs (a number, a bounded window): each kept block gone once made
-        change=Change(free_rows=kept[:-1], free_at=kept[:-1] + 1),
+        change=Change(free_rows=kept[dropped], free_at=free_at),
     )

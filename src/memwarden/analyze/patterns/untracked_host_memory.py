@@ -1,5 +1,17 @@
 """untracked-host-memory: memory the process holds outside torch's allocator.
 
+Two sources, the first measured block by block:
+
+- **numpy arrays' data.** ``memwarden trace`` is numpy's data-memory handler while it records
+  (``metadata.numpy_recorded``): every numpy block of 4 KiB or more is a row of the trace, op
+  ``(numpy)``, at the user's line that made it. The pattern holds when one line's numpy blocks live
+  at the peak number at least ``min_blocks`` (4: a collection — decoded frames, a preprocessed
+  dataset — not one waveform the model reads) and hold at least ``min_bytes`` (16 MiB) and
+  ``min_share`` (0.2) of the peak. The fix streams them: each block is freed when the next one of
+  its line is made, and the replay of that gives the saving. The line is the script's statement
+  that asked for them (up through helpers: a frame decoder, ``return decode(...)``) and keeps them.
+- **everything else** (PIL images, a C library's buffers), from the resident samples below.
+
 Decoded video frames kept as numpy arrays, PIL images, a processor's numpy buffers, a dataset read
 whole into memory: none of it passes through torch's allocator, so a trace of tensors alone says
 the run peaked at 300 MiB while the kernel killed it at 2 GiB. ``memwarden trace`` samples the
@@ -24,12 +36,16 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.diagnose import Context, Finding
-from memwarden.analyze.lines import lines_of_rows, merge_lines
-from memwarden.trace.model import Trace
+from memwarden.analyze.lines import LineBytes, lines_of_rows, merge_lines
+from memwarden.analyze.source_lines import holding_line, script_files
+from memwarden.trace.model import Action, Trace
+from memwarden.trace.sites import parse_line
 from memwarden.units import format_bytes
 
 PATTERN = "untracked-host-memory"
+NUMPY_OP = "(numpy)"  # the op of numpy's data blocks in a live trace (capture/native.cpp)
 
 
 def _ints(values: Any, n: int) -> np.ndarray:
@@ -40,6 +56,69 @@ def _ints(values: Any, n: int) -> np.ndarray:
 
 
 def detect(trace: Trace, ctx: Context) -> list[Finding]:
+    found = _numpy_held(trace, ctx)
+    return found if found else _resident_growth(trace, ctx)
+
+
+def _numpy_held(trace: Trace, ctx: Context) -> list[Finding]:
+    """numpy blocks of one user line live at the peak, many of them: the data a script holds."""
+    min_bytes = int(ctx.threshold(PATTERN, "min_bytes", 16 << 20))
+    min_share = float(ctx.threshold(PATTERN, "min_share", 0.2))
+    min_blocks = int(ctx.threshold(PATTERN, "min_blocks", 4))
+    if NUMPY_OP not in trace.strings or not trace.num_events:
+        return []
+    e = trace.events
+    live = ctx.analysis.live_bytes
+    peak_row = int(np.argmax(live))
+    peak = int(live[peak_row])
+    free = ctx.analysis.free_index
+    rows = np.flatnonzero(
+        (e["op"] == trace.strings.index(NUMPY_OP)) & (e["action"] == Action.ALLOC)
+        & (e["device"] == ctx.analysis.device) & (e["line"] >= 0)
+    )  # fmt: skip
+    rows = rows[(rows <= peak_row) & (free[rows] > peak_row)]
+    if not len(rows):
+        return []
+    keys, inverse = np.unique(e["line"][rows], return_inverse=True)
+    held = np.bincount(inverse, weights=e["nbytes"][rows].astype(np.float64))
+    counts = np.bincount(inverse)
+    k = int(np.argmax(np.where(counts >= min_blocks, held, -1)))
+    group, nbytes = rows[inverse == k], int(held[k])
+    if counts[k] < min_blocks or nbytes < min_bytes or nbytes < min_share * max(peak, 1):
+        return []
+    # Streamed: every block of the line (made up to the peak) freed when the next one is made.
+    made = np.flatnonzero((e["line"] == keys[k]) & (e["op"] == e["op"][group[0]]) & (e["action"] == Action.ALLOC))
+    made = made[made <= peak_row]
+    next_made = made[1:]
+    sooner = free[made[:-1]] > next_made
+    change = Change(free_rows=made[:-1][sooner], free_at=next_made[sooner])
+    site = parse_line(trace.strings[int(keys[k])])
+    scripts = script_files([s.call_site or "" for s in ctx.analysis.steps]) or [site.file]
+    holder = holding_line(site.file, site.line, site.function, scripts)
+    lines = [LineBytes(holder.file, holder.line, holder.what, nbytes, 0)] if holder is not None else []
+    lines.append(LineBytes(site.file, site.line, site.function, nbytes, int(counts[k])))
+    where = "numpy arrays"
+    fix = (
+        f"{int(counts[k])} numpy arrays ({format_bytes(nbytes)}: decoded frames, images, a preprocessed dataset) "
+        f"made at {site.file}:{site.line} are all held at the peak, outside torch: decode or load only what "
+        f"the model reads (sample frame indices before decoding, e.g. decord's get_batch), or stream them one at "
+        f"a time and del each once it is a tensor"
+    )
+    evidence: dict[str, Any] = {
+        "numpy_blocks_at_peak": int(counts[k]),
+        "numpy_bytes_at_peak": nbytes,
+        "peak_bytes": peak,
+        "made_at": f"{site.file}:{site.line}",
+    }
+    return [
+        Finding(
+            pattern=PATTERN, severity="high", bytes_at_peak=nbytes, wasted_bytes=nbytes, where=where,
+            evidence=evidence, fix=fix, lines=merge_lines(lines), change=change,
+        )
+    ]  # fmt: skip
+
+
+def _resident_growth(trace: Trace, ctx: Context) -> list[Finding]:
     min_bytes = int(ctx.threshold(PATTERN, "min_bytes", 32 << 20))
     min_share = float(ctx.threshold(PATTERN, "min_share", 0.2))
     resident = trace.metadata.get("resident")

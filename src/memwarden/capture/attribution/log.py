@@ -93,6 +93,7 @@ class CaptureLog:
     # (t_ns, inputs.mask_padding) of an outermost call whose attention mask pads its batch
     call_padding: list[tuple[int, dict[str, int]]] = field(default_factory=list)
     clock: Callable[[], int] | None = None
+    recorded: Callable[[int], bool] | None = None  # the recorder logs a block at this address (numpy's data)
     _foreign_live: dict[int, StorageRecord] = field(default_factory=dict, repr=False)
     _finder: ForeignFinder = field(default_factory=ForeignFinder, repr=False)
 
@@ -135,6 +136,8 @@ class CaptureLog:
         if found is None or found[1] == 0:
             return
         ptr = found[0]
+        if self.recorded is not None and self.recorded(ptr):  # numpy's data, logged as it was made
+            return
         for known in (self.preexisting_storages.get(ptr), self.mapped_storages.get(ptr), self._foreign_live.get(ptr)):
             if known is not None and known.freed_ns is None:
                 return

@@ -103,6 +103,9 @@ def _gc_objects(recorder: Any = None) -> list[Any]:
     return list(itertools.compress(objects, map(classes.__contains__, map(type, objects))))
 
 
+NUMPY_MIN_BYTES = 4096  # numpy data blocks at least this big are recorded (smaller ones churn, and add little)
+
+
 class Capture:
     """Context manager recording every allocation of the enclosed PyTorch code."""
 
@@ -369,6 +372,9 @@ class Capture:
             self._log.preexisting(t, self._maps)
         self.sites.apply(self._native)
         self._native.start(self.record_ops)
+        numpy_start = getattr(self._native, "numpy_start", None)  # numpy arrays' data, from here on
+        self.metadata["numpy_recorded"] = bool(numpy_start is not None and numpy_start(NUMPY_MIN_BYTES))
+        self._log.recorded = getattr(self._native, "recorded", None)
         self._active = True
         _ACTIVE.append(self)
         if self.stream_to is not None:
@@ -455,6 +461,9 @@ class Capture:
         if streamer is not None:
             streamer.close()
         self._native.stop()
+        numpy_stop = getattr(self._native, "numpy_stop", None)
+        if numpy_stop is not None:
+            numpy_stop()
         drained = self._native.drain()
         self.metadata.setdefault("capture", "memwarden-native-cpu")
         self.metadata.setdefault("torch_version", torch.__version__)
