@@ -3,6 +3,7 @@ error line each, before anything is sized by the file."""
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import sys
@@ -15,6 +16,7 @@ from memwarden.estimate.checkpoint import MAX_HEADER_BYTES, MAX_TENSORS, read_ch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_fuzz_checkpoint as campaign  # noqa: E402
 import bench_fuzz_onnx as hostile  # noqa: E402
 
 
@@ -110,3 +112,38 @@ def test_batch_is_bounded(batch: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["estimate", "qwen2-vl-2b-instruct", "--batch", batch]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--batch" in err and "1 to 4096" in err
+
+
+# -- the structured fuzz campaign (benchmarks/bench_fuzz_checkpoint.py), a bounded budget ------------
+
+
+def test_fuzz_campaign_short_run() -> None:
+    """A short run of the checkpoint-folder campaign through ``memwarden estimate``: no traceback,
+    no hang (a 120 s watchdog: a guard, not a timing), no escape sequence on the terminal."""
+    report = campaign.run(40, seed=7, hang_s=120)
+    assert report["tracebacks"] == report["hangs"] == report["escape_leaks"] == 0, report["examples"]
+    assert sum(report["outcomes"].values()) == 40
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="estimate/resolve.py puts transformers' own message into the error as it is: a multi-line "
+    "validation error, an escape sequence from the config, a size field's value as it is (found by "
+    "bench_fuzz_checkpoint.py, seed 0); open: resolve.py is not this change's to edit",
+)
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("rms_norm_eps", "[/bold]"), ("torch_dtype", hostile.ESC), ("num_attention_heads", hostile.ESC)],
+)
+def test_config_transformers_rejects_is_one_safe_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: str
+) -> None:
+    from memwarden.cli import main
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**campaign.CONFIG, field: value}))
+    status = main(["estimate", str(folder), "--no-suggest"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1 and "\x1b" not in err, err
