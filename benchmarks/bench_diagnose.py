@@ -14,7 +14,9 @@ import time
 
 import numpy as np
 
-from memwarden.analyze.diagnose import PATTERNS, Context, _detector, diagnose
+from memwarden.analyze.diagnose import PATTERNS, diagnose
+from memwarden.analyze.finding import Context
+from memwarden.analyze.patterns import DETECTORS
 from memwarden.trace.model import Action, Trace
 
 
@@ -65,7 +67,7 @@ def main() -> None:
     _ = ctx.summary
     for pattern in PATTERNS:
         start = time.perf_counter()
-        _detector(pattern)(trace, ctx)
+        DETECTORS[pattern](ctx)
         per_pattern[pattern] = round(time.perf_counter() - start, 3)
     start = time.perf_counter()
     findings = diagnose(trace)

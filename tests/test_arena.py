@@ -236,13 +236,13 @@ def naive_place(order: list[int], first: np.ndarray, last: np.ndarray, sizes: np
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=random_traces())
 def test_indexed_placement_equals_the_quadratic_reference(trace):
-    from memwarden.plan.arena.index import _OverlapIndex
+    from memwarden.plan.arena.index import OverlapIndex
     from memwarden.plan.arena.plan import _size_order
 
     life = lifetimes(trace)
     sizes = -(-life.nbytes // 64) * 64
     order = _size_order(life, sizes)
-    got = _OverlapIndex(life.first, life.last).place(order, sizes).tolist()
+    got = OverlapIndex(life.first, life.last).place(order, sizes).tolist()
     assert got == naive_place(order, life.first, life.last, sizes)
 
 
@@ -254,10 +254,10 @@ def test_indexed_placement_equals_the_reference_on_a_long_trace():
     first[:4] = 0
     last[:4] = last.max()  # whole-trace records
     sizes = rng.integers(1, 40, n) * 64
-    from memwarden.plan.arena.index import _OverlapIndex
+    from memwarden.plan.arena.index import OverlapIndex
 
     order = np.lexsort((np.arange(n), first, -sizes)).tolist()
-    got = _OverlapIndex(first, last).place(order, sizes).tolist()
+    got = OverlapIndex(first, last).place(order, sizes).tolist()
     assert got == naive_place(order, first, last, sizes)
 
 

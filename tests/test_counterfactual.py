@@ -22,7 +22,8 @@ import pytest
 import memwarden
 from memwarden.analyze.analysis import Analysis
 from memwarden.analyze.counterfactual import Change, saving
-from memwarden.analyze.diagnose import Finding, diagnose
+from memwarden.analyze.diagnose import diagnose
+from memwarden.analyze.finding import Finding
 from memwarden.trace.model import Action, Category, Trace, TraceBuilder
 
 REALWORLD = Path(__file__).resolve().parents[1] / "examples" / "realworld"

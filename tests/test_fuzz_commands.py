@@ -3,6 +3,7 @@ short run of the fuzzer itself: every hostile input ends in one error line and a
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from memwarden.analyze.diagnose import PATTERNS
+from memwarden.analyze.patterns import DETECTORS
 from memwarden.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,8 +95,8 @@ def test_every_threshold_a_detector_reads_has_a_rule() -> None:
     from memwarden.analyze.thresholds import THRESHOLDS
 
     read: dict[str, set[str]] = {}
-    for pattern, module in PATTERNS.items():
-        source = (ROOT / "src/memwarden/analyze/patterns" / f"{module}.py").read_text()
+    for pattern, detect in DETECTORS.items():
+        source = Path(inspect.getsourcefile(detect) or "").read_text()
         read[pattern] = set(re.findall(r'ctx\.threshold\(\s*PATTERN,\s*"(\w+)"', source))
     diagnose_source = (ROOT / "src/memwarden/analyze/diagnose.py").read_text()
     read["all"] = set(re.findall(r'ctx\.threshold\(\s*"all",\s*"(\w+)"', diagnose_source))

@@ -352,3 +352,61 @@ def test_package_subpackages_do_not_shadow_the_functions() -> None:
 def test_lazy_names_resolve_to_their_defining_module(name: str) -> None:
     value = getattr(memwarden, name)
     assert value.__module__.startswith(("memwarden.runtime.", "memwarden.capture.onnx."))
+
+
+def _all_imports(path: Path, name: str) -> list[tuple[ast.ImportFrom, str, bool]]:
+    """Every ``from memwarden... import`` in the module, lazy ones included: (node, absolute module,
+    under ``if TYPE_CHECKING``)."""
+    is_pkg = path.name == "__init__.py"
+    found: list[tuple[ast.ImportFrom, str, bool]] = []
+
+    def visit(node: ast.AST, typing_only: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for inner in child.body:
+                    visit_one(inner, True)
+                for inner in child.orelse:
+                    visit_one(inner, typing_only)
+                continue
+            visit_one(child, typing_only)
+
+    def visit_one(child: ast.AST, typing_only: bool) -> None:
+        if isinstance(child, ast.ImportFrom):
+            base = _absolute(child, name, is_pkg)
+            if base.startswith("memwarden"):
+                found.append((child, base, typing_only))
+        visit(child, typing_only)
+
+    visit(ast.parse(path.read_text()), False)
+    return found
+
+
+def test_no_private_name_imported_from_another_module() -> None:
+    """A ``_name`` is its module's own: another module importing it couples to an internal (a
+    private submodule, ``from pkg import _read``, is a module and is fine)."""
+    mods = modules()
+    wrong = []
+    for name, path in mods.items():
+        for node, base, _typing in _all_imports(path, name):
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{base}.{alias.name}" not in mods:
+                    wrong.append(f"{name}: from {base} import {alias.name}")
+    assert wrong == []
+
+
+def test_no_import_cycle_through_type_checking_imports() -> None:
+    """Imports under ``if TYPE_CHECKING`` never run, but a cycle through them is still a cycle in
+    the design: the types of one module would depend on the other's and back."""
+    mods = modules()
+    edges = {m: set(targets) - {"torch"} for m, targets in graph().items()}
+    for name, path in mods.items():
+        for node, base, typing_only in _all_imports(path, name):
+            if typing_only:
+                for alias in node.names:
+                    target = f"{base}.{alias.name}" if f"{base}.{alias.name}" in mods else base
+                    while target not in mods and "." in target:
+                        target = target.rsplit(".", 1)[0]
+                    if target != name:
+                        edges[name].add(target)
+    assert _cycles(edges) == []

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memwarden.analyze.diagnose import Context, Finding, diagnose
+from memwarden.analyze.diagnose import diagnose
+from memwarden.analyze.finding import Context, Finding
 from memwarden.analyze.patterns import alignment_padding, kv_concat_growth, kv_reprefill, vision_token_dominance
 from memwarden.analyze.timeline import summary
 from memwarden.trace.io import load
@@ -215,7 +216,7 @@ def detect(module: object, trace: Trace, **thresholds: object) -> list[Finding]:
         kv_reprefill: "kv-reprefill",
         vision_token_dominance: "vision-token-dominance",
     }[module]  # type: ignore[index]
-    return module.detect(trace, Context(trace=trace, thresholds={pattern: thresholds}))  # type: ignore[attr-defined]
+    return module.detect(Context(trace=trace, thresholds={pattern: thresholds}))  # type: ignore[attr-defined]
 
 
 def _weights(tb: Blocks, nbytes: int = 1 << 20) -> int:

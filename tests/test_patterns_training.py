@@ -21,7 +21,8 @@ import pytest
 import torch
 
 import memwarden
-from memwarden.analyze.diagnose import Context, diagnose
+from memwarden.analyze.diagnose import diagnose
+from memwarden.analyze.finding import Context
 from memwarden.analyze.patterns import dequant_temporaries, fragmentation, graph_retention, load_spike
 from memwarden.analyze.timeline import summary
 from memwarden.models import zoo
@@ -142,7 +143,7 @@ class _Trace:
 
 
 def _run(detector, trace: Trace, **thresholds):
-    return detector.detect(trace, Context(trace=trace, thresholds=thresholds))
+    return detector.detect(Context(trace=trace, thresholds=thresholds))
 
 
 def _training(microbatch_sum: bool) -> Trace:

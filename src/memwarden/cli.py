@@ -2,45 +2,76 @@
 
 Each subcommand lives in ``memwarden.commands.<name>`` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to a
-callable ``(args) -> int`` (the exit status).
+callable ``(args) -> int`` (the exit status); ``COMMAND_MODULES`` lists them,
+imported by name, in the order of ``memwarden --help``.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any, Protocol
 
+from memwarden.commands import (
+    align_check,
+    check,
+    compare,
+    demo,
+    devices,
+    diagnose,
+    doctor,
+    estimate,
+    export,
+    lora,
+    partition,
+    plan,
+    replay,
+    report,
+    stress,
+    summary,
+    sweep,
+    telemetry,
+    top,
+    trace,
+)
 from memwarden.commands._help import describe, flag_names
 from memwarden.errors import MemwardenError
-from memwarden.trace.model import TraceFormatError
+
+
+class Command(Protocol):
+    """A subcommand: a module of ``memwarden.commands`` whose ``register`` adds its parser to the
+    subparsers and sets ``func`` to a callable ``(args) -> int`` (the exit status)."""
+
+    def register(self, subparsers: Any) -> None: ...
+
 
 # Order is the order of `memwarden --help`.
-COMMANDS = [
-    "demo",
-    "trace",
-    "summary",
-    "diagnose",
-    "check",
-    "report",
-    "export",
-    "replay",
-    "plan",
-    "estimate",
-    "devices",
-    "telemetry",
-    "stress",
-    "top",
-    "sweep",
-    "doctor",
-    "align_check",
-    "lora",
-    "compare",
-    "partition",
-]
+COMMAND_MODULES: tuple[Command, ...] = (
+    demo,
+    trace,
+    summary,
+    diagnose,
+    check,
+    report,
+    export,
+    replay,
+    plan,
+    estimate,
+    devices,
+    telemetry,
+    stress,
+    top,
+    sweep,
+    doctor,
+    align_check,
+    lora,
+    compare,
+    partition,
+)
+COMMANDS = [m.__name__.rsplit(".", 1)[-1] for m in COMMAND_MODULES]  # type: ignore[attr-defined]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,14 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"memwarden {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"memwarden.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"memwarden.commands.{name}":
-                continue  # command not built yet
-            raise
-        module.register(sub)
+    for command in COMMAND_MODULES:
+        command.register(sub)
     helps = {choice.dest: choice.help for choice in sub._choices_actions}
     for name, subparser in sub.choices.items():
         describe(name, subparser, helps.get(name))
@@ -110,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
     except BrokenPipeError:
         return _closed_pipe()
-    except (MemwardenError, TraceFormatError) as exc:
+    except MemwardenError as exc:
         message = flag_names(str(exc)) if args.command == "estimate" else str(exc)  # the API's names, as flags
         print(f"memwarden {args.command}: error: {message}", file=sys.stderr)
         return getattr(exc, "exit_code", 2)

@@ -1,121 +1,43 @@
 """Pattern detectors over a Trace: Findings with evidence and a fix.
 
 Each detector lives in ``analyze/patterns/<module>.py`` and is a pure function
-``detect(trace: Trace, ctx: Context) -> list[Finding]``, registered in
-``PATTERNS`` below with the pattern id of DESIGN.md. Thresholds are defaults a
-user can override from a TOML file (``[thresholds.<pattern-id>]``); a finding
-whose waste is negligible against the peak is dropped here, in one place.
+``detect(ctx: Context) -> list[Finding]`` (``ctx.trace`` is the trace, ``ctx.analysis`` what is
+computed once for all of them), listed in ``analyze/patterns.DETECTORS`` under the pattern id of
+DESIGN.md. Thresholds are defaults a user can override from a TOML file
+(``[thresholds.<pattern-id>]``); a finding whose fix saves a negligible share of the peak is dropped
+here, in one place, and each finding's saving is computed here from its change.
 """
 
 from __future__ import annotations
-
-import importlib
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
-from collections.abc import Callable
-from dataclasses import InitVar, asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from memwarden.analyze.analysis import Analysis
-from memwarden.analyze.counterfactual import Change, saving
+from memwarden.analyze.counterfactual import saving
+from memwarden.analyze.finding import SEVERITIES, Context, Finding, severity_for
 from memwarden.analyze.lines import finding_lines
+from memwarden.analyze.patterns import DETECTORS
 from memwarden.analyze.source_lines import read_from
 from memwarden.analyze.thresholds import check_thresholds
-from memwarden.analyze.timeline import Summary, live_blocks_at
+from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Trace
 
-SEVERITIES = ("high", "medium", "low")
-
-# pattern id -> module under memwarden.analyze.patterns exposing detect(trace, ctx)
-PATTERNS: dict[str, str] = {
-    "alignment-padding": "alignment_padding",
-    "kv-reprefill": "kv_reprefill",
-    "kv-concat-growth": "kv_concat_growth",
-    "graph-retention": "graph_retention",
-    "dequant-temporaries": "dequant_temporaries",
-    "fragmentation": "fragmentation",
-    "load-spike": "load_spike",
-    "vision-token-dominance": "vision_token_dominance",
-    "unbounded-growth": "unbounded_growth",
-    "retained-outputs": "retained_outputs",
-    "two-models-alive": "two_models_alive",
-    "full-logits": "full_logits",
-    "request-multiplier": "request_multiplier",
-    "untracked-host-memory": "untracked_host_memory",
-}
+# The pattern ids of DESIGN.md, in the order the detectors run (analyze/patterns/__init__.py).
+PATTERNS: tuple[str, ...] = tuple(DETECTORS)
 
 # A finding is reported when its fix lowers the peak by at least this share of it, or saves at
 # least DEFAULT_MIN_WORK_PEAKS peaks' worth of allocation over the run (wasted work: time, churn),
 # ranked after every finding that lowers the peak.
 DEFAULT_MIN_WASTE_FRACTION = 0.01
 DEFAULT_MIN_WORK_PEAKS = 0.05
-
-
-@dataclass(frozen=True, kw_only=True)
-class Finding:
-    pattern: str
-    severity: str  # high | medium | low
-    bytes_at_peak: int  # bytes this pattern holds at the trace's peak
-    wasted_bytes: int  # bytes the fix removes (peak, reserved, or repeated work, as evidence says)
-    where: str  # module path / op
-    evidence: dict[str, Any]  # the numbers that prove it
-    fix: str  # a concrete change, naming the setting or memwarden feature, with the predicted saving
-    # The same numbers as saving_peak_bytes / saving_allocated_bytes (set by diagnose()), kept under
-    # their earlier names for users' code that reads them.
-    peak_added_bytes: int = 0
-    allocated_bytes: int = 0
-    # The lines of the user's code the evidence came from, heaviest first: {file, line, nbytes}.
-    # A detector that knows them sets them; otherwise diagnose() finds them from ``where``.
-    lines: list[dict[str, Any]] = field(default_factory=list)
-    # The fix as a counterfactual, computed by diagnose() from ``change`` (the trace replayed with
-    # the fix applied, analyze/counterfactual.py) or given by a detector that re-ran the step:
-    # how much lower the peak would be, and the bytes the fixed run no longer allocates.
-    saving_peak_bytes: int = 0
-    saving_allocated_bytes: int = 0
-    change: Change | None = field(default=None, repr=False, compare=False)
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(replace(self, change=None))
-        del out["change"]  # the replay's input, not a result
-        return out
-
-
-@dataclass
-class Context:
-    """What every detector may need: the trace's shared ``Analysis`` (summary, device, free index,
-    steps, replays, each computed once for all detectors and the report) and the user's thresholds.
-
-    ``shared``: an Analysis already built for ``trace`` (the report's); without one, one is made.
-    """
-
-    trace: Trace
-    thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)
-    shared: InitVar[Analysis | None] = None
-    analysis: Analysis = field(init=False)
-
-    def __post_init__(self, shared: Analysis | None) -> None:
-        if shared is not None and shared.trace is not self.trace:
-            raise ValueError("the Analysis given belongs to another trace")
-        self.analysis = shared if shared is not None else Analysis(self.trace)
-
-    @property
-    def summary(self) -> Summary:
-        return self.analysis.summary
-
-    def threshold(self, pattern: str, name: str, default: Any) -> Any:
-        return self.thresholds.get(pattern, {}).get(name, default)
-
-
-def severity_for(wasted_bytes: int, peak_bytes: int, high: float = 0.2, medium: float = 0.05) -> str:
-    """high when the waste is >= 20% of the peak, medium >= 5%, else low (defaults)."""
-    share = wasted_bytes / peak_bytes if peak_bytes else 0.0
-    return "high" if share >= high else "medium" if share >= medium else "low"
 
 
 def load_thresholds(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -125,11 +47,6 @@ def load_thresholds(path: str | Path) -> dict[str, dict[str, Any]]:
     if unknown_keys := sorted(set(data) - {"thresholds"}):
         raise ValueError(f"unknown key(s) {unknown_keys}; a thresholds file holds [thresholds.<pattern-id>] tables")
     return check_thresholds(data.get("thresholds", {}))  # every name, type and range checked
-
-
-def _detector(pattern: str) -> Callable[[Trace, Context], list[Finding]]:
-    module = importlib.import_module(f"memwarden.analyze.patterns.{PATTERNS[pattern]}")
-    return module.detect
 
 
 def diagnose(
@@ -156,11 +73,7 @@ def diagnose(
     for pattern in patterns or list(PATTERNS):
         if pattern not in PATTERNS:
             raise ValueError(f"unknown pattern {pattern!r} (known: {', '.join(PATTERNS)})")
-        try:
-            detect = _detector(pattern)
-        except ModuleNotFoundError:
-            continue  # detector not built yet
-        for f in detect(trace, ctx):
+        for f in DETECTORS[pattern](ctx):
             f = _with_saving(ctx, f, budget_bytes)
             # Negligible at the peak and not heavy over the run either: not reported. A finding whose
             # fix saves min_work_peaks of the peak in allocation stays, as the hint its severity says.

@@ -61,9 +61,18 @@ THRESHOLDS: dict[str, dict[str, Threshold]] = {
     "two-models-alive": {"min_old_share": _fraction()},
     "full-logits": {"min_positions": _count(lo=1)},
     "request-multiplier": {},
-    "untracked-host-memory": {"min_bytes": _count(), "min_share": Threshold(integer=False, lo=0.0, hi=1e6)},
+    "untracked-host-memory": {
+        "min_bytes": _count(),
+        "min_share": Threshold(integer=False, lo=0.0, hi=1e6),
+        "min_blocks": _count(lo=1),
+    },
     # bins cut the run into equal parts; each one is an array the detector builds
-    "unbounded-growth": {"bins": _count(lo=1, hi=1000), "min_bins": _count(lo=1, hi=1000), "min_blocks": _count()},
+    "unbounded-growth": {
+        "bins": _count(lo=1, hi=1000),
+        "min_bins": _count(lo=1, hi=1000),
+        "min_blocks": _count(),
+        "bound_iterations": _count(lo=1),  # the size of the bounded container the fix is computed for
+    },
 }
 
 

@@ -18,18 +18,21 @@ becomes ALLOC/FREE rows with the op ``(external storage)``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from memwarden.capture.live.procmaps import FileMappings
 
-if TYPE_CHECKING:
-    from memwarden.capture.attribution.log import CaptureLog
-
-__all__ = ["EXTERNAL_OP", "ForeignFinder", "is_foreign", "registration_hooks"]
+__all__ = ["EXTERNAL_OP", "ForeignFinder", "ForeignLog", "is_foreign", "registration_hooks"]
 
 EXTERNAL_OP = "(external storage)"  # the op column of a foreign storage's rows
+
+
+class ForeignLog(Protocol):
+    """Where a foreign storage is recorded (``attribution.log.CaptureLog``)."""
+
+    def foreign(self, t_ns: int, tensor: Any, kind: str) -> None: ...
 
 
 def is_foreign(tensor: Any) -> bool:
@@ -59,7 +62,7 @@ class ForeignFinder:
         return found
 
 
-def registration_hooks(log: CaptureLog, clock: Callable[[], int]) -> list[Any]:
+def registration_hooks(log: ForeignLog, clock: Callable[[], int]) -> list[Any]:
     """Global hooks that record a foreign parameter or buffer when it is registered on a module
     (the handles, to remove when the capture stops). Allocator-made ones cost one check each and
     leave no record: the capture tags those when it first sees their model."""

@@ -143,7 +143,7 @@ def bound_inputs(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[st
     return bound
 
 
-def _sequence_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+def sequence_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     for key in ("input_ids", "inputs_embeds", "decoder_input_ids"):
         v = kwargs.get(key)
         if isinstance(v, torch.Tensor) and v.dim() >= 2:
@@ -156,7 +156,7 @@ def _sequence_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | Non
 _CACHE_KEYS = ("cache", "past_key_values", "cache_params")  # transformers 5 renamed past_key_values to cache
 
 
-def _cache_in(values: Any) -> Any:
+def cache_in(values: Any) -> Any:
     for key in _CACHE_KEYS:
         found = values.get(key) if isinstance(values, dict) else getattr(values, key, None)
         if found is not None:
@@ -210,8 +210,8 @@ def mask_padding(mask: Any) -> dict[str, int] | None:
     }
 
 
-def _cache_is_empty(kwargs: dict[str, Any]) -> bool:
-    cache = _cache_in(kwargs)
+def cache_is_empty(kwargs: dict[str, Any]) -> bool:
+    cache = cache_in(kwargs)
     if cache is None:
         return True
     get_len = getattr(cache, "get_seq_length", None)
@@ -226,7 +226,7 @@ def _cache_is_empty(kwargs: dict[str, Any]) -> bool:
 def cache_tensors(output: Any) -> list[torch.Tensor]:
     """Tensors of a transformers KV cache found in a model output."""
     try:
-        cache = _cache_in(output)
+        cache = cache_in(output)
     except Exception:  # outputs whose attribute access raises (ModelOutput without the key)
         cache = None
     found: list[torch.Tensor] = []

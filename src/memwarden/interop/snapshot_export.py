@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from memwarden.interop.snapshot_import import _MAX_DEVICE, EXPORT_MARKER  # the device cap and marker the reader checks
+from memwarden.interop.snapshot_import import EXPORT_MARKER, MAX_DEVICE  # the device cap and marker the reader checks
 from memwarden.trace.model import Action, Category, Modality, Phase, Trace, enum_name
 from memwarden.trace.sites import parse_line
 
@@ -51,7 +51,7 @@ def device_indices(devices: list[str]) -> list[int]:
     indices: list[int | None] = []
     for name in devices:
         kind, _, num = name.partition(":")
-        indices.append(int(num) if kind == "cuda" and num.isdigit() and int(num) < _MAX_DEVICE else None)
+        indices.append(int(num) if kind == "cuda" and num.isdigit() and int(num) < MAX_DEVICE else None)
     nxt = max((i for i in indices if i is not None), default=-1) + 1
     out = []
     for i in indices:

@@ -39,7 +39,7 @@ EXPORT_MARKER = "memwarden"  # top-level key of snapshots memwarden wrote; torch
 # allocator model, no 2**63-µs time a subtraction.
 _MAX_BYTES = MAX_EVENT_BYTES
 _MAX_ADDR = 2**64 - 1
-_MAX_DEVICE = 4096
+MAX_DEVICE = 4096
 _FRAMES_SCANNED = 64  # attribution reads the innermost frames only
 # The work budget of one import, in units of about one small Python object made or one 32-character
 # stretch of string walked: WORK_PER_BYTE per byte of the file, and a floor for tiny files. A pickle's
@@ -381,7 +381,7 @@ class _Importer:
         for si, raw in enumerate(segments):
             where = f"segments[{si}]"
             seg = _dict(raw, where)
-            index = _int(seg, "device", where, hi=_MAX_DEVICE)
+            index = _int(seg, "device", where, hi=MAX_DEVICE)
             dev = self.device(index)
             seg_addr = _int(seg, "address", where, hi=_MAX_ADDR)
             total = _int(seg, "total_size", where)
@@ -421,7 +421,7 @@ def snapshot_to_trace(obj: Any, data_bytes: int) -> Trace:
     for i, entries in enumerate(device_traces):
         if not isinstance(entries, list):
             raise _bad(f"device_traces[{i}]", f"must be a list, got {type(entries).__name__}")
-    if len(device_traces) > _MAX_DEVICE:
+    if len(device_traces) > MAX_DEVICE:
         raise _bad("device_traces", f"lists {len(device_traces)} devices")
     # Every entry and block is work (an event row and its objects); a file's size bounds how many it may
     # hold, whatever its memo shares (one entry DUPed a million times is a million rows to make).
@@ -449,7 +449,7 @@ def snapshot_to_trace(obj: Any, data_bytes: int) -> Trace:
     used = sorted({i for i, entries in enumerate(device_traces) if entries})
     used += sorted({s["device"] for s in segments if isinstance(s, dict) and type(s.get("device")) is int} - set(used))
     for i in used:
-        if 0 <= i <= _MAX_DEVICE:
+        if 0 <= i <= MAX_DEVICE:
             imp.builder.device(imp.device(i))
 
     live_at_end: dict[int, set[int]] = {}

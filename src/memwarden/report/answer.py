@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from memwarden.analyze.analysis import Analysis
-from memwarden.analyze.diagnose import Finding, rank
+from memwarden.analyze.diagnose import rank
+from memwarden.analyze.finding import Finding
 from memwarden.report.findings import allocated, fix_headline
 from memwarden.trace.model import Phase, SpanKind, enum_name
 from memwarden.units import format_bytes, format_us

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from memwarden.analyze.baseline import Comparison, Delta
 from memwarden.analyze.check import Outcome
-from memwarden.analyze.diagnose import Finding
+from memwarden.analyze.finding import Finding
 from memwarden.units import format_bytes
 
 __all__ = ["breach_line", "explain_outcome", "growth_line", "growth_lines", "render_deltas"]

@@ -10,7 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from memwarden.analyze.diagnose import Finding
+from memwarden.analyze.finding import Finding
 from memwarden.trace.model import SpanKind, Trace
 from memwarden.units import format_bytes, format_us
 

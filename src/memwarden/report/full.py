@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.analysis import Analysis
-from memwarden.analyze.diagnose import Finding, diagnose
+from memwarden.analyze.diagnose import diagnose
+from memwarden.analyze.finding import Finding
 from memwarden.analyze.lines import allocated_by_line
 from memwarden.analyze.timeline import live_blocks_at
 from memwarden.report.answer import answer_sentence

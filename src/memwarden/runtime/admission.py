@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from memwarden.errors import MemwardenError
 from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence, cache_keyword
 
 # (new tokens, total tokens) of the calibration prefills: short and long prompts, short turns over long histories
@@ -55,7 +56,7 @@ class Decision:
         }
 
 
-class AdmissionError(RuntimeError):
+class AdmissionError(MemwardenError, RuntimeError):
     """A request that cannot run within the budget even after every allowed change."""
 
 

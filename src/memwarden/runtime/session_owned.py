@@ -7,6 +7,7 @@ import shutil
 import weakref
 from typing import TYPE_CHECKING
 
+from memwarden.errors import MemwardenError
 from memwarden.runtime.host_memory import allocation_failed, first_line
 
 if TYPE_CHECKING:
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from memwarden.runtime.offload_cuda import CudaWeightStreamer
 
 
-class BudgetError(ValueError):
+class BudgetError(MemwardenError, ValueError):
     """The budget cannot hold the model at all (weights plus the smallest KV pool)."""
 
 

@@ -20,10 +20,12 @@ from typing import Any
 
 import torch
 
+from memwarden.errors import MemwardenError
+
 GOVERNED = "close the GovernedSession that governs this model"
 
 
-class ModelGovernedError(RuntimeError):
+class ModelGovernedError(MemwardenError, RuntimeError):
     """The model already has a governing session and the new one was told not to take it over."""
 
 

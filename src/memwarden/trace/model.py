@@ -30,8 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.errors import MemwardenError
 
-class TraceFormatError(ValueError):
+
+class TraceFormatError(MemwardenError, ValueError):
     """A file is not a readable .mwtrace (wrong magic, version, truncated, corrupt)."""
 
 

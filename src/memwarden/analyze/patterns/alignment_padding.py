@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import led_by, lines_of_rows
 from memwarden.analyze.patterns.padding_inputs import input_padding_findings
 from memwarden.analyze.timeline import live_blocks_at
@@ -152,8 +152,9 @@ def _fix(kind: int, module: str, saving: int, at_peak: bool) -> str:
     )
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
     """Blocks torch ops padded, and batches padded outside torch (``padding_inputs``)."""
+    trace = ctx.trace
     min_ratio = float(ctx.threshold(PATTERN, "min_ratio", 1.5))
     return _op_findings(trace, ctx, min_ratio) + input_padding_findings(trace, ctx, min_ratio)
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
 from memwarden.units import format_bytes
 
@@ -76,7 +76,8 @@ def _numel_of(trace: Trace) -> np.ndarray:
     return np.where(ev["shape"] >= 0, shape_numel[ev["shape"]], by_bytes)
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
+    trace = ctx.trace
     min_blocks = int(ctx.threshold(PATTERN, "min_blocks", 2))
     min_weight_bytes = int(ctx.threshold(PATTERN, "min_weight_bytes", 64 * 1024))
     n = trace.num_events

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import input_rows, led_by, script_input_lines
 from memwarden.analyze.patterns.fragmentation_steps import StepNeed, step_need
 from memwarden.analyze.timeline import live_blocks_at
@@ -123,7 +123,8 @@ def _summary(result: ReplayResult) -> dict[str, Any]:
     }
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
+    trace = ctx.trace
     min_overhead = float(ctx.threshold(PATTERN, "min_overhead_fraction", 0.3))
     min_unused = int(ctx.threshold(PATTERN, "min_unused_bytes", 32 * _MB))
     max_events = int(ctx.threshold(PATTERN, "max_replay_events", 50_000))

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.diagnose import Context, Finding
+from memwarden.analyze.finding import Context, Finding
 from memwarden.analyze.lines import lines_of_rows, merge_lines
 from memwarden.trace.model import Action, Category, Trace
 from memwarden.units import format_bytes
@@ -51,7 +51,8 @@ def _vocab_sizes(trace: Trace) -> set[int]:
     return {v for v, nbytes in sizes.items() if nbytes >= 0.5 * biggest and v >= 1000}
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
+    trace = ctx.trace
     min_positions = int(ctx.threshold(PATTERN, "min_positions", 16))
     # A prefill that decode steps follow is a generation: its logits are the library's to slice
     # (transformers' generate asks for one position where the model supports logits_to_keep), not a

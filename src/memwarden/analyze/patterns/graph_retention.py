@@ -32,7 +32,7 @@ import numpy as np
 
 from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.counterfactual import saving as replay_saving
-from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, finding_lines, holder_line, merge_lines
 from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
@@ -86,7 +86,8 @@ def _alive_at(starts: np.ndarray, alive_until: np.ndarray, group: np.ndarray, n_
     return alive_at
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
+    trace = ctx.trace
     fraction = float(ctx.threshold(PATTERN, "retained_fraction", 0.5))
     min_graphs = int(ctx.threshold(PATTERN, "min_graphs_alive", 2))
     min_modules = int(ctx.threshold(PATTERN, "min_modules_without_backward", 3))

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.trace.model import Action, Category, Trace
 from memwarden.units import format_bytes
 
@@ -100,7 +100,8 @@ def _chains(trace: Trace, rows: np.ndarray, min_steps: int) -> list[tuple[int, n
     return runs
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
+    trace = ctx.trace
     n = trace.num_events
     if n == 0:
         return []

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.trace.model import Action, Category, Modality, SpanKind, Trace
 from memwarden.units import format_bytes, format_us
 
@@ -128,7 +128,8 @@ def _split_at_reloads(trace: Trace, dev: int, times: list[int]) -> list[list[int
     return out
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
+    trace = ctx.trace
     if trace.num_events == 0:
         return []
     min_prefix = int(ctx.threshold(PATTERN, "min_prefix_tokens", 16))

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, led_by, lines_of_rows
 from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Action, Category, SpanKind, Trace
@@ -54,7 +54,8 @@ def _load_end_row(trace: Trace) -> int:
     return int(np.searchsorted(trace.events["time_us"], first_call, side="left"))
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
+    trace = ctx.trace
     min_ratio = float(ctx.threshold(PATTERN, "min_ratio", 1.5))
     min_share_of_weights = float(ctx.threshold(PATTERN, "min_share_of_weights", 0.5))
     n = trace.num_events

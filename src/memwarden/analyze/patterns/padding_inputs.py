@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, input_lines, merge_lines
 from memwarden.analyze.source_lines import argument_line, call_lines
 from memwarden.trace.model import Category, Trace

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.diagnose import Context, Finding
+from memwarden.analyze.finding import Context, Finding
 from memwarden.analyze.lines import LineBytes, merge_lines
 from memwarden.analyze.source_lines import argument_line
 from memwarden.trace.model import Action, Category, Trace
@@ -67,7 +67,8 @@ def _multiplier(trace: Trace, lo: int, hi: int, batch: int, free: np.ndarray) ->
     return best
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
+    trace = ctx.trace
     steps = ctx.analysis.steps
     n = trace.num_events
     if not steps or not n:

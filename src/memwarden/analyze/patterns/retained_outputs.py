@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.diagnose import Context, Finding
+from memwarden.analyze.finding import Context, Finding
 from memwarden.analyze.lines import LineBytes, finding_lines, merge_lines, row_lines
 from memwarden.analyze.source_lines import keeper_line
 from memwarden.analyze.timeline import live_blocks_at
@@ -53,7 +53,8 @@ def iterations(steps: tuple[Step, ...] | list[Step]) -> list[list[Step]]:
     return groups
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
+    trace = ctx.trace
     min_iterations = int(ctx.threshold(PATTERN, "min_iterations", 2))
     steps = ctx.analysis.steps
     groups = iterations(steps)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.diagnose import Context, Finding
+from memwarden.analyze.finding import Context, Finding
 from memwarden.analyze.lines import LineBytes, lines_of_rows, merge_lines
 from memwarden.analyze.source_lines import call_lines, rebinding_line, script_files
 from memwarden.trace.model import Action, Category, Trace
@@ -47,7 +47,8 @@ def weight_windows(trace: Trace, device: int, step_starts: np.ndarray) -> tuple[
     return rows, np.searchsorted(step_starts, e["time_us"][rows], side="right")
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
+    trace = ctx.trace
     min_share = float(ctx.threshold(PATTERN, "min_old_share", 0.25))
     steps = ctx.analysis.steps
     n = trace.num_events

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.diagnose import Context, Finding, severity_for
+from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.trace.model import Action, Category, Trace
 from memwarden.trace.sites import parse_line
 from memwarden.units import format_bytes
@@ -42,7 +42,8 @@ PATTERN = "unbounded-growth"
 _MEANT_TO_STAY = (Category.WEIGHT, Category.BUFFER, Category.GRADIENT, Category.OPTIMIZER_STATE, Category.KV_CACHE)
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
+    trace = ctx.trace
     n = trace.num_events
     if not n:
         return []

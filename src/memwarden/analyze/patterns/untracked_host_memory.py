@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.diagnose import Context, Finding
+from memwarden.analyze.finding import Context, Finding
 from memwarden.analyze.lines import LineBytes, lines_of_rows, merge_lines
 from memwarden.analyze.source_lines import holding_line, script_files
 from memwarden.trace.model import Action, Trace
@@ -55,7 +55,8 @@ def _ints(values: Any, n: int) -> np.ndarray:
                     dtype=np.int64)  # fmt: skip
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
+    trace = ctx.trace
     found = _numpy_held(trace, ctx)
     return found if found else _resident_growth(trace, ctx)
 

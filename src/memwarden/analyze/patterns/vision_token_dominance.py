@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.diagnose import Context, Finding
+from memwarden.analyze.finding import Context, Finding
 from memwarden.analyze.lines import input_rows, led_by, script_input_lines
 from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Category, Modality, SpanKind, Trace
@@ -116,7 +116,8 @@ def _images_fed(trace: Trace, prefill: Step, free: np.ndarray) -> int:
     return best
 
 
-def detect(trace: Trace, ctx: Context) -> list[Finding]:
+def detect(ctx: Context) -> list[Finding]:
+    trace = ctx.trace
     n = trace.num_events
     steps = ctx.analysis.steps
     if n == 0 or not steps:

@@ -25,7 +25,6 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,17 +36,18 @@ from memwarden.capture.attribution.log import CaptureLog
 from memwarden.capture.foreign import registration_hooks
 from memwarden.capture.inputs import (
     DigestCache,
-    _cache_in,
-    _cache_is_empty,
-    _sequence_length,
     bound_inputs,
+    cache_in,
+    cache_is_empty,
     cache_tensors,
     fingerprint,
     named_inputs,
+    sequence_length,
     step_tokens,
 )
 from memwarden.capture.live.procmaps import FileMappings
 from memwarden.capture.live.ring import FlightRecorder
+from memwarden.capture.live.running import ModuleInfo
 from memwarden.capture.live.saved import saved_tensors
 from memwarden.capture.live.sites import CallSites, SiteConfig, apply_call_sites
 from memwarden.capture.live.stream import Streamer
@@ -65,15 +65,6 @@ def before_live_capture(drop: Callable[[], bool]) -> None:
     """Have ``drop`` run as every live capture starts (once per function)."""
     if drop not in _BEFORE_START:
         _BEFORE_START.append(drop)
-
-
-@dataclass
-class ModuleInfo:
-    path: str
-    label: str  # path, or the class name for a root
-    modality: int
-    is_boundary: bool  # root, or modality differs from the parent's: its inputs get fingerprinted
-    ref: weakref.ReferenceType[torch.nn.Module]
 
 
 def _all_subclasses(root: type) -> set[type]:
@@ -230,10 +221,8 @@ class Capture:
     ) -> None:
         ctx = self._ctx_of(module)
         info = self._modules[ctx]
-        # A step is an outermost call of a model; with autograd recording, also of a part of it the
-        # program calls directly (``model.get_image_features`` runs the vision tower and projector with
-        # no model call around them), whose graph is a step's graph. Under no_grad (generate) a part's
-        # call outside the model's is an internal of the next step, not a step.
+        # A step: an outermost call of a model, or, with autograd on, of a part the program calls itself
+        # (get_image_features: tower + projector, a graph each); under no_grad (generate) a part is not.
         is_step = not self._stack and (
             info.path == "" or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
         )
@@ -242,9 +231,9 @@ class Capture:
             fp = fingerprint((args, kwargs), self._digests)
         if is_step:
             named = bound_inputs(module, args, kwargs)  # model(ids) reads as input_ids=ids
-            seq = _sequence_length(args, named)
+            seq = sequence_length(args, named)
             # A step is a decode step when it feeds one token into a non-empty cache.
-            prefill = not (seq == 1 and not _cache_is_empty(named))
+            prefill = not (seq == 1 and not cache_is_empty(named))
             phase = Phase.PREFILL if prefill else Phase.DECODE
             self._log.step_start(self._now(), ctx, phase, seq, step_tokens(module, named))
             self._log.steps[-1].grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
@@ -300,8 +289,8 @@ class Capture:
             self._log.input(seen, t, self._modules[ctx].path, name)
         if is_step:
             kwargs = bound_inputs(module, args, kwargs)
-            seq = _sequence_length(args, kwargs)
-            cache = _cache_in(kwargs)
+            seq = sequence_length(args, kwargs)
+            cache = cache_in(kwargs)
             try:  # after the call the cache holds this step's tokens too
                 cached = int(cache.get_seq_length()) if cache is not None else 0
             except Exception:

@@ -35,7 +35,7 @@ from memwarden.capture.live.rss import sample
 
 if TYPE_CHECKING:
     from memwarden.capture.attribution.log import CaptureLog
-    from memwarden.capture.live.capture import Capture
+    from memwarden.capture.live.running import RunningCapture
 
 __all__ = ["FlightRecorder", "dump_on_refusal", "prune_log"]
 
@@ -70,7 +70,7 @@ def prune_log(log: CaptureLog, cutoff_ns: int, enters_dropped: int) -> None:
 class FlightRecorder:
     """Keeps one capture's log to its window, and writes the window when asked."""
 
-    def __init__(self, capture: Capture, ring_s: float, rss_bytes: int | None = None) -> None:
+    def __init__(self, capture: RunningCapture, ring_s: float, rss_bytes: int | None = None) -> None:
         if ring_s <= 0:
             raise ValueError(f"ring_s must be positive (got {ring_s})")
         self.capture = capture

@@ -90,7 +90,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memwarden.capture.inputs import _cache_in
+from memwarden.capture.inputs import cache_in
 from memwarden.capture.live.capture import Capture
 from memwarden.capture.meta.memo import MetaMemo
 from memwarden.capture.meta.ops import (
@@ -402,7 +402,7 @@ class MetaCapture(Capture):
             return
         # A quantized cache keeps its states in ``_quantized_keys``/``_quantized_values``, which the
         # live capture's cache scan does not read: tag them as KV cache too.
-        cache = _cache_in(output)
+        cache = cache_in(output)
         now = self._now()
         for layer in getattr(cache, "layers", None) or ():
             for name in ("_quantized_keys", "_quantized_values"):

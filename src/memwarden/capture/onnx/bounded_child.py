@@ -21,14 +21,14 @@ def _child(config: dict[str, Any]) -> dict[str, Any]:
     import onnxruntime  # noqa: F401 - loaded before the limit is set, so its libraries are not counted
 
     from memwarden.capture.onnx.feeds import load_feeds
-    from memwarden.capture.onnx.session import OrtSettings, _profiled_session
+    from memwarden.capture.onnx.session import OrtSettings, profiled_session
 
     feeds = [load_feeds(p) for p in config["feeds"]]
     settings = OrtSettings(**config["settings"])
     cap = vm_size() + int(config["memory_bytes"])
     if cap > int(config["memory_bytes"]):
         resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    profile, _, outputs = _profiled_session(config["model"], feeds, settings, Path(config["workdir"]),
+    profile, _, outputs = profiled_session(config["model"], feeds, settings, Path(config["workdir"]),
                                             config["prefix"], optimized=bool(config["optimized"]))  # fmt: skip
     return {"profile": str(profile), "outputs": outputs}
 

@@ -146,7 +146,7 @@ def run_profiled(
                                       limits=limits)  # fmt: skip
             main = (path, probe, names)
         else:
-            main = _profiled_session(source, feeds, settings, Path(workdir.name), "profile", optimized=True)
+            main = profiled_session(source, feeds, settings, Path(workdir.name), "profile", optimized=True)
         checked = main[1]
         shadow = None
         if not settings.arena:
@@ -159,7 +159,7 @@ def run_profiled(
             elif settings.ep == "cpu":
                 shadow = shadow_profile(source, checked, asdict(twin), Path(workdir.name))
             if shadow is None:
-                shadow = _profiled_session(source, feeds, twin, Path(workdir.name), "shadow", optimized=False)[0]
+                shadow = profiled_session(source, feeds, twin, Path(workdir.name), "shadow", optimized=False)[0]
     except BaseException:
         workdir.cleanup()
         raise
@@ -196,7 +196,7 @@ def _first_line(exc: BaseException) -> str:
     return terminal_safe(text[0] if text else type(exc).__name__)[:300]
 
 
-def _profiled_session(
+def profiled_session(
     source: str | Path | bytes, feeds: Sequence[Mapping[str, np.ndarray]], settings: OrtSettings, workdir: Path,
     prefix: str, *, optimized: bool, env_allocators: bool = False,
 ) -> tuple[Path, list[dict[str, np.ndarray]], list[str]]:  # fmt: skip
@@ -233,7 +233,7 @@ def _twin_child(config: dict[str, Any]) -> str:
         raise SystemExit(3)
     feeds = [load_feeds(p) for p in config["feeds"]]
     settings = OrtSettings(**config["settings"])
-    return str(_profiled_session(config["model"], feeds, settings, Path(config["workdir"]), "shadow",
+    return str(profiled_session(config["model"], feeds, settings, Path(config["workdir"]), "shadow",
                                  optimized=False, env_allocators=True)[0])  # fmt: skip
 
 

@@ -37,6 +37,7 @@ from memwarden.edge.sync.delta import Delta, check_shapes, check_tensors, read_d
 from memwarden.edge.sync.errors import SignatureError, SyncError, UpdateRefused
 from memwarden.edge.sync.manifest import MAX_HEADER_BYTES, AdapterFormatError, Manifest, RawTensor, digest_bytes
 from memwarden.edge.sync.signing import PublicKey, verify_manifest
+from memwarden.errors import MemwardenError
 
 __all__ = ["AiohttpTransport", "Response", "SyncClient", "SyncStats", "Transport", "TransportError"]
 
@@ -45,7 +46,7 @@ _CONTENT_RANGE = re.compile(r"^bytes (\d{1,19})-(\d{1,19})/(\d{1,19})$")
 _LENGTH = re.compile(r"^\d{1,19}$")
 
 
-class TransportError(Exception):
+class TransportError(MemwardenError):
     """The connection failed; ``partial`` holds the body bytes that arrived before it did."""
 
     def __init__(self, message: str, partial: bytes = b"") -> None:

@@ -1,4 +1,4 @@
-"""Zoo conventions and the family base class: token ids, shared shapes, ``ZooSpec``, ``_Arch``.
+"""Zoo conventions and the family base class: token ids, shared shapes, ``ZooSpec``, ``Arch``.
 
 The families themselves live in ``memwarden.models.zoo.archs``; the module docstring of
 ``memwarden.models.zoo`` describes the conventions.
@@ -45,20 +45,20 @@ class ZooSpec:
 # small: a 384-wide 6-layer encoder (ViT-S-like) and a 512-wide 6-layer language model with GQA
 # (8 query, 4 KV heads) and a 16k vocabulary: 38-53M parameters in all.
 
-_TEXT = {
+TEXT_SIZES = {
     "tiny": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 1024},
     "small": {"hidden": 512, "layers": 6, "heads": 8, "kv_heads": 4, "ffn": 1536, "vocab": 16384},
 }
-_ENCODER = {
+ENCODER_SIZES = {
     "tiny": {"hidden": 32, "layers": 2, "heads": 2, "ffn": 64},
     "small": {"hidden": 384, "layers": 6, "heads": 6, "ffn": 1536},
 }
 _MAX_POSITIONS = 4096
 
 
-def _text(size: str, **extra: Any) -> dict[str, Any]:
+def text_config(size: str, **extra: Any) -> dict[str, Any]:
     """A decoder-only text config dict (Llama / Gemma / Qwen2 keys)."""
-    t = _TEXT[size]
+    t = TEXT_SIZES[size]
     return {
         "vocab_size": t["vocab"],
         "hidden_size": t["hidden"],
@@ -74,9 +74,9 @@ def _text(size: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _vit(size: str, image_px: int, patch_px: int, **extra: Any) -> dict[str, Any]:
+def vit_config(size: str, image_px: int, patch_px: int, **extra: Any) -> dict[str, Any]:
     """A CLIP / SigLIP / Idefics3 vision config dict."""
-    e = _ENCODER[size]
+    e = ENCODER_SIZES[size]
     return {
         "image_size": image_px,
         "patch_size": patch_px,
@@ -88,14 +88,14 @@ def _vit(size: str, image_px: int, patch_px: int, **extra: Any) -> dict[str, Any
     }
 
 
-def _top_ids(size: str, n: int) -> list[int]:
+def top_ids(size: str, n: int) -> list[int]:
     """The ``n`` special ids at the top of the text vocabulary, lowest first."""
-    vocab = _TEXT[size]["vocab"]
+    vocab = TEXT_SIZES[size]["vocab"]
     return list(range(vocab - n, vocab))
 
 
 @dataclass(frozen=True)
-class _Request:
+class Request:
     batch: int
     image_wh: tuple[int, int] | None  # (W, H) px
     audio_frames: int | None  # mel frames carrying audio (the rest of the window is padding)
@@ -115,7 +115,7 @@ class _Request:
         return self.audio_frames
 
 
-def _pixels(gen: torch.Generator, *shape: int) -> torch.Tensor:
+def random_pixels(gen: torch.Generator, *shape: int) -> torch.Tensor:
     # Processor output is mean/std normalised: roughly zero-mean, unit-variance.
     return torch.randn(*shape, generator=gen)
 
@@ -125,7 +125,7 @@ def _pixels(gen: torch.Generator, *shape: int) -> torch.Tensor:
 # markers, media tensors.
 
 
-class _Arch:
+class Arch:
     name: str
     family: str
     model_class: str
@@ -137,7 +137,7 @@ class _Arch:
     def config(self, size: str) -> Any:
         raise NotImplementedError
 
-    def placeholders(self, cfg: Any, req: _Request) -> int:
+    def placeholders(self, cfg: Any, req: Request) -> int:
         raise NotImplementedError
 
     def placeholder_id(self, cfg: Any) -> int:
@@ -148,9 +148,9 @@ class _Arch:
         the placeholder run. All count towards ``prompt_tokens``."""
         return [BOS_ID], [], []
 
-    def media(self, cfg: Any, req: _Request, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    def media(self, cfg: Any, req: Request, gen: torch.Generator) -> dict[str, torch.Tensor]:
         w, h = req.image
-        return {"pixel_values": _pixels(gen, req.batch, 3, h, w)}  # (B, 3, H, W)
+        return {"pixel_values": random_pixels(gen, req.batch, 3, h, w)}  # (B, 3, H, W)
 
     def extra_text_tensors(self, cfg: Any, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         return {}

@@ -1,7 +1,7 @@
 """Requests for zoo models without processors: ``make_inputs``, ``placeholder_tokens``, ``generate_kwargs``.
 
 The tensors are those a family's processor would return; how each family lays them out is on
-its ``_Arch`` (``memwarden.models.zoo.archs``).
+its ``Arch`` (``memwarden.models.zoo.archs``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import torch
 
 from memwarden.errors import InputError
 from memwarden.models.zoo.archs import ARCH_BY_FAMILY, build_config, family_arch
-from memwarden.models.zoo.base import FIRST_TEXT_ID, MEL_FRAMES_PER_SECOND, PAD_ID, _Arch, _Request
+from memwarden.models.zoo.base import FIRST_TEXT_ID, MEL_FRAMES_PER_SECOND, PAD_ID, Arch, Request
 
 
-def _resolve(model_or_name: Any, size: str) -> tuple[_Arch, Any]:
+def _resolve(model_or_name: Any, size: str) -> tuple[Arch, Any]:
     """(family, config) of a zoo name, a zoo model or its config."""
     if isinstance(model_or_name, str):
         return family_arch(model_or_name), build_config(model_or_name, size)
@@ -27,8 +27,8 @@ def _resolve(model_or_name: Any, size: str) -> tuple[_Arch, Any]:
 
 
 def _request(
-    arch: _Arch, cfg: Any, image_size: tuple[int, int] | None, audio_seconds: float | None, batch: int
-) -> _Request:
+    arch: Arch, cfg: Any, image_size: tuple[int, int] | None, audio_seconds: float | None, batch: int
+) -> Request:
     if batch < 1:
         raise InputError(f"batch must be at least 1; got {batch}")
     if arch.modality == "vision":
@@ -39,7 +39,7 @@ def _request(
             raise InputError(f"image_size must be (width, height) in px; got {image_size!r}")
         image_wh = (int(wh[0]), int(wh[1]))
         arch.check_image(cfg, image_wh)
-        return _Request(batch=batch, image_wh=image_wh, audio_frames=None)
+        return Request(batch=batch, image_wh=image_wh, audio_frames=None)
     if image_size is not None:
         raise InputError(f"{arch.name} is an audio model; it takes audio_seconds, not image_size")
     shortest, default, longest = arch.audio_frames_range(cfg)
@@ -49,7 +49,7 @@ def _request(
             f"{arch.name} takes {shortest / MEL_FRAMES_PER_SECOND:g} to {longest / MEL_FRAMES_PER_SECOND:g} s of "
             f"audio (its encoder window is {longest} mel frames at {MEL_FRAMES_PER_SECOND}/s); got {audio_seconds} s"
         )
-    return _Request(batch=batch, image_wh=None, audio_frames=frames)
+    return Request(batch=batch, image_wh=None, audio_frames=frames)
 
 
 def placeholder_tokens(

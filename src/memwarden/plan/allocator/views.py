@@ -7,16 +7,34 @@ these functions only read its state (the model's methods of the same names call 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from memwarden.interop.cuda_blocks import K_SMALL_SIZE
 from memwarden.plan.allocator.config import K_SMALL_BUFFER, REQ_BITS, REQ_MASK
 
-if TYPE_CHECKING:
-    from memwarden.plan.allocator.model import CachingAllocatorModel
+
+class AllocatorState(Protocol):
+    """What these views read of a ``CachingAllocatorModel`` (model.py), which calls them."""
+
+    _segments: dict[int, Any]
+    _es: dict[int, Any]
+    _unmapped: Any
+    _alloc: dict[int, int]
+    _free_size: dict[int, int]
+    _sizes: Any
+    _by_size: Any
+    _free_end: dict[int, int]
+    _expandable: bool
+    device: int
+    reserved_bytes: int
+    allocated_bytes: int
+
+    def segments(self) -> list[dict[str, Any]]: ...
+
+    def _free_blocks(self, small: bool) -> Any: ...
 
 
-def segments(model: CachingAllocatorModel) -> list[dict[str, Any]]:
+def segments(model: AllocatorState) -> list[dict[str, Any]]:
     """Segments in the format of ``torch.cuda.memory._snapshot()["segments"]``, sorted by address."""
     out: list[dict[str, Any]] = []
     for base, (total, small) in model._segments.items():
@@ -43,7 +61,7 @@ def segments(model: CachingAllocatorModel) -> list[dict[str, Any]]:
     return out
 
 
-def layout(model: CachingAllocatorModel) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+def layout(model: AllocatorState) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
     """Cheap layout for heatmaps: mapped (start, size) ranges and (start, size, allocated) blocks."""
     ranges: list[tuple[int, int]] = [(base, size) for base, (size, _) in model._segments.items()]
     for base, (virtual, _page, small) in model._es.items():
@@ -60,7 +78,7 @@ def layout(model: CachingAllocatorModel) -> tuple[list[tuple[int, int]], list[tu
     return ranges, blocks
 
 
-def check_invariants(model: CachingAllocatorModel) -> None:
+def check_invariants(model: AllocatorState) -> None:
     """Assert the model's internal consistency (for tests; O(blocks))."""
     segs = model.segments()
     total = sum(s["total_size"] for s in segs)
@@ -86,7 +104,7 @@ def check_invariants(model: CachingAllocatorModel) -> None:
     assert len(model._free_size) == len(model._free_end) == n_free
 
 
-def _segment_dict(model: CachingAllocatorModel, start: int, end: int, small: bool, expandable: bool) -> dict[str, Any]:
+def _segment_dict(model: AllocatorState, start: int, end: int, small: bool, expandable: bool) -> dict[str, Any]:
     blocks = []
     allocated = requested = 0
     addr = start

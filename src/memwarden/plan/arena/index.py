@@ -21,10 +21,10 @@ _GROUP_SHIFT = 5
 _BIG_SHIFT = _SMALL_SHIFT + _GROUP_SHIFT
 _SMALL = 1 << _SMALL_SHIFT
 _SPAN_SHIFT = 48  # packed span = start << 48 | stop; arenas stay below 256 TiB
-_SPAN_MASK = (1 << _SPAN_SHIFT) - 1
+SPAN_MASK = (1 << _SPAN_SHIFT) - 1
 
 
-class _OverlapIndex:
+class OverlapIndex:
     """Answers "which offsets are taken by placed records whose lifetimes meet this one?".
 
     A lifetime ``[a, b]`` meets ``[s, e]`` iff it contains ``a`` or starts inside
@@ -193,7 +193,7 @@ def _pack(start: int, stop: int) -> int:
 
 def _best_gap(spans: list[int], need: int) -> int:
     """TFLite's offset rule over packed spans sorted by start: the smallest gap that fits, else the top."""
-    sh, mask = _SPAN_SHIFT, _SPAN_MASK
+    sh, mask = _SPAN_SHIFT, SPAN_MASK
     best_offset, best_gap = -1, 1 << 62
     prev_end = 0
     for span in spans:
@@ -212,7 +212,7 @@ def _best_gap(spans: list[int], need: int) -> int:
 
 def _add_span(union: list[int], start: int, stop: int) -> None:
     """Insert [start, stop) into a sorted list of disjoint packed spans, merging touching ones."""
-    sh, mask = _SPAN_SHIFT, _SPAN_MASK
+    sh, mask = _SPAN_SHIFT, SPAN_MASK
     i = bisect_left(union, start << sh)
     if i:
         prev = union[i - 1]

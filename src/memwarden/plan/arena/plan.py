@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.plan.allocator.config import SizeLimitError
-from memwarden.plan.arena.index import _SPAN_MASK, _OverlapIndex
+from memwarden.plan.arena.index import SPAN_MASK, OverlapIndex
 from memwarden.trace.model import Action, Trace
 
 STRATEGIES = ("greedy-by-size", "greedy-by-breadth", "best")
@@ -148,11 +148,11 @@ def plan_arena(
     sizes = -(-life.nbytes // alignment) * alignment  # (n,) aligned bytes
     lower = _max_live(life.first, life.last, sizes, life.num_events)
     naive = int(sizes.sum())
-    if naive > _SPAN_MASK:
+    if naive > SPAN_MASK:
         raise SizeLimitError(
             f"device {device}'s tensors add up to {naive} bytes, more than 256 TiB; the planner packs offsets in 48 bits"
         )
-    index = _OverlapIndex(life.first, life.last)
+    index = OverlapIndex(life.first, life.last)
     # Breadth first: it packs the busiest moment's tensors side by side from offset 0, so it
     # reaches the lower bound more often, and reaching it makes the second run unnecessary.
     candidates = ("greedy-by-breadth", "greedy-by-size") if strategy == "best" else (strategy,)
@@ -193,7 +193,7 @@ def _size_order(life: Lifetimes, sizes: np.ndarray) -> list[int]:
     return np.lexsort((np.arange(len(sizes)), life.first, -sizes)).tolist()
 
 
-def _breadth_order(life: Lifetimes, sizes: np.ndarray, index: _OverlapIndex) -> list[int]:
+def _breadth_order(life: Lifetimes, sizes: np.ndarray, index: OverlapIndex) -> list[int]:
     """Tasks by non-increasing breadth, tensors of a task by non-increasing size, each tensor once.
 
     A tensor is placed with the first task (in that order) it is live at, so its
