@@ -66,11 +66,15 @@ def _phase_breakdowns(trace: Trace, device: int) -> dict[str, dict[str, Any]]:
 
 
 def _tokens(trace: Trace) -> dict[str, int]:
-    """Prompt tokens by modality: the prefill call's input_ids, else (an encoder-decoder, whose
-    encoder generate() runs outside the model's root call) the ids generate() was given."""
+    """Prompt tokens by modality: as the request builder counted them (the placeholders the model
+    makes of each medium, also where they are no media token ids: Kosmos-2's position mask, Fuyu's
+    row newlines, Whisper's encoder positions), else the prefill call's input_ids, else (an
+    encoder-decoder, whose encoder generate() runs outside the model's root call) the ids
+    generate() was given."""
+    counted = trace.metadata.get("request_tokens")
     fed = trace.metadata.get("input_tokens")
     found = [step.tokens for step in steps_of(trace) if step.phase == "prefill" and step.tokens]
-    t = found[0] if found else fed if isinstance(fed, dict) else {}
+    t = counted if isinstance(counted, dict) else found[0] if found else fed if isinstance(fed, dict) else {}
     return {k: int(v) if isinstance(v, int) and not isinstance(v, bool) else 0
             for k, v in ((k, t.get(k, 0)) for k in ("vision", "audio", "text"))}  # fmt: skip
 

@@ -149,19 +149,44 @@ def _inputs(resolved: ResolvedModel, req: Request, model: Any) -> tuple[dict[str
     return meta_inputs(inputs), {}
 
 
-def _prepare(resolved: ResolvedModel, req: Request) -> tuple[Any, dict[str, Any]]:
+def _prepare(resolved: ResolvedModel, req: Request) -> tuple[Any, dict[str, Any], dict[str, int]]:
+    """(the meta model, generate()'s inputs, the request's tokens per sequence by modality; empty
+    for the zoo's own requests)."""
     from memwarden.estimate.metamodel import model_for
+    from memwarden.estimate.request import context_of
 
     check_request(req)
-    context = getattr(resolved.config.get_text_config(), "max_position_embeddings", None)
+    context = context_of(resolved.config)
     if isinstance(context, int) and req.prompt_tokens + req.new_tokens > context:
         raise InputError(
             f"{req.prompt_tokens} prompt tokens + {req.new_tokens} new tokens exceed {resolved.name}'s context of "
             f"{context} (max_position_embeddings)"
         )
     model = model_for(resolved, req.dtype, req.weights_dtype)
-    inputs, _tokens = _inputs(resolved, req, model)
-    return model, inputs
+    inputs, tokens = _inputs(resolved, req, model)
+    _check_media_given(resolved, model, inputs)
+    return model, inputs, tokens
+
+
+# What a model's generate() cannot run without, in the words of the request that carries it.
+_MEDIA_FLAGS = {"pixel_values": "an image (--image)", "input_features": "audio (--audio SECONDS)"}
+
+
+def _check_media_given(resolved: ResolvedModel, model: Any, inputs: dict[str, Any]) -> None:
+    """A model whose generate() needs a medium (BLIP-2's and InstructBLIP's ``pixel_values`` have no
+    default; an encoder-decoder's encoder input, Whisper's ``input_features``) is refused without it,
+    in one line, before transformers fails inside generate()."""
+    import inspect
+
+    params = inspect.signature(type(model).generate).parameters.values()
+    needed = [p.name for p in params if p.default is inspect.Parameter.empty and p.name != "self"
+              and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
+    if getattr(resolved.config, "is_encoder_decoder", False):
+        needed.append(str(getattr(model, "main_input_name", "")))
+    missing = [name for name in dict.fromkeys(needed) if name and name not in inputs]
+    if missing:
+        what = " and ".join(_MEDIA_FLAGS.get(name, name) for name in missing)
+        raise InputError(f"{resolved.name} generates only from {what}; the request has none")
 
 
 def refusal(resolved: ResolvedModel, req: Request) -> str | None:
@@ -174,15 +199,27 @@ def refusal(resolved: ResolvedModel, req: Request) -> str | None:
     return None
 
 
-def _generate(resolved: ResolvedModel, req: Request, model: Any, inputs: dict[str, Any], new_tokens: int) -> Any:
-    """The meta Trace of ``generate()`` making ``new_tokens`` tokens greedily."""
+def _generate(
+    resolved: ResolvedModel,
+    req: Request,
+    model: Any,
+    inputs: dict[str, Any],
+    new_tokens: int,
+    tokens: dict[str, int] | None = None,
+) -> Any:
+    """The meta Trace of ``generate()`` making ``new_tokens`` tokens greedily. ``tokens``: the
+    request's tokens per sequence by modality, as the request builder counted them."""
     import torch
 
     from memwarden.capture.inputs import step_tokens
-    from memwarden.capture.meta.capture import MetaCapture
-    from memwarden.estimate.metamodel import quantized_cache
+    from memwarden.estimate.metamodel import capture_for, quantized_cache
 
-    kwargs: dict[str, Any] = {"do_sample": False, "num_beams": 1, "eos_token_id": None, "pad_token_id": 0}
+    kwargs: dict[str, Any] = {
+        "do_sample": False,
+        "num_beams": 1,
+        "eos_token_id": None,
+        "pad_token_id": _pad_id(resolved),
+    }
     if req.kv_dtype is not None:
         kwargs["cache"] = quantized_cache(resolved, req.kv_dtype)
     hook = None
@@ -198,8 +235,12 @@ def _generate(resolved: ResolvedModel, req: Request, model: Any, inputs: dict[st
     if fed is not None:
         # the prompt as generate() is given it: an encoder-decoder's root calls take decoder ids only
         metadata["input_tokens"] = fed["tokens"]
+    if tokens:
+        # the placeholders the model makes of each medium: a model that finds them by a position mask
+        # (Kosmos-2) or Whisper's encoder positions are no image/audio token ids in the prompt
+        metadata["request_tokens"] = dict(tokens)
     try:
-        with MetaCapture(model, inputs, metadata=metadata) as cap, torch.inference_mode():
+        with capture_for(model, inputs, metadata) as cap, torch.inference_mode():
             model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
     finally:
         if hook is not None:
@@ -207,10 +248,19 @@ def _generate(resolved: ResolvedModel, req: Request, model: Any, inputs: dict[st
     return cap.trace
 
 
+def _pad_id(resolved: ResolvedModel) -> int:
+    """generate()'s pad id: 0, except for an encoder-decoder with a pad id of its own, which gets it.
+    Every token generated on meta is 0 (``argmax`` of meta logits), and Whisper's generate() strips
+    trailing padding from what it made: with pad 0 it would strip every generated token and fail.
+    (Greedy generation without an EOS never pads, so the id changes no memory.)"""
+    pad = getattr(resolved.config, "pad_token_id", None)
+    return pad if isinstance(pad, int) and pad > 0 and getattr(resolved.config, "is_encoder_decoder", False) else 0
+
+
 def run_estimate(resolved: ResolvedModel, req: Request) -> tuple[Any, Any]:
     """(meta Trace, meta model) of one request, every decode step run."""
-    model, inputs = _prepare(resolved, req)
-    return _generate(resolved, req, model, inputs, req.new_tokens), model
+    model, inputs, tokens = _prepare(resolved, req)
+    return _generate(resolved, req, model, inputs, req.new_tokens, tokens), model
 
 
 def _steady_from(resolved: ResolvedModel, prompt_length: int) -> int | None:
@@ -229,20 +279,21 @@ def measure(resolved: ResolvedModel, req: Request, progress: Progress = _quiet) 
     """(meta Trace, meta model, the decode phase extrapolated to ``req.new_tokens`` or None when
     the Trace ran every step)."""
     progress("building the meta model", 0.05)
-    model, inputs = _prepare(resolved, req)
-    prompt_length = int(inputs["input_ids"].shape[-1])
+    model, inputs, tokens = _prepare(resolved, req)
+    prompt = inputs["input_ids"] if "input_ids" in inputs else inputs["decoder_input_ids"]  # Whisper: the decoder's
+    prompt_length = int(prompt.shape[-1])
     steady = _steady_from(resolved, prompt_length) if req.kv_dtype is None else None
     short = None if steady is None else max(_MEASURED_NEW_TOKENS, steady + 4)
     if short is not None and req.new_tokens > short + 1:
         progress(f"running {short} and {short + 1} of {req.new_tokens} new tokens", 0.2)
-        first = _generate(resolved, req, model, inputs, short)
+        first = _generate(resolved, req, model, inputs, short, tokens)
         progress(f"running {short + 1} of {req.new_tokens} new tokens", 0.5)
-        longer = _generate(resolved, req, model, inputs, short + 1)
+        longer = _generate(resolved, req, model, inputs, short + 1, tokens)
         decode = extrapolate_decode(first, longer, req.new_tokens)
         if decode is not None:
             return longer, model, decode
     progress(f"running {req.new_tokens} new tokens step by step", 0.3)
-    return _generate(resolved, req, model, inputs, req.new_tokens), model, None
+    return _generate(resolved, req, model, inputs, req.new_tokens, tokens), model, None
 
 
 def versions() -> dict[str, str]:

@@ -8,6 +8,7 @@ any values: :class:`_QuantizedLinear` for weights, an emulated ``QuantizedLayer`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from memwarden.capture.live.capture import before_live_capture
+from memwarden.capture.meta.capture import MetaCapture
 from memwarden.errors import InputError
 from memwarden.estimate.card import ModelFacts, Request
 from memwarden.estimate.stored import StoredLayout, StoredLinear
@@ -22,7 +24,15 @@ from memwarden.estimate.stored import StoredLayout, StoredLinear
 if TYPE_CHECKING:
     from memwarden.estimate.resolve import ResolvedModel
 
-__all__ = ["kv_quantizable", "layout_for", "model_facts", "model_for", "quantized_cache"]
+__all__ = [
+    "capture_for",
+    "decoding_part",
+    "kv_quantizable",
+    "layout_for",
+    "model_facts",
+    "model_for",
+    "quantized_cache",
+]
 
 
 _MODELS: OrderedDict[tuple[str, bool, str, str | None], Any] = OrderedDict()  # meta models cost no weights; keep a few
@@ -79,6 +89,81 @@ def kv_quantizable(resolved: ResolvedModel) -> bool:
     text = resolved.config.get_text_config()
     layer_types = getattr(text, "layer_types", None) or []
     return all(t == "full_attention" for t in layer_types)
+
+
+# -- the capture of a meta run ---------------------------------------------------------------------
+
+
+def decoding_part(model: Any) -> Any:
+    """The sub-model a model's own generate() hands the decoding to, or None.
+
+    BLIP-2, InstructBLIP and Kosmos-2 override generate(): it encodes the image, then calls
+    ``self.language_model.generate`` / ``self.text_model.generate`` with the image's embeddings, so
+    the model's root is never called and the prefill and decode steps are that part's calls. Found
+    as the one child that can generate and whose generate() the override's source calls."""
+    import inspect
+
+    from transformers import GenerationMixin, PreTrainedModel
+
+    generate = type(model).generate
+    if generate is GenerationMixin.generate:
+        return None
+    try:
+        source = inspect.getsource(generate)
+    except (OSError, TypeError):
+        return None
+    parts = [
+        child for name, child in model.named_children()
+        if isinstance(child, GenerationMixin) and isinstance(child, PreTrainedModel)
+        and child.can_generate() and f"self.{name}.generate(" in source
+    ]  # fmt: skip
+    return parts[0] if len(parts) == 1 else None
+
+
+def capture_for(model: Any, inputs: dict[str, Any], metadata: dict[str, Any]) -> MetaCapture:
+    """The meta capture of ``model.generate(**inputs)``: its steps are the calls of the part that
+    decodes (:func:`decoding_part`), else of the model."""
+    return _EstimateCapture(model, inputs, decoding_part(model), metadata=metadata)
+
+
+class _EstimateCapture(MetaCapture):
+    """The meta capture, with two things the capture does not do yet for the families it serves:
+
+    - ``part`` (a model whose generate() hands the decoding to a sub-model): the outermost calls of
+      ``part`` are the steps, as root calls (a root's path is empty); the whole model's weights are
+      still the run's and every other path (and so every modality) is unchanged.
+    - An encoder-decoder's cache (Whisper's ``EncoderDecoderCache``) holds its layers in a
+      self-attention and a cross-attention cache: both are tagged ``kv_cache`` after each step, as
+      the capture tags a decoder-only model's cache.
+
+    It reaches into the capture's module table, which has no public way to name the step module."""
+
+    def __init__(self, model: Any, inputs: dict[str, Any], part: Any = None, **kwargs: Any) -> None:
+        super().__init__(model, inputs, **kwargs)
+        self._part = part
+
+    def __enter__(self) -> _EstimateCapture:
+        super().__enter__()
+        ctx = self._module_ids.get(id(self._part)) if self._part is not None else None
+        if ctx is not None:
+            self._modules[ctx] = dataclasses.replace(self._modules[ctx], path="")
+        return self
+
+    def _post_hook(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        super()._post_hook(module, args, kwargs, output)
+        ctx = self._module_ids.get(id(module))
+        if ctx is None or self._stack or self._modules[ctx].path != "":
+            return
+        cache = next(
+            (c for c in (getattr(output, n, None) for n in ("cache", "past_key_values")) if c is not None), None
+        )
+        now = self._now()
+        for part in (getattr(cache, "self_attention_cache", None), getattr(cache, "cross_attention_cache", None)):
+            for layer in getattr(part, "layers", None) or ():
+                for name in ("keys", "values"):
+                    t = getattr(layer, name, None)
+                    if isinstance(t, torch.Tensor):
+                        self._log.tag(now, t, "kv_cache", "")
 
 
 # -- model facts for the arithmetic suggestions ----------------------------------------------------

@@ -19,6 +19,15 @@
 - Float inputs go to the model in its dtype, as ``processor(...).to(model.dtype)`` sends them.
 - Videos and audio (any family's, through its video processor's defaults and its feature
   extractor) are built in :mod:`memwarden.estimate.request_media`; the same model call counts them.
+- Models that place images otherwise are built from the same model code: an instruction-aware
+  Q-Former (InstructBLIP) also gets the prompt in its own vocabulary (:func:`encoder_prompt`); a
+  model that finds the image by a position mask (Kosmos-2's ``image_embeds_position_mask``) gets
+  the mask where the placeholders sit; an image processor that cuts patches for the decoder itself
+  (Fuyu: no vision tower) gives the patches, and each row of them ends with a newline token, as its
+  processor writes them (:func:`memwarden.estimate.request_media.patch_stream`).
+- An encoder-decoder (Whisper) takes the prompt as ``decoder_input_ids`` from its decoder start
+  token; its audio goes to the encoder, whose positions are counted as audio tokens but are no
+  placeholders in the prompt.
 - Text is ids below the lowest special id; markers (BOS, image start/end, row/column tokens)
   are ordinary text tokens and count towards ``prompt_tokens``. A BOS that does not fit beside
   the media markers is left out (Qwen's templates send none).
@@ -36,6 +45,7 @@ from memwarden.estimate.request_media import (
     audio_media,
     feature_tokens,
     in_model_dtype,
+    patch_stream,
     processed,
     processing_families,
     processor_key,
@@ -222,8 +232,11 @@ def _to_meta(values: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def placeholder_counts(model: Any, processor: Any, images: list[tuple[int, int]]) -> list[int]:
-    """Tokens the model's ``get_image_features`` makes of each image, run on the meta model."""
+def placeholder_counts(
+    model: Any, processor: Any, images: list[tuple[int, int]], prompt: dict[str, Any] | None = None
+) -> list[int]:
+    """Tokens the model's ``get_image_features`` makes of each image, run on the meta model.
+    ``prompt``: what the image encoder reads of the prompt besides the pixels (:func:`encoder_prompt`)."""
     import torch
 
     from memwarden.capture.meta.capture import placement
@@ -246,7 +259,7 @@ def placeholder_counts(model: Any, processor: Any, images: list[tuple[int, int]]
         key = (*model_key, processor_key(processor), tuple(wh))
         count = _COUNTS.get(key)
         if count is None:
-            media = in_model_dtype(model, _to_meta(processed(processor, [wh], 1)))
+            media = in_model_dtype(model, {**_to_meta(processed(processor, [wh], 1)), **_rows(prompt or {}, 1)})
             with placement(), torch.inference_mode():
                 out = encode(**_accepted(encode, media), return_dict=True)
             _check_width(model.config, out)
@@ -278,6 +291,24 @@ def _check_width(config: Any, output: Any) -> None:
         )
 
 
+def _check_patch_count(model: Any, patches: Any, grids: list[tuple[int, int]]) -> None:
+    """The decoder's own patch embedding (``get_image_features``, on meta) makes one token per patch."""
+    import torch
+
+    from memwarden.capture.meta.capture import placement
+
+    encode = getattr(model, "get_image_features", None) or getattr(
+        getattr(model, "model", None), "get_image_features", None
+    )
+    if encode is None:
+        raise InputError(f"{type(model).__name__} has no get_image_features; send a text-only request")
+    with placement(), torch.inference_mode():
+        out = encode(pixel_values=in_model_dtype(model, {"p": patches})["p"], return_dict=True)
+    made, cut = feature_tokens(out), sum(r * c for r, c in grids)
+    if made != cut:
+        raise InputError(f"{type(model).__name__} makes {made} tokens of {cut} patches; send a text-only request")
+
+
 def _specials(config: Any) -> list[int]:
     ids: list[int] = []
     for cfg in (config, config.get_text_config()):
@@ -305,6 +336,69 @@ def image_token_id(config: Any, kind: str = "image") -> int:
     raise InputError(f"model_type {config.model_type!r} names no {kind} token; send a text-only request")
 
 
+def encoder_prompt(model: Any, config: Any, n_text: int, batch: int) -> dict[str, Any]:
+    """The prompt as an image encoder that reads it gets it, in its own vocabulary: InstructBLIP's
+    Q-Former takes ``qformer_input_ids`` (the processor tokenizes the prompt a second time, with the
+    Q-Former's BERT tokenizer: [CLS] text [SEP]). Found by the encoder's parameters: ``NAME_input_ids``
+    where the config has a ``NAME_config``. Empty for every other model.
+
+    The ids are ordinary ones of that vocabulary; the prompt is cut to the encoder's positions
+    (``max_position_embeddings``, 512 for BERT), as a longer one does not run."""
+    import torch
+
+    encode = getattr(model, "get_image_features", None) or getattr(
+        getattr(model, "model", None), "get_image_features", None
+    )
+    if encode is None:
+        return {}
+    out: dict[str, Any] = {}
+    for name in inspect.signature(encode).parameters:
+        prefix = name.removesuffix("_input_ids")
+        sub = getattr(config, f"{prefix}_config", None) if name.endswith("_input_ids") else None
+        vocab = getattr(sub, "vocab_size", None)
+        if not isinstance(vocab, int) or vocab <= _FIRST_TEXT_ID:
+            continue
+        length = n_text + 2  # [CLS] ... [SEP]
+        positions = getattr(sub, "max_position_embeddings", None)
+        if isinstance(positions, int) and positions > 0:
+            length = min(length, positions)
+        row = torch.arange(length, dtype=torch.long) % (vocab - _FIRST_TEXT_ID) + _FIRST_TEXT_ID
+        out[name] = row.repeat(batch, 1)
+        out[f"{prefix}_attention_mask"] = torch.ones((batch, length), dtype=torch.long)
+    return out
+
+
+def _rows(values: dict[str, Any], batch: int) -> dict[str, Any]:
+    """The first ``batch`` rows of each (B, T) tensor."""
+    return {k: v[:batch] for k, v in values.items()}
+
+
+def _placeholder(model: Any, config: Any, kind: str) -> int:
+    """The id a medium's placeholders carry: the config's token id, or, for a model that finds the
+    image by a position mask (Kosmos-2's ``image_embeds_position_mask``: its processor puts ids after
+    ``<unk>`` there, ordinary text embeddings), an ordinary text id."""
+    if kind == "image" and _takes_position_mask(model):
+        try:
+            return image_token_id(config, kind)
+        except InputError:
+            return _FIRST_TEXT_ID
+    return image_token_id(config, kind)
+
+
+def _takes_position_mask(model: Any) -> bool:
+    return "image_embeds_position_mask" in inspect.signature(model.forward).parameters
+
+
+def context_of(config: Any) -> int | None:
+    """Tokens the text model takes: its ``max_position_embeddings``, an encoder-decoder's decoder
+    ``max_target_positions`` (Whisper's 448)."""
+    text = config.get_text_config()
+    for value in (getattr(text, "max_position_embeddings", None), getattr(config, "max_target_positions", None)):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
 def build_request(
     model: Any,
     config: Any,
@@ -324,19 +418,32 @@ def build_request(
     import torch
 
     text = config.get_text_config()
-    context = getattr(text, "max_position_embeddings", None)
+    context = context_of(config)
     runs: list[tuple[str, int]] = []  # (kind, placeholders) in prompt order: images, videos, audio
+    # placeholders per row of an image whose every row of patches the processor ends with a newline token
+    row_widths: dict[int, int] = {}
+    encoded = 0  # audio positions an encoder-decoder's decoder cross-attends to (not in its prompt)
     media: dict[str, Any] = {}
     cross = bool(images) and takes_cross_attention_images(model)
     if images:
         for wh in images:
             _check_image(config, wh)
         processor = image_processor(config.model_type, config, max_pixels, processor_settings)
+        stream = None if cross else patch_stream(processor, list(images))
         if cross:  # the prompt's one image token per image; the processor builds the rest from the ids
             runs += [("image", 1) for _ in images]
+        elif stream is not None:  # Fuyu: the patches are the tokens, each row ended by a newline token
+            patches, grids = stream
+            _check_patch_count(model, patches, grids)
+            for rows, cols in grids:
+                row_widths[len(runs)] = cols
+                runs.append(("image", rows * (cols + 1)))
+            media = {"pixel_values": torch.empty((batch, *patches.shape[1:]), dtype=patches.dtype, device="meta")}
         else:
-            runs += [("image", n) for n in placeholder_counts(model, processor, list(images))]
-            media = _to_meta(processed(processor, list(images), batch))
+            n_text = max(prompt_tokens - 2, 1)
+            prompt = encoder_prompt(model, config, n_text, batch)
+            runs += [("image", n) for n in placeholder_counts(model, processor, list(images), prompt)]
+            media = {**_to_meta(processed(processor, list(images), batch)), **prompt}
     if videos:
         for w, h, _frames in videos:
             _check_image(config, (w, h))
@@ -347,7 +454,10 @@ def build_request(
     if audio_seconds is not None:
         audio_inputs, audio_count = audio_media(model, config, audio_seconds, batch)
         media.update(audio_inputs)
-        runs.append(("audio", audio_count))
+        if getattr(config, "is_encoder_decoder", False):  # Whisper: the encoder's positions, no placeholders
+            encoded = audio_count
+        else:
+            runs.append(("audio", audio_count))
     placeholders = sum(n for _, n in runs)
     total = prompt_tokens + placeholders
     if isinstance(context, int) and total + new_tokens > context:
@@ -356,6 +466,8 @@ def build_request(
             f"model's context of {context} (max_position_embeddings)"
         )
     bos = getattr(text, "bos_token_id", None)
+    if getattr(config, "is_encoder_decoder", False):  # the decoder's prompt opens with its start token
+        bos = getattr(config, "decoder_start_token_id", None)
     lead = [bos] if isinstance(bos, int) and 0 <= bos < text.vocab_size else []
     specials = [i for i in _specials(config) if i >= _FIRST_TEXT_ID]
     top = min([text.vocab_size, *specials])
@@ -374,9 +486,18 @@ def build_request(
     n_text = prompt_tokens - n_markers
     words = (torch.arange(n_text, dtype=torch.long) % (top - _FIRST_TEXT_ID) + _FIRST_TEXT_ID).tolist()
     ids = list(lead)
+    positions: list[int] = []  # where image placeholders sit (a position-mask model's mask)
     for i, (kind, n) in enumerate(runs):
         opening, closing = markers[kind]
-        ids += opening + [image_token_id(config, kind)] * n + closing
+        ids += opening
+        token = _placeholder(model, config, kind)
+        width = row_widths.get(i)
+        for _row in range(0, n, (width + 1) if width else max(n, 1)):
+            per_row = width if width else n
+            if kind == "image":
+                positions += range(len(ids), len(ids) + per_row)
+            ids += [token] * per_row + ([_FIRST_TEXT_ID] if width else [])  # the row's newline: a text embedding
+        ids += closing
         # Models that find media as runs of placeholders (Qwen-VL's rope index) need a text token
         # between two of them, as every chat template puts one.
         if i + 1 < len(runs) and words:
@@ -384,6 +505,10 @@ def build_request(
     ids += words
     input_ids = torch.tensor([ids] * batch, dtype=torch.long)
     inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    if images and not cross and _takes_position_mask(model) and "image_embeds_position_mask" not in media:
+        mask = torch.zeros_like(input_ids)
+        mask[:, positions] = 1
+        media["image_embeds_position_mask"] = mask
     if cross:
         known_bos = bos if isinstance(bos, int) and 0 <= bos < text.vocab_size else None
         media = cross_attention_request(
@@ -391,12 +516,17 @@ def build_request(
         )
     accepted = inspect.signature(model.forward).parameters
     inputs.update(in_model_dtype(model, {k: v for k, v in media.items() if k in accepted}))
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in accepted:
+        # the prompt is the decoder's (Whisper's task tokens and text); the encoder takes the media, and
+        # generate() reads ``attention_mask`` as the media's mask
+        inputs = {"decoder_input_ids": inputs["input_ids"], **{k: v for k, v in inputs.items() if k not in
+                  ("input_ids", "attention_mask")}}  # fmt: skip
     if runs and "mm_token_type_ids" in accepted:
         kinds = {"image": 1, "video": 2, "audio": 3}
         type_ids = torch.zeros_like(input_ids, dtype=torch.int)
         for kind in {k for k, _ in runs}:
-            type_ids[input_ids == image_token_id(config, kind)] = kinds[kind]  # Qwen-VL: text 0, image 1, video 2
+            type_ids[input_ids == _placeholder(model, config, kind)] = kinds[kind]  # Qwen-VL: text 0, image 1, video 2
         inputs["mm_token_type_ids"] = type_ids
     count = {kind: sum(n for k, n in runs if k == kind) for kind in ("image", "video", "audio")}
-    tokens = {"vision": count["image"] + count["video"], "audio": count["audio"], "text": prompt_tokens}
+    tokens = {"vision": count["image"] + count["video"], "audio": count["audio"] + encoded, "text": prompt_tokens}
     return inputs, tokens

@@ -5,7 +5,9 @@
   truncation, ``pad_to_multiple_of``) on silence. A processor that splits the features into fixed
   windows (``max_source_positions`` in its defaults: Voxtral's 30 s chunks) is followed: the
   extractor runs on one window and the chunk count is arithmetic, so an hour of audio allocates
-  one window. Placeholders are what the model's ``get_audio_features`` makes of it on meta.
+  one window. Placeholders are what the model's ``get_audio_features`` makes of it on meta; an
+  encoder-decoder speech model (Whisper) is its own audio encoder: its config holds the mel bins,
+  its extractor pads or cuts a clip to one 30 s window, and the tokens are its encoder's positions.
 - Video: frames of ``W x H`` go through the family's image processor with the video processor's
   size defaults (read from the video processor class, or from its source where its torchvision
   backend is missing: only literal dicts and integer arithmetic are evaluated). Qwen-style
@@ -33,6 +35,7 @@ __all__ = [
     "MAX_VIDEO_FRAMES",
     "audio_media",
     "feature_tokens",
+    "patch_stream",
     "in_model_dtype",
     "processed",
     "processing_families",
@@ -236,16 +239,62 @@ def _copy(value: Any) -> Any:
 
 
 def feature_tokens(output: Any) -> int:
-    """Tokens in a ``get_*_features`` output: rows of its pooled features, over every part."""
+    """Tokens in a ``get_*_features`` output: rows of its pooled features, over every part; where it
+    pools nothing, of its last hidden state (Fuyu's patch embeddings, an encoder's positions)."""
     import torch
 
     features = getattr(output, "pooler_output", None)
+    if features is None:
+        features = getattr(output, "last_hidden_state", None)
     if features is None:
         features = (
             output[0] if isinstance(output, (tuple, list)) and not isinstance(output[0], torch.Tensor) else output
         )
     parts = [features] if isinstance(features, torch.Tensor) else list(features)
     return sum(int(p.numel() // max(p.shape[-1], 1)) for p in parts)
+
+
+# -- patches straight into the decoder ------------------------------------------------------------
+
+
+def patch_stream(processor: Any, images: list[tuple[int, int]]) -> tuple[Any, list[tuple[int, int]]] | None:
+    """(the patches of every image, ``(1, patches, C x ph x pw)`` on meta; each image's (rows, columns)
+    of patches), for an image processor that cuts images into patches the decoder takes as tokens
+    (Fuyu: no vision tower, one linear layer); None for any other processor.
+
+    As the family's processor does: each image is resized to fit the processor's size (never up) and
+    padded, then cut to the patches that cover its unpadded part (``ceil(h / ph)`` rows of
+    ``ceil(w / pw)``); the processor ends each row with a newline token, which the caller places."""
+    import torch
+
+    if not (
+        callable(getattr(processor, "patchify_image", None)) and callable(getattr(processor, "get_num_patches", None))
+    ):
+        return None
+    sides = _size_dict(getattr(processor, "patch_size", None))
+    ph, pw = sides.get("height"), sides.get("width")
+    if not (isinstance(ph, int) and isinstance(pw, int) and ph > 0 and pw > 0):
+        return None
+    grids: list[tuple[int, int]] = []
+    channels = 3
+    for wh in images:
+        out = processed(processor, [wh], 1)
+        padded = out["images"]  # (1, 1, C, H, W): the image padded to the processor's size
+        channels, height, width = (int(v) for v in padded.shape[-3:])
+        h = int(out["image_unpadded_heights"].reshape(-1)[0])
+        w = int(out["image_unpadded_widths"].reshape(-1)[0])
+        rows = min(height, math.ceil(h / ph) * ph) // ph
+        cols = min(width, math.ceil(w / pw) * pw) // pw
+        grids.append((rows, cols))
+    total = sum(r * c for r, c in grids)
+    return torch.empty((1, total, channels * ph * pw), device="meta"), grids
+
+
+def _size_dict(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return dict(value)
+    fields = getattr(value, "__dataclass_fields__", None)
+    return {k: getattr(value, k) for k in fields} if fields else {}
 
 
 # -- audio ----------------------------------------------------------------------------------------
@@ -261,14 +310,18 @@ def audio_media(model: Any, config: Any, seconds: float, batch: int) -> tuple[di
     if not 0 < seconds <= MAX_AUDIO_SECONDS:
         raise InputError(f"audio_seconds must be in (0, {MAX_AUDIO_SECONDS:g}]; got {seconds!r}")
     cls = _first_class(FEATURE_EXTRACTOR_MAPPING_NAMES, config)
-    ac = getattr(config, "audio_config", None)
+    # An encoder-decoder speech model (Whisper) is its own audio encoder: the audio goes to its encoder,
+    # whose config is the model's, and the prompt holds no placeholders (it is the decoder's)
+    speech = _speech_encoder_decoder(model, config)
+    ac = config if speech else getattr(config, "audio_config", None)
     if cls is None or ac is None:
         raise InputError(f"model_type {family!r} has no audio encoder and feature extractor in transformers")
     kwargs: dict[str, Any] = {}
     mel = getattr(ac, "num_mel_bins", None)
     if isinstance(mel, int) and "feature_size" in inspect.signature(cls.__init__).parameters:
         kwargs["feature_size"] = mel
-    _encoder(model, "get_audio_features")  # before anything is built: Phi-4-multimodal has none
+    if not speech:
+        _encoder(model, "get_audio_features")  # before anything is built: Phi-4-multimodal has none
     extractor = cls(**kwargs)
     rate = int(extractor.sampling_rate)
     defaults = _processor_defaults(config, "audio")
@@ -297,11 +350,31 @@ def audio_media(model: Any, config: Any, seconds: float, batch: int) -> tuple[di
         # a processor that asks for the mask hands it to the model (Qwen2.5-Omni: feature_attention_mask),
         # whose audio tower then runs on the clip's frames only
         media["feature_attention_mask"] = mask
-    tokens = _tokens(model, "get_audio_features", media)
+    tokens = _encoder_positions(model, media) if speech else _tokens(model, "get_audio_features", media)
     media["input_features"] = torch.empty((shape[0] * batch, *shape[1:]), dtype=features.dtype, device="meta")
     if "feature_attention_mask" in media:
         media["feature_attention_mask"] = mask.repeat(batch, 1)
     return media, tokens
+
+
+def _speech_encoder_decoder(model: Any, config: Any) -> bool:
+    """Whether ``model`` is an encoder-decoder whose encoder takes the audio features (Whisper)."""
+    return (
+        bool(getattr(config, "is_encoder_decoder", False)) and getattr(model, "main_input_name", "") == "input_features"
+    )
+
+
+def _encoder_positions(model: Any, media: dict[str, Any]) -> int:
+    """The positions the encoder makes of the features (Whisper: 3000 mel frames -> 1500), on meta:
+    the length of the states the decoder cross-attends to."""
+    import torch
+
+    from memwarden.capture.meta.capture import placement
+
+    encoder = model.get_encoder()
+    with placement(), torch.inference_mode():
+        out = encoder(input_features=in_model_dtype(model, media)["input_features"], return_dict=True)
+    return feature_tokens(out)
 
 
 # -- video ----------------------------------------------------------------------------------------
