@@ -74,7 +74,7 @@ def _count_calls(monkeypatch: pytest.MonkeyPatch, real: Callable[..., Any], coun
 
 
 def _import_everything_the_report_runs() -> None:
-    """Detectors are imported on first use; import them first so their bindings get counted too."""
+    """Import every detector and command module first, so their bindings get counted too."""
     for info in pkgutil.iter_modules(memwarden.analyze.patterns.__path__):
         importlib.import_module(f"memwarden.analyze.patterns.{info.name}")
     for name in ("memwarden.commands.report", "memwarden.commands.diagnose", "memwarden.report.full"):
@@ -116,6 +116,15 @@ def test_report_and_diagnose_html_write_the_same_page(
 
     assert "Findings" in page(from_report)
     assert page(from_report) == page(from_diagnose)
+
+
+def test_diagnose_and_the_report_take_a_trace_or_its_analysis(chat_trace: Trace, tmp_path: Path) -> None:
+    """The public API wraps a Trace once; a caller holding the Analysis passes it instead."""
+    analysis = Analysis(chat_trace)
+    by_trace = [(f.pattern, f.saving_peak_bytes) for f in diagnose(chat_trace)]
+    assert by_trace and [(f.pattern, f.saving_peak_bytes) for f in diagnose(analysis)] == by_trace
+    memwarden.write_report(analysis, tmp_path / "page.html", heatmap=False)
+    assert "kv-reprefill" in (tmp_path / "page.html").read_text()
 
 
 def _two_device_trace() -> Trace:

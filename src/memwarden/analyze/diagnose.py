@@ -50,7 +50,7 @@ def load_thresholds(path: str | Path) -> dict[str, dict[str, Any]]:
 
 
 def diagnose(
-    trace: Trace,
+    trace: Trace | Analysis,
     thresholds: dict[str, dict[str, Any]] | None = None,
     patterns: list[str] | None = None,
     *,
@@ -60,10 +60,13 @@ def diagnose(
     """Run the detectors and return their findings, the largest saving at the peak first (those
     that save only work after them, ``rank``).
 
-    ``analysis``: the trace's Analysis when the caller goes on to use it (a report), so nothing
-    the detectors compute is computed again. ``budget_bytes``: the memory the run must fit in; a
-    fix that makes it fit is high.
+    ``trace``: a Trace, or its Analysis when the caller goes on to use it (a report), so nothing
+    the detectors compute is computed again (``analysis=`` says the same, for earlier callers).
+    ``budget_bytes``: the memory the run must fit in; a fix that makes it fit is high.
     """
+    if isinstance(trace, Analysis):
+        analysis = trace
+        trace = analysis.trace
     ctx = Context(trace=trace, thresholds=thresholds or {}, shared=analysis)
     read_from(trace.metadata.get("cwd"))  # the script's relative source paths, for the line to change
     peak = ctx.summary.peak_bytes

@@ -47,10 +47,9 @@ def _thresholds(path: str, load: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memwarden.analyze.analysis import Analysis
-    from memwarden.analyze.diagnose import PATTERNS, diagnose, load_thresholds, report_json
+    from memwarden.analyze.diagnose import PATTERNS, load_thresholds, report_json
     from memwarden.commands._common import load_trace, print_json, wrote
-    from memwarden.report.full import HEATMAP_COLUMNS, write_report
+    from memwarden.report.full import diagnose_report
     from memwarden.trace.io import check_output
 
     if args.html:
@@ -69,12 +68,10 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise InputError(f"--budget {args.budget!r}: {exc}") from None
     trace = load_trace(args.file)
-    # With --html the detectors' allocator replay records the heatmap's layout too: one replay.
-    analysis = Analysis(trace, replay_history_columns=HEATMAP_COLUMNS if args.html else 0)
-    findings = diagnose(trace, thresholds, args.pattern, analysis=analysis, budget_bytes=budget)
+    analysis, findings = diagnose_report(
+        trace, args.html or None, thresholds=thresholds, patterns=args.pattern, budget_bytes=budget
+    )
     data = report_json(analysis, findings)
-    if args.html:
-        write_report(trace, args.html, findings=findings, analysis=analysis)
     if args.json:
         print_json(data)
         return 0

@@ -22,7 +22,7 @@ from memwarden.report.html import Section, write_html
 from memwarden.report.source_view import read_source_lines, source_view_html
 from memwarden.trace.model import Action, Trace
 
-__all__ = ["HEATMAP_COLUMNS", "HEATMAP_MAX_EVENTS", "heatmap_for", "write_report"]
+__all__ = ["HEATMAP_COLUMNS", "HEATMAP_MAX_EVENTS", "diagnose_report", "heatmap_for", "write_report"]
 
 # Replaying a very long trace for the picture alone is not worth minutes of waiting.
 HEATMAP_MAX_EVENTS = 2_000_000
@@ -80,8 +80,25 @@ def _annotation_markers(trace: Trace) -> list[dict[str, Any]]:
     return markers
 
 
-def write_report(
+def diagnose_report(
     trace: Trace,
+    html: str | os.PathLike[str] | None = None,
+    *,
+    thresholds: dict[str, dict[str, Any]] | None = None,
+    patterns: list[str] | None = None,
+    budget_bytes: int | None = None,
+) -> tuple[Analysis, list[Finding]]:
+    """``diagnose``, and with ``html`` the report beside it, from one Analysis (with a report, the
+    detectors' allocator replay records the heatmap's layout too: one replay for both)."""
+    analysis = Analysis(trace, replay_history_columns=HEATMAP_COLUMNS if html is not None else 0)
+    findings = diagnose(analysis, thresholds, patterns, budget_bytes=budget_bytes)
+    if html is not None:
+        write_report(analysis, html, findings=findings)
+    return analysis, findings
+
+
+def write_report(
+    trace: Trace | Analysis,
     path: str | os.PathLike[str],
     *,
     title: str | None = None,
@@ -90,12 +107,15 @@ def write_report(
     heatmap: bool = True,
     analysis: Analysis | None = None,
 ) -> Path:
-    """Write the report of ``trace`` to ``path`` (atomically) and return the path.
+    """Write the report of ``trace`` (a Trace, or its Analysis when the caller already has one:
+    ``analysis=`` says the same) to ``path`` (atomically) and return the path.
 
     ``findings``: already diagnosed (with the caller's thresholds or patterns); else the trace is
     diagnosed here unless ``diagnose_trace`` is false (then the page has no findings section).
-    ``analysis``: the trace's shared Analysis, when the caller already has one.
     """
+    if isinstance(trace, Analysis):
+        analysis = trace
+        trace = analysis.trace
     if analysis is None:  # replays record the heatmap's layout: the detectors' replay is the picture's
         analysis = Analysis(trace, replay_history_columns=HEATMAP_COLUMNS if heatmap else 0)
     # The heatmap first: a replay with layout history answers the fragmentation detector's too.
