@@ -39,6 +39,11 @@
 #include <unordered_set>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <cerrno>
+
 // Source lines (see current_site): the running thread's Python frames are read in place, without
 // the GIL. torch's bindings release the GIL during dispatch, and taking it back inside the
 // allocator could deadlock against a thread that holds the GIL and waits on a lock held here.
@@ -106,6 +111,156 @@ std::atomic<int64_t> g_unwrapped{0};
 at::CallbackHandle g_callback = 0;
 
 thread_local std::vector<const char*> t_ops;
+
+// -- the crash ring -------------------------------------------------------------------------------
+// The streamer (capture/live/stream.py) copies g_events to a file every 100 ms; a process that dies
+// between two copies takes the rows since the last one with it. With a ring attached (ring_attach,
+// ``memwarden trace``'s child), every row is also copied, as it is logged, into a file mapped
+// MAP_SHARED: the kernel owns those pages, so they outlive the process however it dies (SIGKILL,
+// SIGSEGV, SIGABRT, _exit) and the supervisor reads them after it (capture/live/recover.py).
+// Layout, little-endian (recover.py's RING_* constants mirror it):
+//   [0, 4096)          header: magic "MWRING01", u32 version, u32 row bytes, u64 capacity (rows),
+//                      u64 side capacity (bytes), u64 written (rows logged: the next row's
+//                      sequence number), u64 side used (bytes), u64 side records dropped
+//   seqs               capacity x u64: the sequence number of the row in each slot (~0: being written)
+//   rows               capacity x Event: row `seq` lives in slot seq % capacity
+//   side               append-only records the rows refer to that the stream may not have yet:
+//                      u8 kind (1 op name, 2 site name, 3 shape), 3 pad, i32 id (op/site id, or
+//                      offset in the shape pool), u32 payload bytes, payload (text, or i64 dims)
+// A row's copy is updated in place while its slot still holds it (note_output fills in dtype,
+// shape and written bytes when the op that made the block returns). The cost per row is one
+// 64-byte copy into memory already mapped.
+constexpr uint64_t kRingHeader = 4096;
+constexpr uint64_t kNotWritten = ~0ULL;
+struct RingHeader {
+  char magic[8];
+  uint32_t version;
+  uint32_t row_bytes;
+  uint64_t capacity;
+  uint64_t side_capacity;
+  uint64_t written;
+  uint64_t side_used;
+  uint64_t side_dropped;
+};
+RingHeader* g_ring = nullptr;  // nullptr: no ring attached
+uint64_t* g_ring_seqs = nullptr;
+Event* g_ring_rows = nullptr;
+char* g_ring_side = nullptr;
+size_t g_ring_map_bytes = 0;
+// g_events[k] for k >= g_ring_split is ring row g_ring_base + (k - g_ring_split); rows before the
+// split are older rows a flight-recorder cut kept (the live state), already streamed.
+int64_t g_ring_split = 0;
+int64_t g_ring_base = 0;
+
+inline void ring_store_seq(uint64_t slot, uint64_t value) {
+  __atomic_store_n(&g_ring_seqs[slot], value, __ATOMIC_RELEASE);
+}
+
+// Caller holds g_mu (or is single-threaded).
+void ring_reset() {
+  if (g_ring == nullptr) return;
+  __atomic_store_n(&g_ring->written, 0, __ATOMIC_RELEASE);
+  __atomic_store_n(&g_ring->side_used, 0, __ATOMIC_RELEASE);
+  __atomic_store_n(&g_ring->side_dropped, 0, __ATOMIC_RELEASE);
+  std::memset(g_ring_seqs, 0xff, g_ring->capacity * sizeof(uint64_t));
+  g_ring_split = 0;
+  g_ring_base = 0;
+}
+
+// Caller holds g_mu. The row just appended to g_events.
+inline void ring_append(const Event& e) {
+  if (g_ring == nullptr) return;
+  const uint64_t seq = g_ring->written;
+  const uint64_t slot = seq % g_ring->capacity;
+  ring_store_seq(slot, kNotWritten);
+  std::memcpy(&g_ring_rows[slot], &e, sizeof(Event));
+  ring_store_seq(slot, seq);
+  __atomic_store_n(&g_ring->written, seq + 1, __ATOMIC_RELEASE);
+}
+
+// Caller holds g_mu. g_events[k] changed: update its copy if the ring still holds it.
+inline void ring_update(size_t k) {
+  if (g_ring == nullptr || static_cast<int64_t>(k) < g_ring_split) return;
+  const uint64_t seq = static_cast<uint64_t>(g_ring_base + (static_cast<int64_t>(k) - g_ring_split));
+  const uint64_t slot = seq % g_ring->capacity;
+  if (g_ring_seqs[slot] != seq) return;
+  ring_store_seq(slot, kNotWritten);
+  std::memcpy(&g_ring_rows[slot], &g_events[k], sizeof(Event));
+  ring_store_seq(slot, seq);
+}
+
+// Caller holds g_mu. A record the rows refer to (see the layout above); dropped, and counted, when
+// the side area is full (recovery then leaves those rows' op, site or shape unknown).
+void ring_side(uint8_t kind, int32_t id, const void* payload, uint32_t nbytes) {
+  if (g_ring == nullptr) return;
+  const uint64_t used = g_ring->side_used;
+  const uint64_t need = 12 + static_cast<uint64_t>(nbytes);
+  if (used + need > g_ring->side_capacity) {
+    __atomic_store_n(&g_ring->side_dropped, g_ring->side_dropped + 1, __ATOMIC_RELEASE);
+    return;
+  }
+  char* at = g_ring_side + used;
+  const uint8_t head[4] = {kind, 0, 0, 0};
+  std::memcpy(at, head, 4);
+  std::memcpy(at + 4, &id, 4);
+  std::memcpy(at + 8, &nbytes, 4);
+  if (nbytes) std::memcpy(at + 12, payload, nbytes);
+  __atomic_store_n(&g_ring->side_used, used + need, __ATOMIC_RELEASE);  // the record is whole first
+}
+
+void ring_detach_locked() {
+  if (g_ring == nullptr) return;
+  munmap(g_ring, g_ring_map_bytes);
+  g_ring = nullptr;
+  g_ring_seqs = nullptr;
+  g_ring_rows = nullptr;
+  g_ring_side = nullptr;
+  g_ring_map_bytes = 0;
+}
+
+// Map `path` (created or truncated to size) as the ring; capture start() empties it.
+void ring_attach(const std::string& path, int64_t capacity, int64_t side_capacity) {
+  TORCH_CHECK(capacity > 0 && side_capacity >= 0, "memwarden: ring capacity must be positive");
+  std::lock_guard<std::mutex> lock(g_mu);
+  ring_detach_locked();
+  const uint64_t cap = static_cast<uint64_t>(capacity);
+  const uint64_t side = static_cast<uint64_t>(side_capacity);
+  const size_t bytes = kRingHeader + cap * (sizeof(uint64_t) + sizeof(Event)) + side;
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  TORCH_CHECK(fd >= 0, "memwarden: cannot open the ring file ", path, ": ", std::strerror(errno));
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    ::close(fd);
+    TORCH_CHECK(false, "memwarden: cannot size the ring file ", path, ": ", std::strerror(err));
+  }
+  void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);  // the mapping keeps the file
+  TORCH_CHECK(map != MAP_FAILED, "memwarden: cannot map the ring file ", path, ": ", std::strerror(errno));
+  g_ring_map_bytes = bytes;
+  g_ring = static_cast<RingHeader*>(map);
+  g_ring_seqs = reinterpret_cast<uint64_t*>(static_cast<char*>(map) + kRingHeader);
+  g_ring_rows = reinterpret_cast<Event*>(static_cast<char*>(map) + kRingHeader + cap * sizeof(uint64_t));
+  g_ring_side = static_cast<char*>(map) + kRingHeader + cap * (sizeof(uint64_t) + sizeof(Event));
+  std::memcpy(g_ring->magic, "MWRING01", 8);
+  g_ring->version = 1;
+  g_ring->row_bytes = sizeof(Event);
+  g_ring->capacity = cap;
+  g_ring->side_capacity = side;
+  ring_reset();
+}
+
+void ring_detach() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  ring_detach_locked();
+}
+
+// (split, base): where g_events meets the ring's sequence numbers now (the streamer writes it into
+// each stream's start chunk), or None without a ring.
+py::object ring_origin() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_ring == nullptr) return py::none();
+  return py::make_tuple(g_ring_split, g_ring_base, static_cast<int64_t>(g_ring->capacity));
+}
 
 // -- source lines -------------------------------------------------------------------------------
 // A site is a Python stack, innermost frame first, one "file:line:function" per line, the
@@ -204,6 +359,7 @@ int32_t current_site() {
       if (found != g_site_ids.end()) return found->second;
       int32_t id = static_cast<int32_t>(g_site_names.size());
       g_site_names.push_back("*" + frame_text(key));
+      ring_side(2, id, g_site_names.back().data(), static_cast<uint32_t>(g_site_names.back().size()));
       g_site_ids.emplace(key, id);
       return id;
     }
@@ -222,6 +378,7 @@ int32_t current_site() {
   }
   int32_t id = static_cast<int32_t>(g_site_names.size());
   g_site_names.push_back(std::move(text));
+  ring_side(2, id, g_site_names.back().data(), static_cast<uint32_t>(g_site_names.back().size()));
   g_stack_ids.emplace(std::move(frames), id);
   return id;
 }
@@ -476,6 +633,7 @@ int32_t intern_op(const char* name) {
   int32_t id = static_cast<int32_t>(g_op_names.size());
   g_op_names.emplace_back(name);
   g_op_ids.emplace(g_op_names.back(), id);
+  ring_side(1, id, g_op_names.back().data(), static_cast<uint32_t>(g_op_names.back().size()));
   return id;
 }
 
@@ -496,6 +654,7 @@ void push_event(uint8_t action, int64_t ptr, int64_t nbytes, int64_t id) {
   e.site = (action == kAlloc && g_sites) ? current_site() : -1;
   e.written = -1;
   g_events.push_back(e);
+  ring_append(e);
 }
 
 void recording_delete(void* ptr) {
@@ -561,6 +720,7 @@ void np_note_alloc(void* p, size_t size) {
   g_live[reinterpret_cast<int64_t>(p)] = Live{id, static_cast<int64_t>(size), g_events.size()};
   push_event(kAlloc, reinterpret_cast<int64_t>(p), static_cast<int64_t>(size), id);
   g_events.back().op_outer = g_events.back().op_inner = intern_op(kNumpyOp);
+  ring_update(g_events.size() - 1);
 }
 
 void np_note_free(void* p) {
@@ -678,6 +838,7 @@ void note_output(const at::Tensor& t, const std::vector<at::Tensor>& inputs) {
     if (found == g_shape_offsets.end()) {
       found = g_shape_offsets.emplace(sizes, static_cast<int32_t>(g_shapes.size())).first;
       g_shapes.insert(g_shapes.end(), sizes.begin(), sizes.end());
+      ring_side(3, found->second, sizes.data(), static_cast<uint32_t>(sizes.size() * sizeof(int64_t)));
     }
     e.shape_off = found->second;
     e.ndim = static_cast<int16_t>(t.dim());
@@ -688,6 +849,7 @@ void note_output(const at::Tensor& t, const std::vector<at::Tensor>& inputs) {
     // An fp16 source copied into an fp32 block fills all of it: count in the block's dtype.
     if (aliases_input) e.written = (e.written < 0 ? 0 : e.written) + converted;
   }
+  ring_update(it->second.event_index);
 }
 
 void flatten_tensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
@@ -751,6 +913,7 @@ void start(bool record_ops) {
   g_fast_stack.clear();
   g_untracked_frees = 0;
   g_unwrapped = 0;
+  ring_reset();
   g_previous = c10::GetCPUAllocator();
   if (g_previous != &g_recording_allocator) {
     g_inner = g_previous;
@@ -919,6 +1082,10 @@ py::dict drain() {
     std::lock_guard<std::mutex> lock(g_mu);
     events.swap(g_events);
     shapes_pool.swap(g_shapes);
+    if (g_ring != nullptr) {  // g_events starts over: its next row is the ring's next
+      g_ring_split = 0;
+      g_ring_base = static_cast<int64_t>(g_ring->written);
+    }
     op_names = g_op_names;
     site_names = g_site_names;
     untracked = g_untracked_frees;
@@ -1006,8 +1173,11 @@ py::tuple compact(int64_t cutoff_ns) {
   std::vector<Event> kept;
   kept.reserve(g_live.size() + 1024);
   int64_t enters = 0;  // those with an input fingerprint: all but the fast path's
-  for (const Event& e : g_events) {
+  int64_t first_recent = -1;  // index of the first row kept for its time (rows are in time order)
+  for (size_t k = 0; k < g_events.size(); ++k) {
+    const Event& e = g_events[k];
     bool keep = e.t_ns >= cutoff_ns;
+    if (keep && first_recent < 0) first_recent = static_cast<int64_t>(k);
     if (!keep && e.action == kAlloc) {
       auto it = g_live.find(e.ptr);
       keep = it != g_live.end() && it->second.id == e.id;
@@ -1017,6 +1187,13 @@ py::tuple compact(int64_t cutoff_ns) {
     } else if (e.action == kEnter && e.nbytes != kFastEnter) {
       ++enters;
     }
+  }
+  if (g_ring != nullptr) {  // the rows from first_recent on keep their ring numbers, after the live state
+    const int64_t recent = first_recent < 0 ? 0 : static_cast<int64_t>(g_events.size()) - first_recent;
+    const int64_t split = static_cast<int64_t>(kept.size()) - recent;
+    g_ring_base = first_recent < 0 || first_recent < g_ring_split ? static_cast<int64_t>(g_ring->written)
+                                                                   : g_ring_base + (first_recent - g_ring_split);
+    g_ring_split = first_recent < 0 || first_recent < g_ring_split ? static_cast<int64_t>(kept.size()) : split;
   }
   const int64_t dropped = static_cast<int64_t>(g_events.size() - kept.size());
   g_events.swap(kept);
@@ -1075,4 +1252,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gc_anchors", []() { return g_anchors.size(); });  // how many chains the next scan starts from
 #endif
   m.def("recording", []() { return g_recording.load(); });
+  m.def("ring_attach", &ring_attach, py::arg("path"), py::arg("capacity"), py::arg("side_capacity"));
+  m.def("ring_detach", &ring_detach);
+  m.def("ring_origin", &ring_origin);
 }

@@ -4,7 +4,9 @@ PATH [--options JSON] (SCRIPT | -m MODULE) [ARGS...]`` runs the script (or modul
 
 The capture streams to PATH as it runs; if the script ends (normally, by an exception,
 ``sys.exit`` or Ctrl-C) the capture stops and PATH becomes the complete trace; if the process is
-killed, PATH keeps every chunk flushed before, for the supervisor to finish.
+killed, PATH keeps every chunk flushed before, for the supervisor to finish. With the option
+``ring_file`` every recorder row is also copied as it is logged into that mapped file (the crash
+ring), from which the supervisor takes the rows logged after the last chunk.
 """
 
 from __future__ import annotations
@@ -36,6 +38,25 @@ def _print_script_traceback(target: str | None) -> None:
     traceback.print_exception(etype, value, tb)
 
 
+# The crash ring's size (native.cpp's ring_attach): rows logged since the stream's last chunk are
+# recovered while fewer than RING_ROWS were logged after them (~1.3 M rows a second between two
+# 100 ms flushes); its pages are touched as rows arrive, 9 MiB at most (64 + 8 bytes a row), plus
+# the side area for the op names, source lines and shapes interned since.
+RING_ROWS = 1 << 17
+RING_SIDE_BYTES = 4 << 20
+
+
+def _attach_ring(path: str, rows: int) -> None:
+    from memwarden.capture import native
+
+    try:
+        attach = getattr(native.load(), "ring_attach", None)
+        if attach is not None:
+            attach(path, rows, RING_SIDE_BYTES)
+    except Exception as exc:  # a missing /dev/shm must not stop the run: the stream alone remains
+        print(f"memwarden: no crash ring ({exc}); a crash loses the rows since the last flush", file=sys.stderr)
+
+
 def run(
     stream: str, script: str | None, module: str | None, args: list[str], options: dict[str, Any] | None = None
 ) -> int:
@@ -59,6 +80,8 @@ def run(
     cap = Capture(metadata=meta, stream_to=stream, stacks=bool(opts.get("stacks")),
                   user_code=opts.get("user_code") or None, library_code=opts.get("library_code") or None,
                   ring_s=opts.get("ring_s"), ring_rss_bytes=opts.get("ring_rss_bytes"))  # fmt: skip
+    if opts.get("ring_file"):  # the supervisor reads it after this process, however it ends
+        _attach_ring(str(opts["ring_file"]), int(opts.get("ring_rows") or RING_ROWS))
     status = 0
     try:
         with cap:

@@ -108,6 +108,12 @@ class Streamer:
                 "metadata": dict(cap.metadata), "dtype_names": names,
                 "dtype_torch_names": [DTYPE_NAMES.get(n, n) for n in names], "ops": ops,
                 "interval_s": self.interval_s}  # fmt: skip
+        # Where this stream's rows meet the crash ring's numbers (native ring_origin; recover_ring):
+        # read with the cursors at zero, so the stream's row k >= split is ring row base + k - split.
+        origin = getattr(cap._native, "ring_origin", None)
+        ring = origin() if origin is not None else None
+        if ring is not None:
+            head["ring"] = [int(v) for v in ring]
         self._write(stream_header() + encode_chunk(head))
 
     def start(self) -> None:

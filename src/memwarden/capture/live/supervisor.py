@@ -9,7 +9,11 @@ memory every 100 ms and waits. When the child has ended:
 - it stopped its capture (normal exit, exception, ``sys.exit``, Ctrl-C): the file holds the
   complete trace;
 - it was killed (SIGKILL, SIGABRT, SIGSEGV, ``os._exit``, the OOM killer): the file holds the
-  stream up to the last flush, which ``attribute_stream`` turns into the trace.
+  stream up to the last flush, and the crash ring (a file the child maps, in a folder this
+  supervisor makes and removes) every row the recorder logged after it; ``recover_ring`` appends
+  those and ``attribute_stream`` turns the whole into the trace. ``metadata.lost_events`` counts
+  rows the child recorded that neither holds (0 unless the ring overflowed between two flushes;
+  None where no ring could be read).
 
 Either way the supervisor adds what only it knows (``metadata.exit_status``, ``exit_signal``,
 ``oom_killed``, the resident samples and the last resident size it saw) and writes the
@@ -20,9 +24,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -30,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from memwarden.capture.live.recover import attribute_stream
+from memwarden.capture.live.recover import RingRecovery, attribute_stream, recover_ring
 from memwarden.capture.live.rss import sample
 from memwarden.trace.format import FORMAT_MAGIC, loads
 from memwarden.trace.io import save
@@ -180,6 +186,33 @@ def supervise(
     """Run the script (or ``-m`` module) traced in a child; write and return its trace."""
     out = Path(output)
     args = list(args or [])
+    ring_dir = Path(tempfile.mkdtemp(prefix="memwarden-ring-", dir=_ring_parent(out)))
+    ring_file = ring_dir / "events.ring"
+    try:
+        return _supervise(out, script, module, args, env, {**(options or {}), "ring_file": str(ring_file)},
+                          ring_file)  # fmt: skip
+    finally:
+        shutil.rmtree(ring_dir, ignore_errors=True)
+
+
+def _ring_parent(out: Path) -> str:
+    """Where the crash ring lives: shared memory where there is some (no disk writes), else beside
+    the output."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
+        return str(shm)
+    return str(out.resolve().parent)
+
+
+def _supervise(
+    out: Path,
+    script: str | None,
+    module: str | None,
+    args: list[str],
+    env: dict[str, str] | None,
+    options: dict[str, Any],
+    ring_file: Path,
+) -> SupervisedRun:
     before = OomCounters.read()
     child = subprocess.Popen(_child_command(script, module, args, out, options), env=env)
     forwarded: list[int] = []
@@ -222,12 +255,18 @@ def supervise(
     status = 128 + exit_signal if exit_signal is not None else returncode
     trace, log = _read_output(out)
     recovered = trace is None
+    lost_events: int | None = 0
+    ring: RingRecovery | None = None
     if trace is None and log is not None:
+        ring = recover_ring(log, ring_file)  # the rows logged after the stream's last chunk
+        lost_events = ring.lost_events if ring is not None else None
         try:
             trace = attribute_stream(log)
         except Exception:  # attribution of a torn stream failed: keep every byte, attributed less
             trace = trace_from_stream(log)
         samples = [*log.resident, *samples]
+        if ring is not None:
+            trace.metadata.setdefault("recovered", log.recovery_note()).update(ring.note())
     if trace is None:  # the child died before its capture started (bad script, import error)
         trace = TraceBuilder(metadata={"script": script if module is None else f"-m {module}", "argv": args}).build()
     t0_ns = log.t0_ns if log is not None else int(trace.metadata.get("capture_t0_ns") or 0)
@@ -236,6 +275,7 @@ def supervise(
     meta["exit_signal"] = exit_signal
     meta["oom_killed"] = oom_killed(before, after, exit_signal)
     meta["supervised"] = True
+    meta["lost_events"] = lost_events  # recorded by the child, in neither the stream nor the ring
     resident = resident_metadata(samples, t0_ns or (samples[0]["t_ns"] if samples else 0))
     if resident:
         reconcile(resident, trace)
