@@ -347,10 +347,15 @@ def fuzz(n: int, kinds: list[str], *, timeout_s: float = 20.0, mem_cap_gib: floa
     import onnxruntime  # noqa: F401
 
     import memwarden.capture.onnx.capture  # noqa: F401
-    import memwarden.cli  # noqa: F401
+    import memwarden.cli
     import memwarden.commands.partition  # noqa: F401
     import memwarden.estimate.checkpoint  # noqa: F401
     import memwarden.plan.partition_onnx  # noqa: F401
+    import memwarden.plan.partition_report  # noqa: F401
+
+    # The CLI's parser imports every command (torch, sympy: ~2.5 s) on its first build; built here
+    # once, each fork starts with them instead of paying it per case.
+    memwarden.cli.build_parser()
 
     mem_cap = int(mem_cap_gib * 1024**3)
     if "feeds" in kinds:
@@ -374,6 +379,8 @@ def fuzz(n: int, kinds: list[str], *, timeout_s: float = 20.0, mem_cap_gib: floa
             "leftover_tmp": sum(bool(c["leftover_tmp"]) for c in mine),
             "peak_rss_mib": round(max((c["rss"] for c in mine), default=0) / 1024**2, 1),
             "max_seconds": max((c["seconds"] for c in mine), default=0.0),
+            "slowest_seed": max(mine, key=lambda c: c["seconds"])["seed"] if mine else None,
+            "over_10s": sum(c["seconds"] > 10 for c in mine),
         }
     bad = [c for c in cases if c["traceback"] or c["hang"] or c["crash"] or c["multiline"] or c["escape_leak"]
            or c["leftover_tmp"]]  # fmt: skip
@@ -392,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
+    import torch
+
+    torch.set_num_threads(1)  # a child forked after a parent ran an OpenMP region can hang (docs/benchmarks.md)
     counter = {"n": 0}
 
     def tick(case: dict[str, Any]) -> None:

@@ -49,7 +49,8 @@ def _open_zip(path: str | Path) -> zipfile.ZipFile:
         ):
             raise InputError(f"{_name(path)}: a zip directory of more than {MAX_FEEDS} feeds")
         return zipfile.ZipFile(Path(path))
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+    # NotImplementedError: a directory entry asking for a zip version past Python's (a damaged byte)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
         with open(path, "rb") as f:
             magic = f.read(6)
         if magic == b"\x93NUMPY":
@@ -136,7 +137,8 @@ def load_feeds(path: str | Path) -> dict[str, np.ndarray]:
             try:
                 with zf.open(info) as f:
                     array = np.lib.format.read_array(f, allow_pickle=False)
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError, zlib.error) as exc:
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError, zlib.error,
+                    NotImplementedError) as exc:  # fmt: skip
                 raise InputError(
                     f"{_name(path)}: array {terminal_safe(name)[:80]!r} cannot be read ({terminal_safe(exc)[:160]})"
                 ) from None
