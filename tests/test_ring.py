@@ -152,3 +152,42 @@ def test_ring_window_written_when_a_governed_session_refuses(tmp_path: Path) -> 
     e = window.events
     weights = (e["category"] == Category.WEIGHT) & np.isin(e["action"], [Action.ALLOC, Action.PREEXISTING])
     assert int(e["nbytes"][weights].sum()) >= weight_bytes  # the window accounts for the weights
+
+
+WINDOW_RUN = textwrap.dedent(
+    """
+    import time
+    import torch
+
+    model = torch.nn.Linear(2048, 2048)  # weights: made at the start, ~9 s before the run ends
+    x = torch.randn(4, 2048)
+    for step in range(900):  # >= 9 s of 10 ms sleeps, each step a forward and a temporary
+        with torch.no_grad():
+            model(x)
+        torch.ones(1024)
+        time.sleep(0.01)
+    """
+)
+
+
+def test_ring_trace_is_the_window_with_the_state_at_its_start(tmp_path: Path) -> None:
+    """issue 41: ``--ring 3`` on a 9 s run spans the window (was 8.07 s: the state before it kept
+    as events at their own times); the weights made before it are its state at time 0."""
+    script = tmp_path / "window.py"
+    script.write_text(WINDOW_RUN)
+    out = tmp_path / "run.mwtrace"
+    proc = subprocess.run([sys.executable, "-m", "memwarden.cli", "trace", "--ring", "3", "-o", str(out), str(script)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    trace = memwarden.load(out)
+    ring = trace.metadata["ring"]
+    assert ring["window_start_us"] >= 5_000_000  # the sleeps alone last 9 s: the window is the end of it
+    assert trace.metadata["duration_us"] <= 3_500_000
+    assert int(trace.events["time_us"].max()) <= 3_500_000
+    e = trace.events
+    weights = (e["category"] == Category.WEIGHT) & np.isin(e["action"], [Action.ALLOC, Action.PREEXISTING])
+    assert int(e["nbytes"][weights].sum()) == WEIGHTS  # the live state at the window's start
+    assert int(e["time_us"][weights].max()) == 0
+    window_rows = (e["action"] == Action.ALLOC) & (e["time_us"] > 0)
+    assert int(window_rows.sum()) > 100  # the window's own events, at their times in it
+    assert memwarden.summary(trace).peak_bytes >= WEIGHTS

@@ -1165,22 +1165,28 @@ py::tuple stream_since(int64_t ev_start, int64_t shape_start, int64_t op_start) 
 }
 
 // The flight recorder's bound: forget what happened before `cutoff_ns` but the allocation rows of
-// blocks still alive (weights, caches: the state at the start of the window). Rows from the cutoff
-// on stay as they are. Returns (rows dropped, ENTER rows dropped that had an input fingerprint): the
-// Python side drops as many fingerprints, which pair with those ENTER rows in order.
+// blocks alive at it (weights, caches: the state at the start of the window), whether they are
+// still alive or freed inside the window. Rows from the cutoff on stay as they are. Returns (rows
+// dropped, ENTER rows dropped that had an input fingerprint): the Python side drops as many
+// fingerprints, which pair with those ENTER rows in order.
 py::tuple compact(int64_t cutoff_ns) {
   std::lock_guard<std::mutex> lock(g_mu);
   std::vector<Event> kept;
   kept.reserve(g_live.size() + 1024);
   int64_t enters = 0;  // those with an input fingerprint: all but the fast path's
   int64_t first_recent = -1;  // index of the first row kept for its time (rows are in time order)
+  // Blocks alive at the cutoff: alive now, or freed after it (their FREE rows are in the window).
+  std::unordered_set<int64_t> freed_in_window;
+  for (auto it = g_events.rbegin(); it != g_events.rend() && it->t_ns >= cutoff_ns; ++it) {
+    if (it->action == kFree) freed_in_window.insert(it->id);
+  }
   for (size_t k = 0; k < g_events.size(); ++k) {
     const Event& e = g_events[k];
     bool keep = e.t_ns >= cutoff_ns;
     if (keep && first_recent < 0) first_recent = static_cast<int64_t>(k);
     if (!keep && e.action == kAlloc) {
       auto it = g_live.find(e.ptr);
-      keep = it != g_live.end() && it->second.id == e.id;
+      keep = (it != g_live.end() && it->second.id == e.id) || freed_in_window.count(e.id) > 0;
     }
     if (keep) {
       kept.push_back(e);

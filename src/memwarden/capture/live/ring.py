@@ -5,8 +5,13 @@ are what matter. In ring mode the capture keeps, however long the process runs:
 
 - the *state at the start of the window*: the allocation rows of every block still alive (weights
   loaded hours ago still count), the tags that say what they are, storages outside the allocator;
-- *every event in the window*: the last ``ring_s`` seconds (up to 1.5 x ``ring_s``: the log is
-  cut every ``ring_s / 2``).
+- *every event in the window*: the last ``ring_s`` seconds (up to 1.5 x ``ring_s`` while it runs:
+  the log is cut every ``ring_s / 2``, and once more to exactly ``ring_s`` when the capture stops).
+
+The window's start is the trace's time zero: the state at the start is a snapshot there (every
+block still alive, with the category, modality, phase and line its allocation had), the events
+after it keep their times, and the trace's duration is the window (``metadata.ring``'s
+``window_start_us`` says where it began in the run).
 
 Memory bound: the recorder's log holds the rows of the last 1.5 windows plus one row per live
 block (64 bytes a row), and the Python side the steps, tags and fingerprints of the same span.
@@ -67,6 +72,23 @@ def prune_log(log: CaptureLog, cutoff_ns: int, enters_dropped: int) -> None:
                 table.pop(ptr, None)
 
 
+def _start_window(cap: RunningCapture, cutoff_ns: int) -> None:
+    """Make the window's start the capture's time zero: the trace (and the stream's start chunk)
+    count from it, so what is alive from before (weights loaded long ago) reads as the state at
+    time 0 (the attribution clamps earlier times to 0, as it does for pre-existing tensors) and
+    the trace's duration is the window's. Annotations move with the origin; older ones go."""
+    shift_ns = cutoff_ns - cap._t0
+    if shift_ns <= 0:
+        return
+    cap._t0 = cutoff_ns
+    cap._wall0 += shift_ns / 1e9
+    shift_us = shift_ns // 1000
+    notes = cap.metadata.get("annotations")
+    if notes:
+        cap.metadata["annotations"] = [{**a, "time_us": int(a["time_us"]) - shift_us} for a in notes
+                                       if int(a.get("time_us", 0)) >= shift_us]  # fmt: skip
+
+
 class FlightRecorder:
     """Keeps one capture's log to its window, and writes the window when asked."""
 
@@ -88,9 +110,11 @@ class FlightRecorder:
         self._previous_usr1: Any = None
         self._refusal_armed = True  # re-armed at each cut
         self._dump_lock = threading.Lock()  # the recorder's thread and a refusing thread may both write
+        self._origin_ns = 0
 
     def start(self) -> None:
         self.window_start_ns = self.capture._t0
+        self._origin_ns = self.capture._t0  # the capture's own start (its t0 moves with the window)
         self._thread = threading.Thread(target=self._run, name="memwarden-ring", daemon=True)
         self._thread.start()
         _RECORDERS.append(self)
@@ -98,12 +122,15 @@ class FlightRecorder:
             self._previous_usr1 = signal.signal(signal.SIGUSR1, self._on_usr1)
 
     def close(self) -> None:
+        """Stop the recorder; the log is cut to exactly the last ``ring_s`` seconds (the trace the
+        capture then builds spans the window, not up to 1.5 of it)."""
         if self in _RECORDERS:
             _RECORDERS.remove(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+            self.cut()
         if self._previous_usr1 is not None:
             signal.signal(signal.SIGUSR1, self._previous_usr1)
             self._previous_usr1 = None
@@ -113,7 +140,7 @@ class FlightRecorder:
         native = self.capture._native
         return {"window_s": self.ring_s, "cuts": self.cuts, "dropped_rows": self.dropped_rows,
                 "log_bytes": int(native.log_bytes()), "max_log_bytes": self.max_log_bytes,
-                "window_start_us": max(0, (self.window_start_ns - self.capture._t0) // 1000),
+                "window_start_us": max(0, (self.window_start_ns - self._origin_ns) // 1000),
                 "rss_threshold_bytes": self.rss_bytes, "dumps": list(self.dumps)}  # fmt: skip
 
     # -- the background thread -------------------------------------------------------
@@ -154,6 +181,7 @@ class FlightRecorder:
             dropped, enters = cap._native.compact(cutoff)
             cap._fp_base += int(enters)
             prune_log(cap._log, cutoff, int(enters))
+            _start_window(cap, cutoff)
             kept = {s.start_ns for s in cap._log.steps}
             for start_ns in [k for k in list(cap._call_sites) if k not in kept]:  # steps the cut dropped
                 cap._call_sites.pop(start_ns, None)
