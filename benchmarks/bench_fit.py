@@ -9,7 +9,7 @@ estimator's. CPU seconds stand for the wall time on an idle machine where other 
     python benchmarks/bench_fit.py [--json] [--only SUBSTRING] [--search-from FIT_PY]
 
 ``--search-from`` runs another version's ``solve_fit`` on the same estimator, for a before/after
-comparison: ``git show REV:src/memwarden/estimate/fit.py > /tmp/fit_before.py``. ``--compare SRC``
+comparison: ``git show REV:src/memwarden/estimation/fit.py > /tmp/fit_before.py``. ``--compare SRC``
 runs every case first with another version's whole ``src`` folder ahead on ``PYTHONPATH`` (its
 search and its estimator: ``git archive REV src | tar -x -C /tmp/before``), then with this checkout,
 interleaved, so both see the same load on a shared machine.
@@ -39,7 +39,7 @@ import importlib.util, os, resource, sys, time
 t0 = time.perf_counter()
 from memwarden.cli import main
 if os.environ.get("BENCH_FIT_SEARCH_FROM"):
-    from memwarden.estimate import fit
+    from memwarden.estimation import fit
     spec = importlib.util.spec_from_file_location("fit_before", os.environ["BENCH_FIT_SEARCH_FROM"])
     before = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(before)

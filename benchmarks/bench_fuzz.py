@@ -169,7 +169,7 @@ def target_snapshot(data: bytes, tmp: Path) -> None:
 
 
 def target_config(data: bytes, tmp: Path) -> None:
-    from memwarden.estimate.resolve import resolve_model
+    from memwarden.estimation.resolve import resolve_model
 
     path = tmp / "config.json"
     path.write_bytes(data)

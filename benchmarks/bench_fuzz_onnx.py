@@ -246,7 +246,7 @@ def _child(kind: str, seed: int, folder: Path, mem_cap: int) -> None:
 
         if kind == "checkpoint":
             from memwarden.errors import InputError
-            from memwarden.estimate.checkpoint import read_checkpoint
+            from memwarden.estimation.checkpoint import read_checkpoint
 
             data, fifo = _mutate_header(rng)
             shard = folder / "ckpt" / "model.safetensors"
@@ -349,7 +349,7 @@ def fuzz(n: int, kinds: list[str], *, timeout_s: float = 20.0, mem_cap_gib: floa
     import memwarden.capture.onnx.capture  # noqa: F401
     import memwarden.cli
     import memwarden.commands.partition  # noqa: F401
-    import memwarden.estimate.checkpoint  # noqa: F401
+    import memwarden.estimation.checkpoint  # noqa: F401
     import memwarden.plan.partition_onnx  # noqa: F401
     import memwarden.plan.partition_report  # noqa: F401
 

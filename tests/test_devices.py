@@ -456,7 +456,7 @@ def test_ios_entitlement_raises_the_limit() -> None:
 
 
 def test_verdict_fits_the_ram_but_not_the_kill_limit() -> None:
-    from memwarden.estimate.build import limit_verdict
+    from memwarden.estimation.build import limit_verdict
 
     p = load_profile("iphone-15-pro")
     assert p.limit is not None

@@ -18,10 +18,10 @@ from memwarden.analyze.timeline import summary
 from memwarden.capture.meta import capture as meta
 from memwarden.commands import estimate as estimate_command
 from memwarden.errors import InputError
-from memwarden.estimate import resolve
-from memwarden.estimate import run as est
-from memwarden.estimate.card import CARD_KEYS
-from memwarden.estimate.metamodel import forget_models
+from memwarden.estimation import resolve
+from memwarden.estimation import run as est
+from memwarden.estimation.card import CARD_KEYS
+from memwarden.estimation.metamodel import forget_models
 from memwarden.models import zoo
 from memwarden.trace.model import Action, Category
 
@@ -115,7 +115,7 @@ def test_real_configs_have_their_published_sizes() -> None:
 
 MEMORY_PROBE = """
 import resource, json
-from memwarden.estimate import run as est, resolve
+from memwarden.estimation import run as est, resolve
 resolve.resolve_model("llava-1.5-7b")
 import transformers, torch  # noqa: F401  (imports are the baseline)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -317,7 +317,7 @@ def test_a_live_capture_does_not_count_the_estimators_kept_models() -> None:
     later in the same process (a notebook that estimates, then runs) drops them as it starts,
     instead of counting them as the process's weights (Gemma 3's vision position ids: 32 KiB)."""
     from memwarden.capture.live.reference import state_bytes
-    from memwarden.estimate import metamodel
+    from memwarden.estimation import metamodel
 
     memwarden.estimate("gemma-3-4b-it", prompt_tokens=4, new_tokens=1)
     assert any(not b.is_meta for m in metamodel._MODELS.values() for b in m.buffers())  # real CPU buffers

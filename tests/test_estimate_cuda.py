@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from memwarden.capture.meta import capture as meta
-from memwarden.estimate import run as est
-from memwarden.estimate.build import card_from_trace
-from memwarden.estimate.cuda_runtime import CUBLASLT_WORKSPACE_BYTES, MEASURED_CONTEXT_BYTES, cublas_workspace_bytes
+from memwarden.estimation import run as est
+from memwarden.estimation.build import card_from_trace
+from memwarden.estimation.cuda_runtime import CUBLASLT_WORKSPACE_BYTES, MEASURED_CONTEXT_BYTES, cublas_workspace_bytes
 from memwarden.models import zoo
 from memwarden.models.devices import load_profile
 

@@ -17,10 +17,10 @@ from _shrink import tiny_config
 from memwarden.analyze.timeline import summary
 from memwarden.capture.meta import capture as meta
 from memwarden.errors import InputError
-from memwarden.estimate.families import model_class_for
-from memwarden.estimate.metamodel import forget_models
-from memwarden.estimate.request import build_request
-from memwarden.estimate.resolve import CONFIG_DIR, resolve_model
+from memwarden.estimation.families import model_class_for
+from memwarden.estimation.metamodel import forget_models
+from memwarden.estimation.request import build_request
+from memwarden.estimation.resolve import CONFIG_DIR, resolve_model
 
 # shipped config -> image side of its tiny twin (a multiple of the patch that its pooling divides)
 FAMILIES = {

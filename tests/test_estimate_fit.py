@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memwarden.errors import InputError
-from memwarden.estimate.fit import _Probes, _search
-from memwarden.estimate.resolve import resolve_model
-from memwarden.estimate.run import estimate
+from memwarden.estimation.fit import _Probes, _search
+from memwarden.estimation.resolve import resolve_model
+from memwarden.estimation.run import estimate
 
 
 @pytest.mark.parametrize(("model", "solve"), [("qwen2-vl", "prompt-tokens"), ("llava", "batch"), ("qwen2-vl", "image")])
@@ -179,7 +179,7 @@ def test_frames_solve_refuses_a_family_without_video_naming_why() -> None:
 
 
 def test_a_budget_under_the_weights_is_refused_before_any_request_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from memwarden.estimate import fit as fit_module
+    from memwarden.estimation import fit as fit_module
 
     card = estimate("qwen2-vl", prompt_tokens=64, new_tokens=4)
 

@@ -19,8 +19,8 @@ import transformers
 from _shrink import tiny_config
 from memwarden.capture.meta import capture as meta
 from memwarden.errors import InputError
-from memwarden.estimate.request import build_request, image_processor, placeholder_counts
-from memwarden.estimate.resolve import CONFIG_DIR, resolve_model
+from memwarden.estimation.request import build_request, image_processor, placeholder_counts
+from memwarden.estimation.resolve import CONFIG_DIR, resolve_model
 from test_estimate_families import _meta_and_live
 
 # shipped config -> image side of its tiny twin (a multiple of patch x merge)
@@ -127,8 +127,8 @@ def test_a_mixture_of_experts_vlm_is_estimated_as_it_runs() -> None:
     import gc
 
     import memwarden
-    from memwarden.estimate.families import model_class_for
-    from memwarden.estimate.metamodel import forget_models
+    from memwarden.estimation.families import model_class_for
+    from memwarden.estimation.metamodel import forget_models
 
     data = tiny_config(transformers.CONFIG_MAPPING["qwen3_vl_moe"]().to_dict(), 64)
     cfg = transformers.CONFIG_MAPPING[data["model_type"]].from_dict(data)
@@ -190,7 +190,7 @@ def test_qwen2_5_omni_video_uses_the_video_processor_that_serves_it() -> None:
     rope index takes the processor's seconds per temporal patch. Meta within 1% of live."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
-    from memwarden.estimate.request_media import _video_defaults
+    from memwarden.estimation.request_media import _video_defaults
 
     data = tiny_config(_data("qwen2.5-omni-7b-thinker"), 56)
     est, live, tokens = _meta_and_live(data, (), videos=((56, 56, 5),))

@@ -5,7 +5,7 @@ quantized by the library itself and written to safetensors; the estimate (from `
 alone and from the folder) must hold exactly the bytes of the tensors written (tied duplicates
 once, as save_pretrained drops them). Where the packer needs a GPU (torchao int4), or the library
 is absent, a checkpoint is written with the published tensor names and shapes, spelled out here
-from the sources independently of ``memwarden.estimate.quantized_more``:
+from the sources independently of ``memwarden.estimation.quantized_more``:
 
 - torchao 0.18 ``quantization/quantize_/workflows/int4/int4_tensor.py`` ``Int4Tensor.from_hp``
   (``qdata`` = ``pack_int4`` of (out, in) codes, two per byte; ``scale``/``zero_point``
@@ -36,9 +36,9 @@ import transformers
 from _safetensors_files import write_header_only
 from _shrink import tiny_config
 from memwarden.errors import InputError
-from memwarden.estimate.checkpoint import read_checkpoint
-from memwarden.estimate.resolve import CONFIG_DIR
-from memwarden.estimate.run import estimate
+from memwarden.estimation.checkpoint import read_checkpoint
+from memwarden.estimation.resolve import CONFIG_DIR
+from memwarden.estimation.run import estimate
 
 Spec = dict[str, tuple[tuple[int, ...], str]]
 
@@ -351,8 +351,8 @@ def test_torchao_modules_to_not_convert_keeps_the_vision_tower(tmp_path: Path) -
 def test_the_meta_run_holds_what_each_torchao_kernel_makes(qc: dict[str, Any], kernel: dict[str, Any]) -> None:
     """int4 multiplies the packed codes (no dequantized weight), the dynamic-activation configs
     quantize the input and keep an int32 product; weight-only and HQQ dequantize every call."""
-    from memwarden.estimate.quantized import parse_scheme
-    from memwarden.estimate.stored import _kernel
+    from memwarden.estimation.quantized import parse_scheme
+    from memwarden.estimation.stored import _kernel
 
     scheme = parse_scheme(qc)
     assert scheme is not None

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from memwarden.errors import InputError
-from memwarden.estimate.processor_file import read_processor_file
-from memwarden.estimate.request import image_processor
-from memwarden.estimate.resolve import CONFIG_DIR, PROCESSOR_DIR, hub_ids, model_names, resolve_model
-from memwarden.estimate.run import estimate
+from memwarden.estimation.processor_file import read_processor_file
+from memwarden.estimation.request import image_processor
+from memwarden.estimation.resolve import CONFIG_DIR, PROCESSOR_DIR, hub_ids, model_names, resolve_model
+from memwarden.estimation.run import estimate
 
 
 @pytest.mark.parametrize(

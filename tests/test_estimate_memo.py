@@ -11,8 +11,8 @@ import torch
 
 from memwarden.capture.meta import memo as meta_memo
 from memwarden.capture.meta import replay as meta_replay
-from memwarden.estimate import measure, resolve
-from memwarden.estimate.card import Request
+from memwarden.estimation import measure, resolve
+from memwarden.estimation.card import Request
 
 _COLUMNS = ("action", "nbytes", "op", "dtype", "shape", "written_bytes", "category", "phase", "module")
 

@@ -24,9 +24,9 @@ import memwarden
 from _shrink import tiny_config
 from memwarden.analyze.timeline import summary
 from memwarden.capture.meta import capture as meta
-from memwarden.estimate.metamodel import forget_models
-from memwarden.estimate.request import build_request
-from memwarden.estimate.resolve import CONFIG_DIR, resolve_model
+from memwarden.estimation.metamodel import forget_models
+from memwarden.estimation.request import build_request
+from memwarden.estimation.resolve import CONFIG_DIR, resolve_model
 from test_estimate_families import _meta_and_live
 
 MLLAMA = "llama-3.2-11b-vision-instruct"

@@ -12,8 +12,8 @@ import pytest
 import transformers
 
 from memwarden.errors import InputError
-from memwarden.estimate import run as est
-from memwarden.estimate.resolve import CONFIG_DIR
+from memwarden.estimation import run as est
+from memwarden.estimation.resolve import CONFIG_DIR
 
 # A Qwen2-VL fine-tune that caps images at 256 tokens, as its preprocessor_config.json says it
 # (the legacy key names transformers still reads).

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from memwarden.estimate.metamodel import layout_for, model_for
-from memwarden.estimate.resolve import CONFIG_DIR, resolve_model
+from memwarden.estimation.metamodel import layout_for, model_for
+from memwarden.estimation.resolve import CONFIG_DIR, resolve_model
 
 PUBLISHED = sorted(p.stem for p in CONFIG_DIR.glob("*.json") if "_memwarden_hub_safetensors_bytes" in p.read_text())
 

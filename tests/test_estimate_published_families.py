@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from memwarden.errors import InputError
-from memwarden.estimate.metamodel import model_for
-from memwarden.estimate.resolve import resolve_model
-from memwarden.estimate.run import estimate
+from memwarden.estimation.metamodel import model_for
+from memwarden.estimation.resolve import resolve_model
+from memwarden.estimation.run import estimate
 
 # Hub id -> (published parameters, bytes per parameter as stored). The Hub's "Model size" of each
 # checkpoint's safetensors (its file sizes agree: blip2-opt-2.7b 15.5 GB in float32, instructblip

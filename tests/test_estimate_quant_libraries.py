@@ -33,10 +33,10 @@ import torch
 import transformers
 
 from _shrink import tiny_config
-from memwarden.estimate.checkpoint import read_checkpoint
-from memwarden.estimate.metamodel import forget_models
-from memwarden.estimate.resolve import CONFIG_DIR
-from memwarden.estimate.run import estimate
+from memwarden.estimation.checkpoint import read_checkpoint
+from memwarden.estimation.metamodel import forget_models
+from memwarden.estimation.resolve import CONFIG_DIR
+from memwarden.estimation.run import estimate
 
 BNB_DIR = Path(sys.prefix) / "bnb"  # make install: bitsandbytes alone (--no-deps; torch, numpy, packaging are here)
 CT_DIR = Path(sys.prefix) / "ct"  # make install: compressed-tensors and loguru (its one dependency not here)

@@ -3,7 +3,7 @@ safetensors headers only.
 
 The checkpoints here are written with the published tensor names and shapes of each method
 (the shapes are spelled out below from the methods' sources, independently of
-``memwarden.estimate.quantized``): an estimate from ``config.json`` alone must hold exactly the
+``memwarden.estimation.quantized``): an estimate from ``config.json`` alone must hold exactly the
 bytes of the checkpoint, and an estimate of the folder exactly its headers' sum, without reading
 any tensor data (the files are cut off right after their headers)."""
 
@@ -22,9 +22,9 @@ import transformers
 from _safetensors_files import write_header_only
 from _shrink import tiny_config
 from memwarden.errors import InputError
-from memwarden.estimate.checkpoint import read_header
-from memwarden.estimate.resolve import CONFIG_DIR
-from memwarden.estimate.run import estimate
+from memwarden.estimation.checkpoint import read_header
+from memwarden.estimation.resolve import CONFIG_DIR
+from memwarden.estimation.run import estimate
 
 
 def _tiny(name: str, **extra: Any) -> dict[str, Any]:

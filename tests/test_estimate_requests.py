@@ -13,9 +13,9 @@ import transformers
 
 from memwarden.capture.meta import capture as meta
 from memwarden.errors import InputError
-from memwarden.estimate import run as est
-from memwarden.estimate.request import image_processor, placeholder_counts
-from memwarden.estimate.resolve import CONFIG_DIR, resolve_model
+from memwarden.estimation import run as est
+from memwarden.estimation.request import image_processor, placeholder_counts
+from memwarden.estimation.resolve import CONFIG_DIR, resolve_model
 
 
 def _meta(name: str) -> tuple[object, object]:

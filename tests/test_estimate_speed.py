@@ -12,12 +12,12 @@ import torch
 
 from memwarden.capture.meta import capture as meta
 from memwarden.errors import InputError
-from memwarden.estimate import request_media
-from memwarden.estimate import run as est
-from memwarden.estimate.card import Request
-from memwarden.estimate.measure import RequestError, check_request
-from memwarden.estimate.request import image_processor, placeholder_counts
-from memwarden.estimate.resolve import resolve_model
+from memwarden.estimation import request_media
+from memwarden.estimation import run as est
+from memwarden.estimation.card import Request
+from memwarden.estimation.measure import RequestError, check_request
+from memwarden.estimation.request import image_processor, placeholder_counts
+from memwarden.estimation.resolve import resolve_model
 
 
 def _full_run(processor: Any, images: list[tuple[int, int]], copies: int) -> dict[str, Any]:

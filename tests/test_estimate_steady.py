@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from memwarden.estimate import measure
-from memwarden.estimate import run as est
-from memwarden.estimate.build import card_from_trace
-from memwarden.estimate.resolve import resolve_model
+from memwarden.estimation import measure
+from memwarden.estimation import run as est
+from memwarden.estimation.build import card_from_trace
+from memwarden.estimation.resolve import resolve_model
 from memwarden.models import zoo
 
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from memwarden.commands import estimate as estimate_command
 from memwarden.errors import InputError
-from memwarden.estimate.run import estimate, sweep
+from memwarden.estimation.run import estimate, sweep
 from memwarden.models.devices import load_profile
 
 # Shipped models whose meta estimate takes about a second (text-only requests, so a batch of

@@ -126,7 +126,7 @@ config_like = st.dictionaries(
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=config_like.map(lambda d: json.dumps(d).encode()) | mutated(bench_fuzz.seed_config()))
 def test_config_loader(data: bytes, tmp_path_factory) -> None:
-    from memwarden.estimate.resolve import resolve_model
+    from memwarden.estimation.resolve import resolve_model
 
     path = tmp_path_factory.mktemp("c") / "config.json"
     path.write_bytes(data)
@@ -139,7 +139,7 @@ def test_config_loader(data: bytes, tmp_path_factory) -> None:
     b'{"model_type": "llava", "text_config": {"num_hidden_layers": 1000000000}}',
 ], ids=["deep", "digits", "list-model-type", "absurd-size"])  # fmt: skip
 def test_config_loader_known_gaps(text: bytes, tmp_path) -> None:
-    from memwarden.estimate.resolve import resolve_model
+    from memwarden.estimation.resolve import resolve_model
 
     path = tmp_path / "config.json"
     path.write_bytes(text)

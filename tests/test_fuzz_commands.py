@@ -313,7 +313,7 @@ def _zoo_config(tmp_path: Path, name: str, **vision: int) -> Path:
 def test_config_dimensions_beyond_any_real_model(name: str, vision: dict[str, int], field: str, tmp_path: Path,
                                                  capsys) -> None:  # fmt: skip
     from memwarden.errors import InputError
-    from memwarden.estimate.resolve import resolve_model
+    from memwarden.estimation.resolve import resolve_model
 
     path = _zoo_config(tmp_path, name, **vision)
     # resolving first: the old code accepted these and went on to build (for minutes, or out of memory)
@@ -325,7 +325,7 @@ def test_config_dimensions_beyond_any_real_model(name: str, vision: dict[str, in
 
 
 def test_real_and_zoo_configs_pass_the_dimension_checks() -> None:
-    from memwarden.estimate.resolve import CONFIG_DIR, _check_sizes
+    from memwarden.estimation.resolve import CONFIG_DIR, _check_sizes
     from memwarden.models import zoo
 
     for config in sorted(CONFIG_DIR.glob("*.json")):

@@ -36,7 +36,7 @@ LAYERS: list[set[str]] = [
     {"interop"},
     {"capture", "plan", "govern", "edge", "align"},
     {"analyze"},
-    {"estimate"},
+    {"estimation"},
     {"runtime"},
     {"resilience"},
     {"report"},
@@ -341,7 +341,7 @@ def test_package_subpackages_do_not_shadow_the_functions() -> None:
     code = (
         "import memwarden\n"
         "from memwarden.capture.meta import capture as meta\n"
-        "from memwarden.estimate import card\n"
+        "from memwarden.estimation import card\n"
         "print(callable(memwarden.capture), callable(memwarden.estimate))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from memwarden.analyze.diagnose import diagnose
 from memwarden.analyze.timeline import summary
 from memwarden.capture.api import capture, flush, ring_stats
-from memwarden.estimate.card import MemoryCard
-from memwarden.estimate.run import estimate
+from memwarden.estimation.card import MemoryCard
+from memwarden.estimation.run import estimate
 from memwarden.govern.budget import BudgetController
 from memwarden.interop.files import load_any as load
 from memwarden.report.full import write_report

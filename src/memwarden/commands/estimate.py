@@ -126,7 +126,7 @@ def _dtype(value: str | None) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import print_json
-    from memwarden.estimate.run import estimate, load_device, parse_image, parse_video, sweep
+    from memwarden.estimation.run import estimate, load_device, parse_image, parse_video, sweep
     from memwarden.report.estimate import card_text, sweep_text
     from memwarden.report.progress import progress
 

@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memwarden.commands._common import print_json
-    from memwarden.estimate.sweep import load_grid, render_table, run_sweep
+    from memwarden.estimation.sweep import load_grid, render_table, run_sweep
     from memwarden.report.progress import progress
     from memwarden.resilience.executor import make_executor
 

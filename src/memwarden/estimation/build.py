@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.timeline import breakdown_at, primary_device, summary
-from memwarden.estimate.card import PHASES, Device, MemoryCard, ModelFacts, Request
-from memwarden.estimate.cuda_runtime import cuda_runtime, is_cuda
-from memwarden.estimate.steady import Extrapolated, kv_at_end
-from memwarden.estimate.suggest import arithmetic_suggestions, rank_suggestions
+from memwarden.estimation.card import PHASES, Device, MemoryCard, ModelFacts, Request
+from memwarden.estimation.cuda_runtime import cuda_runtime, is_cuda
+from memwarden.estimation.steady import Extrapolated, kv_at_end
+from memwarden.estimation.suggest import arithmetic_suggestions, rank_suggestions
 from memwarden.trace.model import Category, Phase, SpanKind, Trace, enum_name
 from memwarden.trace.steps import steps_of
 

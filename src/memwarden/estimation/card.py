@@ -1,8 +1,8 @@
 """MemoryCard: what an estimate says about one model, one request and (optionally) one device.
 
 Plain data and its renderings (text, Markdown, JSON); no torch. The card is built from a
-meta-device Trace by :mod:`memwarden.estimate.build`; the changes it suggests are priced by
-:mod:`memwarden.estimate.suggest` (byte arithmetic) and :mod:`memwarden.estimate.rerun` (re-runs).
+meta-device Trace by :mod:`memwarden.estimation.build`; the changes it suggests are priced by
+:mod:`memwarden.estimation.suggest` (byte arithmetic) and :mod:`memwarden.estimation.rerun` (re-runs).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ CARD_KEYS = (
     "processor",
 )
 
-# Bytes per element (per parameter for quantized weights, scales included; see memwarden.estimate.suggest).
+# Bytes per element (per parameter for quantized weights, scales included; see memwarden.estimation.suggest).
 DTYPE_BYTES: dict[str, float] = {
     "float32": 4,
     "float16": 2,
@@ -220,7 +220,7 @@ class MemoryCard:
             lines.append(f"  {name:<8} {format_bytes(info['peak_bytes']):>12}")
         lines += [f"  {line}" for line in self.provenance()]
         if self.runtime:
-            from memwarden.estimate.cuda_runtime import runtime_lines
+            from memwarden.estimation.cuda_runtime import runtime_lines
 
             lines += [f"  {line}" for line in runtime_lines(self.runtime)]
         if self.usable_bytes is not None:

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from typing import Any
 
 from memwarden.errors import InputError
-from memwarden.estimate.card import Device, MemoryCard, Request
-from memwarden.estimate.measure import card_for, refusal
-from memwarden.estimate.rerun import image_multiple, replace_request
-from memwarden.estimate.resolve import ResolvedModel
+from memwarden.estimation.card import Device, MemoryCard, Request
+from memwarden.estimation.measure import card_for, refusal
+from memwarden.estimation.rerun import image_multiple, replace_request
+from memwarden.estimation.resolve import ResolvedModel
 
 __all__ = ["SOLVES", "solve_fit"]
 
@@ -277,7 +277,7 @@ def _compared(card: MemoryCard) -> str:
 def _weights_bytes(resolved: ResolvedModel, req: Request) -> int:
     """Bytes of the meta model's weights as the request holds them (tied tensors once): a lower
     bound of every peak, known without running a request."""
-    from memwarden.estimate.metamodel import model_for
+    from memwarden.estimation.metamodel import model_for
 
     model = model_for(resolved, req.dtype, req.weights_dtype)
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if t.device.type == "meta"}

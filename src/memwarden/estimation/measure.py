@@ -2,7 +2,7 @@
 :class:`memwarden.capture.meta.capture.MetaCapture`, and the card of the run.
 
 A long generation is not run step by step: two runs of ``_MEASURED_NEW_TOKENS`` and one more new
-tokens give the steady-state decode step (:mod:`memwarden.estimate.steady`), extrapolated to the
+tokens give the steady-state decode step (:mod:`memwarden.estimation.steady`), extrapolated to the
 requested length. Where the steps are not steady (a quantized KV cache re-quantizes every 128
 tokens; a sliding window fills up later than the measured steps reach) every step is run.
 Importing this module does not import torch.
@@ -15,11 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 from memwarden.errors import InputError
-from memwarden.estimate.build import card_from_trace
-from memwarden.estimate.card import MemoryCard, ModelFacts, Request
-from memwarden.estimate.request_media import MAX_AUDIO_SECONDS
-from memwarden.estimate.resolve import ResolvedModel
-from memwarden.estimate.steady import Extrapolated, extrapolate_decode
+from memwarden.estimation.build import card_from_trace
+from memwarden.estimation.card import MemoryCard, ModelFacts, Request
+from memwarden.estimation.request_media import MAX_AUDIO_SECONDS
+from memwarden.estimation.resolve import ResolvedModel
+from memwarden.estimation.steady import Extrapolated, extrapolate_decode
 
 __all__ = [
     "DTYPES",
@@ -111,7 +111,7 @@ def zoo_family(resolved: ResolvedModel) -> bool:
 
 def _inputs(resolved: ResolvedModel, req: Request, model: Any) -> tuple[dict[str, Any], dict[str, int]]:
     from memwarden.capture.meta.capture import meta_inputs
-    from memwarden.estimate.request import build_request
+    from memwarden.estimation.request import build_request
     from memwarden.models import zoo
 
     # The zoo's tiny models keep the zoo's builder (one image per row, exactly the native size) and
@@ -152,8 +152,8 @@ def _inputs(resolved: ResolvedModel, req: Request, model: Any) -> tuple[dict[str
 def _prepare(resolved: ResolvedModel, req: Request) -> tuple[Any, dict[str, Any], dict[str, int]]:
     """(the meta model, generate()'s inputs, the request's tokens per sequence by modality; empty
     for the zoo's own requests)."""
-    from memwarden.estimate.metamodel import model_for
-    from memwarden.estimate.request import context_of
+    from memwarden.estimation.metamodel import model_for
+    from memwarden.estimation.request import context_of
 
     check_request(req)
     context = context_of(resolved.config)
@@ -212,7 +212,7 @@ def _generate(
     import torch
 
     from memwarden.capture.inputs import step_tokens
-    from memwarden.estimate.metamodel import capture_for, quantized_cache
+    from memwarden.estimation.metamodel import capture_for, quantized_cache
 
     kwargs: dict[str, Any] = {
         "do_sample": False,
@@ -314,7 +314,7 @@ def card_for(
 ) -> tuple[MemoryCard, ModelFacts | None]:
     """The card of one request (without rerun suggestions) and, with ``facts``, the model's facts;
     with a device (and facts) its verdict and arithmetic suggestions."""
-    from memwarden.estimate.metamodel import model_facts
+    from memwarden.estimation.metamodel import model_facts
 
     trace, meta_model, decode = measure(resolved, req, progress)
     progress("reading the trace", 0.8)
@@ -329,8 +329,8 @@ def card_for(
 
 def quantization_block(resolved: ResolvedModel, model: Any, req: Request, card: MemoryCard) -> dict[str, Any] | None:
     """The card's ``quantization``: the checkpoint's method, what stayed unquantized, its transients."""
-    from memwarden.estimate.metamodel import layout_for
-    from memwarden.estimate.transients import method_transients
+    from memwarden.estimation.metamodel import layout_for
+    from memwarden.estimation.transients import method_transients
 
     layout = layout_for(model)
     if layout is None:

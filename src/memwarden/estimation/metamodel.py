@@ -1,7 +1,7 @@
 """The meta model of an estimate: built once per (config, dtype, quantization) and kept, with its
 quantized storage emulated, and the facts about it that the arithmetic suggestions scale.
 
-Quantized storage (see :mod:`memwarden.estimate.run` for what each option means) is emulated on the
+Quantized storage (see :mod:`memwarden.estimation.run` for what each option means) is emulated on the
 meta model, so the capture records the bytes and temporaries of the quantized kernels without
 any values: :class:`_QuantizedLinear` for weights, an emulated ``QuantizedLayer`` for the KV cache.
 """
@@ -18,11 +18,11 @@ import torch
 from memwarden.capture.live.capture import before_live_capture
 from memwarden.capture.meta.capture import MetaCapture
 from memwarden.errors import InputError
-from memwarden.estimate.card import ModelFacts, Request
-from memwarden.estimate.stored import StoredLayout, StoredLinear
+from memwarden.estimation.card import ModelFacts, Request
+from memwarden.estimation.stored import StoredLayout, StoredLinear
 
 if TYPE_CHECKING:
-    from memwarden.estimate.resolve import ResolvedModel
+    from memwarden.estimation.resolve import ResolvedModel
 
 __all__ = [
     "capture_for",
@@ -44,7 +44,7 @@ def model_for(resolved: ResolvedModel, dtype: str, weights_dtype: str | None) ->
     """The meta model, its weights stored as the checkpoint stores them: every tensor of a local
     folder's safetensors headers, else the quantization_config's layout, else ``weights_dtype``."""
     from memwarden.capture.meta.capture import build_meta_model
-    from memwarden.estimate.stored import apply_checkpoint, apply_scheme
+    from memwarden.estimation.stored import apply_checkpoint, apply_scheme
 
     if weights_dtype is not None and (resolved.scheme is not None or resolved.checkpoint is not None):
         what = resolved.scheme.describe() if resolved.scheme else "a checkpoint whose tensors set the weights"

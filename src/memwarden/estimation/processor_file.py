@@ -23,7 +23,7 @@ _FILES = ("preprocessor_config.json", "processor_config.json")
 _MAX_BYTES = 1024**2  # real ones are under 2 KiB
 # Every integer a processor setting holds (sides, pixel budgets, tile counts) stays below this: the
 # largest real one is a pixel budget (Qwen2-VL's max_pixels, 12,845,056), and an estimate's images
-# are at most 64 MPx (memwarden.estimate.request.MAX_IMAGE_PIXELS).
+# are at most 64 MPx (memwarden.estimation.request.MAX_IMAGE_PIXELS).
 MAX_PROCESSOR_INT = 64 * 1024**2
 # Keys that name code or classes: the class is always the family's own, so these are dropped.
 _NOT_SETTINGS = ("auto_map", "processor_class", "image_processor_type", "feature_extractor_type")

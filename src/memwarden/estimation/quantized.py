@@ -3,7 +3,7 @@
 :func:`parse_scheme` turns the (untrusted) ``quantization_config`` into a :class:`Scheme`;
 :func:`linear_tensors` gives the tensors the method's loader creates for one ``nn.Linear`` (the
 exact names, shapes and dtypes it stores); :func:`converted` decides, as the loader does, which
-Linear modules it replaces. Pure: no torch (dtypes are names); :mod:`memwarden.estimate.stored`
+Linear modules it replaces. Pure: no torch (dtypes are names); :mod:`memwarden.estimation.stored`
 puts the tensors on the meta model.
 
 Layouts, from the methods' own sources:
@@ -35,7 +35,7 @@ Layouts, from the methods' own sources:
 - FP8 (transformers ``integrations/finegrained_fp8.py`` ``FP8Linear``): ``weight`` fp8 (out, in),
   ``weight_scale_inv`` fp32 (ceil(out/b0), ceil(in/b1)) or a scalar without blocks,
   ``activation_scale`` fp32 scalar when static.
-- HQQ and torchao: :mod:`memwarden.estimate.quantized_more`.
+- HQQ and torchao: :mod:`memwarden.estimation.quantized_more`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memwarden.errors import InputError
-from memwarden.estimate.quantized_more import MoreSpec, more_tensors, parse_hqq, parse_torchao
+from memwarden.estimation.quantized_more import MoreSpec, more_tensors, parse_hqq, parse_torchao
 
 __all__ = ["METHODS", "Scheme", "TensorSpec", "converted", "linear_tensors", "parse_scheme"]
 

@@ -1,6 +1,6 @@
 """HQQ and torchao checkpoints in their own layout: the ``quantization_config`` parsed into a
 :class:`MoreSpec` and the tensors each method stores for one ``nn.Linear``. Pure: no torch, no
-hqq, no torchao (dtypes are names). :mod:`memwarden.estimate.quantized` dispatches here and owns
+hqq, no torchao (dtypes are names). :mod:`memwarden.estimation.quantized` dispatches here and owns
 module selection.
 
 Layouts, from the libraries' sources (hqq 0.2.8, torchao 0.18; checked against tensors the
@@ -51,7 +51,7 @@ _HQQ_ROWS_PER_CODE = {8: 1, 4: 2, 2: 4, 1: 8}  # uint8 packings: rows folded int
 
 @dataclass(frozen=True, kw_only=True)
 class MoreSpec:
-    """What an HQQ or torchao ``quantization_config`` says beyond :class:`~memwarden.estimate.quantized.Scheme`."""
+    """What an HQQ or torchao ``quantization_config`` says beyond :class:`~memwarden.estimation.quantized.Scheme`."""
 
     method: str  # hqq | torchao
     layout: str  # hqq: axis0|axis1; torchao: int8|float8|int4-plain|int4-tile|intx

@@ -4,27 +4,27 @@
   backend: no torchvision needed), constructed from its defaults plus the sizes the config
   states (vision ``image_size``, ``patch_size``, ``spatial_merge_size``, ``image_grid_pinpoints``,
   tile counts), or from the checkpoint folder's own ``preprocessor_config.json`` where it ships
-  one (:mod:`memwarden.estimate.processor_file`), so tiling, splitting and pixel limits are exactly
+  one (:mod:`memwarden.estimation.processor_file`), so tiling, splitting and pixel limits are exactly
   the processor's. It runs on a
   blank uint8 image of the requested size (sizes are checked first) without its elementwise
   rescale/normalize steps, once per (processor settings, sizes), and only the shapes and dtypes
   of its float outputs are kept: they go to the meta device
-  (:func:`memwarden.estimate.request_media.processed`).
+  (:func:`memwarden.estimation.request_media.processed`).
 - The placeholder count of an image is what the model's own ``get_image_features`` returns for
   that processor output, run on the meta model (so it includes tiles, newline tokens, pooling),
   kept by value (model class and config, processor settings, size).
 - A model that takes images through cross-attention (Mllama) has no placeholders: the prompt
   holds one image token per image, and the family's processor makes the tiles, aspect-ratio ids
-  and ``cross_attention_mask`` of the request's ids (:mod:`memwarden.estimate.request_cross`).
+  and ``cross_attention_mask`` of the request's ids (:mod:`memwarden.estimation.request_cross`).
 - Float inputs go to the model in its dtype, as ``processor(...).to(model.dtype)`` sends them.
 - Videos and audio (any family's, through its video processor's defaults and its feature
-  extractor) are built in :mod:`memwarden.estimate.request_media`; the same model call counts them.
+  extractor) are built in :mod:`memwarden.estimation.request_media`; the same model call counts them.
 - Models that place images otherwise are built from the same model code: an instruction-aware
   Q-Former (InstructBLIP) also gets the prompt in its own vocabulary (:func:`encoder_prompt`); a
   model that finds the image by a position mask (Kosmos-2's ``image_embeds_position_mask``) gets
   the mask where the placeholders sit; an image processor that cuts patches for the decoder itself
   (Fuyu: no vision tower) gives the patches, and each row of them ends with a newline token, as its
-  processor writes them (:func:`memwarden.estimate.request_media.patch_stream`).
+  processor writes them (:func:`memwarden.estimation.request_media.patch_stream`).
 - An encoder-decoder (Whisper) takes the prompt as ``decoder_input_ids`` from its decoder start
   token; its audio goes to the encoder, whose positions are counted as audio tokens but are no
   placeholders in the prompt.
@@ -40,8 +40,8 @@ from collections import OrderedDict
 from typing import Any
 
 from memwarden.errors import InputError
-from memwarden.estimate.request_cross import cross_attention_request, takes_cross_attention_images
-from memwarden.estimate.request_media import (
+from memwarden.estimation.request_cross import cross_attention_request, takes_cross_attention_images
+from memwarden.estimation.request_media import (
     audio_media,
     feature_tokens,
     in_model_dtype,

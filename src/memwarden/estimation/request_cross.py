@@ -8,7 +8,7 @@ processor builds from where the image tokens sit and how many tiles each image w
 Nothing of it is written here: the family's own processor class (transformers' auto mapping) is
 run on the request. Its tokenizer is a word-level one made in memory whose every word is one
 token id (``<128256>``), so the request's ids pass through the processor's own text handling
-unchanged, and its image processor is the one :func:`memwarden.estimate.request.image_processor`
+unchanged, and its image processor is the one :func:`memwarden.estimation.request.image_processor`
 builds from the config (tile side, ``max_num_tiles``). It runs once, on one row of blank images of
 the requested sizes, without its elementwise rescale/normalize steps; the batch repeats that row.
 The pixels go to the meta device; the ids, masks and aspect-ratio ids stay real, as generate()
@@ -21,7 +21,7 @@ import inspect
 from typing import Any
 
 from memwarden.errors import InputError
-from memwarden.estimate.request_media import processor_class
+from memwarden.estimation.request_media import processor_class
 
 __all__ = ["cross_attention_request", "takes_cross_attention_images"]
 

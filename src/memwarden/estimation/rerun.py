@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from memwarden.estimate.card import MemoryCard, Request, Suggestion
-from memwarden.estimate.measure import WEIGHT_DTYPES, card_for
-from memwarden.estimate.resolve import ResolvedModel
+from memwarden.estimation.card import MemoryCard, Request, Suggestion
+from memwarden.estimation.measure import WEIGHT_DTYPES, card_for
+from memwarden.estimation.resolve import ResolvedModel
 
 __all__ = ["image_multiple", "replace_request", "rerun_suggestions"]
 
@@ -39,7 +39,7 @@ def rerun_suggestions(resolved: ResolvedModel, req: Request, card: MemoryCard, d
         card.suggestions = [s for s in card.suggestions if s.setting != {"weights_dtype": qdtype}]
         out.append(suggestion("weights_dtype", f"{qdtype} weights (weight-only quantization of every linear layer)",
                               {"weights_dtype": qdtype}, peak, "meta estimate re-run with emulated quantized linears"))  # fmt: skip
-    from memwarden.estimate.metamodel import kv_quantizable
+    from memwarden.estimation.metamodel import kv_quantizable
 
     if req.kv_dtype is None and card.kv_cache_bytes and kv_quantizable(resolved):
         peak = card_for(resolved, replace_request(req, kv_dtype="int8"))[0].peak_bytes

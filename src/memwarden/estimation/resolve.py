@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from memwarden.errors import InputError
-from memwarden.estimate.checkpoint import CheckpointTensors, read_checkpoint
-from memwarden.estimate.processor_file import read_json, read_processor_file, read_processor_settings
-from memwarden.estimate.quantized import Scheme, parse_scheme
+from memwarden.estimation.checkpoint import CheckpointTensors, read_checkpoint
+from memwarden.estimation.processor_file import read_json, read_processor_file, read_processor_settings
+from memwarden.estimation.quantized import Scheme, parse_scheme
+from memwarden.untrusted import terminal_safe
 
 __all__ = ["CONFIG_DIR", "ResolvedModel", "hub_ids", "model_names", "resolve_model", "shipped_name"]
 
@@ -204,12 +205,12 @@ def _named_limit(key: str) -> int:
 def _check_numbers(key: str, value: Any, path: Path, where: str) -> None:
     """Every integer under ``key`` (itself, or inside its lists) within the key's limit; no NaN/inf."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise InputError(f"{path}: {where} = {value} is not a finite number")
+        raise InputError(f"{path}: {where} = {value!r} is not a finite number")
     if isinstance(value, int) and not isinstance(value, bool):
         limit = _named_limit(key)
         if not -_MAX_ANY_INT <= value <= limit:
             raise InputError(
-                f"{path}: {where} = {str(value)[:40]} is beyond any real model's (at most {limit} for {key!r})"
+                f"{path}: {where} = {terminal_safe(value)[:40]} is beyond any real model's (at most {limit} for {key!r})"
             )
 
 
@@ -218,7 +219,8 @@ def _check_sizes(data: Any, path: Path, depth: int = 0, where: str = "", key: st
         raise InputError(f"{path}: config nested deeper than any real one")
     if isinstance(data, dict):
         for key, value in data.items():
-            name = f"{where}.{key}" if where else str(key)
+            shown = terminal_safe(key)[:80]  # a key is the file's text too
+            name = f"{where}.{shown}" if where else shown
             limit = _SIZE_LIMITS.get(key, 1 << 15 if key in _SIZE_FLOORS else None)
             if limit is not None and value is not None:
                 floor = _SIZE_FLOORS.get(key, 1)
@@ -231,7 +233,7 @@ def _check_sizes(data: Any, path: Path, depth: int = 0, where: str = "", key: st
                 )
                 if any(isinstance(v, bool) or not isinstance(v, int) or not floor <= v <= limit for v in sizes):
                     raise InputError(
-                        f"{path}: {name} = {str(value)[:40]} is not a size this tool accepts ({floor}..{limit})"
+                        f"{path}: {name} = {terminal_safe(value)[:40]} is not a size this tool accepts ({floor}..{limit})"
                     )
             if isinstance(value, (dict, list)) and key not in _SIZE_LIMITS and key not in _SIZE_FLOORS:
                 _check_sizes(value, path, depth + 1, name, str(key))
@@ -249,7 +251,7 @@ def _check_sizes(data: Any, path: Path, depth: int = 0, where: str = "", key: st
 def _from_file(path: Path, name: str) -> ResolvedModel:
     import transformers
 
-    from memwarden.estimate.families import model_class_for
+    from memwarden.estimation.families import model_class_for
 
     data = read_json(path, _MAX_CONFIG_BYTES, "config.json")
     if not isinstance(data, dict):
@@ -266,7 +268,7 @@ def _from_file(path: Path, name: str) -> ResolvedModel:
         config = transformers.CONFIG_MAPPING[family].from_dict(data)
     except Exception as exc:  # a config transformers rejects
         raise InputError(
-            f"{path}: transformers cannot read this config ({exc.__class__.__name__}: {str(exc)[:200]})"
+            f"{path}: transformers cannot read this config ({exc.__class__.__name__}: {terminal_safe(exc)[:200]})"
         ) from None
     model_class = model_class_for(family, data.get("architectures"), str(path))
     quant = data.get("quantization_config")

@@ -5,17 +5,17 @@ meta-device run imports it when an estimate runs.
 
 The model is built from its config on the meta device and transformers' ``generate()`` runs on
 it under :class:`memwarden.capture.meta.capture.MetaCapture`, which records the Trace a live run would;
-:func:`memwarden.estimate.build.card_from_trace` turns it into a :class:`MemoryCard`; a long
+:func:`memwarden.estimation.build.card_from_trace` turns it into a :class:`MemoryCard`; a long
 generation runs two short ones and extrapolates the steady decode step
-(:mod:`memwarden.estimate.steady`).
+(:mod:`memwarden.estimation.steady`).
 
 ``model`` is a zoo name (``llava``, ``qwen2-vl:small``; tiny by default), a named real model
 (``llava-1.5-7b``: a config.json shipped in ``memwarden/models/configs``), or the path of a
 config.json or of a folder holding one, of any family transformers' auto mappings can generate
-with (:mod:`memwarden.estimate.families`).
+with (:mod:`memwarden.estimation.families`).
 
 The request: images of a real config go through the family's own image processor (resized,
-tiled, pixel-limited as it does; :mod:`memwarden.estimate.request`); the zoo's tiny models take
+tiled, pixel-limited as it does; :mod:`memwarden.estimation.request`); the zoo's tiny models take
 their native size. ``prompt_tokens`` counts every text token, markers included, and the
 placeholders come on top; no image means a text-only request; audio is log-mel frames at 100
 per second; generation is greedy for exactly ``new_tokens`` steps.
@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from memwarden.errors import InputError, MemwardenError
-from memwarden.estimate.card import MemoryCard, Request
-from memwarden.estimate.measure import Progress, card_for, check_request
-from memwarden.estimate.rerun import image_multiple, replace_request, rerun_suggestions
-from memwarden.estimate.resolve import CONFIG_DIR, resolve_model, shipped_name
-from memwarden.estimate.suggest import rank_suggestions
+from memwarden.estimation.card import MemoryCard, Request
+from memwarden.estimation.measure import Progress, card_for, check_request
+from memwarden.estimation.rerun import image_multiple, replace_request, rerun_suggestions
+from memwarden.estimation.resolve import CONFIG_DIR, resolve_model, shipped_name
+from memwarden.estimation.suggest import rank_suggestions
 
 __all__ = ["SweepResult", "estimate", "load_device", "parse_image", "parse_video", "sweep"]
 
@@ -176,7 +176,7 @@ def _fit(
     """``fit`` (a byte count, a size like ``6GiB``, a device id or profile): the card of the largest
     ``solve`` value whose peak fits it, with the ``fit`` block. Each value is judged on the device
     (``fit``'s, else ``profile``) exactly as ``estimate(..., device=...)`` judges it."""
-    from memwarden.estimate.fit import solve_fit
+    from memwarden.estimation.fit import solve_fit
     from memwarden.units import parse_bytes
 
     if fit is None or solve is None:
@@ -354,8 +354,8 @@ def _judged(resolved: Any, req: Request, devices: list[Any]) -> tuple[MemoryCard
     (``build.apply_device``), so that is done here without running the request again."""
     import dataclasses
 
-    from memwarden.estimate.build import apply_device
-    from memwarden.estimate.cuda_runtime import is_cuda
+    from memwarden.estimation.build import apply_device
+    from memwarden.estimation.cuda_runtime import is_cuda
 
     judged = {d.id: card_for(resolved, req, d)[0] for d in devices if is_cuda(d)}
     first = next(iter(judged.values()), None)

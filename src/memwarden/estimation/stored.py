@@ -1,6 +1,6 @@
 """The weights of the meta model as a checkpoint stores them: a quantized method's own tensors
-(:mod:`memwarden.estimate.quantized`) or every tensor's dtype and shape from a local folder's
-safetensors headers (:mod:`memwarden.estimate.checkpoint`), with the method's kernel emulated.
+(:mod:`memwarden.estimation.quantized`) or every tensor's dtype and shape from a local folder's
+safetensors headers (:mod:`memwarden.estimation.checkpoint`), with the method's kernel emulated.
 
 Checkpoint keys are mapped to module paths by transformers' own key renaming
 (``conversion_mapping.get_model_conversion_mapping``: ``visual.`` -> ``model.visual.`` and the like);
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from memwarden.estimate.quantized import Scheme, TensorSpec, converted, linear_tensors
+from memwarden.estimation.quantized import Scheme, TensorSpec, converted, linear_tensors
 
 __all__ = ["StoredLinear", "StoredLayout", "apply_checkpoint", "apply_scheme", "checkpoint_names", "renamer"]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from memwarden.estimate.card import DTYPE_BYTES, MemoryCard, ModelFacts, Request, Suggestion
+from memwarden.estimation.card import DTYPE_BYTES, MemoryCard, ModelFacts, Request, Suggestion
 from memwarden.units import format_bytes
 
 __all__ = ["arithmetic_suggestions", "rank_suggestions"]

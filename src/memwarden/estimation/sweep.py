@@ -117,7 +117,7 @@ def _describe(raw: dict[str, Any]) -> str:
 def estimate_point(spec: dict[str, Any]) -> dict[str, Any]:
     """Executor task: one model x request; errors a user caused come back as data, not exceptions."""
     from memwarden.errors import MemwardenError
-    from memwarden.estimate.run import estimate
+    from memwarden.estimation.run import estimate
 
     kwargs = {k: v for k, v in spec["request"].items() if k != "name"}
     if "images" in kwargs:

@@ -2,14 +2,14 @@
 
 Each line is the bytes of the largest converted Linear (the one a kernel works on at a time),
 and says whether the meta run already holds it in the peak (the emulated kernels of
-:class:`memwarden.estimate.stored.StoredLinear`) or it comes on top on that runtime. Pure.
+:class:`memwarden.estimation.stored.StoredLinear`) or it comes on top on that runtime. Pure.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from memwarden.estimate.quantized import Scheme
+from memwarden.estimation.quantized import Scheme
 
 __all__ = ["method_transients"]
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from memwarden.estimate.card import Device, MemoryCard
+from memwarden.estimation.card import Device, MemoryCard
 from memwarden.units import format_bytes
 
 if TYPE_CHECKING:  # estimate.run builds models (torch); only its result type is needed here
-    from memwarden.estimate.run import SweepResult
+    from memwarden.estimation.run import SweepResult
 
 __all__ = ["card_text", "sweep_text"]
 
