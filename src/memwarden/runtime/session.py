@@ -26,6 +26,7 @@ import dataclasses
 import itertools
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,7 @@ from memwarden.runtime.degrade import Ladder, LadderConfig
 from memwarden.runtime.encoders import EncoderCache
 from memwarden.runtime.host_memory import allocation_failed, first_line, fix_mmap_threshold, return_freed_memory
 from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence, cache_keyword
+from memwarden.runtime.mrope import MRopePositions, reuse_limit_reason
 from memwarden.runtime.session_admit import Admission, AdmissionDecision, apply_change
 from memwarden.runtime.session_chat import Conversation
 from memwarden.runtime.session_config import UNSET, SessionConfig, Unset, budget_source_of, resolve_config
@@ -135,9 +137,18 @@ class GovernedSession:
         self.records: list[RequestRecord] = []
         self.tally = SessionTally()  # counts over records and events, kept as they grow: stats() without the lists
         self.conversations: dict[str, Conversation] = {}
+        # Said once, here: a family whose cached prefix cannot be reused whole (stats() repeats why).
+        self.prefix_reuse_off_reason = reuse_limit_reason(model.config, config.prefix_reuse)
+        if self.prefix_reuse_off_reason is not None and config.prefix_reuse:
+            warnings.warn(f"GovernedSession: {self.prefix_reuse_off_reason}", UserWarning, stacklevel=2)
+        # Qwen2-VL / Qwen2.5-VL: the session passes the M-RoPE positions of what follows a cached prefix
+        self._mrope = (MRopePositions(model) if config.prefix_reuse and media_mod.positions_continued(model.config)
+                       else None)  # fmt: skip
 
         if claim(model, self, take_over=take_over) is not None:  # before touching the model: the old one restores it
             self.log.note("session", "took the model over from an earlier GovernedSession (closed it first)")
+        if self.prefix_reuse_off_reason is not None:
+            self.log.note("session", f"prefix reuse limited: {self.prefix_reuse_off_reason}")
         try:
             on_cpu = all(p.device.type in ("cpu", "meta") for p in model.parameters())
             if config.heap_mmap_threshold is not None and on_cpu:
@@ -425,6 +436,12 @@ class GovernedSession:
         seq = Sequence(pool, seq_id, alloc.block_ids, alloc.num_cached_tokens)
         encoder = self.encoder_cache
         encoder_before = encoder.encoder_s if encoder is not None else 0.0
+        if reuse > 0 and media_mod.positions_are_media_dependent(self.model.config):
+            # never the model's own rope_deltas on a cached prefix: they are the last request's, not this one's
+            if self._mrope is not None and "position_ids" not in passthrough:
+                passthrough["position_ids"] = self._mrope.position_ids(input_ids, plan.inputs, items, reuse)
+            elif hasattr(inner := getattr(self.model, "model", None), "rope_deltas"):  # reuse stopped before media:
+                inner.rope_deltas = None  # type: ignore[union-attr]  # generate() computes them afresh
         try:
             generate_start, generate_cpu = time.perf_counter(), time.thread_time()
             with self.ladder.installed(plan.pruned):
@@ -484,6 +501,7 @@ class GovernedSession:
             "block_size": self.spec.block_size,
             "prefix_hits": blocks.hits,
             "prefix_misses": blocks.misses,
+            "prefix_reuse_off_reason": self.prefix_reuse_off_reason,  # None: every cached prefix is reused whole
             "evictions": blocks.evictions,
             "encoder_hits": enc.hits if enc else 0,
             "encoder_misses": enc.misses if enc else 0,

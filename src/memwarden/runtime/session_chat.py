@@ -33,6 +33,8 @@ class Conversation:
         for key in PER_TOKEN_KEYS[1:]:
             if isinstance(inputs.get(key), torch.Tensor):
                 self.per_token.setdefault(key, [0] * len(self.input_ids)).extend(inputs[key][0].tolist())
+            elif key in self.per_token:  # a text message without them: text (0), as the processor would mark it
+                self.per_token[key].extend([0] * input_ids.shape[1])
         self.input_ids.extend(input_ids[0].tolist())
         new = input_ids.detach().cpu()
         full = new.clone() if self.ids is None else torch.cat([self.ids.to(new.dtype), new], 1)  # (1, T)
