@@ -10,6 +10,7 @@ from typing import Any
 
 from memwarden.commands._help import renamed
 from memwarden.errors import InputError
+from memwarden.untrusted import terminal_safe
 
 
 def register(sub: Any) -> None:
@@ -63,6 +64,11 @@ def register(sub: Any) -> None:
         "--device-profile", "--device", dest="device", default=[], metavar="PROFILE",
         action=renamed(argparse._AppendAction, "--device", "--device-profile"),
         help="device profile id or TOML path (repeatable; the first one gets the suggestions)",
+    )  # fmt: skip
+    p.add_argument(
+        "--device-state", default=None, metavar="FILE",
+        help="judge the peak against the memory the device has now, as FILE shows it (tegrastats, /proc/meminfo, "
+        "free, mem_get_info, llama.cpp device lines, L4T version; see telemetry --replay --request)",
     )  # fmt: skip
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print the memory card as JSON")
@@ -174,11 +180,34 @@ def run(args: argparse.Namespace) -> int:
             solve=args.solve,
             **common,
         )
+    state = _device_state(args.device_state, card, devices[0] if devices else None)
     if fmt == "json":
-        print_json(card.to_json())
+        print_json({**card.to_json(), "device_state": state.to_json()} if state else card.to_json())
     elif fmt == "md":
         print(card.to_markdown(devices[1:]))
     else:
         print(card_text(card, devices[1:]), end="")
+    if state is not None:
+        if fmt != "json":
+            print(f"against the device state in {terminal_safe(args.device_state)}: {state.verdict} "
+                  f"({terminal_safe(state.reason)})")  # fmt: skip
+        return 1 if state.verdict == "fails" else 0
     # like partition and check: a device that the request does not fit is a failure a script can see
     return 1 if devices and card.fits is False else 0
+
+
+def _device_state(path: str | None, card: Any, device: Any) -> Any:
+    """The card's peak judged against the pasted state (``govern.device_state``): device memory on a
+    GPU or unified board, host memory on a CPU profile."""
+    if path is None:
+        return None
+    from memwarden.govern.device_state import judge, load_state
+
+    read = load_state(path)
+    samples = [s for s in read.samples if s.value("mem_available") or s.value("mem_free") or s.value("device_free")]
+    if not samples:
+        raise InputError(
+            f"--device-state {terminal_safe(path)}: no memory figure ({read.skipped} lines not recognised)"
+        )
+    kind = "cuda" if device is None or device.kind in ("jetson", "gpu", "datacenter") else "host"
+    return judge(samples[-1], card.device_peak_bytes, kind)

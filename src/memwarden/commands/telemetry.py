@@ -1,4 +1,5 @@
-"""memwarden telemetry [--replay LOG] [--json] [--device PROFILE] [--budget BYTES] [--policy NAME] [--set K=V]"""
+"""memwarden telemetry [--replay LOG] [--request BYTES [--kind K]] [--json] [--device PROFILE] [--budget BYTES]
+[--policy NAME] [--set K=V]"""
 
 from __future__ import annotations
 
@@ -20,6 +21,16 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--replay", metavar="LOG", help="a recorded telemetry log to play back instead of live signals")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument(
+        "--request", metavar="BYTES",
+        help="with --replay: does one allocation of BYTES fit the device state the file shows (tegrastats, "
+        "/proc/meminfo, free, PSI, mem_get_info, llama.cpp device lines, L4T version, a person's own lines)?",
+    )  # fmt: skip
+    p.add_argument(
+        "--kind", choices=("cuda", "host", "mmap", "contiguous"), default="cuda",
+        help="the allocation --request makes: cuda (device memory; unified on Jetson), host (anonymous), mmap "
+        "(file-backed weights), contiguous (physically contiguous buffers) (default: %(default)s)",
+    )  # fmt: skip
     p.add_argument(
         "--device-profile", "--device", dest="device", metavar="PROFILE",
         action=renamed(argparse._StoreAction, "--device", "--device-profile"),
@@ -62,9 +73,95 @@ def run(args: argparse.Namespace) -> int:
         controller = BudgetController.from_device_profile(args.device, policy=policy, cap_bytes=cap)
     else:
         controller = BudgetController(policy, cap_bytes=cap)
+    if args.request is not None and not args.replay:
+        raise InputError("--request needs --replay FILE (the device state to judge it against)")
+    if args.replay and args.request is not None:
+        return _state_verdict(args)
+    if args.replay and not _is_own_log(args.replay):  # a paste of other tools' lines: the device state
+        return _state_samples(args)
     if args.replay:
         return _replay(args, controller)
     return _live(args, controller)
+
+
+def _state_verdict(args: argparse.Namespace) -> int:
+    from memwarden.errors import InputError
+    from memwarden.govern.device_state import judge, load_state
+    from memwarden.units import parse_bytes
+    from memwarden.untrusted import terminal_safe
+
+    try:
+        request = parse_bytes(args.request)
+    except ValueError as exc:
+        raise InputError(f"--request: {exc}") from None
+    read = load_state(args.replay)
+    judged = [s for s in read.samples if any(k in s.figures for k in _MEMORY_FIELDS)]
+    if not judged:
+        raise InputError(f"{terminal_safe(args.replay)}: no memory figure in {read.lines} lines "
+                         f"({read.skipped} not recognised)")  # fmt: skip
+    verdict = judge(judged[-1], request, args.kind)  # the state now: the last sample
+    if args.json:
+        from memwarden.commands._common import print_json
+
+        print_json({**verdict.to_json(), "state": read.to_json()})
+    else:
+        print(f"{verdict.verdict}: {terminal_safe(verdict.reason)}")
+        for name, comp in verdict.components.items():
+            mark = "*" if comp.counts else " "
+            print(f" {mark} {name:<22} {comp.bytes / (1 << 20):>12.1f} MiB  line {comp.line_no}: "
+                  f"{terminal_safe(comp.line)[:60]}")  # fmt: skip
+        print(f"({read.recognised} lines read, {read.skipped} skipped; * = counts for --kind {args.kind})")
+    return 0 if verdict.verdict == "fits" else 1
+
+
+_MEMORY_FIELDS = ("mem_available", "mem_free", "device_free", "lfb_block", "cma_free")
+
+
+def _is_own_log(path: str) -> bool:
+    """memwarden's own log: JSON lines (the first line an object) or tegrastats lines only. Its
+    errors stay its own (a bad rail, a bad timestamp); any other paste is read as device state."""
+    import re
+
+    from memwarden.govern.device_state import state_lines
+
+    tegra = re.compile(r"\bRAM \d+/\d+(?:kB|KB|MB|GB)")
+    first = True
+    for line in state_lines(path):
+        if not line.strip():
+            continue
+        if first and line.lstrip().startswith("{"):
+            return True
+        first = False
+        if tegra.search(line) is None:
+            return False
+    return True  # empty: the log's own "empty telemetry log" error
+
+
+def _state_samples(args: argparse.Namespace) -> int:
+    from memwarden.errors import InputError
+    from memwarden.govern.device_state import load_state, obtainable
+    from memwarden.untrusted import terminal_safe
+
+    read = load_state(args.replay)
+    samples = [s for s in read.samples if any(k in s.figures for k in _MEMORY_FIELDS)]
+    if not samples:
+        raise InputError(f"{terminal_safe(args.replay)}: neither a telemetry log (JSON lines, tegrastats) nor a "
+                         f"device state (no memory figure in {read.lines} lines)")  # fmt: skip
+    rows = []
+    for sample in samples:
+        ob = obtainable(sample, args.kind)
+        rows.append({"obtainable_bytes": ob.bytes, "basis": ob.basis, "kind": args.kind,
+                     "components": {k: c.to_json() for k, c in ob.components.items()}})  # fmt: skip
+    if args.json:
+        from memwarden.commands._common import print_json
+
+        print_json({"log": args.replay, "state": read.to_json(), "samples": rows})
+        return 0
+    for i, row in enumerate(rows):
+        got = "unknown" if row["obtainable_bytes"] is None else f"{row['obtainable_bytes'] / (1 << 30):.2f} GiB"
+        print(f"sample {i}: {args.kind} obtainable {got} ({terminal_safe(row['basis'])})")
+    print(f"({read.recognised} lines read, {read.skipped} skipped)")
+    return 0
 
 
 def _bytes(text: str | None) -> int | None:

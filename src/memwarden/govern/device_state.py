@@ -1,0 +1,304 @@
+"""The memory a device really has now, from pasted state, and whether one allocation fits it.
+
+The model (what one more allocation of a kind can get):
+
+- ``cuda`` on an integrated GPU (Jetson, GB10): device memory is system memory, so the bound is
+  **MemAvailable** — the page cache counts as reclaimable and MemFree does not. ``cuMemGetInfo``
+  reports MemFree there (ollama #12283), which is why vLLM and SGLang switched to
+  ``psutil.virtual_memory().available`` on integrated GPUs (sglang #10075, vllm #48140); the
+  reported free figure is shown but bounds nothing. **Swap does not back device memory** (it is
+  pinned), so it is shown and not counted. ``lfb`` (tegrastats) is the largest free *physically
+  contiguous* block, at most 4 MB by design (NVIDIA's tegrastats appendix: "Allocations of virtual
+  memory can be bigger"): cudaMalloc on Tegra maps scattered pages through the SMMU, so lfb does not
+  bound it; it bounds physically contiguous buffers (kind ``contiguous``: CMA/carve-out users such as
+  camera and codec buffers), and a low count is shown as fragmentation. Known platform defects
+  (``platform_facts``: L4T R36.4.7's NvMap change) turn a ``cuda`` verdict to ``fails`` on their own
+  when they carry a source.
+- ``cuda`` on a discrete GPU: the device's free figure.
+- ``host`` (anonymous memory): MemAvailable plus free swap (the kernel can page anonymous memory out).
+- ``mmap`` (file-backed weights): MemAvailable; swap never holds file pages, and a mapping bigger
+  than that is re-read from disk, not refused.
+- ``contiguous``: the largest of the lfb block and CmaFree.
+
+Pure functions over lines; :func:`load_state` is the one reader of a file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from memwarden.govern.device_state_lines import Figure, ParseContext, parse_line
+from memwarden.govern.platform_facts import facts_for
+
+__all__ = ["KINDS", "Component", "DeviceState", "Obtainable", "StateRead", "Verdict", "judge", "load_state",
+           "obtainable", "read_state", "state_lines"]  # fmt: skip
+
+KINDS = ("cuda", "host", "mmap", "contiguous")
+MAX_STATE_BYTES = 128 << 20  # the telemetry log's limit: a paste past this is no paste
+_MAX_LINE_BYTES = 64 << 10
+_STICKY = ("l4t", "jetpack", "device_name")  # facts of the platform, not of a moment: carried forward
+_INTEGRATED_NAMES = re.compile(r"orin|thor|xavier|tegra|jetson|\bnano\b|tx[12]\b|gb10|spark", re.IGNORECASE)
+_SKIP_PREFIX = "##"  # a fixture's or a user's own comment lines (one '#' is nv_tegra_release's)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Component:
+    """One term of what is obtainable: ``counts`` says whether it makes up or bounds the figure for
+    the kind asked, ``line`` is the source line (and ``line_no`` its number) it was read from."""
+
+    name: str
+    bytes: int
+    counts: bool
+    note: str
+    line: str
+    line_no: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "counts": self.counts, "note": self.note, "line": self.line,
+                "line_no": self.line_no}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """One sample: the latest figure of each field (platform facts carried from earlier lines)."""
+
+    figures: dict[str, Figure]
+
+    def value(self, name: str) -> Any:
+        fig = self.figures.get(name)
+        return None if fig is None else fig.value
+
+    @property
+    def integrated(self) -> bool | None:
+        """True when the paste shows a unified-memory platform, False when it shows a discrete GPU
+        (a device total unlike the host's), None when it cannot tell."""
+        f = self.figures
+        if "l4t" in f or "jetpack" in f or "lfb_block" in f or "nvmap_used" in f:
+            return True
+        if (name := self.value("device_name")) and _INTEGRATED_NAMES.search(str(name)):
+            return True
+        dev_total, dev_free = self.value("device_total"), self.value("device_free")
+        host = [self.value(k) for k in ("mem_free", "mem_available")]
+        if dev_free is not None and any(h and abs(h - dev_free) <= 0.03 * h for h in host):
+            return True  # cuMemGetInfo returned a host figure: the device is the host's memory
+        mem_total = self.value("mem_total")
+        if dev_total is not None and mem_total is not None:
+            return abs(dev_total - mem_total) <= 0.05 * mem_total
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateRead:
+    samples: list[DeviceState]
+    lines: int
+    recognised: int
+    skipped: int
+    by_format: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lines": self.lines, "recognised": self.recognised, "skipped": self.skipped,
+                "by_format": dict(sorted(self.by_format.items())), "samples": len(self.samples)}  # fmt: skip
+
+
+def read_state(lines: Iterable[str]) -> StateRead:
+    """Lines of any mixture of formats -> samples. A sample ends where a line gives a field the
+    sample already has (the next tegrastats line, a second meminfo dump). Unknown lines are counted
+    and skipped. Work is linear in the text: each line is cut at a fixed length before matching."""
+    samples: list[DeviceState] = []
+    current: dict[str, Figure] = {}
+    ctx = ParseContext()
+    n = recognised = skipped = 0
+    by_format: Counter[str] = Counter()
+    for n, line in enumerate(lines, 1):
+        if line.lstrip().startswith(_SKIP_PREFIX) or not line.strip():
+            continue
+        figures = parse_line(line, n, ctx)
+        if figures is None:
+            skipped += 1
+            continue
+        recognised += 1
+        if figures:
+            by_format[figures[0].fmt] += 1
+        if any(f.field in current and f.field not in _STICKY and current[f.field].line_no != n for f in figures):
+            samples.append(DeviceState(dict(current)))
+            current = {k: v for k, v in current.items() if k in _STICKY}
+        for f in figures:
+            current[f.field] = f
+    if any(k not in _STICKY for k in current) or (current and not samples):
+        samples.append(DeviceState(current))
+    return StateRead(samples=samples, lines=n, recognised=recognised, skipped=skipped, by_format=dict(by_format))
+
+
+def _open_regular(path: str | os.PathLike[str], label: str) -> BinaryIO:
+    """``path`` opened if it is a regular file (a FIFO would block for ever, /dev/zero never ends);
+    checked with ``fstat`` on the opened descriptor, so there is no race."""
+    from memwarden.errors import InputError
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InputError(f"{label}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read ({exc.strerror or type(exc).__name__})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{label}: not a regular file; expected a pasted device state")
+    return os.fdopen(fd, "rb")
+
+
+def state_lines(path: str | os.PathLike[str]) -> Iterator[str]:
+    """The file's lines, at most ``MAX_STATE_BYTES`` in all; a bad byte becomes U+FFFD (a paste with
+    one is still a paste), a line longer than 64 KiB is read in pieces."""
+    from memwarden.errors import InputError
+    from memwarden.untrusted import terminal_safe
+
+    label = terminal_safe(path)
+    total = 0
+    with _open_regular(path, label) as fh:
+        while raw := fh.readline(_MAX_LINE_BYTES):
+            total += len(raw)
+            if total > MAX_STATE_BYTES:
+                raise InputError(f"{label}: over the {MAX_STATE_BYTES}-byte limit for a device-state paste")
+            yield raw.decode("utf-8", errors="replace")
+
+
+def load_state(path: str | os.PathLike[str]) -> StateRead:
+    """A pasted state file (regular file, at most ``MAX_STATE_BYTES``); see :func:`read_state`."""
+    return read_state(state_lines(path))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Obtainable:
+    bytes: int | None
+    components: dict[str, Component]
+    basis: str  # which figure makes ``bytes``, in words
+
+
+def _component(state: DeviceState, field_name: str, name: str, counts: bool, note: str) -> Component | None:
+    fig = state.figures.get(field_name)
+    if fig is None or not isinstance(fig.value, int):
+        return None
+    return Component(name=name, bytes=fig.value, counts=counts, note=note, line=fig.line, line_no=fig.line_no)
+
+
+def obtainable(state: DeviceState, kind: str) -> Obtainable:
+    """What one more allocation of ``kind`` can get in this state, with its components."""
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r}: expected one of {', '.join(KINDS)}")
+    integrated = state.integrated
+    on_device = kind == "cuda" and integrated is False
+    comps: dict[str, Component] = {}
+
+    def add(field_name: str, name: str, counts: bool, note: str) -> None:
+        if (c := _component(state, field_name, name, counts, note)) is not None:
+            comps[name] = c
+
+    host_counts = not on_device and kind != "contiguous"
+    add("mem_available", "available", host_counts, "MemAvailable: free memory plus what the kernel reclaims")
+    add("cached", "reclaimable_cache", False, "page cache: reclaimable, already inside MemAvailable")
+    add("mem_free", "mem_free", False, "MemFree: leaves the reclaimable cache out, so it understates")
+    free_note = (
+        "cuMemGetInfo on an integrated GPU reports MemFree, not MemAvailable (ollama #12283): shown, bounds nothing"
+        if integrated is not False else "the device's own free memory"
+    )  # fmt: skip
+    add("device_free", "reported_device_free", on_device, free_note)
+    add("device_total", "device_total", False, "the device's total")
+    add("mem_total", "total", False, "the spec-sheet figure: what the naive reading compares with")
+    swap_note = ("free swap: the kernel can page anonymous memory out" if kind == "host" else
+                 "free swap: does not back GPU memory (pinned) or file pages")  # fmt: skip
+    add("swap_free", "swap_free", kind == "host", swap_note)
+    add("cma_free", "cma_free", kind == "contiguous", "CmaFree: the contiguous-memory area still free")
+    add("nvmap_used", "gpu_clients_hold", False, "NvMapMemUsed: what GPU clients (all processes) hold now")
+    if (lfb := state.value("lfb_block")) is not None and (count := state.value("lfb_count")) is not None:
+        fig = state.figures["lfb_block"]
+        comps["largest_free_block"] = Component(
+            name="largest_free_block", bytes=int(lfb), counts=kind == "contiguous", line=fig.line,
+            line_no=fig.line_no,
+            note=(f"tegrastats lfb {count}x{int(lfb) >> 20}MB: largest physically contiguous free block (at most "
+                  "4 MB by design); bounds contiguous buffers, not cudaMalloc (SMMU-mapped pages)"),
+        )  # fmt: skip
+
+    if kind == "contiguous":
+        terms = [c.bytes for n, c in comps.items() if n in ("largest_free_block", "cma_free")]
+        return Obtainable(bytes=max(terms) if terms else None, components=comps,
+                          basis="the largest of the lfb block and CmaFree")  # fmt: skip
+    if on_device:
+        dev = state.value("device_free")
+        return Obtainable(bytes=dev, components=comps, basis="the discrete device's free memory")
+    base, basis = state.value("mem_available"), "MemAvailable"
+    if base is None and (free := state.value("mem_free")) is not None and (cache := state.value("cached")) is not None:
+        base, basis = free + cache, "MemFree + page cache (no MemAvailable line: an upper estimate)"
+        comps["reclaimable_cache"] = _component(state, "cached", "reclaimable_cache", True, "page cache, reclaimable")  # type: ignore[assignment]
+        comps["mem_free"] = _component(state, "mem_free", "mem_free", True, "MemFree")  # type: ignore[assignment]
+    if base is None and (dev := state.value("device_free")) is not None:
+        base, basis = dev, "the reported free figure (MemFree on an integrated GPU: a lower bound)"
+        comps["reported_device_free"] = Component(**{**comps["reported_device_free"].__dict__, "counts": True})
+    if base is None:
+        return Obtainable(bytes=None, components=comps, basis="no memory figure")
+    if kind == "host" and (swap := state.value("swap_free")) is not None:
+        return Obtainable(bytes=base + swap, components=comps, basis=f"{basis} + free swap")
+    return Obtainable(bytes=base, components=comps, basis=basis)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    verdict: str  # "fits" | "fails"
+    obtainable_bytes: int | None
+    components: dict[str, Component]
+    reason: str
+    request_bytes: int
+    kind: str
+    naive: dict[str, bool | None] = field(default_factory=dict)
+    platform_issues: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "obtainable_bytes": self.obtainable_bytes,
+            "components": {k: c.to_json() for k, c in self.components.items()},
+            "reason": self.reason,
+            "request_bytes": self.request_bytes,
+            "kind": self.kind,
+            "naive": self.naive,
+            "platform_issues": self.platform_issues,
+        }
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def judge(state: DeviceState, request_bytes: int, kind: str = "cuda") -> Verdict:
+    """Does one allocation of ``request_bytes`` of ``kind`` succeed in ``state``? Beside it, the
+    naive readings: request <= MemAvailable, <= the total, <= the reported device free figure."""
+    ob = obtainable(state, kind)
+    total = state.value("mem_total") or state.value("device_total")
+    avail, dev_free = state.value("mem_available"), state.value("device_free")
+    naive = {
+        "request_le_mem_available": None if avail is None else request_bytes <= avail,
+        "request_le_total": None if total is None else request_bytes <= total,
+        "request_le_reported_free": None if dev_free is None else request_bytes <= dev_free,
+        "request_le_mem_free": None if (mem_free := state.value("mem_free")) is None else request_bytes <= mem_free,
+    }
+    issues = facts_for(state.value("l4t"), kind)
+    issues_json = [{"id": f.id, "effect": f.effect, "fix": f.fix, "sources": list(f.sources),
+                    "verified": f.verified} for f in issues]  # fmt: skip
+    if ob.bytes is None:
+        raise ValueError("no memory figure in the state: nothing to judge the request against")
+    common = dict(obtainable_bytes=ob.bytes, components=ob.components, request_bytes=request_bytes, kind=kind,
+                  naive=naive, platform_issues=issues_json)  # fmt: skip
+    verified = [f for f in issues if f.verified]
+    if verified:
+        f = verified[0]
+        return Verdict(verdict="fails", reason=f"L4T {state.value('l4t')}: {f.effect}; fix: {f.fix}", **common)  # type: ignore[arg-type]
+    if request_bytes <= ob.bytes:
+        return Verdict(verdict="fits", reason=f"{_gib(request_bytes)} <= {_gib(ob.bytes)} obtainable ({ob.basis})",
+                       **common)  # type: ignore[arg-type]  # fmt: skip
+    return Verdict(verdict="fails", reason=f"{_gib(request_bytes)} > {_gib(ob.bytes)} obtainable ({ob.basis})",
+                   **common)  # type: ignore[arg-type]  # fmt: skip
