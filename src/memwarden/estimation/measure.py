@@ -153,7 +153,7 @@ def _prepare(resolved: ResolvedModel, req: Request) -> tuple[Any, dict[str, Any]
     """(the meta model, generate()'s inputs, the request's tokens per sequence by modality; empty
     for the zoo's own requests)."""
     from memwarden.estimation.metamodel import model_for
-    from memwarden.estimation.request import context_of
+    from memwarden.estimation.prompt_ids import context_of
 
     check_request(req)
     context = context_of(resolved.config)

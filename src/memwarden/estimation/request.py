@@ -40,9 +40,19 @@ from collections import OrderedDict
 from typing import Any
 
 from memwarden.errors import InputError
+from memwarden.estimation.prompt_ids import (
+    FIRST_TEXT_ID,
+    context_of,
+    encoder_prompt,
+    image_token_id,
+    media_markers,
+    placeholder_id,
+    special_ids,
+    takes_position_mask,
+)
+from memwarden.estimation.request_audio import audio_media
 from memwarden.estimation.request_cross import cross_attention_request, takes_cross_attention_images
 from memwarden.estimation.request_media import (
-    audio_media,
     feature_tokens,
     in_model_dtype,
     patch_stream,
@@ -57,7 +67,6 @@ __all__ = ["MAX_IMAGE_PIXELS", "build_request", "image_processor", "placeholder_
 MAX_IMAGE_PIXELS = 64 * 1024**2  # 8192 x 8192: larger than any camera image a processor is fed
 _MAX_PATCHES_PER_IMAGE = 1 << 18  # 4x Qwen2-VL's largest (3584^2 / 14^2); beyond it a config is broken
 _MAX_PROCESSOR_SIDE = 1 << 12  # a fixed-size processor's side; real ones are at most 1540 (Mistral 3)
-_FIRST_TEXT_ID = 3  # 0 pad, 1 BOS, 2 EOS in most vocabularies
 # (model class, its config, processor settings, (W, H)) -> placeholder tokens of that image
 _COUNTS: OrderedDict[tuple[Any, ...], int] = OrderedDict()
 _COUNTS_KEPT = 256
@@ -309,94 +318,9 @@ def _check_patch_count(model: Any, patches: Any, grids: list[tuple[int, int]]) -
         raise InputError(f"{type(model).__name__} makes {made} tokens of {cut} patches; send a text-only request")
 
 
-def _specials(config: Any) -> list[int]:
-    ids: list[int] = []
-    for cfg in (config, config.get_text_config()):
-        for key, value in vars(cfg).items():
-            if key.endswith(("token_id", "token_index")) and isinstance(value, int) and not isinstance(value, bool):
-                ids.append(value)
-    return ids
-
-
-def _media_markers(config: Any, kind: str = "image") -> tuple[list[int], list[int]]:
-    """The begin/end ids the processor wraps each image, video or audio in (Qwen-VL, GLM-4V); none elsewhere."""
-    prefixes = {"image": ("vision", "image"), "video": ("vision", "video"), "audio": ("audio",)}[kind]
-    for prefix in prefixes:
-        start, end = getattr(config, f"{prefix}_start_token_id", None), getattr(config, f"{prefix}_end_token_id", None)
-        if isinstance(start, int) and isinstance(end, int) and not isinstance(start, bool):
-            return [start], [end]
-    return [], []
-
-
-def image_token_id(config: Any, kind: str = "image") -> int:
-    for key in (f"{kind}_token_id", f"{kind}_token_index"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    raise InputError(f"model_type {config.model_type!r} names no {kind} token; send a text-only request")
-
-
-def encoder_prompt(model: Any, config: Any, n_text: int, batch: int) -> dict[str, Any]:
-    """The prompt as an image encoder that reads it gets it, in its own vocabulary: InstructBLIP's
-    Q-Former takes ``qformer_input_ids`` (the processor tokenizes the prompt a second time, with the
-    Q-Former's BERT tokenizer: [CLS] text [SEP]). Found by the encoder's parameters: ``NAME_input_ids``
-    where the config has a ``NAME_config``. Empty for every other model.
-
-    The ids are ordinary ones of that vocabulary; the prompt is cut to the encoder's positions
-    (``max_position_embeddings``, 512 for BERT), as a longer one does not run."""
-    import torch
-
-    encode = getattr(model, "get_image_features", None) or getattr(
-        getattr(model, "model", None), "get_image_features", None
-    )
-    if encode is None:
-        return {}
-    out: dict[str, Any] = {}
-    for name in inspect.signature(encode).parameters:
-        prefix = name.removesuffix("_input_ids")
-        sub = getattr(config, f"{prefix}_config", None) if name.endswith("_input_ids") else None
-        vocab = getattr(sub, "vocab_size", None)
-        if not isinstance(vocab, int) or vocab <= _FIRST_TEXT_ID:
-            continue
-        length = n_text + 2  # [CLS] ... [SEP]
-        positions = getattr(sub, "max_position_embeddings", None)
-        if isinstance(positions, int) and positions > 0:
-            length = min(length, positions)
-        row = torch.arange(length, dtype=torch.long) % (vocab - _FIRST_TEXT_ID) + _FIRST_TEXT_ID
-        out[name] = row.repeat(batch, 1)
-        out[f"{prefix}_attention_mask"] = torch.ones((batch, length), dtype=torch.long)
-    return out
-
-
 def _rows(values: dict[str, Any], batch: int) -> dict[str, Any]:
     """The first ``batch`` rows of each (B, T) tensor."""
     return {k: v[:batch] for k, v in values.items()}
-
-
-def _placeholder(model: Any, config: Any, kind: str) -> int:
-    """The id a medium's placeholders carry: the config's token id, or, for a model that finds the
-    image by a position mask (Kosmos-2's ``image_embeds_position_mask``: its processor puts ids after
-    ``<unk>`` there, ordinary text embeddings), an ordinary text id."""
-    if kind == "image" and _takes_position_mask(model):
-        try:
-            return image_token_id(config, kind)
-        except InputError:
-            return _FIRST_TEXT_ID
-    return image_token_id(config, kind)
-
-
-def _takes_position_mask(model: Any) -> bool:
-    return "image_embeds_position_mask" in inspect.signature(model.forward).parameters
-
-
-def context_of(config: Any) -> int | None:
-    """Tokens the text model takes: its ``max_position_embeddings``, an encoder-decoder's decoder
-    ``max_target_positions`` (Whisper's 448)."""
-    text = config.get_text_config()
-    for value in (getattr(text, "max_position_embeddings", None), getattr(config, "max_target_positions", None)):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
 
 
 def build_request(
@@ -469,11 +393,11 @@ def build_request(
     if getattr(config, "is_encoder_decoder", False):  # the decoder's prompt opens with its start token
         bos = getattr(config, "decoder_start_token_id", None)
     lead = [bos] if isinstance(bos, int) and 0 <= bos < text.vocab_size else []
-    specials = [i for i in _specials(config) if i >= _FIRST_TEXT_ID]
+    specials = [i for i in special_ids(config) if i >= FIRST_TEXT_ID]
     top = min([text.vocab_size, *specials])
-    if top <= _FIRST_TEXT_ID:
+    if top <= FIRST_TEXT_ID:
         raise InputError(f"model_type {config.model_type!r}: no ordinary text ids below its special tokens")
-    markers = {kind: _media_markers(config, kind) for kind in {k for k, _ in runs}}
+    markers = {kind: media_markers(config, kind) for kind in {k for k, _ in runs}}
     n_wrap = sum(len(markers[kind][0]) + len(markers[kind][1]) for kind, _ in runs)
     if prompt_tokens < len(lead) + n_wrap:
         lead = []  # BOS is an ordinary text token here (Qwen's templates send none): the media markers first
@@ -484,19 +408,19 @@ def build_request(
             f"(their begin/end markers); got {prompt_tokens}"
         )
     n_text = prompt_tokens - n_markers
-    words = (torch.arange(n_text, dtype=torch.long) % (top - _FIRST_TEXT_ID) + _FIRST_TEXT_ID).tolist()
+    words = (torch.arange(n_text, dtype=torch.long) % (top - FIRST_TEXT_ID) + FIRST_TEXT_ID).tolist()
     ids = list(lead)
     positions: list[int] = []  # where image placeholders sit (a position-mask model's mask)
     for i, (kind, n) in enumerate(runs):
         opening, closing = markers[kind]
         ids += opening
-        token = _placeholder(model, config, kind)
+        token = placeholder_id(model, config, kind)
         width = row_widths.get(i)
         for _row in range(0, n, (width + 1) if width else max(n, 1)):
             per_row = width if width else n
             if kind == "image":
                 positions += range(len(ids), len(ids) + per_row)
-            ids += [token] * per_row + ([_FIRST_TEXT_ID] if width else [])  # the row's newline: a text embedding
+            ids += [token] * per_row + ([FIRST_TEXT_ID] if width else [])  # the row's newline: a text embedding
         ids += closing
         # Models that find media as runs of placeholders (Qwen-VL's rope index) need a text token
         # between two of them, as every chat template puts one.
@@ -505,7 +429,7 @@ def build_request(
     ids += words
     input_ids = torch.tensor([ids] * batch, dtype=torch.long)
     inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-    if images and not cross and _takes_position_mask(model) and "image_embeds_position_mask" not in media:
+    if images and not cross and takes_position_mask(model) and "image_embeds_position_mask" not in media:
         mask = torch.zeros_like(input_ids)
         mask[:, positions] = 1
         media["image_embeds_position_mask"] = mask
@@ -525,7 +449,9 @@ def build_request(
         kinds = {"image": 1, "video": 2, "audio": 3}
         type_ids = torch.zeros_like(input_ids, dtype=torch.int)
         for kind in {k for k, _ in runs}:
-            type_ids[input_ids == _placeholder(model, config, kind)] = kinds[kind]  # Qwen-VL: text 0, image 1, video 2
+            type_ids[input_ids == placeholder_id(model, config, kind)] = kinds[
+                kind
+            ]  # Qwen-VL: text 0, image 1, video 2
         inputs["mm_token_type_ids"] = type_ids
     count = {kind: sum(n for k, n in runs if k == kind) for kind in ("image", "video", "audio")}
     tokens = {"vision": count["image"] + count["video"], "audio": count["audio"] + encoded, "text": prompt_tokens}

@@ -33,7 +33,6 @@ from memwarden.errors import InputError
 __all__ = [
     "MAX_AUDIO_SECONDS",
     "MAX_VIDEO_FRAMES",
-    "audio_media",
     "feature_tokens",
     "patch_stream",
     "in_model_dtype",
@@ -46,7 +45,7 @@ __all__ = [
 
 MAX_AUDIO_SECONDS = 4 * 3600.0  # beyond any model's context at 12.5+ tokens per second
 MAX_VIDEO_FRAMES = 4096  # Qwen2-VL's video processor samples at most 768
-_MAX_WAVEFORM_SAMPLES = 1 << 24  # 64 MiB of float32 silence: 17 min at 16 kHz
+MAX_WAVEFORM_SAMPLES = 1 << 24  # 64 MiB of float32 silence: 17 min at 16 kHz
 _SHAPE_ONLY = {"do_rescale": False, "do_normalize": False}  # elementwise steps: no shape depends on them
 _REFERENCE_IMAGE = (224, 224)  # (W, H) of the full run that checks a shape-only run and gives its dtypes
 _PROCESSED: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()  # (processor, sizes, copies) -> outputs
@@ -95,7 +94,7 @@ def processing_families(config: Any) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _first_class(mapping: dict[str, Any], config: Any, backend: str | None = None) -> Any:
+def first_class(mapping: dict[str, Any], config: Any, backend: str | None = None) -> Any:
     for family in processing_families(config):
         cls = _class(mapping, family, backend)
         if cls is not None:
@@ -108,17 +107,17 @@ def processor_class(config: Any) -> Any:
     mapping), or None where transformers has none."""
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
-    return _first_class(PROCESSOR_MAPPING_NAMES, config)
+    return first_class(PROCESSOR_MAPPING_NAMES, config)
 
 
-def _processor_defaults(config: Any, kind: str) -> dict[str, Any]:
+def processor_defaults(config: Any, kind: str) -> dict[str, Any]:
     """The processor class's own default ``{kind}_kwargs`` (a class attribute; no tokenizer is built)."""
     cls = processor_class(config)
     value = getattr(cls, f"{kind}_kwargs", None) if cls is not None else None
     return dict(value) if isinstance(value, dict) else {}
 
 
-def _encoder(model: Any, name: str) -> Any:
+def encoder_of(model: Any, name: str) -> Any:
     encode = getattr(model, name, None) or getattr(getattr(model, "model", None), name, None)
     if encode is None:
         raise InputError(
@@ -142,12 +141,12 @@ def in_model_dtype(model: Any, values: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _tokens(model: Any, encoder: str, media: dict[str, Any]) -> int:
+def media_tokens(model: Any, encoder: str, media: dict[str, Any]) -> int:
     import torch
 
     from memwarden.capture.meta.capture import placement
 
-    encode = _encoder(model, encoder)
+    encode = encoder_of(model, encoder)
     params = inspect.signature(encode).parameters
     forwards = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())  # (*args, **kwargs) wrappers
     media = in_model_dtype(model, media)
@@ -297,86 +296,6 @@ def _size_dict(value: Any) -> dict[str, Any]:
     return {k: getattr(value, k) for k in fields} if fields else {}
 
 
-# -- audio ----------------------------------------------------------------------------------------
-
-
-def audio_media(model: Any, config: Any, seconds: float, batch: int) -> tuple[dict[str, Any], int]:
-    """(the model's audio inputs on meta for ``batch`` rows, placeholder tokens per row)."""
-    import numpy as np
-    import torch
-    from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_MAPPING_NAMES
-
-    family = config.model_type
-    if not 0 < seconds <= MAX_AUDIO_SECONDS:
-        raise InputError(f"audio_seconds must be in (0, {MAX_AUDIO_SECONDS:g}]; got {seconds!r}")
-    cls = _first_class(FEATURE_EXTRACTOR_MAPPING_NAMES, config)
-    # An encoder-decoder speech model (Whisper) is its own audio encoder: the audio goes to its encoder,
-    # whose config is the model's, and the prompt holds no placeholders (it is the decoder's)
-    speech = _speech_encoder_decoder(model, config)
-    ac = config if speech else getattr(config, "audio_config", None)
-    if cls is None or ac is None:
-        raise InputError(f"model_type {family!r} has no audio encoder and feature extractor in transformers")
-    kwargs: dict[str, Any] = {}
-    mel = getattr(ac, "num_mel_bins", None)
-    if isinstance(mel, int) and "feature_size" in inspect.signature(cls.__init__).parameters:
-        kwargs["feature_size"] = mel
-    if not speech:
-        _encoder(model, "get_audio_features")  # before anything is built: Phi-4-multimodal has none
-    extractor = cls(**kwargs)
-    rate = int(extractor.sampling_rate)
-    defaults = _processor_defaults(config, "audio")
-    window = defaults.pop("max_source_positions", None)
-    multiple = defaults.get("pad_to_multiple_of")
-    accepted = inspect.signature(extractor.__call__).parameters
-    call = {k: v for k, v in defaults.items() if k in accepted and k not in ("return_tensors", "sampling_rate")}
-    samples = max(1, round(seconds * rate))
-    chunks = 1
-    if isinstance(window, int) and isinstance(multiple, int) and multiple > 0:
-        chunks, samples = math.ceil(samples / multiple), multiple  # one window run; the rest is arithmetic
-    elif samples > _MAX_WAVEFORM_SAMPLES:  # the processor takes the clip whole: its silence is real memory
-        raise InputError(
-            f"model_type {family!r} takes an audio clip whole; at most {_MAX_WAVEFORM_SAMPLES // rate} s here"
-        )
-    out = extractor(np.zeros(samples, dtype=np.float32), sampling_rate=rate, return_tensors="pt", **call)
-    features = out.get("input_features")  # (1, mel, frames)
-    if not isinstance(features, torch.Tensor):
-        raise InputError(f"model_type {family!r}: its feature extractor gives no input_features; send no audio")
-    if isinstance(window, int):
-        features = features.reshape(extractor.feature_size, -1, window).transpose(0, 1)  # (chunks, mel, window)
-    shape = (features.shape[0] * chunks, *features.shape[1:])
-    media = {"input_features": torch.empty(shape, dtype=features.dtype, device="meta")}
-    mask = out.get("attention_mask")  # (1, frames): which frames are the clip, which padding
-    if isinstance(mask, torch.Tensor) and chunks == 1:
-        # a processor that asks for the mask hands it to the model (Qwen2.5-Omni: feature_attention_mask),
-        # whose audio tower then runs on the clip's frames only
-        media["feature_attention_mask"] = mask
-    tokens = _encoder_positions(model, media) if speech else _tokens(model, "get_audio_features", media)
-    media["input_features"] = torch.empty((shape[0] * batch, *shape[1:]), dtype=features.dtype, device="meta")
-    if "feature_attention_mask" in media:
-        media["feature_attention_mask"] = mask.repeat(batch, 1)
-    return media, tokens
-
-
-def _speech_encoder_decoder(model: Any, config: Any) -> bool:
-    """Whether ``model`` is an encoder-decoder whose encoder takes the audio features (Whisper)."""
-    return (
-        bool(getattr(config, "is_encoder_decoder", False)) and getattr(model, "main_input_name", "") == "input_features"
-    )
-
-
-def _encoder_positions(model: Any, media: dict[str, Any]) -> int:
-    """The positions the encoder makes of the features (Whisper: 3000 mel frames -> 1500), on meta:
-    the length of the states the decoder cross-attends to."""
-    import torch
-
-    from memwarden.capture.meta.capture import placement
-
-    encoder = model.get_encoder()
-    with placement(), torch.inference_mode():
-        out = encoder(input_features=in_model_dtype(model, media)["input_features"], return_dict=True)
-    return feature_tokens(out)
-
-
 # -- video ----------------------------------------------------------------------------------------
 
 
@@ -471,7 +390,7 @@ def video_media(
             processor.size = size if isinstance(processor.size, dict) else type(processor.size)(**size)
     vc = getattr(config, "vision_config", None)
     side = getattr(vc, "image_size", None)
-    fps = _processor_defaults(config, "videos").get("fps") or 2.0
+    fps = processor_defaults(config, "videos").get("fps") or 2.0
     rows: list[dict[str, Any]] = []
     counts: list[int] = []
     for w, h, frames in videos:
@@ -492,7 +411,7 @@ def video_media(
             media = {"pixel_values_videos": torch.empty((1, frames, channels, side, side), device="meta")}
         else:
             raise InputError(f"model_type {family!r}: no frame size in its vision config; send images instead")
-        counts.append(_tokens(model, "get_video_features", media))
+        counts.append(media_tokens(model, "get_video_features", media))
         rows.append(media)
     out: dict[str, Any] = {}
     for key in rows[0]:
