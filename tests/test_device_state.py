@@ -313,3 +313,18 @@ def test_parse_line_never_raises(text: str) -> None:
     figures = parse_line(text, 1, ParseContext())
     for f in figures or []:
         assert not isinstance(f.value, int) or 0 <= f.value <= 1 << 62
+
+
+def test_estimate_judges_the_peak_against_the_device_state(tmp_path: Path) -> None:
+    roomy, tight = tmp_path / "roomy.txt", tmp_path / "tight.txt"
+    roomy.write_text("L4T R36.4.4\nMemAvailable: 8000000 kB\n")
+    tight.write_text("L4T R36.4.4\nMemAvailable: 10240 kB\n")  # 10 MiB: below the zoo model's peak
+    base = ["estimate", "qwen2-vl", "--device-profile", "jetson-orin-nano-8gb", "--no-suggest", "--quiet", "--json"]
+    ok = run_cli(*base, "--device-state", str(roomy))
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["device_state"]["verdict"] == "fits"
+    bad = run_cli(*base, "--device-state", str(tight))
+    out = json.loads(bad.stdout)
+    assert (
+        bad.returncode == 1 and out["device_state"]["verdict"] == "fails" and out["fits"] is True
+    )  # the profile alone fits
