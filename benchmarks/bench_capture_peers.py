@@ -168,7 +168,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    results = {key: measure(key, args.repeats, args.rounds) for key in args.workloads.split(",")}
+    results = {}
+    for key in args.workloads.split(","):
+        results[key] = measure(key, args.repeats, args.rounds)
+        print(json.dumps({key: results[key]}), file=sys.stderr, flush=True)  # each as it is done
     if args.json:
         print(json.dumps(results, indent=2))
         return
