@@ -28,6 +28,7 @@ from memwarden.plan.allocator.model import CachingAllocatorModel
 from memwarden.runtime.cuda_reserve import SEGMENT_ROOM_BYTES
 from memwarden.runtime.offload_plan import streamable_params
 from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_memory import state_bytes
 
 MiB = 1 << 20
@@ -53,8 +54,8 @@ def to_device_order(model: torch.nn.Module) -> list[torch.Tensor]:
 def streamed_ids(model: torch.nn.Module, budget: int, inputs: dict[str, Any]) -> set[int]:
     """The parameters a session streams under ``budget`` (its placement, made on CPU)."""
     with torch.inference_mode():
-        session = GovernedSession(model, budget=budget, stream=True, min_kv_tokens=256,
-                                  example_inputs=dict(inputs, max_new_tokens=16))  # fmt: skip
+        knobs = SessionConfig(stream=True, min_kv_tokens=256)
+        session = GovernedSession(model, budget, config=knobs, example_inputs=dict(inputs, max_new_tokens=16))
     try:
         assert session.streamer is not None
         placement = session.streamer.placement

@@ -28,13 +28,17 @@ from memwarden.runtime.encoders import find_encoders
 from memwarden.runtime.featcache import FeatureCache
 from memwarden.runtime.featcache_contract import TieredEncoderStore
 from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_config import SessionConfig
+from memwarden.runtime.session_hooks import SessionHooks
 
 ENCODER_S: list[float] = []  # the session's time in the encoder, per request served
 CPU_S: list[float] = []  # CPU time of this thread per request: TTFT that a loaded box does not blur
 
 
 def open_session(model: torch.nn.Module, store: TieredEncoderStore) -> GovernedSession:
-    return GovernedSession(model, budget="8GiB", encoder_cache=store, prefix_reuse=False)
+    return GovernedSession(
+        model, "8GiB", config=SessionConfig(prefix_reuse=False), hooks=SessionHooks(encoder_store=store)
+    )
 
 
 def serve(session: GovernedSession, requests: list[dict[str, Any]], name: str) -> list[float]:

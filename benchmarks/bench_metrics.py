@@ -75,7 +75,7 @@ def _one_ms(app: Callable[..., Any], repeat: int = 50) -> float:
 def main(requests: int = 100) -> None:
     model = zoo.build_model("llava")
     inputs = zoo.make_inputs(model, prompt_tokens=24)
-    with GovernedSession(model, budget="1GiB", encoder_cache=True) as session:
+    with GovernedSession(model, "1GiB") as session:
         metrics = serve_metrics(session, 0)  # the served endpoint, fetched over HTTP at each tick
         exporter = SessionMetrics(session)  # the same exporter, asked in process: its reuse sees only these scrapes
         apps = {

@@ -12,7 +12,7 @@ import torch
 from memwarden.models import zoo
 from memwarden.runtime.admission import AdmissionError
 from memwarden.runtime.session import GovernedSession
-from memwarden.runtime.session_config import KNOBS, UNSET, SessionConfig, resolve_config
+from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_memory import state_bytes
 
 NEW = 8
@@ -32,31 +32,29 @@ def _text_request(tokens: int = 20) -> dict[str, torch.Tensor]:
 def _tight_session(model: torch.nn.Module, inputs: dict[str, torch.Tensor], **kwargs) -> GovernedSession:
     """A session whose pool holds exactly the request (no spare blocks to give back) and that may not stream."""
     blocks = -(-(inputs["input_ids"].shape[1] + NEW) // 16)
-    return GovernedSession(model, budget="1GiB", num_kv_blocks=blocks, stream=False, encoder_cache=False, **kwargs)
+    config = SessionConfig(num_kv_blocks=blocks, stream=False, encoder_cache=False)
+    return GovernedSession(model, "1GiB", config=config, **kwargs)
 
 
-def test_keywords_build_the_config_that_config_passes(model):
+def test_the_config_carries_the_knobs_and_the_budget_argument_the_budget(model):
     weights = state_bytes(model)
-    knobs = {"budget": weights + 64 * 2**20, "kv_fraction": 0.25, "max_wait_s": 1.0, "encoder_cache": False,
-             "block_size": 8, "min_kv_tokens": 256}  # fmt: skip
-    by_keywords = GovernedSession(model, **knobs)
-    by_config = GovernedSession(model, config=SessionConfig(**knobs))
-    agreeing = GovernedSession(model, config=SessionConfig(**knobs), kv_fraction=0.25, budget=knobs["budget"])
-    assert by_keywords.config == by_config.config == agreeing.config == SessionConfig(**knobs)
-    assert by_keywords.pool.num_blocks == by_config.pool.num_blocks  # the same knobs size the same pool
-    assert by_keywords.spec.block_size == 8 and by_keywords.encoder_cache is None
-    # No keyword given: exactly the defaults (the session's historical ones).
-    assert resolve_config(None, dict.fromkeys(KNOBS, UNSET)) == SessionConfig()
-    assert SessionConfig().budget == "6GiB" and SessionConfig().heap_mmap_threshold == 128 * 1024
+    budget = weights + 64 * 2**20
+    knobs = {"kv_fraction": 0.25, "max_wait_s": 1.0, "encoder_cache": False, "block_size": 8, "min_kv_tokens": 256}
+    session = GovernedSession(model, budget, config=SessionConfig(**knobs))
+    assert session.config == SessionConfig(budget=budget, **knobs)
+    assert session.spec.block_size == 8 and session.encoder_cache is None
+    again = GovernedSession(model, budget, config=session.config)  # a session's config builds the same session
+    assert again.config == session.config and again.pool.num_blocks == session.pool.num_blocks
+    assert SessionConfig().budget is None and SessionConfig().heap_mmap_threshold == 128 * 1024
 
 
-def test_a_keyword_that_disagrees_with_config_is_refused(model):
+def test_two_budgets_are_refused(model):
     config = SessionConfig(budget="1GiB", kv_fraction=0.25)
-    with pytest.raises(TypeError, match=r"kv_fraction=0\.5 \(config has 0\.25\)"):
-        GovernedSession(model, config=config, kv_fraction=0.5)
-    with pytest.raises(TypeError, match="budget"):
-        GovernedSession(model, None, "2GiB", config=config)  # budget is the third positional
-    assert GovernedSession(model, budget=2**30, config=config).config is config  # "1GiB" and 2**30 agree
+    with pytest.raises(TypeError, match="give the budget once"):
+        GovernedSession(model, "2GiB", config=config)
+    assert GovernedSession(model, 2**30, config=config).config.budget == 2**30  # "1GiB" and 2**30 agree
+    with pytest.raises(TypeError, match="budget=None sets no limit"):
+        GovernedSession(model, None)  # type: ignore[arg-type]
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.kv_fraction = 0.5  # type: ignore[misc]
 
@@ -83,7 +81,7 @@ def test_admission_step_refuses_a_budget_below_the_weights_with_the_reason(model
 
 
 def test_admission_step_refuses_a_request_longer_than_a_fixed_pool(model):
-    session = GovernedSession(model, budget="1GiB", num_kv_blocks=1)
+    session = GovernedSession(model, "1GiB", config=SessionConfig(num_kv_blocks=1))
     decision = session.admission_step(**_text_request(40), max_new_tokens=NEW)
     assert decision.kind == "refuse" and decision.predicted_peak_bytes is None
     assert "48 tokens of KV cache, the pool holds 16" in decision.reason

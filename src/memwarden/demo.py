@@ -259,6 +259,7 @@ def limited_child(config_json: str, arm: str) -> dict[str, Any]:
     from memwarden.runtime.admission import AdmissionError
     from memwarden.runtime.host_memory import first_line, return_freed_memory
     from memwarden.runtime.session import GovernedSession
+    from memwarden.runtime.session_config import SessionConfig
     from memwarden.runtime.session_memory import state_bytes
     from memwarden.runtime.session_owned import BudgetError
 
@@ -284,7 +285,7 @@ def limited_child(config_json: str, arm: str) -> dict[str, Any]:
                     answers.append(out[0, request["input_ids"].shape[1] :].tolist())
             else:
                 bits = 4 if arm == "governed-int4" else None
-                session = GovernedSession(model, budget=config.budget_bytes, quantize=bits)
+                session = GovernedSession(model, config.budget_bytes, config=SessionConfig(quantize=bits))
                 pool_bytes, page = session.pool.nbytes, session.spec.page_size_bytes
                 for request in inputs:
                     out = session.generate(**request, max_new_tokens=config.new_tokens, **gen_kwargs)
@@ -345,7 +346,7 @@ def run_thermal(
             )
     budgets, equal, failed = [controller.budget_bytes], True, 0
     with Capture(metadata={"workload": "demo thermal event"}) as cap, torch.inference_mode():
-        session = GovernedSession(model, budget=controller)
+        session = GovernedSession(model, controller)
         for t in range(turns.turns):
             step(f"thermal event: session turn {t + 1}/{turns.turns}", (turns.turns + t) / (2 * turns.turns))
             for sample in samples[t * per_turn : (t + 1) * per_turn]:
@@ -383,7 +384,7 @@ def run_governed(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_k
                             "budget_bytes": config.budget_bytes})  # fmt: skip
     outputs = []
     with cap, torch.inference_mode():
-        session = GovernedSession(model, budget=config.budget_bytes)
+        session = GovernedSession(model, config.budget_bytes)
         for turn in range(config.turns):
             if on_step is not None:
                 on_step(f"GovernedSession: turn {turn + 1}/{config.turns}", 0.72 + 0.06 * turn / config.turns)

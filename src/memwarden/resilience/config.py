@@ -203,9 +203,12 @@ class _Reader:
         if mode == "plain" and options:
             self.fail("serving.options", f"serving mode 'plain' takes no options; got {', '.join(sorted(options))}")
         if mode == "governed":
-            from memwarden.runtime.session_config import KNOBS
+            import dataclasses
 
-            self.keys("[serving.options]", options, set(KNOBS) - {"budget"})
+            from memwarden.runtime.session_config import SessionConfig
+
+            knobs = {f.name for f in dataclasses.fields(SessionConfig)}
+            self.keys("[serving.options]", options, knobs - {"budget"})
         return options
 
     def choice(self, where: str, value: Any, choices: tuple[str, ...]) -> str:

@@ -144,10 +144,10 @@ def governed_server(
         raise InputError(
             f"serving mode 'governed' needs memwarden.runtime.session.GovernedSession, which is not available ({exc})"
         ) from None
-    kwargs = dict(options)
-    if budget_bytes is not None:
-        kwargs["budget"] = budget_bytes
-    return GovernedServer(GovernedSession(model, **kwargs), gen_kwargs)
+    from memwarden.runtime.session_config import SessionConfig
+
+    budget = budget_bytes if budget_bytes is not None else "6GiB"  # none in the campaign: the session's old default
+    return GovernedServer(GovernedSession(model, budget, config=SessionConfig(**options)), gen_kwargs)
 
 
 def make_server(mode: str, model: Any, *, budget_bytes: int | None, options: dict[str, Any],

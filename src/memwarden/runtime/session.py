@@ -27,21 +27,27 @@ import itertools
 import threading
 import time
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from memwarden.runtime import media as media_mod
-from memwarden.runtime.admission import Decision, PeakPredictor
-from memwarden.runtime.degrade import Ladder, LadderConfig
+from memwarden.runtime.admission import PeakPredictor
+from memwarden.runtime.degrade import Ladder
 from memwarden.runtime.encoders import EncoderCache
 from memwarden.runtime.host_memory import allocation_failed, first_line, fix_mmap_threshold, return_freed_memory
 from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence, cache_keyword
 from memwarden.runtime.mrope import MRopePositions, reuse_limit_reason
 from memwarden.runtime.session_admit import Admission, AdmissionDecision, apply_change
 from memwarden.runtime.session_chat import Conversation
-from memwarden.runtime.session_config import UNSET, SessionConfig, Unset, budget_source_of, resolve_config
+from memwarden.runtime.session_config import (
+    BudgetSource,
+    SessionConfig,
+    from_legacy_keywords,
+    split_budget,
+    with_budget,
+)
+from memwarden.runtime.session_hooks import SessionHooks
 from memwarden.runtime.session_inputs import check_request, split_rows
 from memwarden.runtime.session_log import EventLog
 from memwarden.runtime.session_memory import SessionMemory
@@ -51,87 +57,58 @@ from memwarden.runtime.session_request import FirstTokenStreamer, Request, Reque
 from memwarden.runtime.session_tally import SessionTally
 from memwarden.units import format_bytes
 
+DEFAULT_CONFIG = SessionConfig()  # frozen, so one shared default is safe
+NO_HOOKS = SessionHooks()
 _LIMIT_RETRIES = 3  # a request served again at most this often after the real limit refused an allocation
 
 
 class GovernedSession:
-    """Serve ``model`` under ``budget`` bytes (``"6GiB"``, an int, or a budget controller).
+    """Serve ``model`` under ``budget``: bytes (``"6GiB"``, an int) or a :class:`BudgetSource`.
 
-    ``budget`` may also be any object with a ``budget_bytes`` attribute (a
-    ``runtime.budget`` controller following telemetry); it is read before every request.
-    ``kv_fraction`` of what the budget leaves after the weights goes to the KV pool (unless
-    ``num_kv_blocks`` is given), the rest to activations. On CPU the session fixes glibc's mmap
-    threshold at ``heap_mmap_threshold`` bytes (process-wide; ``None`` leaves it alone) so that
-    freed activations leave the resident set that a device's memory killer watches.
+    A budget source (a ``govern.budget`` controller following telemetry) is read before every
+    request; ``config.budget``, when set, caps it. ``config.kv_fraction`` of what the budget leaves
+    after the weights goes to the KV pool (unless ``config.num_kv_blocks`` is given), the rest to
+    activations; ``example_inputs`` (a request like those to come) sizes the activation reserve.
+    On CPU the session fixes glibc's mmap threshold at ``config.heap_mmap_threshold`` bytes
+    (process-wide; ``None`` leaves it alone) so that freed activations leave the resident set that a
+    device's memory killer watches.
 
-    The knobs (budget, block_size, kv_fraction, ...) are those of :class:`SessionConfig`: pass them
-    as keywords or as ``config=``; a keyword beside ``config=`` must agree with it. With a budget
-    source and ``config=``, ``config.budget`` caps the source (None: no cap). ``encoder_cache`` may
-    also be a store object (``get``/``put``/``clear``/``nbytes``) to cache encoder outputs in.
+    The knobs are the frozen :class:`SessionConfig` (``dataclasses.replace`` changes one), the
+    caller's callbacks and encoder store one :class:`SessionHooks`. ``fallback`` is a session over a
+    smaller model that serves what this one cannot (the ladder's last rung). The old keyword of
+    every knob and hook still works until the next release, with a ``DeprecationWarning``.
 
     A model has at most one governing session (``runtime/session_owner.py``): a session created on a
-    governed model closes the old one and takes over, or with ``take_over=False`` raises
+    governed model closes the old one and takes over, or with ``config.take_over=False`` raises
     ``ModelGovernedError`` ("close the GovernedSession that governs this model").
     """
 
     def __init__(
         self,
         model: torch.nn.Module,
-        processor: Any = None,
-        budget: str | int | Any = UNSET,
-        device_profile: Any = None,
-        block_size: int | Unset = UNSET,
+        budget: int | str | BudgetSource,
         *,
-        config: SessionConfig | None = None,
-        num_kv_blocks: int | None | Unset = UNSET,
-        kv_fraction: float | Unset = UNSET,
-        prefix_reuse: bool | Unset = UNSET,
-        encoder_cache: bool | Any = UNSET,
-        encoder_cache_bytes: int | Unset = UNSET,
-        max_wait_s: float | Unset = UNSET,
-        swap_dir: str | None | Unset = UNSET,
-        stream: bool | str | Unset = UNSET,
-        offload_dir: str | None | Unset = UNSET,
-        activation_reserve_bytes: int | None | Unset = UNSET,
-        min_kv_tokens: int | Unset = UNSET,
-        safety_fraction: float | Unset = UNSET,
-        quantize: int | None | Unset = UNSET,
-        group_size: int | Unset = UNSET,
-        example_inputs: dict[str, Any] | None = None,
-        ladder: LadderConfig | None | Unset = UNSET,
-        lower_resolution: Callable[[dict[str, Any], float], dict[str, Any]] | None = None,
+        config: SessionConfig = DEFAULT_CONFIG,
+        processor: Any = None,
+        hooks: SessionHooks = NO_HOOKS,
         fallback: GovernedSession | None = None,
-        on_decision: Callable[[Decision], None] | None = None,
-        heap_mmap_threshold: int | None | Unset = UNSET,
-        take_over: bool = True,
+        example_inputs: dict[str, Any] | None = None,
+        **legacy: Any,  # the old keywords, one release: from_legacy_keywords
     ) -> None:
-        # Objects are not knobs: a budget source moves the budget, an encoder store holds the cache.
-        budget_source = budget_source_of(budget)  # TypeError for what is neither bytes nor a controller
-        if budget_source is not None:
-            budget = None if config is None else UNSET  # no fixed cap of its own; config.budget caps it
-        encoder_store = None if encoder_cache is UNSET or isinstance(encoder_cache, bool) else encoder_cache
-        if encoder_store is not None:
-            encoder_cache = True
-        self.config = config = resolve_config(config, {
-            "budget": budget, "block_size": block_size, "num_kv_blocks": num_kv_blocks, "kv_fraction": kv_fraction,
-            "prefix_reuse": prefix_reuse, "encoder_cache": encoder_cache, "encoder_cache_bytes": encoder_cache_bytes,
-            "max_wait_s": max_wait_s, "swap_dir": swap_dir, "stream": stream, "offload_dir": offload_dir,
-            "activation_reserve_bytes": activation_reserve_bytes, "min_kv_tokens": min_kv_tokens,
-            "safety_fraction": safety_fraction, "quantize": quantize, "group_size": group_size, "ladder": ladder,
-            "heap_mmap_threshold": heap_mmap_threshold,
-        })  # fmt: skip
-        if config.budget is None and budget_source is None:
-            raise TypeError("budget=None sets no limit: give a number of bytes, a string such as 6GiB, or a budget "
-                            "controller (an object with budget_bytes)")  # fmt: skip
+        if legacy:
+            config, hooks = from_legacy_keywords(config, hooks, legacy)
+        fixed_bytes, budget_source = split_budget(budget)  # TypeError for what is neither bytes nor a source
+        if fixed_bytes is not None:
+            config = with_budget(config, fixed_bytes)
+        self.config = config
+        self.hooks = hooks
         self.model: Any = model  # a transformers model: generate(), config, generation_config are not nn.Module's
         self.closed = False
         self.restored: Restored | None = None  # what close() left on the model
         self.log = EventLog()  # budget changes, pool resizes, degradations: what and why
         self.processor = processor
-        self.device_profile = device_profile
-        self.ladder = Ladder(model, config.ladder, lower_resolution)
+        self.ladder = Ladder(model, config.ladder, hooks.lower_resolution)
         self.fallback = fallback  # rung 4: a session over a smaller language model the user registered
-        self.on_decision = on_decision
         self._lock = threading.Lock()  # one request admitted and served at a time; pool resizes wait for it
         self._ids = itertools.count()
         self.records: list[RequestRecord] = []
@@ -145,7 +122,8 @@ class GovernedSession:
         self._mrope = (MRopePositions(model) if config.prefix_reuse and media_mod.positions_continued(model.config)
                        else None)  # fmt: skip
 
-        if claim(model, self, take_over=take_over) is not None:  # before touching the model: the old one restores it
+        # before touching the model: the old one restores it
+        if claim(model, self, take_over=config.take_over) is not None:
             self.log.note("session", "took the model over from an earlier GovernedSession (closed it first)")
         if self.prefix_reuse_off_reason is not None:
             self.log.note("session", f"prefix reuse limited: {self.prefix_reuse_off_reason}")
@@ -164,7 +142,7 @@ class GovernedSession:
             self.predictor = PeakPredictor(model, self.spec)
             self.memory = SessionMemory(model, self.spec, self.predictor, config, self.log, device=self.device,
                                         budget_source=budget_source, example_inputs=example_inputs,
-                                        encoder_store=encoder_store, processor=processor)  # fmt: skip
+                                        encoder_store=hooks.encoder_store, processor=processor)  # fmt: skip
         except BaseException as exc:  # a session that failed to start governs nothing
             self.closed = True
             release(model, self)
@@ -403,8 +381,8 @@ class GovernedSession:
                 self.log.note("admit", f"{record.action}: predicted {format_bytes(record.predicted_peak_bytes)} of "
                               f"{format_bytes(record.budget_bytes)}", budget_bytes=record.budget_bytes,
                               predicted_peak_bytes=record.predicted_peak_bytes, changes=list(changes))  # fmt: skip
-                if self.on_decision is not None:
-                    self.on_decision(record)
+                if self.hooks.on_decision is not None:
+                    self.hooks.on_decision(record)
                 if changes:
                     self.log.note("degrade", "; ".join(changes), rung=request.rung)
                 return decision

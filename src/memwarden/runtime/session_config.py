@@ -1,37 +1,43 @@
 """SessionConfig: the knobs of a GovernedSession as one frozen value.
 
-A session is built from objects (the model, its processor, a telemetry budget source, a fallback
-session, callbacks) and from knobs — numbers and switches that say how much memory goes where.
-The knobs live here, so that a deployment can keep one ``SessionConfig`` and build sessions from
-it, compare two, or log it. ``GovernedSession`` still takes every knob as a keyword: the keywords
-build a config (:func:`resolve_config`), and a keyword given beside ``config=`` must agree with it.
+A session is built from objects (the model, its processor, a budget or a telemetry budget source, a
+fallback session, :class:`SessionHooks`) and from knobs — numbers and switches that say how much
+memory goes where. The knobs live here and only here, so that a deployment can keep one
+``SessionConfig`` and build sessions from it, compare two, or log it; one is changed with
+``dataclasses.replace(config, kv_fraction=0.25)``. Adding a knob is adding a field below: the
+session reads ``config.<field>`` where it needs it.
+
+Until the next release ``GovernedSession`` also takes every knob and hook as its old keyword:
+:func:`from_legacy_keywords` maps each onto the config or the hooks with a ``DeprecationWarning``
+that names the new spelling.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
+import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from memwarden.runtime.degrade import LadderConfig
+from memwarden.runtime.session_hooks import SessionHooks
 from memwarden.units import parse_bytes
 
 
-class Unset(enum.Enum):
-    """A keyword the caller did not pass: ``None`` is a real value of several knobs, so it cannot mean that."""
+class BudgetSource(Protocol):
+    """A budget that moves (``govern.budget.BudgetController`` following telemetry): the session reads
+    ``budget_bytes`` before every request and resizes its pool to it."""
 
-    UNSET = "unset"
-
-
-UNSET = Unset.UNSET
+    @property
+    def budget_bytes(self) -> int: ...
 
 
 @dataclass(frozen=True, kw_only=True)
 class SessionConfig:
     """How a GovernedSession spends its budget; every default is the session's historical one."""
 
-    budget: str | int | None = "6GiB"  # fixed budget; None: only a budget source (telemetry) limits
+    # The session's fixed budget, set from its budget argument; beside a budget source, a cap on it (None: no cap).
+    budget: str | int | None = None
     block_size: int = 16  # tokens per KV block
     num_kv_blocks: int | None = None  # a fixed pool; None: kv_fraction of what the weights leave
     kv_fraction: float = 0.5  # of the budget left after the weights, what goes to the KV pool
@@ -50,6 +56,7 @@ class SessionConfig:
     ladder: LadderConfig | None = None  # the degradation ladder's settings (None: LadderConfig())
     heap_mmap_threshold: int | None = 128 * 1024  # glibc's fixed mmap threshold on CPU; None: leave it
     cuda_reserve_cap: bool = True  # on a GPU, hold the allocator's reserve to the budget (runtime/cuda_reserve.py)
+    take_over: bool = True  # a model governed by another session: close that one (False: ModelGovernedError)
 
     def __post_init__(self) -> None:
         if self.budget is not None and not isinstance(self.budget, str):
@@ -78,47 +85,61 @@ class SessionConfig:
         return None if self.budget is None else parse_bytes(self.budget)
 
 
-def budget_source_of(budget: Any) -> Any:
-    """The budget source ``budget`` is (an object with ``budget_bytes``: a telemetry controller), or
-    None when it is a quantity of bytes (or not given). Raises TypeError, naming what was given, for
-    anything that is neither: ``None`` (no limit) or a list is never taken for a controller."""
-    if budget is UNSET or budget is None or isinstance(budget, str):
-        return None
-    if hasattr(budget, "budget_bytes") and not isinstance(budget, type):
-        return budget
-    parse_bytes(budget)  # TypeError / ValueError for what is not a quantity of bytes
-    return None
-
-
-KNOBS = tuple(f.name for f in dataclasses.fields(SessionConfig))
-
-
-def resolve_config(config: SessionConfig | None, keywords: dict[str, Any]) -> SessionConfig:
-    """The config a session runs with: ``config``, or one built from the knob keywords given.
-
-    ``keywords`` maps knob names to values, ``UNSET`` for a keyword the caller did not pass. Beside
-    ``config=`` a keyword may only repeat the config's value: two different answers to one question
-    are refused rather than one silently winning."""
-    unknown = sorted(set(keywords) - set(KNOBS))
-    if unknown:
-        raise TypeError(f"unknown session knobs: {', '.join(unknown)}")
-    given = {name: value for name, value in keywords.items() if value is not UNSET}
-    if config is None:
-        return SessionConfig(**given)
-    conflicts = [f"{name}={value!r} (config has {getattr(config, name)!r})"
-                 for name, value in given.items() if not _same(name, value, getattr(config, name))]  # fmt: skip
-    if conflicts:
+def split_budget(budget: int | str | BudgetSource) -> tuple[int | None, BudgetSource | None]:
+    """``(bytes, None)`` for a quantity of bytes, ``(None, source)`` for a budget source (an object with
+    ``budget_bytes``: a telemetry controller). Raises TypeError, naming what was given, for anything
+    else: ``None`` (no limit) or a list is never taken for a source."""
+    if budget is None:
         raise TypeError(
-            f"GovernedSession got config= and keywords that disagree with it: {', '.join(conflicts)}; "
-            "pass each knob once (dataclasses.replace(config, ...) makes a changed config)"
+            "budget=None sets no limit: give a number of bytes, a string such as 6GiB, "
+            "or a budget controller (an object with budget_bytes)"
         )
-    return config
+    if not isinstance(budget, str) and hasattr(budget, "budget_bytes") and not isinstance(budget, type):
+        return None, budget
+    return parse_bytes(budget), None  # TypeError / ValueError for what is not a quantity of bytes
 
 
-def _same(name: str, given: Any, configured: Any) -> bool:
-    if name == "budget" and given is not None and configured is not None:
-        return bool(parse_bytes(given) == parse_bytes(configured))  # "1GiB" and 1073741824 agree
-    return bool(given == configured)
+def with_budget(config: SessionConfig, budget: int) -> SessionConfig:
+    """``config`` carrying the session's fixed ``budget``; a different budget already in it is refused
+    rather than one of two answers silently winning."""
+    if config.budget is not None and parse_bytes(config.budget) != budget:
+        raise TypeError(
+            f"GovernedSession got budget={budget!r} and config.budget={config.budget!r}: "
+            "give the budget once, as the budget argument"
+        )
+    return dataclasses.replace(config, budget=budget)
 
 
-__all__ = ["KNOBS", "UNSET", "SessionConfig", "Unset", "budget_source_of", "resolve_config"]
+_HOOKS = ("on_decision", "lower_resolution")
+_DROPPED = ("device_profile",)  # never read by the session
+
+
+def from_legacy_keywords(
+    config: SessionConfig, hooks: SessionHooks, legacy: dict[str, Any]
+) -> tuple[SessionConfig, SessionHooks]:
+    """``config`` and ``hooks`` with the keywords of the old ``GovernedSession`` signature applied, each
+    with a DeprecationWarning naming its new spelling; TypeError for a keyword it never took."""
+    knobs = {f.name for f in dataclasses.fields(SessionConfig)} - {"budget"}
+    unknown = sorted(set(legacy) - knobs - set(_HOOKS) - set(_DROPPED))
+    if unknown:
+        raise TypeError(f"GovernedSession got unexpected keyword arguments: {', '.join(unknown)}")
+    config_changes: dict[str, Any] = {}
+    hook_changes: dict[str, Any] = {}
+    for name, value in legacy.items():
+        if name in _DROPPED:
+            new = f"nothing: the session never read {name}, drop it"
+        elif name == "encoder_cache" and not isinstance(value, bool):  # a store object, not the switch
+            hook_changes["encoder_store"], config_changes[name] = value, True
+            new = "hooks=SessionHooks(encoder_store=...)"
+        elif name in _HOOKS:
+            hook_changes[name] = value
+            new = f"hooks=SessionHooks({name}=...)"
+        else:
+            config_changes[name] = value
+            new = f"config=dataclasses.replace(config, {name}=...)"
+        message = f"GovernedSession({name}=...) is deprecated and goes in the next release: pass {new}"
+        warnings.warn(message, DeprecationWarning, stacklevel=3)
+    return dataclasses.replace(config, **config_changes), dataclasses.replace(hooks, **hook_changes)
+
+
+__all__ = ["BudgetSource", "SessionConfig", "split_budget", "from_legacy_keywords", "with_budget"]
