@@ -1,0 +1,86 @@
+"""The line to change, named by memray: the peer a careful Python user runs on the same cases.
+
+memray (https://bloomberg.github.io/memray/) records every allocation with its Python stack; its
+default view of a run, the flame graph of ``memray flamegraph``, shows the allocations live at the
+high-water mark. A user reads the heaviest line of their own script there. This script does the
+same, at memray's defaults (``memray run``, no ``--native``; ``--aggregate``, memray's
+compact output for long runs, holds the same high-water-mark records): for every planted case of a corpus
+that marks its mistake (``# MISTAKE``), it runs the case under ``memray run``, takes the records at
+the high-water mark (``FileReader.get_high_watermark_allocation_records``), sums their bytes per
+line of the case's own folder (the innermost such frame of each stack; import statements left
+out: what importing torch keeps is no line a user changes), and checks whether the
+heaviest line lies in the marked statement, as ``accuracy.py`` checks memwarden's first line.
+
+Run: ``python examples/realworld/peer_memray.py --corpus examples/postfreeze [--json]``. memray
+names no pattern and no fix; only the line is compared.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from accuracy import Case, cases
+
+HERE = Path(__file__).resolve().parent
+
+
+def _import_lines(file: str) -> set[int]:
+    try:
+        tree = ast.parse(Path(file).read_text())
+    except (OSError, SyntaxError):
+        return set()
+    return {n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))}
+
+
+def heaviest_line(case: Case) -> tuple[str, int, int] | None:
+    """(file, line, bytes) of the case folder's line holding the most at memray's high-water mark."""
+    from memray import FileReader
+
+    with tempfile.TemporaryDirectory(prefix="mw-memray-") as tmp:
+        out = Path(tmp) / "run.bin"
+        subprocess.run([sys.executable, "-m", "memray", "run", "-q", "--aggregate", "-o", str(out), case.path.name],
+                       cwd=case.path.parent, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        reader = FileReader(str(out))
+        folder = str(case.path.parent)
+        per_line: Counter[tuple[str, int]] = Counter()
+        for record in reader.get_high_watermark_allocation_records(merge_threads=True):
+            for _function, file, line in record.stack_trace():  # innermost first
+                if str(Path(file).resolve()).startswith(folder):
+                    if line not in _import_lines(file):  # what importing torch keeps is no one's line to change
+                        per_line[(file, line)] += record.size
+                    break
+        reader.close()
+    if not per_line:
+        return None
+    (file, line), nbytes = per_line.most_common(1)[0]
+    return file, line, nbytes
+
+
+def main() -> None:
+    folder = Path(sys.argv[sys.argv.index("--corpus") + 1]).resolve() if "--corpus" in sys.argv else HERE
+    results: list[dict[str, Any]] = []
+    for case in cases(folder):
+        if not case.expect or case.mistake_lines is None:
+            continue
+        top = heaviest_line(case)
+        lo, hi = case.mistake_lines
+        named = top is not None and Path(top[0]).resolve() == case.path.resolve() and lo <= top[1] <= hi
+        results.append({"case": case.name, "expect": case.expect, "memray_line": top[:2] if top else None,
+                        "mistake": [lo, hi], "line_ok": named})  # fmt: skip
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    if "--json" in sys.argv:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"memray's heaviest line at the high-water mark is the line to change in "
+          f"{sum(r['line_ok'] for r in results)}/{len(results)} marked planted cases")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
