@@ -33,7 +33,7 @@ from memwarden.capture.live.rss import sample
 from memwarden.trace.stream import encode_chunk, stream_header
 
 if TYPE_CHECKING:
-    from memwarden.capture.live.capture import Capture
+    from memwarden.capture.live.running import RunningCapture
 
 __all__ = ["Streamer", "flush_active"]
 
@@ -74,7 +74,7 @@ class Streamer:
     # (``memwarden trace``'s child, whose supervisor samples it from outside every 100 ms).
     detail_every = 100
 
-    def __init__(self, capture: Capture, path: str | os.PathLike[str], interval_s: float = 0.1) -> None:
+    def __init__(self, capture: RunningCapture, path: str | os.PathLike[str], interval_s: float = 0.1) -> None:
         self.capture = capture
         self.path = os.fspath(path)
         self.interval_s = interval_s
