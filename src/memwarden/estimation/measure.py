@@ -181,8 +181,9 @@ def _check_media_given(resolved: ResolvedModel, model: Any, inputs: dict[str, An
     params = inspect.signature(type(model).generate).parameters.values()
     needed = [p.name for p in params if p.default is inspect.Parameter.empty and p.name != "self"
               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
-    if getattr(resolved.config, "is_encoder_decoder", False):
-        needed.append(str(getattr(model, "main_input_name", "")))
+    main_input = str(getattr(model, "main_input_name", ""))
+    if getattr(resolved.config, "is_encoder_decoder", False) and main_input in _MEDIA_FLAGS:
+        needed.append(main_input)  # Whisper's encoder reads audio; Florence-2's reads the prompt's ids
     missing = [name for name in dict.fromkeys(needed) if name and name not in inputs]
     if missing:
         what = " and ".join(_MEDIA_FLAGS.get(name, name) for name in missing)

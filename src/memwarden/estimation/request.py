@@ -390,7 +390,10 @@ def build_request(
             f"model's context of {context} (max_position_embeddings)"
         )
     bos = getattr(text, "bos_token_id", None)
-    if getattr(config, "is_encoder_decoder", False):  # the decoder's prompt opens with its start token
+    # A speech encoder-decoder (Whisper) is its own audio encoder: the prompt is its decoder's. An
+    # encoder-decoder whose encoder reads the prompt (Florence-2: image features merged into it) keeps it.
+    speech = getattr(config, "is_encoder_decoder", False) and getattr(model, "main_input_name", "") == "input_features"
+    if speech:  # the decoder's prompt opens with its start token
         bos = getattr(config, "decoder_start_token_id", None)
     lead = [bos] if isinstance(bos, int) and 0 <= bos < text.vocab_size else []
     specials = [i for i in special_ids(config) if i >= FIRST_TEXT_ID]
@@ -440,7 +443,7 @@ def build_request(
         )
     accepted = inspect.signature(model.forward).parameters
     inputs.update(in_model_dtype(model, {k: v for k, v in media.items() if k in accepted}))
-    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in accepted:
+    if speech and "decoder_input_ids" in accepted:
         # the prompt is the decoder's (Whisper's task tokens and text); the encoder takes the media, and
         # generate() reads ``attention_mask`` as the media's mask
         inputs = {"decoder_input_ids": inputs["input_ids"], **{k: v for k, v in inputs.items() if k not in
