@@ -21,10 +21,32 @@ import math
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from memwarden.errors import InputError
 
-__all__ = ["finite_float", "finite_int", "markup_safe", "read_regular", "terminal_safe"]
+__all__ = ["finite_float", "finite_int", "markup_safe", "open_regular", "read_regular", "terminal_safe"]
+
+
+def open_regular(path: str | os.PathLike[str], label: str, expected: str) -> BinaryIO:
+    """``path`` opened for reading, streamed, if it is a regular file: a FIFO would block the reader
+    for ever and ``/dev/zero`` never ends. The check is ``fstat`` on the opened descriptor (no race);
+    ``expected`` names what the file should be, for the error."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InputError(f"{label}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{label}: is a directory, expected {expected}") from None
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read ({exc.strerror or type(exc).__name__})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise InputError(f"{label}: is a directory, expected {expected}")
+        raise InputError(f"{label}: not a regular file (a FIFO, device or socket); expected {expected}")
+    return os.fdopen(fd, "rb")
 
 
 def read_regular(path: str | os.PathLike[str], max_bytes: int, *, what: str = "file") -> bytes:

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 from memwarden.govern.device_state_lines import Figure, ParseContext, parse_line
 from memwarden.govern.platform_facts import facts_for
+from memwarden.untrusted import open_regular
 
 __all__ = ["KINDS", "Component", "DeviceState", "Obtainable", "StateRead", "Verdict", "judge", "load_state",
            "obtainable", "read_state", "state_lines"]  # fmt: skip
@@ -135,23 +135,6 @@ def read_state(lines: Iterable[str]) -> StateRead:
     return StateRead(samples=samples, lines=n, recognised=recognised, skipped=skipped, by_format=dict(by_format))
 
 
-def _open_regular(path: str | os.PathLike[str], label: str) -> BinaryIO:
-    """``path`` opened if it is a regular file (a FIFO would block for ever, /dev/zero never ends);
-    checked with ``fstat`` on the opened descriptor, so there is no race."""
-    from memwarden.errors import InputError
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise InputError(f"{label}: no such file") from None
-    except OSError as exc:
-        raise InputError(f"{label}: cannot read ({exc.strerror or type(exc).__name__})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise InputError(f"{label}: not a regular file; expected a pasted device state")
-    return os.fdopen(fd, "rb")
-
-
 def state_lines(path: str | os.PathLike[str]) -> Iterator[str]:
     """The file's lines, at most ``MAX_STATE_BYTES`` in all; a bad byte becomes U+FFFD (a paste with
     one is still a paste), a line longer than 64 KiB is read in pieces."""
@@ -160,7 +143,7 @@ def state_lines(path: str | os.PathLike[str]) -> Iterator[str]:
 
     label = terminal_safe(path)
     total = 0
-    with _open_regular(path, label) as fh:
+    with open_regular(path, label, "a pasted device state") as fh:
         while raw := fh.readline(_MAX_LINE_BYTES):
             total += len(raw)
             if total > MAX_STATE_BYTES:

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import re
-import stat
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import BinaryIO
 
 from memwarden.errors import InputError
 from memwarden.govern.telemetry import Reading, TelemetrySample, parse_tegrastats
-from memwarden.untrusted import terminal_safe
+from memwarden.untrusted import open_regular, terminal_safe
 
 __all__ = ["MAX_LINES", "MAX_LINE_BYTES", "MAX_LOG_BYTES", "MAX_SAMPLES", "ReplaySource", "load_log", "parse_jsonl",
            "parse_tegrastats_log"]  # fmt: skip
@@ -93,26 +92,6 @@ def parse_jsonl(lines: Iterable[str], *, label: str = "<log>") -> list[Telemetry
     return [s for _, _, s in rows]
 
 
-def _open_regular(path: str | os.PathLike[str], label: str) -> BinaryIO:
-    """``path`` opened for reading if it is a regular file: a FIFO would block the reader for ever
-    and ``/dev/zero`` never ends. The check is ``fstat`` on the opened descriptor (no race)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise InputError(f"{label}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{label}: is a directory, expected a telemetry log (JSON lines or tegrastats)") from None
-    except OSError as exc:
-        raise InputError(f"{label}: cannot read ({exc.strerror or type(exc).__name__})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        if stat.S_ISDIR(mode):
-            raise InputError(f"{label}: is a directory, expected a telemetry log (JSON lines or tegrastats)")
-        raise InputError(f"{label}: not a regular file (a FIFO, device or socket); expected a telemetry log")
-    return os.fdopen(fd, "rb")
-
-
 def _lines(fh: BinaryIO, label: str) -> Iterator[str]:
     """The file's lines, one at a time, within ``MAX_LOG_BYTES`` in all and ``MAX_LINE_BYTES`` each
     (a file that grows while read is still cut at the budget)."""
@@ -144,7 +123,7 @@ def load_log(path: str | os.PathLike[str], *, interval_s: float = 1.0) -> list[T
         raise InputError(f"interval {interval_s!r}: expected more than 0 and at most {_MAX_INTERVAL_S:g} seconds")
     # Lines are read one at a time, never the whole file as a list: a log of 200 MB of blank lines
     # must not cost gigabytes (Python keeps every line of a list as an object of its own).
-    with _open_regular(path, label) as fh:
+    with open_regular(path, label, "a telemetry log (JSON lines or tegrastats)") as fh:
         try:
             head = next((ln.lstrip() for ln in _lines(fh, label) if ln.strip()), "")
             if not head:
