@@ -4,7 +4,7 @@
   tiny64   the same with 64 new tokens
   demo     the default workload: the demo deployment's chat turns (llava small, 4 turns)
   train    (not in the table; opt in) 4 training steps of the tiny llava with AdamW: what reading
-           the autograd graph for saved-for-backward tensors (capture/live/saved.py) costs
+           the autograd graph for saved-for-backward tensors (record/live/saved.py) costs
 
 On each workload, interleaved in one process so machine noise hits all modes alike:
   untraced              plain run

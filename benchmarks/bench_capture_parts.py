@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 import memwarden
-from memwarden.capture import native
-from memwarden.capture.live.capture import _gc_objects
+from memwarden.record import native
+from memwarden.record.live.capture import _gc_objects
 
 
 class _Chain(nn.Module):

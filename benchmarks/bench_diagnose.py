@@ -21,8 +21,8 @@ from memwarden.trace.model import Action, Trace
 
 
 def captured() -> Trace:
-    from memwarden.capture.live.capture import Capture
     from memwarden.models.chat import DemoConfig, build_deployment, run_chat
+    from memwarden.record.live.capture import Capture
 
     config = DemoConfig(size="tiny", turns=4, new_tokens=16)
     model, turn_inputs, gen_kwargs = build_deployment(config)

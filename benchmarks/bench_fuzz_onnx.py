@@ -267,7 +267,7 @@ def _child(kind: str, seed: int, folder: Path, mem_cap: int) -> None:
             if kind == "onnx":
                 data, runs = _mutate_onnx(rng, folder)
                 model.write_bytes(data)
-                from memwarden.capture.onnx.feeds import save_feeds
+                from memwarden.record.onnx.feeds import save_feeds
 
                 save_feeds(folder / "feeds.npz", tiny_feeds())
             else:
@@ -346,12 +346,12 @@ def fuzz(n: int, kinds: list[str], *, timeout_s: float = 20.0, mem_cap_gib: floa
     import onnx  # noqa: F401 - preloaded in the parent: every fork starts with it
     import onnxruntime  # noqa: F401
 
-    import memwarden.capture.onnx.capture  # noqa: F401
     import memwarden.cli
     import memwarden.commands.partition  # noqa: F401
     import memwarden.estimation.checkpoint  # noqa: F401
     import memwarden.plan.partition_onnx  # noqa: F401
     import memwarden.plan.partition_report  # noqa: F401
+    import memwarden.record.onnx.capture  # noqa: F401
 
     # The CLI's parser imports every command (torch, sympy: ~2.5 s) on its first build; built here
     # once, each fork starts with them instead of paying it per case.

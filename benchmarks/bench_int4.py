@@ -31,7 +31,7 @@ from memwarden.runtime.quant import Int4Linear, dequantize_int4
 
 
 def peak_temporary_bytes(fn, out_bytes: int) -> int:
-    from memwarden.capture.live.capture import Capture
+    from memwarden.record.live.capture import Capture
     from memwarden.trace.model import Action
 
     with Capture() as cap:

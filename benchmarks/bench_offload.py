@@ -38,8 +38,8 @@ from typing import Any
 import torch
 from accelerate import dispatch_model, infer_auto_device_map
 
-from memwarden.capture.live.reference import state_bytes
 from memwarden.models import zoo
+from memwarden.record.live.reference import state_bytes
 from memwarden.runtime.offload import stream_weights
 from memwarden.runtime.offload_plan import plan_streaming
 

@@ -7,7 +7,7 @@ peak (``memwarden.capture`` around the same wrapper module ``torch.onnx.export``
 ORT captures' peaks under three settings; then the capture's check: two runs in one session with
 the arena off, memory pattern off and on, the second run's capture peak (bytes ORT allocates
 above the weights) against a malloc-level count of the same run in a fresh process
-(``memwarden.capture.onnx.measure``: the preloaded counter, and memray where installed), with
+(``memwarden.record.onnx.measure``: the preloaded counter, and memray where installed), with
 ORT's own requested-bytes counter (arena-on twin) beside them.
 """
 
@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from memwarden.analyze.analysis import Analysis
-from memwarden.capture.api import capture
-from memwarden.capture.onnx.capture import capture_onnx
-from memwarden.capture.onnx.export import export_parts, export_zoo
-from memwarden.capture.onnx.measure import measure_run, ort_runs, run_peaks
-from memwarden.capture.onnx.session import OrtSettings
+from memwarden.record.api import capture
+from memwarden.record.onnx.capture import capture_onnx
+from memwarden.record.onnx.export import export_parts, export_zoo
+from memwarden.record.onnx.measure import measure_run, ort_runs, run_peaks
+from memwarden.record.onnx.session import OrtSettings
 from memwarden.units import format_bytes
 
 SETTINGS = {

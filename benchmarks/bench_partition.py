@@ -49,10 +49,10 @@ ZOO_DEVICES = ("galaxy-s24-ultra-12gb", "jetson-orin-nx-16gb", "iphone-15-pro")
 
 
 def zoo(size: str, dtype: str, time_limit_s: float, only: str | None) -> None:
-    from memwarden.capture.onnx.export import export_zoo
     from memwarden.models.compute_units import load_compute_units
     from memwarden.plan.partition_onnx import load_problem
     from memwarden.plan.partition_report import partition_result
+    from memwarden.record.onnx.export import export_zoo
 
     out = Path(tempfile.mkdtemp(prefix="bench-partition-"))
     names = ["all-cpu", "first-claim", "capacity-halt", "affinity-greedy", "single-split"]

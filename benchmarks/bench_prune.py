@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from memwarden.analyze.timeline import summary
-from memwarden.capture.live.capture import Capture
 from memwarden.models import zoo
+from memwarden.record.live.capture import Capture
 from memwarden.runtime.encoders import EncoderCache, LRUStore
 from memwarden.runtime.prune import METHODS, VisualTokenPruner
 

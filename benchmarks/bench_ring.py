@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 import memwarden
-from memwarden.capture import native
-from memwarden.capture.live.child import RING_ROWS, RING_SIDE_BYTES
-from memwarden.capture.live.supervisor import _ring_parent
+from memwarden.record import native
+from memwarden.record.live.child import RING_ROWS, RING_SIDE_BYTES
+from memwarden.record.live.supervisor import _ring_parent
 
 
 def _tight(n: int) -> float:

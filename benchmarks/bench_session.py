@@ -128,7 +128,7 @@ def paged_waste(session) -> float:
 
 def dynamic_waste(model, name, inputs, new_tokens, cache_factory=None) -> tuple[float, int, int]:
     """(waste, peak live KV bytes, KV bytes in use at that peak) of one plain generate, captured."""
-    from memwarden.capture.live.capture import Capture
+    from memwarden.record.live.capture import Capture
     from memwarden.trace.model import Action, Category
 
     gk = zoo.generate_kwargs(name)

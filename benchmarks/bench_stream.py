@@ -14,8 +14,8 @@ time (CPU time counts the streamer's thread too):
 disk; ``memwarden trace`` saves either way) and, for reference, with ``in-memory``.
 
 ``--reference-streamer FILE`` adds a mode that streams through another version of
-``capture/live/stream.py`` (a before/after in one run), e.g.
-``git show REV:src/memwarden/capture/live/stream.py > /tmp/stream_rev.py``.
+``record/live/stream.py`` (a before/after in one run), e.g.
+``git show REV:src/memwarden/record/live/stream.py > /tmp/stream_rev.py``.
 
     .venv/bin/python benchmarks/bench_stream.py [--steps 2000] [--repeats 7] [--reference-streamer FILE]
 """
@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 
 import memwarden
-from memwarden.capture.live import capture as live_capture
+from memwarden.record.live import capture as live_capture
 
 
 def _model() -> torch.nn.Module:

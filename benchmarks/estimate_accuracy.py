@@ -36,9 +36,9 @@ import transformers
 from torch.profiler import ProfilerActivity, profile
 
 import memwarden
-from memwarden.capture.live.reference import profiler_peak_bytes
-from memwarden.capture.live.reference import state_bytes as weights_bytes
 from memwarden.models import zoo
+from memwarden.record.live.reference import profiler_peak_bytes
+from memwarden.record.live.reference import state_bytes as weights_bytes
 
 COMMAND = "python benchmarks/estimate_accuracy.py --output docs/estimate-accuracy.md"
 

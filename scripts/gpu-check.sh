@@ -22,15 +22,15 @@ start=$(date +%s)
 say() { echo "[$(($(date +%s) - start))s] $*" | tee -a "$LOG"; }
 
 say "build the native CPU recorder"
-timeout 240 python3 -m memwarden.capture.native --build >>"$LOG" 2>&1 || say "native build FAILED"
+timeout 240 python3 -m memwarden.record.native --build >>"$LOG" 2>&1 || say "native build FAILED"
 
 cat >"$WORK/check.py" <<'PY'
 """One model, one fresh process: capture on CUDA, compare with torch's counters and the model."""
 import json, pickle, sys, time
 import torch
 from memwarden.analyze.timeline import summary
-from memwarden.capture.cuda.capture import MARKER_END_BYTES, MARKER_START_BYTES, capture_cuda
-from memwarden.capture.cuda.merge import peak_reserved_bytes
+from memwarden.record.cuda.capture import MARKER_END_BYTES, MARKER_START_BYTES, capture_cuda
+from memwarden.record.cuda.merge import peak_reserved_bytes
 from memwarden.models import zoo
 from memwarden.plan.replay import replay
 from memwarden.trace.io import save

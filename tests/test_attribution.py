@@ -13,19 +13,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from memwarden.capture import native
-from memwarden.capture.attribution.categories import block_categories
-from memwarden.capture.attribution.emit_events import allocator_columns, intern_labels, side_events
-from memwarden.capture.attribution.emit_spans import phase_span_rows, step_records
-from memwarden.capture.attribution.log import StepRecord, StorageRecord
-from memwarden.capture.attribution.phases import StepTable, backward_ops, block_phases
-from memwarden.capture.attribution.recorded import NEVER_NS, Blocks, Clock, RecorderColumns
-from memwarden.capture.attribution.spans import module_spans
-from memwarden.capture.attribution.tags import PreexistingTag, apply_tags, match_tags
-from memwarden.capture.meta.ops import Block
-from memwarden.capture.meta.recorder import Recorder
-from memwarden.capture.modality import ModalityRules
-from memwarden.capture.native import NativeRecord
+from memwarden.record import native
+from memwarden.record.attribution.categories import block_categories
+from memwarden.record.attribution.emit_events import allocator_columns, intern_labels, side_events
+from memwarden.record.attribution.emit_spans import phase_span_rows, step_records
+from memwarden.record.attribution.log import StepRecord, StorageRecord
+from memwarden.record.attribution.phases import StepTable, backward_ops, block_phases
+from memwarden.record.attribution.recorded import NEVER_NS, Blocks, Clock, RecorderColumns
+from memwarden.record.attribution.spans import module_spans
+from memwarden.record.attribution.tags import PreexistingTag, apply_tags, match_tags
+from memwarden.record.meta.ops import Block
+from memwarden.record.meta.recorder import Recorder
+from memwarden.record.modality import ModalityRules
+from memwarden.record.native import NativeRecord
 from memwarden.trace.model import Action, Category, Modality, Phase, SpanKind, TraceBuilder
 from memwarden.trace.steps import steps_metadata
 
@@ -370,8 +370,8 @@ def test_foreign_storages_become_external_rows_in_their_steps_phase() -> None:
 def test_spans_of_balanced_markers_match_the_loop_on_random_call_trees() -> None:
     """module_spans pairs bracket-like markers with whole arrays; on any call tree it must give
     what pairing them one at a time gives (and fall back to that for calls cut short)."""
-    from memwarden.capture.attribution.spans import _balanced_spans, _spans_by_loop
-    from memwarden.capture.native import NativeRecord
+    from memwarden.record.attribution.spans import _balanced_spans, _spans_by_loop
+    from memwarden.record.native import NativeRecord
 
     rng = np.random.default_rng(7)
     enter, exit_ = int(NativeRecord.ENTER), int(NativeRecord.EXIT)
@@ -411,7 +411,7 @@ def test_match_tags_finds_the_block_allocated_last_at_the_address_before_the_tag
     """The vectorised search against its definition, on random blocks reusing few addresses."""
     import types
 
-    from memwarden.capture.attribution.tags import match_tags
+    from memwarden.record.attribution.tags import match_tags
 
     rng = np.random.default_rng(3)
     for case in range(400):

@@ -13,10 +13,10 @@ from torch.profiler import ProfilerActivity, profile
 
 import memwarden
 from memwarden.analyze.timeline import summary
-from memwarden.capture.live.reference import profiler_peak_bytes
-from memwarden.capture.live.reference import state_bytes as model_state_bytes
-from memwarden.capture.modality import ModalityRules
 from memwarden.models import zoo
+from memwarden.record.live.reference import profiler_peak_bytes
+from memwarden.record.live.reference import state_bytes as model_state_bytes
+from memwarden.record.modality import ModalityRules
 from memwarden.trace.model import Action, Category, Modality, Phase, SpanKind
 
 

@@ -1,4 +1,4 @@
-"""Storages PyTorch's CPU allocator did not make are in the trace (``memwarden.capture.foreign``).
+"""Storages PyTorch's CPU allocator did not make are in the trace (``memwarden.record.foreign``).
 
 numpy arrays (``torch.from_numpy``, a processor's ``pixel_values``), Python buffers
 (``torch.frombuffer``), DLPack capsules and checkpoints memory-mapped by ``from_pretrained`` wrap
@@ -20,8 +20,8 @@ from PIL import Image
 from transformers import CLIPImageProcessor, LlamaConfig, LlamaForCausalLM
 
 import memwarden
-from memwarden.capture.foreign import EXTERNAL_OP, is_foreign
 from memwarden.models import zoo
+from memwarden.record.foreign import EXTERNAL_OP, is_foreign
 from memwarden.trace.model import Action, Category, Modality, Trace
 
 

@@ -10,13 +10,13 @@ import textwrap
 
 import pytest
 
-from memwarden.capture import native
+from memwarden.record import native
 
 SCRIPT = textwrap.dedent(
     """
     import gc, torch
-    from memwarden.capture import native
-    from memwarden.capture.live.capture import _all_subclasses
+    from memwarden.record import native
+    from memwarden.record.live.capture import _all_subclasses
 
     rec = native.load()
     bases = (torch._C.TensorBase, torch.nn.Module)

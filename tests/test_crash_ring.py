@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(
     """
     import ctypes, os, signal, subprocess, sys
     import torch
-    from memwarden.capture.live import stream
+    from memwarden.record.live import stream
 
     mode = sys.argv[1]
     if mode == "sibling":  # the killer waits for one byte on its stdin, then SIGKILLs this process
@@ -96,7 +96,7 @@ def test_a_clean_run_loses_nothing(script: Path, tmp_path: Path) -> None:
 
 def _ring_file(path: Path, capacity: int, written: int) -> None:
     """A ring as native.cpp's ring_attach lays it out, rows ``0..written`` logged into it."""
-    from memwarden.capture.live.recover import RING_HEADER_BYTES, RING_MAGIC
+    from memwarden.record.live.recover import RING_HEADER_BYTES, RING_MAGIC
     from memwarden.trace.stream import RAW_EVENT_DTYPE
 
     seqs = np.full(capacity, np.iinfo(np.uint64).max, dtype="<u8")
@@ -113,7 +113,7 @@ def _ring_file(path: Path, capacity: int, written: int) -> None:
 def test_recover_ring_takes_what_the_stream_lacks_and_counts_the_rest(
     tmp_path: Path, streamed: int, written: int, recovered: int, lost: int
 ) -> None:
-    from memwarden.capture.live.recover import recover_ring
+    from memwarden.record.live.recover import recover_ring
     from memwarden.trace.stream import RAW_EVENT_DTYPE, StreamLog
 
     ring = tmp_path / "events.ring"

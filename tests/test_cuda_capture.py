@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from memwarden.analyze.timeline import summary
-from memwarden.capture.cuda.merge import BlockTag, ClockAnchor, anchor_from_marker, merge_cuda, peak_reserved_bytes
 from memwarden.interop.snapshot import load_snapshot
 from memwarden.plan.replay import replay
+from memwarden.record.cuda.merge import BlockTag, ClockAnchor, anchor_from_marker, merge_cuda, peak_reserved_bytes
 from memwarden.runtime.kvcache import KVPool, KVSpec
 from memwarden.trace.io import load
 from memwarden.trace.model import Action, Category, Modality, Phase, SpanKind, Trace
@@ -129,7 +129,7 @@ def test_the_allocator_model_reserves_what_the_gpu_reserved(merged: Trace, recor
 
 
 def test_clock_anchor_from_a_real_cpu_capture() -> None:
-    from memwarden.capture.live.capture import Capture
+    from memwarden.record.live.capture import Capture
 
     marker_bytes = 77_771
     with Capture() as cap:
@@ -197,8 +197,8 @@ def test_resize_on_cuda_is_staged_through_the_host(tmp_path: Path) -> None:
 
 @pytest.mark.cuda
 def test_live_cuda_capture_matches_torch_counters() -> None:
-    from memwarden.capture.cuda.capture import capture_cuda
     from memwarden.models import zoo
+    from memwarden.record.cuda.capture import capture_cuda
 
     model = zoo.build_model("llava")
     inputs = zoo.make_inputs(model)

@@ -15,7 +15,6 @@ import torch
 
 import memwarden
 from memwarden.analyze.timeline import summary
-from memwarden.capture.meta import capture as meta
 from memwarden.commands import estimate as estimate_command
 from memwarden.errors import InputError
 from memwarden.estimation import resolve
@@ -23,6 +22,7 @@ from memwarden.estimation import run as est
 from memwarden.estimation.card import CARD_KEYS
 from memwarden.estimation.metamodel import forget_models
 from memwarden.models import zoo
+from memwarden.record.meta import capture as meta
 from memwarden.trace.model import Action, Category
 
 # (model, request) pairs checked against a live run: every zoo model, two image sizes for the
@@ -316,8 +316,8 @@ def test_a_live_capture_does_not_count_the_estimators_kept_models() -> None:
     """An estimate keeps its meta models, whose rotary buffers are real CPU tensors; a live capture
     later in the same process (a notebook that estimates, then runs) drops them as it starts,
     instead of counting them as the process's weights (Gemma 3's vision position ids: 32 KiB)."""
-    from memwarden.capture.live.reference import state_bytes
     from memwarden.estimation import metamodel
+    from memwarden.record.live.reference import state_bytes
 
     memwarden.estimate("gemma-3-4b-it", prompt_tokens=4, new_tokens=1)
     assert any(not b.is_meta for m in metamodel._MODELS.values() for b in m.buffers())  # real CPU buffers

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from memwarden.capture.meta import capture as meta
 from memwarden.estimation import run as est
 from memwarden.estimation.build import card_from_trace
 from memwarden.estimation.cuda_runtime import CUBLASLT_WORKSPACE_BYTES, MEASURED_CONTEXT_BYTES, cublas_workspace_bytes
 from memwarden.models import zoo
 from memwarden.models.devices import load_profile
+from memwarden.record.meta import capture as meta
 
 FACTS = json.loads((Path(__file__).parent / "fixtures" / "cuda_estimate_runs.json").read_text())
 RUNS = {r["model"]: r for r in FACTS["runs"]}

@@ -15,12 +15,12 @@ import transformers
 import memwarden
 from _shrink import tiny_config
 from memwarden.analyze.timeline import summary
-from memwarden.capture.meta import capture as meta
 from memwarden.errors import InputError
 from memwarden.estimation.families import model_class_for
 from memwarden.estimation.metamodel import forget_models
 from memwarden.estimation.request import build_request
 from memwarden.estimation.resolve import CONFIG_DIR, resolve_model
+from memwarden.record.meta import capture as meta
 
 # shipped config -> image side of its tiny twin (a multiple of the patch that its pooling divides)
 FAMILIES = {

@@ -17,10 +17,10 @@ import torch
 import transformers
 
 from _shrink import tiny_config
-from memwarden.capture.meta import capture as meta
 from memwarden.errors import InputError
 from memwarden.estimation.request import build_request, image_processor, placeholder_counts
 from memwarden.estimation.resolve import CONFIG_DIR, resolve_model
+from memwarden.record.meta import capture as meta
 from test_estimate_families import _meta_and_live
 
 # shipped config -> image side of its tiny twin (a multiple of patch x merge)

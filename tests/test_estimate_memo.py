@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from memwarden.capture.meta import memo as meta_memo
-from memwarden.capture.meta import replay as meta_replay
 from memwarden.estimation import measure, resolve
 from memwarden.estimation.card import Request
+from memwarden.record.meta import memo as meta_memo
+from memwarden.record.meta import replay as meta_replay
 
 _COLUMNS = ("action", "nbytes", "op", "dtype", "shape", "written_bytes", "category", "phase", "module")
 

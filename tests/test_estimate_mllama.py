@@ -23,10 +23,10 @@ from transformers.models.mllama.image_processing_pil_mllama import (
 import memwarden
 from _shrink import tiny_config
 from memwarden.analyze.timeline import summary
-from memwarden.capture.meta import capture as meta
 from memwarden.estimation.metamodel import forget_models
 from memwarden.estimation.request import build_request
 from memwarden.estimation.resolve import CONFIG_DIR, resolve_model
+from memwarden.record.meta import capture as meta
 from test_estimate_families import _meta_and_live
 
 MLLAMA = "llama-3.2-11b-vision-instruct"

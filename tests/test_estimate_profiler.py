@@ -20,9 +20,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import memwarden
-from memwarden.capture.live.reference import profiler_peak_bytes
-from memwarden.capture.live.reference import state_bytes as weights_bytes
 from memwarden.models import zoo
+from memwarden.record.live.reference import profiler_peak_bytes
+from memwarden.record.live.reference import state_bytes as weights_bytes
 
 NATIVE = (32, 32)  # the fixed-resolution zoo models' image size (tiny)
 

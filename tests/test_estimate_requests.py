@@ -11,11 +11,11 @@ import pytest
 import torch
 import transformers
 
-from memwarden.capture.meta import capture as meta
 from memwarden.errors import InputError
 from memwarden.estimation import run as est
 from memwarden.estimation.request import image_processor, placeholder_counts
 from memwarden.estimation.resolve import CONFIG_DIR, resolve_model
+from memwarden.record.meta import capture as meta
 
 
 def _meta(name: str) -> tuple[object, object]:

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from memwarden.capture.meta import capture as meta
 from memwarden.errors import InputError
 from memwarden.estimation import request_media
 from memwarden.estimation import run as est
@@ -18,6 +17,7 @@ from memwarden.estimation.card import Request
 from memwarden.estimation.measure import RequestError, check_request
 from memwarden.estimation.request import image_processor, placeholder_counts
 from memwarden.estimation.resolve import resolve_model
+from memwarden.record.meta import capture as meta
 
 
 def _full_run(processor: Any, images: list[tuple[int, int]], copies: int) -> dict[str, Any]:

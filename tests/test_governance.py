@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from memwarden.analyze.budget_check import check_budget
-from memwarden.capture.live.capture import Capture
 from memwarden.govern.scaled import scaled_replay
 from memwarden.govern.telemetry_log import load_log
 from memwarden.models import zoo
 from memwarden.models.chat import DemoConfig, conversation_inputs
+from memwarden.record.live.capture import Capture
 from memwarden.runtime.session import GovernedSession
 from memwarden.runtime.session_memory import state_bytes
 

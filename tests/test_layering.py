@@ -34,7 +34,7 @@ LAYERS: list[set[str]] = [
     {"trace"},
     {"models"},
     {"interop"},
-    {"capture", "plan", "govern", "edge", "align"},
+    {"record", "plan", "govern", "edge", "align"},
     {"analyze"},
     {"estimation"},
     {"runtime"},
@@ -202,8 +202,8 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_walker_sees_lazy_imports_and_skips_type_checking() -> None:
     # The walker itself must see what these rules are about, or every check below passes vacuously.
     edges = graph()
-    assert "memwarden.capture.live.capture" in edges["memwarden.capture.api"]  # a lazy import in a function
-    assert "torch" not in edges["memwarden.capture.api"]  # only under TYPE_CHECKING / lazily through the recorder
+    assert "memwarden.record.live.capture" in edges["memwarden.record.api"]  # a lazy import in a function
+    assert "torch" not in edges["memwarden.record.api"]  # only under TYPE_CHECKING / lazily through the recorder
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
 
@@ -335,12 +335,33 @@ def test_public_surface_is_pinned_and_real() -> None:
     assert callable(memwarden.capture) and callable(memwarden.estimate)
 
 
+def test_every_module_is_reachable_by_attribute_from_its_package() -> None:
+    # `import memwarden.<package>.<module>` then `memwarden.<package>.<module>` is that module, for
+    # every module: no public function (memwarden.capture, memwarden.estimate) or re-exported name
+    # shadows a package or module of the same name. Checked after all are imported, in a fresh
+    # interpreter, so no import order can rebind a name afterwards.
+    code = (
+        "import importlib, pkgutil, sys, memwarden\n"
+        "names = [m.name for m in pkgutil.walk_packages(memwarden.__path__, 'memwarden.')\n"
+        "         if not m.name.endswith('__main__')]\n"
+        "for n in names: importlib.import_module(n)\n"
+        "for n in names:\n"
+        "    obj = memwarden\n"
+        "    for part in n.split('.')[1:]: obj = getattr(obj, part, None)\n"
+        "    if obj is not sys.modules[n]: print('SHADOWED', n, type(obj).__name__)\n"
+        "print('checked', len(names))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "SHADOWED" not in out, out
+    assert int(out.split()[-1]) > 200  # every module of the package was walked
+
+
 def test_package_subpackages_do_not_shadow_the_functions() -> None:
-    # memwarden.capture and memwarden.estimate are functions although capture/ and estimate/ are
-    # packages: importing their submodules after `import memwarden` must not rebind the names.
+    # memwarden.capture and memwarden.estimate are functions; their packages are record/ and
+    # estimation/, so importing those submodules after `import memwarden` cannot rebind the names.
     code = (
         "import memwarden\n"
-        "from memwarden.capture.meta import capture as meta\n"
+        "from memwarden.record.meta import capture as meta\n"
         "from memwarden.estimation import card\n"
         "print(callable(memwarden.capture), callable(memwarden.estimate))"
     )
@@ -351,7 +372,7 @@ def test_package_subpackages_do_not_shadow_the_functions() -> None:
 @pytest.mark.parametrize("name", ["GovernedSession", "SessionConfig", "quantize", "capture_onnx"])
 def test_lazy_names_resolve_to_their_defining_module(name: str) -> None:
     value = getattr(memwarden, name)
-    assert value.__module__.startswith(("memwarden.runtime.", "memwarden.capture.onnx."))
+    assert value.__module__.startswith(("memwarden.runtime.", "memwarden.record.onnx."))
 
 
 def _all_imports(path: Path, name: str) -> list[tuple[ast.ImportFrom, str, bool]]:

@@ -247,7 +247,7 @@ def test_steps_record_the_callers_line_and_top_lines_name_it(tmp_path: Path) -> 
     import torch
 
     from memwarden.analyze.timeline import summary
-    from memwarden.capture.live.recover import attribute_stream
+    from memwarden.record.live.recover import attribute_stream
     from memwarden.trace.steps import steps_of
     from memwarden.trace.stream import read_stream
 

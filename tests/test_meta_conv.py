@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from memwarden.capture.meta import conv
+from memwarden.record.meta import conv
 
 # (input, weight, (stride, padding, dilation, transposed, output_padding, groups))
 CASES = [

@@ -9,9 +9,9 @@ import torch
 from safetensors import safe_open
 from torch.profiler import profile
 
-from memwarden.capture.live.reference import profiler_peak_bytes, state_bytes
 from memwarden.models import zoo
 from memwarden.plan.placement import PlacementError
+from memwarden.record.live.reference import profiler_peak_bytes, state_bytes
 from memwarden.runtime.offload import stream_weights
 from memwarden.runtime.offload_plan import plan_streaming, weight_groups
 

@@ -12,13 +12,13 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from memwarden.analyze.analysis import Analysis  # noqa: E402
-from memwarden.capture.onnx.capture import capture_onnx  # noqa: E402
-from memwarden.capture.onnx.export import example_feeds, export_zoo  # noqa: E402
-from memwarden.capture.onnx.graph import module_path_of  # noqa: E402
-from memwarden.capture.onnx.measure import ort_counter_peak, run_peak_bytes  # noqa: E402
-from memwarden.capture.onnx.session import OrtSettings  # noqa: E402
 from memwarden.cli import main  # noqa: E402
 from memwarden.errors import InputError  # noqa: E402
+from memwarden.record.onnx.capture import capture_onnx  # noqa: E402
+from memwarden.record.onnx.export import example_feeds, export_zoo  # noqa: E402
+from memwarden.record.onnx.graph import module_path_of  # noqa: E402
+from memwarden.record.onnx.measure import ort_counter_peak, run_peak_bytes  # noqa: E402
+from memwarden.record.onnx.session import OrtSettings  # noqa: E402
 from memwarden.trace.io import load, save  # noqa: E402
 from memwarden.trace.model import Category  # noqa: E402
 
@@ -171,8 +171,8 @@ def test_compare_pytorch_and_ort(zoo_onnx: dict, tmp_path: Path, capsys: pytest.
 
     import torch
 
-    from memwarden.capture.api import capture
-    from memwarden.capture.onnx.export import export_parts
+    from memwarden.record.api import capture
+    from memwarden.record.onnx.export import export_parts
 
     module, inputs, _, _ = export_parts("llava", "tiny")["vision"]
     with torch.no_grad(), capture() as cap:
@@ -219,7 +219,7 @@ def _synthetic_mlp(path: Path) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("arena", [True, False], ids=["arena-on", "arena-off"])
 def test_peak_within_5_percent_of_memray(tmp_path: Path, arena: bool) -> None:
     pytest.importorskip("memray")
-    from memwarden.capture.onnx.measure import measure_run
+    from memwarden.record.onnx.measure import measure_run
 
     path = tmp_path / "mlp.onnx"
     feeds = _synthetic_mlp(path)
@@ -231,7 +231,7 @@ def test_peak_within_5_percent_of_memray(tmp_path: Path, arena: bool) -> None:
 
 
 def _malloc_counter() -> None:
-    from memwarden.capture.onnx import mallocpeak
+    from memwarden.record.onnx import mallocpeak
 
     if mallocpeak.build() is None:
         pytest.skip("the malloc counter needs Linux with glibc and a C++ compiler")
@@ -243,7 +243,7 @@ def test_peak_within_5_percent_of_malloc_counter(tmp_path: Path, mem_pattern: bo
     library handed out during that run in a fresh process. With the memory pattern on, the second
     run holds ORT's pattern buffer (3 MiB here) and the graph output beside it: 4 MiB against the
     first run's 3 MiB, so a capture that ignored the pattern would be 25% short."""
-    from memwarden.capture.onnx.measure import measure_run, run_peaks
+    from memwarden.record.onnx.measure import measure_run, run_peaks
 
     _malloc_counter()
     path = tmp_path / "mlp.onnx"
@@ -259,7 +259,7 @@ def test_peak_within_5_percent_of_malloc_counter(tmp_path: Path, mem_pattern: bo
 def test_pattern_run_agrees_with_ort_counters(zoo_onnx: dict) -> None:
     """On a zoo graph with the memory pattern on, the second run's capture peak equals ORT's own
     requested bytes for that run (pattern buffer + outputs + what the kernels allocate outside it)."""
-    from memwarden.capture.onnx.measure import ort_runs, run_peaks
+    from memwarden.record.onnx.measure import ort_runs, run_peaks
 
     path, feeds = zoo_onnx["qwen2-vl-vision"]
     trace = capture_onnx(path, [feeds, feeds], settings=OrtSettings(arena=True, mem_pattern=True))
@@ -271,7 +271,7 @@ def test_pattern_run_agrees_with_ort_counters(zoo_onnx: dict) -> None:
 
 
 def test_pattern_planner_best_fit() -> None:
-    from memwarden.capture.onnx.pattern import pattern_bytes
+    from memwarden.record.onnx.pattern import pattern_bytes
 
     kib = 1024
     # a(4) b(2) c(4) at 0, 4, 6; a and c go; d(2) fits a's old place and the tail (6-10) with the
@@ -291,13 +291,13 @@ def test_malloc_counter_sees_every_byte(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from memwarden.capture.onnx import mallocpeak
+    from memwarden.record.onnx import mallocpeak
 
     _malloc_counter()
     library = mallocpeak.build()
     code = (
         "import numpy as np\n"
-        "from memwarden.capture.onnx import mallocpeak as m\n"
+        "from memwarden.record.onnx import mallocpeak as m\n"
         "b = m.reset_peak()\n"
         "a = np.ones(10_000_000, dtype=np.uint8)\n"
         "del a\n"
@@ -337,11 +337,11 @@ def test_arena_off_scratch_is_not_rounded_to_arena_chunks(tmp_path: Path) -> Non
     """Arena off, the scratch comes from the arena-on twin's high-water mark. On ORT's default arena
     that mark counts whole chunks: the capture took 8 MiB of scratch for the Where's 4 MiB and was
     50% above the malloc counter. The twin runs on an arena that splits every chunk
-    (``memwarden.capture.onnx.twin``), in its own process, so sessions here keep the default."""
+    (``memwarden.record.onnx.twin``), in its own process, so sessions here keep the default."""
     import onnxruntime as ort
 
-    from memwarden.capture.onnx.measure import measure_run, run_peaks
-    from memwarden.capture.onnx.profile import read_profile
+    from memwarden.record.onnx.measure import measure_run, run_peaks
+    from memwarden.record.onnx.profile import read_profile
 
     _malloc_counter()
     path = tmp_path / "where.onnx"

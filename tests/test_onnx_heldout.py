@@ -25,13 +25,13 @@ pytest.importorskip("onnx")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from memwarden.capture.onnx import mallocpeak  # noqa: E402
-from memwarden.capture.onnx.capture import capture_onnx  # noqa: E402
-from memwarden.capture.onnx.measure import measure_run, run_peaks  # noqa: E402
-from memwarden.capture.onnx.session import OrtSettings  # noqa: E402
 from memwarden.cli import main  # noqa: E402
 from memwarden.models.compute_units import load_compute_units  # noqa: E402
 from memwarden.plan.partition_onnx import load_problem  # noqa: E402
+from memwarden.record.onnx import mallocpeak  # noqa: E402
+from memwarden.record.onnx.capture import capture_onnx  # noqa: E402
+from memwarden.record.onnx.measure import measure_run, run_peaks  # noqa: E402
+from memwarden.record.onnx.session import OrtSettings  # noqa: E402
 
 PROFILES = ("galaxy-s24-ultra-12gb", "jetson-orin-nx-16gb", "iphone-15-pro")
 

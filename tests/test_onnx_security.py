@@ -14,8 +14,8 @@ import numpy as np
 import onnx
 import pytest
 
-from memwarden.capture.onnx.feeds import feed_headers, load_feeds, save_feeds
 from memwarden.cli import main
+from memwarden.record.onnx.feeds import feed_headers, load_feeds, save_feeds
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

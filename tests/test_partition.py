@@ -161,7 +161,7 @@ def test_large_graphs_fall_back_to_local_search() -> None:
 @pytest.fixture(scope="module")
 def vision_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("onnx")
-    from memwarden.capture.onnx.export import export_zoo
+    from memwarden.record.onnx.export import export_zoo
 
     return export_zoo("llava", tmp_path_factory.mktemp("part"), parts=("vision",))["vision"]
 
@@ -200,9 +200,9 @@ def test_exported_graphs_of_hundreds_of_nodes_are_solved_exactly(tmp_path: Path)
     phone's three units, and the local search alone does no better. (Before copies were shared
     between readers on one unit, the local search missed this optimum; it now reaches it.)"""
     pytest.importorskip("onnx")
-    from memwarden.capture.onnx.export import export_zoo
     from memwarden.models.compute_units import load_compute_units
     from memwarden.plan.partition_onnx import load_problem
+    from memwarden.record.onnx.export import export_zoo
 
     path = export_zoo("qwen2-vl", tmp_path, size="small", parts=("vision",))["vision"]
     problem = load_problem(path, load_compute_units("galaxy-s24-ultra-12gb"), dtype="fp16")

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from memwarden.analyze.timeline import summary
-from memwarden.capture.live.capture import Capture
 from memwarden.errors import InputError
 from memwarden.models import zoo
+from memwarden.record.live.capture import Capture
 from memwarden.runtime.prune import (
     METHODS,
     PruningUnsupportedError,

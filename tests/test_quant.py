@@ -89,7 +89,7 @@ def test_quantize_frees_each_float_weight_as_it_goes() -> None:
     the peak stays near the float model plus one layer's temporaries. Holding the modules (what a
     list of them inside quantize did) keeps every float weight alive next to every int4 layer."""
     from memwarden.analyze.timeline import summary
-    from memwarden.capture.live.capture import Capture
+    from memwarden.record.live.capture import Capture
 
     def peak(hold: bool) -> tuple[int, int, int]:
         # The capture counts every live tensor of the process (other tests' too): compare two runs.

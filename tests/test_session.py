@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memwarden.capture.live.reference import profiler_peak_bytes
 from memwarden.models import zoo
+from memwarden.record.live.reference import profiler_peak_bytes
 from memwarden.runtime.admission import AdmissionError
 from memwarden.runtime.session import GovernedSession
 from memwarden.runtime.session_memory import state_bytes

@@ -4,10 +4,10 @@ import json
 import sys
 from pathlib import Path
 
-from memwarden.capture.onnx.capture import capture_onnx
-from memwarden.capture.onnx.feeds import load_feeds
-from memwarden.capture.onnx.measure import measure_run, run_peaks
-from memwarden.capture.onnx.session import OrtSettings
+from memwarden.record.onnx.capture import capture_onnx
+from memwarden.record.onnx.feeds import load_feeds
+from memwarden.record.onnx.measure import measure_run, run_peaks
+from memwarden.record.onnx.session import OrtSettings
 
 rows = []
 for name in sys.argv[1:]:

@@ -11,17 +11,17 @@ from typing import TYPE_CHECKING, Any
 
 from memwarden.analyze.diagnose import diagnose
 from memwarden.analyze.timeline import summary
-from memwarden.capture.api import capture, flush, ring_stats
 from memwarden.estimation.card import MemoryCard
 from memwarden.estimation.run import estimate
 from memwarden.govern.budget import BudgetController
 from memwarden.interop.files import load_any as load
+from memwarden.record.api import capture, flush, ring_stats
 from memwarden.report.full import write_report
 from memwarden.trace.io import save
 from memwarden.trace.model import Trace
 
 if TYPE_CHECKING:
-    from memwarden.capture.onnx.capture import capture_onnx
+    from memwarden.record.onnx.capture import capture_onnx
     from memwarden.runtime.quant import quantize
     from memwarden.runtime.session import GovernedSession
     from memwarden.runtime.session_config import SessionConfig
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "capture_onnx": "memwarden.capture.onnx.capture",
+    "capture_onnx": "memwarden.record.onnx.capture",
     "GovernedSession": "memwarden.runtime.session",
     "SessionConfig": "memwarden.runtime.session_config",
     "quantize": "memwarden.runtime.quant",

@@ -144,7 +144,7 @@ def run_demo(
     processes under a real address-space limit of the budget (:func:`run_limited`)."""
     config = config or DemoConfig()
     from memwarden.analyze.timeline import summary
-    from memwarden.capture.live.capture import Capture
+    from memwarden.record.live.capture import Capture
     from memwarden.trace.io import save
 
     def step(text: str, fraction: float) -> None:
@@ -321,9 +321,9 @@ def run_thermal(
     import torch
 
     from memwarden.analyze.budget_check import check_budget
-    from memwarden.capture.live.capture import Capture
     from memwarden.govern.scaled import scaled_replay
     from memwarden.govern.telemetry_log import load_log
+    from memwarden.record.live.capture import Capture
     from memwarden.runtime.session import GovernedSession
     from memwarden.runtime.session_memory import state_bytes
 
@@ -375,7 +375,7 @@ def run_governed(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_k
 
     from memwarden.analyze.diagnose import diagnose
     from memwarden.analyze.timeline import summary
-    from memwarden.capture.live.capture import Capture
+    from memwarden.record.live.capture import Capture
     from memwarden.report.full import write_report
     from memwarden.runtime.session import GovernedSession
     from memwarden.trace.io import save

@@ -30,7 +30,7 @@ def run_live(out: Path, *, script: str, args: list[str], options: dict[str, Any]
     from rich.console import Console
     from rich.live import Live
 
-    from memwarden.capture.live.supervisor import supervise
+    from memwarden.record.live.supervisor import supervise
     from memwarden.report.live import render_live
     from memwarden.trace.model import TraceBuilder
 

@@ -45,10 +45,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.inputs:
         raise InputError("--onnx needs --inputs FEEDS.npz (one array per model input)")
     check_output(args.output, flag="-o", allow_stdout=False)
-    from memwarden.capture.onnx.bounded import DEFAULT_MEMORY_BYTES, DEFAULT_SECONDS, RunLimits
-    from memwarden.capture.onnx.capture import capture_onnx
-    from memwarden.capture.onnx.feeds import load_feeds
-    from memwarden.capture.onnx.session import OrtSettings
+    from memwarden.record.onnx.bounded import DEFAULT_MEMORY_BYTES, DEFAULT_SECONDS, RunLimits
+    from memwarden.record.onnx.capture import capture_onnx
+    from memwarden.record.onnx.feeds import load_feeds
+    from memwarden.record.onnx.session import OrtSettings
     from memwarden.trace.io import save
     from memwarden.units import format_bytes
     from memwarden.untrusted import finite_float, terminal_safe

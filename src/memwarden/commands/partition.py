@@ -38,12 +38,12 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memwarden.capture.onnx.guard import INFERENCE_MEMORY_BYTES, load_checked, memory_limited
     from memwarden.commands._common import print_json, wrote
     from memwarden.models.compute_units import load_compute_units
     from memwarden.plan.partition_onnx import problem_of
     from memwarden.plan.partition_report import partition_result
     from memwarden.plan.partition_shapes import load_shaped
+    from memwarden.record.onnx.guard import INFERENCE_MEMORY_BYTES, load_checked, memory_limited
     from memwarden.untrusted import finite_float, terminal_safe
 
     finite_float(args.time_limit, "--time-limit", lo=1e-3, hi=86400)
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     model, checked = load_checked(args.model)
     shapes = None
     if args.inputs:
-        from memwarden.capture.onnx.feeds import feed_headers
+        from memwarden.record.onnx.feeds import feed_headers
 
         shapes = {name: shape for name, (_, shape) in feed_headers(args.inputs).items()}  # no data is inflated
     dims = _dims(args.dim)

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output, flag="-o", allow_stdout=False)
     out = Path(args.output)
 
-    from memwarden.capture.live.supervisor import supervise
+    from memwarden.record.live.supervisor import supervise
 
     metrics = _serve_metrics(args, out)
     try:
@@ -181,7 +181,7 @@ def _run_module(args: argparse.Namespace) -> int:
     """``memwarden trace -m MODULE [ARGS...]``: the module runs as ``python -m`` runs it."""
     check_output(args.output, flag="-o", allow_stdout=False)
     options = _options(args)
-    from memwarden.capture.live.supervisor import supervise
+    from memwarden.record.live.supervisor import supervise
 
     argv = ([args.script] if args.script else []) + list(args.args)
     trace = supervise(Path(args.output), module=args.module, args=argv, options=options).trace

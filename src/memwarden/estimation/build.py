@@ -1,4 +1,4 @@
-"""Building a MemoryCard from a meta-device Trace (``memwarden.capture.meta.capture``): the peak
+"""Building a MemoryCard from a meta-device Trace (``memwarden.record.meta.capture``): the peak
 per phase, what it is made of, the KV cache at the end, the tokens; with a device, the verdict and
 the arithmetic suggestions. Pure: numpy over the Trace, no torch."""
 

@@ -1,5 +1,5 @@
 """Running one request on the meta model: the checks, the inputs, ``generate()`` under
-:class:`memwarden.capture.meta.capture.MetaCapture`, and the card of the run.
+:class:`memwarden.record.meta.capture.MetaCapture`, and the card of the run.
 
 A long generation is not run step by step: two runs of ``_MEASURED_NEW_TOKENS`` and one more new
 tokens give the steady-state decode step (:mod:`memwarden.estimation.steady`), extrapolated to the
@@ -110,9 +110,9 @@ def zoo_family(resolved: ResolvedModel) -> bool:
 
 
 def _inputs(resolved: ResolvedModel, req: Request, model: Any) -> tuple[dict[str, Any], dict[str, int]]:
-    from memwarden.capture.meta.capture import meta_inputs
     from memwarden.estimation.request import build_request
     from memwarden.models import zoo
+    from memwarden.record.meta.capture import meta_inputs
 
     # The zoo's tiny models keep the zoo's builder (one image per row, exactly the native size) and
     # so does the zoo's audio family; real configs' images, videos and other families' audio go
@@ -212,8 +212,8 @@ def _generate(
     request's tokens per sequence by modality, as the request builder counted them."""
     import torch
 
-    from memwarden.capture.inputs import step_tokens
     from memwarden.estimation.metamodel import capture_for, quantized_cache
+    from memwarden.record.inputs import step_tokens
 
     kwargs: dict[str, Any] = {
         "do_sample": False,

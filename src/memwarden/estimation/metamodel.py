@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from memwarden.capture.live.capture import before_live_capture
-from memwarden.capture.meta.capture import MetaCapture
 from memwarden.errors import InputError
 from memwarden.estimation.card import ModelFacts, Request
 from memwarden.estimation.stored import StoredLayout, StoredLinear
+from memwarden.record.live.capture import before_live_capture
+from memwarden.record.meta.capture import MetaCapture
 
 if TYPE_CHECKING:
     from memwarden.estimation.resolve import ResolvedModel
@@ -43,8 +43,8 @@ _MODELS_KEPT = 4
 def model_for(resolved: ResolvedModel, dtype: str, weights_dtype: str | None) -> Any:
     """The meta model, its weights stored as the checkpoint stores them: every tensor of a local
     folder's safetensors headers, else the quantization_config's layout, else ``weights_dtype``."""
-    from memwarden.capture.meta.capture import build_meta_model
     from memwarden.estimation.stored import apply_checkpoint, apply_scheme
+    from memwarden.record.meta.capture import build_meta_model
 
     if weights_dtype is not None and (resolved.scheme is not None or resolved.checkpoint is not None):
         what = resolved.scheme.describe() if resolved.scheme else "a checkpoint whose tensors set the weights"
@@ -170,7 +170,7 @@ class _EstimateCapture(MetaCapture):
 
 
 def model_facts(resolved: ResolvedModel, model: Any, req: Request) -> ModelFacts:
-    from memwarden.capture.modality import ModalityRules
+    from memwarden.record.modality import ModalityRules
     from memwarden.trace.model import Modality
 
     def nbytes(module: Any) -> int:

@@ -248,7 +248,7 @@ def placeholder_counts(
     ``prompt``: what the image encoder reads of the prompt besides the pixels (:func:`encoder_prompt`)."""
     import torch
 
-    from memwarden.capture.meta.capture import placement
+    from memwarden.record.meta.capture import placement
 
     encode = getattr(model, "get_image_features", None) or getattr(
         getattr(model, "model", None), "get_image_features", None
@@ -304,7 +304,7 @@ def _check_patch_count(model: Any, patches: Any, grids: list[tuple[int, int]]) -
     """The decoder's own patch embedding (``get_image_features``, on meta) makes one token per patch."""
     import torch
 
-    from memwarden.capture.meta.capture import placement
+    from memwarden.record.meta.capture import placement
 
     encode = getattr(model, "get_image_features", None) or getattr(
         getattr(model, "model", None), "get_image_features", None

@@ -93,7 +93,7 @@ def _encoder_positions(model: Any, media: dict[str, Any]) -> int:
     the length of the states the decoder cross-attends to."""
     import torch
 
-    from memwarden.capture.meta.capture import placement
+    from memwarden.record.meta.capture import placement
 
     encoder = model.get_encoder()
     with placement(), torch.inference_mode():

@@ -144,7 +144,7 @@ def in_model_dtype(model: Any, values: dict[str, Any]) -> dict[str, Any]:
 def media_tokens(model: Any, encoder: str, media: dict[str, Any]) -> int:
     import torch
 
-    from memwarden.capture.meta.capture import placement
+    from memwarden.record.meta.capture import placement
 
     encode = encoder_of(model, encoder)
     params = inspect.signature(encode).parameters

@@ -4,7 +4,7 @@ Importing this module does not import torch (``import memwarden`` binds ``estima
 meta-device run imports it when an estimate runs.
 
 The model is built from its config on the meta device and transformers' ``generate()`` runs on
-it under :class:`memwarden.capture.meta.capture.MetaCapture`, which records the Trace a live run would;
+it under :class:`memwarden.record.meta.capture.MetaCapture`, which records the Trace a live run would;
 :func:`memwarden.estimation.build.card_from_trace` turns it into a :class:`MemoryCard`; a long
 generation runs two short ones and extrapolates the steady decode step
 (:mod:`memwarden.estimation.steady`).

@@ -140,7 +140,7 @@ def checkpoint_names(path: str) -> tuple[str, ...]:
 
 
 def _decoder_stack(model: Any) -> str | None:
-    from memwarden.capture.modality import ModalityRules
+    from memwarden.record.modality import ModalityRules
     from memwarden.trace.model import Modality
 
     rules = ModalityRules()

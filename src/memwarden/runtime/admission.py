@@ -104,7 +104,7 @@ class PeakPredictor:
 
     def _meta_model(self) -> torch.nn.Module:
         if self._meta is None:
-            from memwarden.capture.meta.capture import build_meta_model
+            from memwarden.record.meta.capture import build_meta_model
 
             dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
             self._meta = build_meta_model(self.model.config, dtype=dtype, model_class=type(self.model).__name__)
@@ -113,7 +113,7 @@ class PeakPredictor:
     def _measure(self, input_ids: torch.Tensor, media: dict[str, Any], cached_tokens: int) -> int:
         """Transient bytes of one meta forward of ``input_ids`` after ``cached_tokens`` of cache."""
         from memwarden.analyze.timeline import summary
-        from memwarden.capture.meta.capture import MetaCapture, meta_inputs
+        from memwarden.record.meta.capture import MetaCapture, meta_inputs
 
         model: Any = self._meta_model()  # a transformers model: generate() is not nn.Module's
         total = cached_tokens + input_ids.shape[1]

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from memwarden.capture.inputs import tensor_digest
+from memwarden.record.inputs import tensor_digest
 
 # Attribute names of media encoders in transformers VLMs / audio-LMs (on the model or its .model).
 ENCODER_ATTRS = ("vision_tower", "vision_model", "visual", "audio_tower", "audio_model", "image_encoder")

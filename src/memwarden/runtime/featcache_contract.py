@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from memwarden.capture.inputs import host_array
+from memwarden.record.inputs import host_array
 from memwarden.runtime.encoders import find_encoders
 from memwarden.runtime.featcache import FeatureCache, FeatureValue
 from memwarden.runtime.lora.slot import AdapterSlot

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from memwarden.capture.inputs import tensor_digest
+from memwarden.record.inputs import tensor_digest
 
 # Placeholder token id attributes by modality, as transformers configs name them.
 _PLACEHOLDER_KEYS = {

@@ -12,9 +12,9 @@ from pathlib import Path
 import psutil
 import torch
 
-from memwarden.capture.modality import ModalityRules
 from memwarden.models.devices import MemoryTier
 from memwarden.plan.placement import Placement, WeightGroup, place
+from memwarden.record.modality import ModalityRules
 from memwarden.trace.model import Modality
 
 __all__ = [

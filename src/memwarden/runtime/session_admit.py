@@ -182,7 +182,7 @@ class Admission:
         self.memory.log.note("refuse", decision.reason, reason=decision.refusal or "refused",
                              budget_bytes=decision.budget_bytes,
                              predicted_peak_bytes=decision.predicted_peak_bytes)  # fmt: skip
-        from memwarden.capture.live.ring import dump_on_refusal  # a running flight recorder writes its window
+        from memwarden.record.live.ring import dump_on_refusal  # a running flight recorder writes its window
 
         dump_on_refusal(decision.reason)
         return AdmissionError(decision.reason)

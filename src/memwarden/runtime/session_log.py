@@ -19,7 +19,7 @@ class EventLog:
 
     def note(self, kind: str, label: str, **details: Any) -> None:
         """Record a decision here and on the timeline of a running capture."""
-        from memwarden.capture.live.capture import annotate
+        from memwarden.record.live.capture import annotate
 
         self.events.append({"t_s": time.monotonic(), "kind": kind, "label": label, **details})
         annotate(kind, label, **details)

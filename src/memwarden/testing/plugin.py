@@ -30,7 +30,7 @@ import pytest
 from memwarden.analyze.analysis import Analysis
 from memwarden.analyze.check import CheckResult, Limit, check_limits, parse_limit, parse_scope
 from memwarden.analyze.diagnose import diagnose
-from memwarden.capture.api import capture
+from memwarden.record.api import capture
 from memwarden.report.check import breach_line, explain_outcome
 from memwarden.trace.io import save
 from memwarden.trace.model import Trace

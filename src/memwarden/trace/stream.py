@@ -10,7 +10,7 @@ stops at the first that is not.
 
 The chunks carry the recorder's raw rows (``RAW_EVENT_DTYPE``, the native ``Event`` struct) and
 the Python side's observations; the capture layer turns them into a fully attributed Trace
-(``memwarden.capture.live.recover``). ``trace_from_stream`` here needs neither torch nor the
+(``memwarden.record.live.recover``). ``trace_from_stream`` here needs neither torch nor the
 capture layer: it makes a Trace with every byte in it and the attribution the stream alone
 allows (module, op, dtype, shape, tags, step phases), for ``memwarden.load`` of a stream whose
 writer and supervisor both died.
@@ -308,11 +308,11 @@ def trace_from_stream(log: StreamLog, metadata: dict[str, Any] | None = None) ->
         start_us, end_us = max(0, (s_ns - t0) // 1000), max(0, (e_ns - t0) // 1000)
         builder.span(start_us, end_us, SpanKind.STEP, "step", phase=Phase(int(step["phase"])))
         records.append(_step_record(step, start_us, end_us, log))
-    if records:  # as the capture records them (capture/attribution/emit_spans.py ``step_records``)
+    if records:  # as the capture records them (record/attribution/emit_spans.py ``step_records``)
         builder.metadata["steps"] = steps_metadata(records)
     builder.metadata["duration_us"] = max(0, (end_ns - t0) // 1000)
     builder.metadata["recovered"] = log.recovery_note()
-    if kept:  # as the capture's own attribution names them (capture/attribution/tags.py)
+    if kept:  # as the capture's own attribution names them (record/attribution/tags.py)
         builder.metadata["saved_for_backward"] = {
             "tensors": [int(i) for i in raw["id"][allocs][kept]],
             "nbytes": int(raw["nbytes"][allocs][kept].sum()),

@@ -45,7 +45,7 @@ from memwarden.trace.sites import parse_line
 from memwarden.units import format_bytes
 
 PATTERN = "untracked-host-memory"
-NUMPY_OP = "(numpy)"  # the op of numpy's data blocks in a live trace (capture/native.cpp)
+NUMPY_OP = "(numpy)"  # the op of numpy's data blocks in a live trace (record/native.cpp)
 
 
 def _ints(values: Any, n: int) -> np.ndarray:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from memwarden.capture.inputs import host_array
 from memwarden.edge.sync.manifest import AdapterFormatError, RawTensor, canonical_name
+from memwarden.record.inputs import host_array
 
 __all__ = ["adapter_parameters", "check_fits", "from_raw", "logical_view", "padded", "rank_dim", "to_raw"]
 
