@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --upgrade --target $(VENV)/bnb -c constraints.txt bitsandbytes
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --upgrade --target $(VENV)/ct \
 		-c constraints.txt compressed-tensors loguru
-	$(PY) -m memwarden.capture.native --build
+	$(PY) -m memwarden.record.native --build
 	touch $(STAMP)
 
 # Python packages and the native capture hook only: a C++ compiler and Python are all `make demo`
