@@ -47,7 +47,10 @@ def register(sub: Any) -> None:
         "comma-separated list)",
     )  # fmt: skip
     p.add_argument("--new-tokens", default="16", metavar="N", help="tokens generated greedily (default 16)")
-    p.add_argument("--batch", default="1", metavar="B", help="sequences per request (default 1)")
+    p.add_argument(
+        "--batch", "-b", default=None, metavar="B",
+        help="sequences per request (default 1); for a .gguf MODEL llama.cpp's logical batch -b (default 2048)",
+    )  # fmt: skip
     p.add_argument(
         "--dtype", default=None, metavar="D",
         help="weights and activations: float32, float16, bfloat16 (or fp32, fp16, bf16; default: the checkpoint's dtype, torch_dtype in "
@@ -87,7 +90,28 @@ def register(sub: Any) -> None:
         help="with --fit: the setting to make as large as fits (the others as given)",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _register_gguf(p)
     p.set_defaults(func=run)
+
+
+def _register_gguf(p: Any) -> None:
+    """llama.cpp's own flags, for a MODEL that is a .gguf file (estimated from its headers)."""
+    g = p.add_argument_group("llama.cpp (MODEL.gguf)")
+    g.add_argument("--mmproj", default=None, metavar="MMPROJ.gguf", help="the projector GGUF (llama.cpp --mmproj)")
+    g.add_argument("--context", "-c", default="0", metavar="N", help="context size (-c; default 0: the model's)")
+    g.add_argument("--cache-type-k", "-ctk", default="f16", metavar="T", help="K cache type (f16, q8_0, q4_0, ...)")
+    g.add_argument("--cache-type-v", "-ctv", default="f16", metavar="T", help="V cache type (quantized needs -fa)")
+    g.add_argument(
+        "--flash-attn", "-fa", nargs="?", const="on", default="auto", choices=("on", "off", "auto"),
+        help="flash attention (default auto: on for the CPU and CUDA backends)",
+    )  # fmt: skip
+    g.add_argument("--n-gpu-layers", "-ngl", default="0", metavar="N", help="layers offloaded to the GPU (default 0)")
+    g.add_argument("--ubatch", "-ub", default="512", metavar="N", help="physical batch (default 512)")
+    g.add_argument("--parallel", "-np", default="1", metavar="N", help="parallel sequences (default 1)")
+    g.add_argument("--image-min-tokens", default="-1", metavar="N", help="llama.cpp --image-min-tokens")
+    g.add_argument("--image-max-tokens", default="-1", metavar="N", help="llama.cpp --image-max-tokens")
+    g.add_argument("--no-mmproj-offload", action="store_true", help="keep the projector on the CPU")
+    g.add_argument("--budget", default=None, metavar="BYTES", help="judge the peak against BYTES (6GiB, 8e9 ...)")
 
 
 MAX_BATCH = 4096  # sequences per request; --fit's own limit (estimate/fit.py: 4096 steps)
@@ -131,6 +155,11 @@ def _dtype(value: str | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if str(args.model).lower().endswith(".gguf"):
+        return _run_gguf(args)
+    if args.mmproj or args.budget:
+        raise InputError("--mmproj and --budget apply to a .gguf MODEL (llama.cpp)")
+    args.batch = args.batch if args.batch is not None else "1"
     from memwarden.commands._common import print_json
     from memwarden.estimation.run import estimate, load_device, parse_image, parse_video, sweep
     from memwarden.report.estimate import card_text, sweep_text
@@ -211,3 +240,45 @@ def _device_state(path: str | None, card: Any, device: Any) -> Any:
         )
     kind = "cuda" if device is None or device.kind in ("jetson", "gpu", "datacenter") else "host"
     return judge(samples[-1], card.device_peak_bytes, kind)
+
+
+def _run_gguf(args: argparse.Namespace) -> int:
+    """A llama.cpp deployment, from the GGUF headers (memwarden.estimation.gguf)."""
+    from memwarden.commands._common import print_json
+    from memwarden.estimation.gguf.estimate import estimate_gguf
+    from memwarden.estimation.run import load_device, parse_image
+    from memwarden.units import parse_bytes
+
+    if args.budget is not None and args.device:
+        raise InputError("give --budget or --device-profile, not both")
+    if len(args.device) > 1:
+        raise InputError("a .gguf MODEL takes one --device-profile")
+    budget = None
+    if args.budget is not None:
+        try:
+            budget = parse_bytes(args.budget)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"--budget: {exc}") from None
+    result = estimate_gguf(
+        args.model,
+        mmproj_path=args.mmproj,
+        images=tuple(parse_image(v) for v in args.image),
+        n_ctx=_int(args.context, "--context"),
+        cache_type_k=args.cache_type_k,
+        cache_type_v=args.cache_type_v,
+        flash_attn=args.flash_attn,
+        n_gpu_layers=_int(args.n_gpu_layers, "--n-gpu-layers"),
+        n_batch=_int(args.batch if args.batch is not None else "2048", "--batch"),
+        n_ubatch=_int(args.ubatch, "--ubatch"),
+        n_parallel=_int(args.parallel, "--parallel"),
+        image_min_tokens=_int(args.image_min_tokens, "--image-min-tokens"),
+        image_max_tokens=_int(args.image_max_tokens, "--image-max-tokens"),
+        mmproj_offload=not args.no_mmproj_offload,
+        budget_bytes=budget,
+        device=load_device(args.device[0]) if args.device else None,
+    )
+    if args.json or args.format == "json":
+        print_json(result.to_json())
+    else:
+        print(result.to_text(), end="")
+    return 1 if result.fits is False else 0
