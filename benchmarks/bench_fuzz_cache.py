@@ -118,6 +118,7 @@ class Campaign:
         self.counts: Counter[str] = Counter()
         self.tracebacks: list[str] = []
         self.n_tracebacks = self.hangs = self.wrong = 0
+        self.slowest_s = 0.0  # the longest guarded operation (mutation, read, clean-up), wall time
 
     # -- one mutation -------------------------------------------------------------------------
 
@@ -250,6 +251,7 @@ class Campaign:
 
     def guarded(self, fn: Callable[[], Any]) -> tuple[str, Any]:
         signal.setitimer(signal.ITIMER_REAL, self.hang_s)
+        started = time.perf_counter()
         try:
             return "ok", fn()
         except Hang:
@@ -262,6 +264,7 @@ class Campaign:
             return "error", None
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+            self.slowest_s = max(self.slowest_s, time.perf_counter() - started)
 
     def one_cache(self) -> None:
         fp = self.rng.choice([*self.values, "store"])
@@ -359,6 +362,7 @@ def run(n: int, seed: int = 0, *, hang_s: float = 10.0, offload_share: float = 0
         "wrong_data": campaign.wrong,
         "foreign_files_damaged": damage,
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "slowest_operation_s": round(campaign.slowest_s, 3),
         "seconds": round(time.perf_counter() - start, 1),
         "kinds": dict(sorted(campaign.counts.items())),
         "first_tracebacks": campaign.tracebacks,
@@ -380,7 +384,8 @@ def main() -> int:
     else:
         print(f"mutations {result['mutations']}  tracebacks {result['tracebacks']}  hangs {result['hangs']}  "
               f"wrong data {result['wrong_data']}  foreign files damaged {result['foreign_files_damaged']}  "
-              f"peak RSS {result['peak_rss_mib']} MiB  ({result['seconds']} s)")  # fmt: skip
+              f"peak RSS {result['peak_rss_mib']} MiB  slowest operation {result['slowest_operation_s']} s  "
+              f"({result['seconds']} s)")  # fmt: skip
         for kind, count in result["kinds"].items():
             print(f"  {kind:24} {count}")
         for tb in result["first_tracebacks"]:

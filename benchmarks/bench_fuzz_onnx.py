@@ -23,6 +23,17 @@ to files). A *traceback* is an exception escaping the command or ``Traceback`` o
 is a case past ``--timeout-s`` (killed); a non-zero exit must come with exactly one stderr line.
 Peak RSS is the child's ``VmHWM`` (reset after the fork, so it includes what the parent preloaded).
 Targets: 0 tracebacks, 0 hangs, 0 multi-line errors, every temporary folder removed.
+
+With ``--full-every K`` (K > 1) every case is first made and read by the readers the commands
+start with, in a long-lived forked *reader worker* that takes case after case (its own
+``RLIMIT_AS``; a case past ``--timeout-s`` or one that kills it is that case's hang or crash, and a
+fresh worker goes on from the next case): for a model, the guard (``load_checked``), the shape
+inference ``partition`` runs under its memory limit, the partition problem's costing and
+``load_graph`` (what ``trace --onnx`` reads first); for feeds, ``feed_headers`` and
+``load_feeds(inputs=...)`` against the model's inputs, and the shape inference bound by them. An
+``InputError`` must be one terminal-safe line. Only every K-th case of each kind also runs
+the whole commands in a forked child as above (the solver and ORT are what cost ~0.5 s a case).
+Per kind, the summary gives the commands' figures and, under ``read``, the readers'.
 """
 
 from __future__ import annotations
@@ -224,6 +235,189 @@ def _vm_hwm() -> int:
     return 0
 
 
+def _make_onnx_case(kind: str, rng: random.Random, folder: Path) -> bool:
+    """Write case ``kind`` (onnx or feeds) as ``folder/model.onnx`` and ``folder/feeds.npz``;
+    whether ``trace --onnx`` is worth running on it."""
+    model = folder / "model.onnx"
+    runs = True
+    if kind == "onnx":
+        data, runs = _mutate_onnx(rng, folder)
+        model.write_bytes(data)
+        from memwarden.record.onnx.feeds import save_feeds
+
+        save_feeds(folder / "feeds.npz", tiny_feeds())
+    else:
+        model.write_bytes(tiny_model().SerializeToString())
+        (folder / "feeds.npz").write_bytes(_mutate_feeds(rng))
+    return runs
+
+
+def _read_case(kind: str, seed: int, folder: Path) -> list[str]:
+    """Case ``seed`` of ``kind`` made in ``folder`` and given to the readers the commands start with
+    (see the module's docstring), in this process; each ``InputError`` text, in order."""
+    from memwarden.errors import InputError
+
+    rng = random.Random(f"{kind}-{seed}")
+    errors: list[str] = []
+    if kind == "checkpoint":
+        from memwarden.estimation.checkpoint import read_checkpoint
+
+        data, fifo = _mutate_header(rng)
+        shard = folder / "ckpt" / "model.safetensors"
+        shard.parent.mkdir()
+        if fifo:
+            os.mkfifo(shard)
+        else:
+            shard.write_bytes(data)
+        try:
+            read_checkpoint(shard.parent)
+        except InputError as exc:
+            errors.append(str(exc))
+        return errors
+    from memwarden.models.compute_units import load_compute_units
+    from memwarden.plan.partition_onnx import problem_of
+    from memwarden.plan.partition_shapes import load_shaped
+    from memwarden.record.onnx.feeds import feed_headers, load_feeds
+    from memwarden.record.onnx.graph import load_graph
+    from memwarden.record.onnx.guard import INFERENCE_MEMORY_BYTES, load_checked, memory_limited
+
+    _make_onnx_case(kind, rng, folder)
+    model, feeds = folder / "model.onnx", folder / "feeds.npz"
+    try:  # partition's path: the guard, inference under its limit, the costing (not the solver)
+        load_checked(model)
+        shapes = None
+        if kind == "feeds":
+            shapes = {name: shape for name, (_, shape) in feed_headers(feeds).items()}
+        with memory_limited(INFERENCE_MEMORY_BYTES, "shape inference of the graph"):
+            shaped = load_shaped(model, input_shapes=shapes)
+        problem_of(shaped.model, load_compute_units("iphone-15-pro"))
+    except InputError as exc:
+        errors.append(str(exc))
+    try:  # trace --onnx's path up to ORT: the graph, then the feeds checked against its inputs
+        load_feeds(feeds, inputs=load_graph(model).input_specs)
+    except InputError as exc:
+        errors.append(str(exc))
+    return errors
+
+
+def _reader_worker(jobs: list[tuple[int, str, int]], root: Path, mem_cap: int, out_fd: int) -> None:
+    """In a forked child: read case after case (``_read_case``), one JSON line per case on
+    ``out_fd``, preceded by a ``start`` line so the parent knows which case a hang or crash is."""
+    import shutil
+    import traceback
+
+    resource.setrlimit(resource.RLIMIT_AS, (mem_cap, mem_cap))
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    out = os.fdopen(out_fd, "w", buffering=1)
+    for index, kind, seed in jobs:
+        folder = root / f"case{index}"
+        folder.mkdir()
+        tmpdir = folder / "tmp"
+        tmpdir.mkdir()
+        os.environ["TMPDIR"] = tempfile.tempdir = str(tmpdir)
+        out.write(json.dumps({"start": index}) + "\n")
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+        start = time.monotonic()
+        escaped = ""
+        errors: list[str] = []
+        try:
+            errors = _read_case(kind, seed, folder)
+        except BaseException:  # noqa: BLE001 - the point: anything escaping is a finding
+            escaped = traceback.format_exc()[-600:]
+        leftovers = [p.name for p in tmpdir.iterdir() if p.name != ".ses"]
+        result = {"index": index, "kind": kind, "seed": seed, "seconds": round(time.monotonic() - start, 3),
+                  "errors": [e[:300] for e in errors], "multiline": any("\n" in e or "\r" in e for e in errors),
+                  "escape_leak": any("\x1b" in e for e in errors), "traceback": bool(escaped),
+                  "stderr": escaped, "rss": _vm_hwm(), "leftover_tmp": leftovers}  # fmt: skip
+        shutil.rmtree(folder, ignore_errors=True)
+        out.write(json.dumps(result) + "\n")
+    out.close()
+    os._exit(0)
+
+
+def read_cases(jobs: list[tuple[int, str, int]], *, timeout_s: float, mem_cap: int,
+               progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Every job (index, kind, seed) through the reader worker; a fresh worker after a hang or crash."""
+    import select
+
+    results: list[dict[str, Any]] = []
+    todo = list(jobs)
+    with tempfile.TemporaryDirectory(prefix="mw-fuzz-onnx-read-") as tmp:
+        while todo:
+            read_fd, write_fd = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(read_fd)
+                os.setsid()
+                try:
+                    _reader_worker(todo, Path(tmp), mem_cap, write_fd)
+                finally:
+                    os._exit(70)
+            os.close(write_fd)
+            buffer = b""
+            current: int | None = None
+            started = time.monotonic()
+            by_index = {j[0]: j for j in todo}
+            done_here: set[int] = set()
+            fate = ""
+            while True:
+                ready, _, _ = select.select([read_fd], [], [], 0.5)
+                if ready:
+                    chunk = os.read(read_fd, 1 << 16)
+                    if not chunk:
+                        fate = "crash" if current is not None else ""
+                        break
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        record = json.loads(line)
+                        if "start" in record:
+                            current, started = record["start"], time.monotonic()
+                        else:
+                            results.append(record)
+                            done_here.add(record["index"])
+                            current = None
+                            if progress:
+                                progress(record)
+                if current is not None and time.monotonic() - started > timeout_s:
+                    fate = "hang"
+                    break
+            if fate == "hang":
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            os.waitpid(pid, 0)
+            os.close(read_fd)
+            if current is not None:
+                index, kind, seed = by_index[current]
+                record = {"index": index, "kind": kind, "seed": seed, "seconds": round(time.monotonic() - started, 3),
+                          "errors": [], "multiline": False, "escape_leak": False, "traceback": False,
+                          "hang": fate == "hang", "crash": fate == "crash", "stderr": "", "rss": 0,
+                          "leftover_tmp": []}  # fmt: skip
+                results.append(record)
+                done_here.add(index)
+                if progress:
+                    progress(record)
+                for leftover in Path(tmp).iterdir():  # what the killed worker was reading
+                    import shutil
+
+                    shutil.rmtree(leftover, ignore_errors=True)
+            if not done_here:
+                raise RuntimeError("the reader worker died before its first case")
+            todo = [j for j in todo if j[0] not in done_here]
+    for r in results:
+        r.setdefault("hang", False)
+        r.setdefault("crash", False)
+    return sorted(results, key=lambda r: r["index"])
+
+
 def _child(kind: str, seed: int, folder: Path, mem_cap: int) -> None:
     """In the forked child: make case ``seed`` of ``kind`` in ``folder`` and run it; writes result.json."""
     import traceback
@@ -263,16 +457,7 @@ def _child(kind: str, seed: int, folder: Path, mem_cap: int) -> None:
                 statuses.append(2)
         else:
             model = folder / "model.onnx"
-            runs = True
-            if kind == "onnx":
-                data, runs = _mutate_onnx(rng, folder)
-                model.write_bytes(data)
-                from memwarden.record.onnx.feeds import save_feeds
-
-                save_feeds(folder / "feeds.npz", tiny_feeds())
-            else:
-                model.write_bytes(tiny_model().SerializeToString())
-                (folder / "feeds.npz").write_bytes(_mutate_feeds(rng))
+            runs = _make_onnx_case(kind, rng, folder)
             argvs = [["partition", str(model), "--device-profile", "iphone-15-pro", "--time-limit", "2"]]
             if kind == "feeds":
                 argvs[0] += ["--inputs", str(folder / "feeds.npz")]
@@ -341,8 +526,31 @@ def run_case(kind: str, seed: int, *, timeout_s: float, mem_cap: int) -> dict[st
         }  # fmt: skip
 
 
+def _summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "cases": len(cases),
+        "tracebacks": sum(c["traceback"] for c in cases),
+        "hangs": sum(c["hang"] for c in cases),
+        "crashes": sum(c["crash"] for c in cases),
+        "multi_line_errors": sum(bool(c["multiline"]) for c in cases),
+        "escape_leaks": sum(c["escape_leak"] for c in cases),
+        "leftover_tmp": sum(bool(c["leftover_tmp"]) for c in cases),
+        "peak_rss_mib": round(max((c["rss"] for c in cases), default=0) / 1024**2, 1),
+        "max_seconds": max((c["seconds"] for c in cases), default=0.0),
+        "slowest_seed": max(cases, key=lambda c: c["seconds"])["seed"] if cases else None,
+        "over_10s": sum(c["seconds"] > 10 for c in cases),
+    }
+
+
+def _bad(case: dict[str, Any]) -> bool:
+    return bool(case["traceback"] or case["hang"] or case["crash"] or case["multiline"] or case["escape_leak"]
+                or case["leftover_tmp"])  # fmt: skip
+
+
 def fuzz(n: int, kinds: list[str], *, timeout_s: float = 20.0, mem_cap_gib: float = 2.0, seed: int = 0,
-         progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
+         full_every: int = 1, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """``n`` cases, kinds in turn. ``full_every`` 1: each through the commands in a forked child;
+    K > 1: each through the readers (``read_cases``), and every K-th also through the commands."""
     import onnx  # noqa: F401 - preloaded in the parent: every fork starts with it
     import onnxruntime  # noqa: F401
 
@@ -351,6 +559,7 @@ def fuzz(n: int, kinds: list[str], *, timeout_s: float = 20.0, mem_cap_gib: floa
     import memwarden.estimation.checkpoint  # noqa: F401
     import memwarden.plan.partition_onnx  # noqa: F401
     import memwarden.plan.partition_report  # noqa: F401
+    import memwarden.plan.partition_shapes  # noqa: F401
     import memwarden.record.onnx.capture  # noqa: F401
 
     # The CLI's parser imports every command (torch, sympy: ~2.5 s) on its first build; built here
@@ -360,31 +569,26 @@ def fuzz(n: int, kinds: list[str], *, timeout_s: float = 20.0, mem_cap_gib: floa
     mem_cap = int(mem_cap_gib * 1024**3)
     if "feeds" in kinds:
         _BOMBS.update({size: npz_bomb(size) for size in (1 << 20, 1 << 26, 1 << 28)})
-    cases = []
-    for i in range(n):
-        case = run_case(kinds[i % len(kinds)], seed + i, timeout_s=timeout_s, mem_cap=mem_cap)
-        cases.append(case)
+    jobs = [(i, kinds[i % len(kinds)], seed + i) for i in range(n)]
+    read: list[dict[str, Any]] = []
+    if full_every > 1:
+        read = read_cases(jobs, timeout_s=timeout_s, mem_cap=mem_cap, progress=progress)
+    full = []
+    for i, kind, case_seed in jobs:
+        if (i // len(kinds)) % full_every:  # every K-th case of each kind (i % K would pick one kind for even K)
+            continue
+        case = run_case(kind, case_seed, timeout_s=timeout_s, mem_cap=mem_cap)
+        full.append(case)
         if progress:
             progress(case)
-    summary: dict[str, Any] = {"cases": len(cases)}
+    summary: dict[str, Any] = {"cases": n, "full_every": full_every, "full_cases": len(full)}
     for kind in kinds:
-        mine = [c for c in cases if c["kind"] == kind]
-        summary[kind] = {
-            "cases": len(mine),
-            "tracebacks": sum(c["traceback"] for c in mine),
-            "hangs": sum(c["hang"] for c in mine),
-            "crashes": sum(c["crash"] for c in mine),
-            "multi_line_errors": sum(bool(c["multiline"]) for c in mine),
-            "escape_leaks": sum(c["escape_leak"] for c in mine),
-            "leftover_tmp": sum(bool(c["leftover_tmp"]) for c in mine),
-            "peak_rss_mib": round(max((c["rss"] for c in mine), default=0) / 1024**2, 1),
-            "max_seconds": max((c["seconds"] for c in mine), default=0.0),
-            "slowest_seed": max(mine, key=lambda c: c["seconds"])["seed"] if mine else None,
-            "over_10s": sum(c["seconds"] > 10 for c in mine),
-        }
-    bad = [c for c in cases if c["traceback"] or c["hang"] or c["crash"] or c["multiline"] or c["escape_leak"]
-           or c["leftover_tmp"]]  # fmt: skip
+        summary[kind] = _summary([c for c in full if c["kind"] == kind])  # the commands run
+        if read:
+            summary[kind]["read"] = _summary([c for c in read if c["kind"] == kind])
+    bad = [c for c in read + full if _bad(c)]
     summary["findings"] = bad[:20]
+    summary["findings_total"] = len(bad)
     summary["ok"] = not bad
     return summary
 
@@ -396,6 +600,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=20.0)
     p.add_argument("--mem-cap-gib", type=float, default=2.0)
+    p.add_argument("--full-every", type=int, default=1,
+                   help="K > 1: every case through the readers in-process, every K-th also through the commands")  # fmt: skip
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
@@ -407,11 +613,11 @@ def main(argv: list[str] | None = None) -> int:
     def tick(case: dict[str, Any]) -> None:
         counter["n"] += 1
         if counter["n"] % 200 == 0 and not args.json:
-            print(f"{counter['n']}/{args.n}", file=sys.stderr)
+            print(f"{counter['n']} cases done ({time.monotonic() - start:.0f} s)", file=sys.stderr, flush=True)
 
     start = time.monotonic()
     summary = fuzz(args.n, kinds, timeout_s=args.timeout_s, mem_cap_gib=args.mem_cap_gib, seed=args.seed,
-                   progress=tick)  # fmt: skip
+                   full_every=max(1, args.full_every), progress=tick)  # fmt: skip
     summary["seconds"] = round(time.monotonic() - start, 1)
     print(json.dumps(summary, indent=2, default=str))
     return 0 if summary["ok"] else 1

@@ -155,6 +155,74 @@ def test_feed_headers_read_no_data(tmp_path: Path) -> None:
     assert load_feeds(tmp_path / "f.npz")["y"].shape == ()
 
 
+def _no_data_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if any array's data is read (only headers may be)."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a feed's data was read")
+
+    monkeypatch.setattr(np.lib.format, "read_array", refuse)
+
+
+@pytest.mark.parametrize(("array", "match"), [
+    (np.zeros((2, 4, 1024, 128), dtype=np.float32), "has shape (2, 4, 1024, 128); the model's input is ('batch', 4)"),
+    (np.zeros((2, 3), dtype=np.float32), "has shape (2, 3); the model's input is ('batch', 4)"),
+    (np.zeros((2, 4), dtype=np.int64), "is int64; the model's input is float32"),
+])  # fmt: skip
+def test_trace_refuses_a_feed_the_model_cannot_take_before_inflating_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, array: np.ndarray,
+    match: str,
+) -> None:  # fmt: skip
+    """trace --onnx --inputs compares each member's npy header with the model's inputs before its
+    data is inflated (it inflated up to 256 MiB first, then compared)."""
+    onnx.save(hostile.tiny_model(), str(tmp_path / "m.onnx"))
+    (tmp_path / "f.npz").write_bytes(hostile.npz_bytes({"x.npy": hostile.npy_bytes(array)}, compress=True))
+    _no_data_read(monkeypatch)
+    line = one_error_line(["trace", "--onnx", str(tmp_path / "m.onnx"), "--inputs", str(tmp_path / "f.npz"), "-o",
+                           str(tmp_path / "o.mwtrace")], capsys)  # fmt: skip
+    assert match in line and "f.npz: array 'x'" in line
+    assert not (tmp_path / "o.mwtrace").exists()
+
+
+def test_trace_refuses_an_oversized_feed_from_its_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member whose header declares more than the feeds limit is refused from the header alone."""
+    import io
+
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "<f4", "fortran_order": False, "shape": (1 << 38, 4)})
+    onnx.save(hostile.tiny_model(), str(tmp_path / "m.onnx"))
+    (tmp_path / "f.npz").write_bytes(hostile.npz_bytes({"x.npy": head.getvalue() + bytes(64)}))
+    _no_data_read(monkeypatch)
+    for argv in (["trace", "--onnx", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.mwtrace")],
+                 ["partition", str(tmp_path / "m.onnx"), "--device-profile", PROFILE]):  # fmt: skip
+        line = one_error_line([*argv, "--inputs", str(tmp_path / "f.npz")], capsys)
+        assert "over the 268,435,456-byte limit for feeds" in line
+
+
+def test_load_feeds_checks_names_against_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memwarden.errors import InputError
+
+    save_feeds(tmp_path / "f.npz", {"x": np.ones((2, 4), dtype=np.float32), "extra": np.zeros(3)})
+    _no_data_read(monkeypatch)
+    with pytest.raises(InputError, match=r"missing \['y'\], unexpected \['extra'\]"):
+        load_feeds(tmp_path / "f.npz", inputs={"x": (1, ("batch", 4)), "y": (7, None)})
+
+
+def test_load_shaped_names_a_hostile_feed_terminal_safe(tmp_path: Path) -> None:
+    """fuzz feeds seed 35 (--full-every reader): a feed named with escape sequences reached
+    ``load_shaped``'s error text raw (the partition command checks names first; the API did not)."""
+    from memwarden.errors import InputError
+    from memwarden.plan.partition_shapes import load_shaped
+
+    onnx.save(hostile.tiny_model(), str(tmp_path / "m.onnx"))
+    for kwargs in ({"input_shapes": {hostile.ESC: (2, 4)}}, {"dims": {hostile.ESC + "\n[red]": 2}}):
+        with pytest.raises(InputError) as info:
+            load_shaped(tmp_path / "m.onnx", **kwargs)  # type: ignore[arg-type]
+        assert "\x1b" not in str(info.value) and "\n" not in str(info.value)
+
+
 # -- 4. external data ------------------------------------------------------------------------------
 
 
@@ -236,6 +304,15 @@ def test_fuzz_campaign_short_run() -> None:
     assert summary["ok"], summary["findings"]
     for kind in ("onnx", "feeds", "checkpoint"):
         assert summary[kind]["cases"] == 40
+
+
+def test_fuzz_campaign_reads_every_case_and_runs_a_sample() -> None:
+    """--full-every K: every case through the readers in one worker, every K-th through the commands."""
+    summary = hostile.fuzz(60, ["onnx", "feeds"], timeout_s=120, mem_cap_gib=3.0, seed=2000, full_every=10)
+    assert summary["ok"], summary["findings"]
+    assert summary["full_cases"] == 6
+    for kind in ("onnx", "feeds"):
+        assert summary[kind]["read"]["cases"] == 30 and summary[kind]["cases"] == 3
 
 
 # -- what the fuzzer found ---------------------------------------------------------------------------

@@ -47,7 +47,6 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output, flag="-o", allow_stdout=False)
     from memwarden.record.onnx.bounded import DEFAULT_MEMORY_BYTES, DEFAULT_SECONDS, RunLimits
     from memwarden.record.onnx.capture import capture_onnx
-    from memwarden.record.onnx.feeds import load_feeds
     from memwarden.record.onnx.session import OrtSettings
     from memwarden.trace.io import save
     from memwarden.units import format_bytes
@@ -66,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     settings = OrtSettings(ep=args.ep, arena=args.arena == "on", mem_pattern=args.mem_pattern == "on")
     previous = signal.signal(signal.SIGTERM, _terminated)  # so that temporary folders are removed on the way out
     try:
-        trace = capture_onnx(Path(args.onnx), load_feeds(args.inputs), settings=settings, phase=args.phase,
+        trace = capture_onnx(Path(args.onnx), Path(args.inputs), settings=settings, phase=args.phase,
                              loop_limits=RunLimits(seconds, memory))  # fmt: skip
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from memwarden.errors import InputError
+from memwarden.untrusted import terminal_safe
 
 __all__ = ["ShapedGraph", "load_shaped"]
 
@@ -48,18 +49,23 @@ def load_shaped(path: str | Path, *, dims: Mapping[str, int] | None = None,
 
     p = Path(path)
     if not p.is_file():
-        raise InputError(f"{path}: no such ONNX file")
+        raise InputError(terminal_safe(f"{path}: no such ONNX file"))
     try:
         model = onnx.load(str(p), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError) as exc:
-        raise InputError(f"{path}: not a readable ONNX model ({str(exc).splitlines()[0][:200]})") from None
+        raise InputError(terminal_safe(f"{path}: not a readable ONNX model ({_first_line(exc)})")) from None
     if not model.graph.node:
-        raise InputError(f"{path}: the ONNX graph has no nodes")
+        raise InputError(terminal_safe(f"{path}: the ONNX graph has no nodes"))
     _detach_external_data(model, p)
     bound, assumed = _bind_inputs(model, dict(dims or {}), dict(input_shapes or {}))
     shaped, how = _infer(model, path)
     return ShapedGraph(model=shaped, dims=bound, assumed_dims=tuple(assumed), inference=how,
                        unsized_values=_count_unsized(shaped))  # fmt: skip
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:200]
 
 
 def _detach_external_data(model: Any, path: Path) -> None:
@@ -78,10 +84,10 @@ def _detach_external_data(model: Any, path: Path) -> None:
                 continue
             except (OSError, ValueError, onnx.checker.ValidationError) as exc:  # missing, short, outside the folder
                 location = next((e.value for e in tensor.external_data if e.key == "location"), "?")
-                raise InputError(
+                raise InputError(terminal_safe(
                     f"{path}: cannot read external data {location!r} of initializer {tensor.name!r} "
-                    f"(it must sit next to the model): {str(exc).splitlines()[0][:200]}"
-                ) from None
+                    f"(it must sit next to the model): {_first_line(exc)}"
+                )) from None  # fmt: skip
         tensor.data_location = onnx.TensorProto.DEFAULT
         del tensor.external_data[:]
 
@@ -91,9 +97,9 @@ def _bind_inputs(model: Any, dims: dict[str, int], input_shapes: dict[str, tuple
     inputs = [v for v in model.graph.input if v.name not in initializers]
     unknown = sorted(set(input_shapes) - {v.name for v in inputs})
     if unknown:
-        raise InputError(
-            f"feeds name no model input: {', '.join(unknown)} (inputs: {', '.join(v.name for v in inputs)})"
-        )
+        raise InputError(terminal_safe(
+            f"feeds name no model input: {', '.join(unknown[:10])} (inputs: {', '.join(v.name for v in inputs[:20])})"
+        )[:600])  # fmt: skip
     bound: dict[str, int] = {}
     assumed: list[str] = []
     for value in inputs:
@@ -127,7 +133,7 @@ def _bind_inputs(model: Any, dims: dict[str, int], input_shapes: dict[str, tuple
             dim.dim_value = size
     unused = sorted(set(dims) - set(bound))
     if unused:
-        raise InputError(f"--dim names no symbolic input dimension: {', '.join(unused)}")
+        raise InputError(terminal_safe(f"--dim names no symbolic input dimension: {', '.join(unused[:20])}")[:600])
     return bound, assumed
 
 
@@ -141,7 +147,7 @@ def _infer(model: Any, path: str | Path) -> tuple[Any, str]:
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True), "onnx"
     except (ValueError, RuntimeError, onnx.shape_inference.InferenceError) as exc:
-        raise InputError(f"{path}: not a readable ONNX model ({str(exc).splitlines()[0][:200]})") from None
+        raise InputError(terminal_safe(f"{path}: not a readable ONNX model ({_first_line(exc)})")) from None
 
 
 def _ort_symbolic(model: Any) -> Any:

@@ -25,6 +25,7 @@ from memwarden.errors import InputError
 from memwarden.record.modality import ModalityRules
 from memwarden.record.onnx.bounded import RunLimits
 from memwarden.record.onnx.build import RunInput, add_runs, add_weights
+from memwarden.record.onnx.feeds import load_feeds
 from memwarden.record.onnx.graph import GraphInfo, load_graph, module_path_of
 from memwarden.record.onnx.profile import RunProfile, read_profile
 from memwarden.record.onnx.session import OrtSettings, run_profiled, settings_of
@@ -55,7 +56,7 @@ def infer_phase(graph: GraphInfo) -> Phase:
 
 def capture_onnx(
     session_or_path: Any,
-    feeds: Feeds | Sequence[Feeds],
+    feeds: Feeds | Sequence[Feeds] | str | Path,
     *,
     settings: OrtSettings | None = None,
     phase: str | Phase | None = None,
@@ -63,7 +64,9 @@ def capture_onnx(
     loop_limits: RunLimits | None = None,
 ) -> Trace:
     """A Trace of running ``session_or_path`` (an ``onnxruntime.InferenceSession``, a model path or
-    model bytes) on ``feeds`` (one mapping of input name -> array, or a list of them: one run each).
+    model bytes) on ``feeds`` (one mapping of input name -> array, or a list of them: one run each;
+    or the path of an ``.npz``, whose headers are checked against the model's inputs before any
+    array in it is inflated).
 
     A session's model and memory settings are reused (``settings`` overrides them); the session
     itself is not run, since profiling can only be switched on when a session is created.
@@ -78,11 +81,13 @@ def capture_onnx(
     else:
         source, found = settings_of(session_or_path)
         chosen = settings or found
+    rules = rules or ModalityRules()
+    original = load_graph(source)  # a file that is not a model fails here, with one line, before ORT sees it
+    if isinstance(feeds, str | Path):
+        feeds = load_feeds(feeds, inputs=original.input_specs)
     feed_list = [feeds] if isinstance(feeds, Mapping) else list(feeds)
     if not feed_list:
         raise InputError("no feeds given: pass one mapping of input name -> array per run")
-    rules = rules or ModalityRules()
-    original = load_graph(source)  # a file that is not a model fails here, with one line, before ORT sees it
     limits = None
     if original.unbounded:
         base = loop_limits or RunLimits()

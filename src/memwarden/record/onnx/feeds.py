@@ -4,8 +4,11 @@ An ``.npz`` is a zip of ``.npy`` members, and a 1 MB zip can inflate to gigabyte
 members' ``.npy`` headers (dtype and shape) are read first, without inflating any data, and the
 declared sizes are checked (each array a plain numeric dtype, no pickled objects, at most
 ``MAX_FEED_BYTES`` in all, the zip's stated size of each member consistent with its header)
-before any array is loaded; ``partition`` needs only the headers and never loads the data. The
-file must be a regular file (a FIFO is refused, not waited on) of at most ``MAX_FEED_FILE_BYTES``.
+before any array is loaded; ``partition`` needs only the headers and never loads the data. Given
+the model's inputs (``load_feeds(path, inputs=graph.input_specs)``), the headers are also checked
+against them (names, dtypes, ranks, fixed axes) before anything is inflated, so a member the model
+cannot take costs its header, not its data. The file must be a regular file (a FIFO is refused,
+not waited on) of at most ``MAX_FEED_FILE_BYTES``.
 
 ``save_feeds`` writes feeds under any names (``np.savez(path, **feeds)`` fails for an input
 named ``file`` or ``allow_pickle``).
@@ -25,7 +28,16 @@ from memwarden.errors import InputError
 from memwarden.record.onnx.guard import check_regular
 from memwarden.untrusted import terminal_safe
 
-__all__ = ["MAX_FEED_BYTES", "MAX_FEED_FILE_BYTES", "MAX_FEEDS", "feed_headers", "load_feeds", "save_feeds"]
+__all__ = [
+    "MAX_FEED_BYTES",
+    "MAX_FEED_FILE_BYTES",
+    "MAX_FEEDS",
+    "InputSpec",
+    "check_feed_shapes",
+    "feed_headers",
+    "load_feeds",
+    "save_feeds",
+]
 
 MAX_FEED_BYTES = 256 * 1024**2  # the arrays of one --inputs file, as declared, in all
 MAX_FEED_FILE_BYTES = MAX_FEED_BYTES + 64 * 1024**2
@@ -33,6 +45,9 @@ MAX_FEEDS = 4096  # arrays in one file
 _MAX_HEADER = 1 << 16  # numpy's own headers are a few hundred bytes
 
 Header = tuple[np.dtype, tuple[int, ...]]
+# a model input as ``GraphInfo.input_specs`` gives it: (ONNX element type, 0 for unknown; dims, an
+# int for a fixed axis, a symbol or None for a free one; None for an unknown rank)
+InputSpec = tuple[int, tuple[int | str | None, ...] | None]
 
 
 def _name(path: str | Path) -> str:
@@ -129,11 +144,53 @@ def feed_headers(path: str | Path) -> dict[str, Header]:
         return {name: header for name, (_, header) in _headers(zf, path).items()}
 
 
-def load_feeds(path: str | Path) -> dict[str, np.ndarray]:
-    """Feeds from an ``.npz`` (one array per model input), headers checked before any data is read."""
+def _onnx_dtype(elem_type: int) -> np.dtype | None:
+    """The numpy dtype of an ONNX element type; None where numpy has none (bfloat16, float8)."""
+    if elem_type <= 0:
+        return None
+    from onnx import helper
+
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return dtype if dtype.kind in "biufc" else None
+
+
+def check_feed_shapes(
+    headers: Mapping[str, Header], inputs: Mapping[str, InputSpec], path: str | Path, *, all_inputs: bool = True
+) -> None:
+    """``InputError`` (one line) unless every array of ``headers`` is a model input of its dtype,
+    rank and fixed axes; with ``all_inputs``, every input must have its array (what a run needs)."""
+    missing = sorted(set(inputs) - set(headers)) if all_inputs else []
+    extra = sorted(set(headers) - set(inputs))
+    if missing or extra:
+        raise InputError(terminal_safe(
+            f"{_name(path)}: the arrays do not match the model's inputs: missing {missing[:20] or 'none'}, "
+            f"unexpected {extra[:20] or 'none'} (model inputs: {', '.join(list(inputs)[:20])})"
+        )[:600])  # fmt: skip
+    for name, (dtype, shape) in headers.items():
+        elem_type, dims = inputs[name]
+        label = f"{_name(path)}: array {terminal_safe(name)[:80]!r}"
+        wanted = _onnx_dtype(elem_type)
+        if wanted is not None and (wanted.kind, wanted.itemsize) != (dtype.kind, dtype.itemsize):  # any byte order
+            raise InputError(f"{label} is {dtype}; the model's input is {wanted}")
+        if dims is not None and (
+            len(dims) != len(shape) or any(isinstance(d, int) and d != n for d, n in zip(dims, shape, strict=True))
+        ):
+            want = tuple(d if d is not None else "?" for d in dims)
+            raise InputError(terminal_safe(f"{label} has shape {shape}; the model's input is {want}")[:400])
+
+
+def load_feeds(path: str | Path, *, inputs: Mapping[str, InputSpec] | None = None) -> dict[str, np.ndarray]:
+    """Feeds from an ``.npz`` (one array per model input), headers checked before any data is read:
+    against the size limits, and with ``inputs`` (``GraphInfo.input_specs``) against the model."""
     with _open_zip(path) as zf:
+        headers = _headers(zf, path)
+        if inputs is not None:
+            check_feed_shapes({name: header for name, (_, header) in headers.items()}, inputs, path)
         out = {}
-        for name, (info, (dtype, shape)) in _headers(zf, path).items():
+        for name, (info, (dtype, shape)) in headers.items():
             try:
                 with zf.open(info) as f:
                     array = np.lib.format.read_array(f, allow_pickle=False)

@@ -78,6 +78,10 @@ class GraphInfo:
     # two values of a dynamic-axes export with equal bytes at run time often do not share one.
     planned_shapes: dict[str, tuple[int, tuple[int | str, ...]]] = field(default_factory=dict)
     unbounded: list[str] = field(default_factory=list)  # control-flow nodes without a bound (``guard``)
+    # input -> (ONNX element type, 0 where the file gives none; dims: an int, a symbol name or None
+    # for a free axis; None where the rank is unknown): what feeds are checked against before any
+    # of their data is read (``feeds.check_feed_shapes``)
+    input_specs: dict[str, tuple[int, tuple[int | str | None, ...] | None]] = field(default_factory=dict)
 
     def consumers(self) -> dict[str, list[str]]:
         """Value name -> names of the nodes that read it (subgraph reads are not followed)."""
@@ -159,7 +163,20 @@ def load_graph(source: str | Path | bytes, *, external_folder: Path | None = Non
         metadata=metadata,
         static_values=static,
         unbounded=list(checked.unbounded),
+        input_specs={i.name: _input_spec(i) for i in graph.input if i.name not in initializer_names},
     )
+
+
+def _input_spec(value: Any) -> tuple[int, tuple[int | str | None, ...] | None]:
+    if not value.type.HasField("tensor_type"):
+        return 0, None  # a sequence or map input: ORT checks it
+    t = value.type.tensor_type
+    if not t.HasField("shape"):
+        return int(t.elem_type), None
+    dims = tuple(
+        int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim
+    )  # fmt: skip
+    return int(t.elem_type), dims
 
 
 def _planned_shapes(model: Any) -> dict[str, tuple[int, tuple[int | str, ...]]]:
