@@ -334,7 +334,8 @@ def _reader_worker(jobs: list[tuple[int, str, int]], root: Path, mem_cap: int, o
         result = {"index": index, "kind": kind, "seed": seed, "seconds": round(time.monotonic() - start, 3),
                   "errors": [e[:300] for e in errors], "multiline": any("\n" in e or "\r" in e for e in errors),
                   "escape_leak": any("\x1b" in e for e in errors), "traceback": bool(escaped),
-                  "stderr": escaped, "rss": _vm_hwm(), "leftover_tmp": leftovers}  # fmt: skip
+                  "stderr": escaped, "rss": _vm_hwm(), "leftover_tmp": leftovers, "hang": False,
+                  "crash": False}  # fmt: skip
         shutil.rmtree(folder, ignore_errors=True)
         out.write(json.dumps(result) + "\n")
     out.close()
@@ -412,9 +413,6 @@ def read_cases(jobs: list[tuple[int, str, int]], *, timeout_s: float, mem_cap: i
             if not done_here:
                 raise RuntimeError("the reader worker died before its first case")
             todo = [j for j in todo if j[0] not in done_here]
-    for r in results:
-        r.setdefault("hang", False)
-        r.setdefault("crash", False)
     return sorted(results, key=lambda r: r["index"])
 
 
@@ -603,6 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full-every", type=int, default=1,
                    help="K > 1: every case through the readers in-process, every K-th also through the commands")  # fmt: skip
     p.add_argument("--json", action="store_true")
+    p.add_argument("--cases-out", metavar="FILE.jsonl", help="append every case's record here as it completes")
     args = p.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     import torch
@@ -610,8 +609,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # a child forked after a parent ran an OpenMP region can hang (docs/benchmarks.md)
     counter = {"n": 0}
 
+    log = open(args.cases_out, "a") if args.cases_out else None  # noqa: SIM115 - open for the whole run
+
     def tick(case: dict[str, Any]) -> None:
         counter["n"] += 1
+        if log is not None:
+            log.write(json.dumps({**case, "full": "index" not in case}) + "\n")
+            log.flush()
+        if _bad(case):
+            print(f"finding: {json.dumps(case)[:800]}", file=sys.stderr, flush=True)
         if counter["n"] % 200 == 0 and not args.json:
             print(f"{counter['n']} cases done ({time.monotonic() - start:.0f} s)", file=sys.stderr, flush=True)
 
