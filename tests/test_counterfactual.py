@@ -125,6 +125,18 @@ def test_predicted_saving_is_the_fixed_twins_measured_saving(case: str, pattern:
         assert "change" not in j
 
 
+def test_a_reassigned_output_is_not_a_retained_output() -> None:
+    """A loop that reassigns ``out = model.generate(..., output_attentions=True)`` and keeps only
+    ``out.sequences``: the old output lives on through the next call until it returns (the output is
+    assembled after the last decode step), which is no kept output; keeping the whole output is."""
+    case = REALWORLD.parent / "postfreeze2" / "retained-outputs_whisper_segments_keep_attentions"
+    _, fixed = _peak_and_findings(case.with_name(case.name + "_fixed.py"))
+    assert not [f for f in fixed if f.pattern == "retained-outputs" and f.severity in ("high", "medium")]
+    _, planted = _peak_and_findings(case.with_name(case.name + ".py"))
+    mine = [f for f in planted if f.pattern == "retained-outputs"]
+    assert mine and mine[0].lines[0]["line"] == 51  # segments.append(out), not the generate call
+
+
 def test_vision_tokens_saving_at_the_documented_max_pixels() -> None:
     """Qwen2-VL at a 1232 px photo (1936 tokens) against the model card's max_pixels=1280*28*28: the
     finding's saving is what the run at the recommended size (1008x980 px, 1260 tokens) saves."""

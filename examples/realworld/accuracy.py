@@ -6,7 +6,7 @@ must contain, at least one of them). A planted case counts as found when a findi
 (any severity) names one of the fix words; a clean case is clean when no finding is medium or high.
 
 Run: ``python examples/realworld/accuracy.py`` (add ``--json`` for the per-case results;
-``--corpus DIR`` scores another folder of cases, e.g. ``examples/postfreeze``; ``--case TEXT`` keeps the cases whose name contains it; ``--cli`` runs each
+``--corpus DIR`` scores another folder of cases, e.g. ``examples/postfreeze``; ``--case TEXT`` keeps the cases whose name contains it; ``--verbose`` prints each finding's first line, saving and fix; ``--cli`` runs each
 case through ``memwarden trace`` and ``memwarden diagnose --json`` in subprocesses, as documented). A planted case may
 mark the line the user must change with a trailing ``# MISTAKE`` comment; a found case then also
 counts whether the finding's first line (as ``diagnose --json`` gives it in ``lines``) is that one. Each case
@@ -161,8 +161,15 @@ def main() -> None:
     for case in cases(folder):
         if only not in case.name:
             continue
-        results.append(verdict(case, run(case)))
+        findings = run(case)
+        results.append(verdict(case, findings))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        if "--verbose" in sys.argv:  # each finding's first line, saving and fix, for reading a miss
+            for f in findings:
+                first = f["lines"][0] if f["lines"] else {}
+                where = f"{Path(first.get('file', '?')).name}:{first.get('line', '?')}"
+                print(f"    {f['pattern']}:{f['severity']} at {where} saves {f['saving_peak_bytes']} B "
+                      f"| {f['fix'][:160]}", file=sys.stderr, flush=True)  # fmt: skip
     table = score(results)
     if "--json" in sys.argv:
         print(json.dumps({"cases": results, "patterns": table}, indent=2))

@@ -23,9 +23,9 @@ import numpy as np
 from memwarden.analyze.analysis import Analysis
 from memwarden.analyze.counterfactual import saving
 from memwarden.analyze.finding import SEVERITIES, Context, Finding, severity_for
-from memwarden.analyze.lines import finding_lines
+from memwarden.analyze.lines import INNER_FIRST, finding_lines
 from memwarden.analyze.patterns import DETECTORS
-from memwarden.analyze.source_lines import read_from
+from memwarden.analyze.source_lines import entry_files, read_from, script_files, script_line
 from memwarden.analyze.thresholds import check_thresholds
 from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Trace
@@ -85,8 +85,31 @@ def diagnose(
             if not f.lines:
                 f = replace(f, lines=finding_lines(trace, f.where, _live_at_peak(ctx), pattern=f.pattern))
             findings.append(f)
+    findings = _in_the_script(ctx, findings)
     findings.sort(key=rank)
     return findings
+
+
+def _in_the_script(ctx: Context, findings: list[Finding]) -> list[Finding]:
+    """Each finding's first line in the script the user ran: a line of a helper module the script
+    imports (``_common.py``, ``utils.py``: it makes what it is asked for) is followed up to the
+    script's statement that asks for it (``source_lines.script_line``), which then comes first.
+    Patterns whose fix lies inside the code that allocated (``INNER_FIRST``: a concatenated cache in
+    the user's model file) keep their lines."""
+    files = script_files([s.call_site or "" for s in ctx.analysis.steps])
+    files += [str(x["file"]) for f in findings for x in f.lines[:1] if str(x["file"]) not in files]
+    script = ctx.trace.metadata.get("script")
+    entries = entry_files(files, script if isinstance(script, str) else None)
+    out = []
+    for f in findings:
+        first = f.lines[0] if f.lines else None
+        if first is not None and f.pattern not in INNER_FIRST:
+            up = script_line(str(first["file"]), int(first["line"]), entries)
+            if up is not None:
+                moved = [x for x in f.lines if (x["file"], x["line"]) != (up.file, up.line)]
+                f = replace(f, lines=[{"file": up.file, "line": up.line, "nbytes": first["nbytes"]}, *moved][:3])
+        out.append(f)
+    return out
 
 
 def rank(f: Finding) -> tuple[int, int, int, int, str]:

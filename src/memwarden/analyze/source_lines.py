@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import ast
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 __all__ = [
-    "SourceLine", "argument_line", "call_lines", "holding_line", "keeper_line", "read_from", "rebinding_line",
-    "script_files",
+    "SourceLine", "bound_names", "call_lines", "callable_name", "entry_files", "function_node", "handler_line",
+    "holding_line", "keeper_line", "read_from", "rebinding_line", "script_files", "script_line", "statement_at",
+    "tree_of",
 ]  # fmt: skip
 
 _MAX_SOURCE_BYTES = 4 << 20
@@ -51,7 +53,7 @@ def _resolve(path: str) -> str:
     return candidate if os.path.isfile(candidate) else path
 
 
-def _tree(path: str) -> ast.Module | None:
+def tree_of(path: str) -> ast.Module | None:
     return _parse(_resolve(path))
 
 
@@ -99,7 +101,7 @@ def _loop_of(tree: ast.Module, line: int) -> ast.stmt | None:
     return found
 
 
-def _names(target: ast.AST) -> set[str]:
+def bound_names(target: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
 
 
@@ -107,19 +109,55 @@ def _uses(node: ast.AST, names: set[str]) -> bool:
     return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
 
 
-def _store_kind(stmt: ast.stmt, names: set[str]) -> str | None:
-    """How ``stmt`` keeps one of ``names`` in something that outlives it, or None."""
+# Methods whose result is the value itself or a same-size copy of it (a view, a detached or moved
+# tensor): storing ``out.logits.detach().cpu()`` keeps the logits; ``.item()``, ``.argmax()`` or a
+# call of the user's (``align(out)``) make something else.
+_KEEPING_METHODS = frozenset({
+    "detach", "cpu", "to", "clone", "contiguous", "float", "half", "bfloat16", "double", "view", "reshape",
+    "squeeze", "unsqueeze", "permute", "transpose", "flatten", "numpy", "copy", "values", "items",
+})  # fmt: skip
+_KEEPING_FUNCTIONS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack", "list", "tuple", "dict"})
+
+
+def _refers(node: ast.AST, names: set[str], items: bool = True) -> bool:
+    """Whether ``node`` evaluates to one of ``names``' values, a part of one (an attribute, an
+    item), a view or same-size copy of one, or a container holding such: what keeps its bytes.
+    ``items=False``: an item (``frames[0]``) is not the whole."""
+    if isinstance(node, ast.Name):
+        return node.id in names
+    if isinstance(node, ast.Subscript) and not items:
+        return False
+    if isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+        return _refers(node.value, names, items)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_refers(x, names, items) for x in node.elts)
+    if isinstance(node, ast.Dict):
+        return any(v is not None and _refers(v, names, items) for v in node.values)
+    if isinstance(node, ast.Call):
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in _KEEPING_METHODS:
+            return _refers(f.value, names, items)
+        fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if fname in _KEEPING_FUNCTIONS:
+            return any(_refers(a, names, items) for a in [*node.args, *[k.value for k in node.keywords]])
+    return False
+
+
+def _store_kind(stmt: ast.stmt, names: set[str], used: Callable[[ast.AST, set[str]], bool] = _refers) -> str | None:
+    """How ``stmt`` keeps one of ``names`` in something that outlives it, or None. ``used`` says
+    what keeping is: ``_refers`` (the value, a part or a same-size copy: the default) or ``_uses``
+    (anything computed from it)."""
     for node in ast.walk(stmt):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _STORE_METHODS:
-            if any(_uses(a, names) for a in [*node.args, *[k.value for k in node.keywords]]):
+            if any(used(a, names) for a in [*node.args, *[k.value for k in node.keywords]]):
                 return f"{_dotted(node.func.value)}.{node.func.attr}"
     if isinstance(stmt, ast.Assign):
         for target in stmt.targets:
-            if isinstance(target, ast.Subscript) and _uses(stmt.value, names):
+            if isinstance(target, ast.Subscript) and used(stmt.value, names):
                 return f"{_dotted(target.value)}[...] ="
             if isinstance(target, ast.Name) and _is_cat_of(stmt.value, target.id, names):
                 return "cat accumulator"
-    if isinstance(stmt, ast.AugAssign) and _uses(stmt.value, names):
+    if isinstance(stmt, ast.AugAssign) and used(stmt.value, names):
         if isinstance(stmt.op, ast.Add) and isinstance(stmt.target, (ast.Name, ast.Attribute, ast.Subscript)):
             return f"{_dotted(stmt.target)} +="
     return None
@@ -132,7 +170,13 @@ def _is_cat_of(value: ast.AST, acc: str, names: set[str]) -> bool:
     fname = value.func.attr if isinstance(value.func, ast.Attribute) else value.func.id
     if fname not in {"cat", "concat", "concatenate", "stack", "hstack", "vstack"} or not value.args:
         return False
-    return _uses(value.args[0], {acc})
+    first = value.args[0]
+    if not isinstance(first, (ast.List, ast.Tuple)) or not _uses(first, {acc}):
+        return False  # `index = torch.cat(index)` joins a list once: no accumulator
+    new = [x for x in first.elts if not (isinstance(x, ast.Name) and x.id == acc)]
+    return (
+        any(_uses(x, names) for x in new) if names else any(isinstance(n, ast.Call) for x in new for n in ast.walk(x))
+    )
 
 
 def _dotted(node: ast.AST) -> str:
@@ -158,7 +202,7 @@ def keeper_line(file: str, line: int) -> SourceLine | None:
     included) that appends one of them to a container, inserts it in a dict, adds it to an
     accumulator or concatenates it onto one is the keeper. A statement that stores the call's result
     directly (``outs.append(model(x))``) is its own keeper."""
-    tree = _tree(file)
+    tree = tree_of(file)
     if tree is None:
         return None
     found = _enclosing_body(tree, line)
@@ -171,27 +215,32 @@ def keeper_line(file: str, line: int) -> SourceLine | None:
     if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
         for t in targets:
-            names |= _names(t)
+            names |= bound_names(t)
     if isinstance(stmt, (ast.With, ast.AsyncWith)):
         return None
     if not names:
         return None
     loop = _loop_of(tree, line)
     scope: list[ast.stmt] = getattr(loop, "body", body) if loop is not None else body
-    after = False
-    for later in _flatten(scope):
-        if later is stmt:
-            after = True
-            continue
-        if not after or later.lineno <= stmt.lineno:
-            continue
-        kind = _store_kind(later, names)
-        if kind is not None:
-            return SourceLine(file, later.lineno, kind)
-        if isinstance(later, ast.Assign) and _uses(later.value, names):  # texts = out.sequences
-            for t in later.targets:
-                if isinstance(t, ast.Name):
-                    names.add(t.id)
+    # First the statement that keeps the value itself (``segments.append(out)``, ``preds.append(
+    # out.logits)``), passing over those that keep something computed from it (``words.append(
+    # align(out))``, ``losses.append(out.loss.item())``); only when none does, the first of those.
+    for used in (_refers, _uses):
+        kept = set(names)
+        after = False
+        for later in _flatten(scope):
+            if later is stmt:
+                after = True
+                continue
+            if not after or later.lineno <= stmt.lineno:
+                continue
+            kind = _store_kind(later, kept, used)
+            if kind is not None:
+                return SourceLine(file, later.lineno, kind)
+            if isinstance(later, ast.Assign) and used(later.value, kept):  # texts = out.sequences
+                for t in later.targets:
+                    if isinstance(t, ast.Name):
+                        kept.add(t.id)
     return None
 
 
@@ -221,34 +270,10 @@ def _flatten(body: list[ast.stmt]) -> list[ast.stmt]:
     return out
 
 
-def argument_line(file: str, line: int, keywords: tuple[str, ...]) -> SourceLine | None:
-    """The line in ``file`` that passes one of ``keywords`` (``num_beams=``, ``padding=``,
-    ``max_pixels=``...) to a call, nearest at or before ``line`` in the same function, else anywhere
-    in the file: where the size of a request is chosen."""
-    tree = _tree(file)
-    if tree is None:
-        return None
-    hits: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            for k in node.keywords:
-                if k.arg in keywords:
-                    hits.append((getattr(k.value, "lineno", node.lineno), k.arg))
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript):
-            key = node.targets[0].slice
-            if isinstance(key, ast.Constant) and key.value in keywords:
-                hits.append((node.lineno, str(key.value)))
-    if not hits:
-        return None
-    before = [h for h in hits if h[0] <= line]
-    at, name = max(before) if before else min(hits)
-    return SourceLine(file, at, f"{name}=")
-
-
 def call_lines(file: str, function: str) -> list[SourceLine]:
     """The lines in ``file`` that call ``function`` (by its last name: ``load``, ``obj.load``), in
     source order: where a helper that allocated (a loader the script calls) is asked to."""
-    tree = _tree(file)
+    tree = tree_of(file)
     if tree is None or not function:
         return []
     out = []
@@ -266,7 +291,7 @@ def rebinding_line(file: str, line: int, depth: int = 4) -> SourceLine | None:
     (``model = load(...)``, ``self.model = build(...)``): the statement itself when it is such an
     assignment, else, going up through the functions that contain it, the last line of ``file``
     that calls that function, and so on (``depth`` levels)."""
-    tree = _tree(file)
+    tree = tree_of(file)
     if tree is None:
         return None
     for _ in range(depth):
@@ -292,25 +317,126 @@ def holding_line(file: str, line: int, function: str, scripts: list[str], depth:
     file of the user's folder such as a frame decoder) to the script's calling statement, then that
     statement's keeper (``frames.append(...)``) or the statement itself (``frames = [decode(i) for
     i in ...]``)."""
+    reached: SourceLine | None = None  # the last statement of a script passed on the way up
     for _ in range(depth):
-        tree = _tree(file) if file in scripts else None
+        tree = tree_of(file) if file in scripts else None
         found = _enclosing_body(tree, line) if tree is not None else None
-        if tree is not None and found is not None and not isinstance(found[1], ast.Return):
-            return keeper_line(file, line) or SourceLine(file, found[1].lineno, "keeps")
+        if tree is not None and found is not None:
+            if not _returned(tree, found[1]):
+                return keeper_line(file, line) or SourceLine(file, found[1].lineno, "keeps")
+            if not isinstance(found[1], ast.Return):
+                reached = SourceLine(file, found[1].lineno, "keeps")
         if tree is not None:
             function = _function_of(tree, line) or ""
         calls = [c for script in scripts for c in call_lines(script, function) if (c.file, c.line) != (file, line)]
         if not calls:
-            return None
+            return reached
         file, line = calls[0].file, calls[0].line
-    return None
+    return reached
+
+
+def _returned(tree: ast.Module, stmt: ast.stmt) -> bool:
+    """Whether ``stmt`` hands its value to the caller: a ``return``, or an assignment inside a
+    function whose ``return`` uses what it binds (``frames = [...]`` then ``return np.stack(frames)``):
+    the caller's statement asked for it."""
+    if isinstance(stmt, ast.Return):
+        return True
+    if not isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        return False
+    names = set().union(*(bound_names(t) for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])))
+    fn = function_node(tree, stmt.lineno)
+    if fn is None or not names:
+        return False
+    return any(
+        isinstance(n, ast.Return) and n.value is not None and _refers(n.value, names, items=False) for n in ast.walk(fn)
+    )
 
 
 def _function_of(tree: ast.Module, line: int) -> str | None:
+    fn = function_node(tree, line)
+    return fn.name if fn is not None else None
+
+
+def statement_at(tree: ast.Module, line: int) -> ast.stmt | None:
+    found = _enclosing_body(tree, line)
+    return found[1] if found is not None else None
+
+
+def function_node(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     best: ast.FunctionDef | ast.AsyncFunctionDef | None = None
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            end = node.end_lineno or node.lineno
-            if node.lineno <= line <= end and (best is None or node.lineno > best.lineno):
+            if node.lineno <= line <= (node.end_lineno or node.lineno) and (best is None or node.lineno > best.lineno):
                 best = node
-    return best.name if best is not None else None
+    return best
+
+
+def callable_name(tree: ast.Module, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    """How callers name ``fn``: its name, or its class's for ``__init__`` (``Pipeline(...)``)."""
+    if fn.name != "__init__":
+        return fn.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and fn in node.body:
+            return node.name
+    return fn.name
+
+
+def entry_files(files: list[str], script: str | None = None) -> list[str]:
+    """The scripts the user ran among ``files`` (the user's files a trace names): ``script`` (a
+    trace's ``metadata["script"]``) when it is one of them, else those no other of them imports (a
+    helper module such as ``_common.py`` or ``utils.py`` is imported by the script)."""
+    if script:
+        mine = [f for f in files if os.path.basename(f) == os.path.basename(script)]
+        if mine:
+            return mine
+    imported: set[str] = set()
+    for f in files:
+        tree = tree_of(f)
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[-1] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module.split(".")[-1])
+                imported |= {a.name for a in node.names}
+    return [f for f in files if os.path.splitext(os.path.basename(f))[0] not in imported]
+
+
+def script_line(file: str, line: int, entries: list[str], depth: int = 3) -> SourceLine | None:
+    """The statement of an entry script (``entry_files``) that leads to ``file:line`` of a helper
+    module the script imports: up through the functions holding it (by their names, a class for its
+    ``__init__``) to the script's first call of one, then that statement's keeper when it keeps the
+    result (``frames.append(load(p))``), else the statement. None when ``file`` is an entry already
+    or no call is found."""
+    if file in entries or not entries:
+        return None
+    for _ in range(depth):
+        tree = tree_of(file)
+        fn = function_node(tree, line) if tree is not None else None
+        if tree is None or fn is None:
+            return None
+        name = callable_name(tree, fn)
+        calls = [c for e in entries for c in call_lines(e, name)]
+        if calls:
+            hit = calls[0]  # then up through the script's own `return helper(...)` to what keeps it
+            return holding_line(hit.file, hit.line, name, entries) or SourceLine(hit.file, hit.line, f"calls {name}")
+        inner = [c for c in call_lines(file, name) if c.line != line]
+        if not inner:
+            return None
+        line = inner[0].line
+    return None
+
+
+def handler_line(file: str, line: int) -> SourceLine | None:
+    """The ``def`` of the function that calls a model at ``file:line`` once per request (a handler,
+    an ``embed_batch`` method: it holds no loop around the call), where ``@torch.no_grad()`` goes;
+    None when the call sits in a loop of its own function or at module level (the call's line is
+    where ``with torch.no_grad():`` goes)."""
+    tree = tree_of(file)
+    fn = function_node(tree, line) if tree is not None else None
+    if fn is None:
+        return None
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor, ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+            if node.lineno <= line <= (node.end_lineno or node.lineno):
+                return None
+    return SourceLine(file, fn.lineno, f"def {fn.name}")

@@ -8,7 +8,8 @@ smaller ones split cached blocks into odd remainders. Reserved memory then
 climbs far above the bytes ever allocated at once, and the process hits OOM
 with memory nominally free.
 
-What the trace shows, for a run of at least two model calls (steps): the whole run replayed
+What the trace shows, for a run of at least two model calls (steps) whose large requests come in
+more than one size (a shape to bucket; else only the rule without steps applies): the whole run replayed
 through the allocator model reserves more than its neediest window (before the first call, a
 call, a gap between calls) replayed alone with what was live at its start
 (``fragmentation_steps``): ``excess >= min_excess_fraction`` (0.12) of that need and ``>=
@@ -28,7 +29,8 @@ segment, often a quiet one).
 The same sequence is replayed with ``expandable_segments:True`` and with a
 ``max_split_size_mb`` chosen from the request sizes; the waste is the default
 peak reserved minus the best alternative's. A CPU trace is a prediction of
-what the same run does on a CUDA device.
+what the same run does on a CUDA device: such a finding is at most medium (a fifth of reserved
+memory saved or more), since the traced run itself stranded nothing.
 
 Cost: the replay is a Python loop (a few microseconds per event, and up to
 three replays). Traces with more than ``max_replay_events`` allocator events
@@ -143,6 +145,12 @@ def detect(ctx: Context) -> list[Finding]:
     # With steps to compare, the calibrated rule: reserved above what the neediest window needs
     # alone (fragmentation_steps). Without, reserved against allocated at the peaks.
     need = step_need(ctx.analysis, int(ctx.threshold(PATTERN, "max_windows", 8))) if sub is trace else None
+    module, sizes = _most_varied(sub, sub_dev)
+    if sizes < 2:
+        # No large request comes in more than one size: no shape to bucket or pad, so reserved above
+        # a step's need is not stranded by changing shapes; only a replayed allocator setting can show
+        # a saving (the rule without steps).
+        need = None
     excess = reserved - need.need_bytes if need is not None else 0
     if need is not None:
         if excess < min_excess * need.need_bytes or excess < min_excess_bytes:
@@ -165,7 +173,6 @@ def detect(ctx: Context) -> list[Finding]:
         return []
 
     cpu = not trace.devices[dev].startswith("cuda")
-    module, sizes = _most_varied(sub, sub_dev)
     evidence = {
         **_summary(base),
         "reserved_overhead_fraction": round(overhead, 3),
@@ -201,7 +208,9 @@ def detect(ctx: Context) -> list[Finding]:
     return [
         Finding(
             pattern=PATTERN,
-            severity=severity_for(wasted, reserved),
+            # A CPU trace's saving is a prediction for a CUDA run of the same code, not memory the
+            # traced run stranded: at most medium, and medium only for a fifth of reserved or more.
+            severity=("low" if wasted < 0.2 * reserved else "medium") if cpu else severity_for(wasted, reserved),
             bytes_at_peak=int(reserved - allocated),
             wasted_bytes=wasted,
             # reserved memory, which the live-bytes replay does not see: the allocator model's saving

@@ -34,6 +34,7 @@ from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.counterfactual import saving as replay_saving
 from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, finding_lines, holder_line, merge_lines
+from memwarden.analyze.source_lines import handler_line
 from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
 from memwarden.trace.sites import parse_line
@@ -287,7 +288,11 @@ def _lines(
     kept_result = holder is None or holder.nbytes > _SCALAR_BYTES  # not a logged loss (.item() fixes that)
     if not has_backward and site is not None and kept_result:
         call = parse_line(site)
-        first = [LineBytes(call.file, call.line, call.function, 0, 0), *first]
+        # A handler called once per request (no loop of its own around the call) forgot no_grad at
+        # its def (`@torch.no_grad()` goes there); a call in a loop, at the call.
+        handler = handler_line(call.file, call.line)
+        at = handler.line if handler is not None else call.line
+        first = [LineBytes(call.file, at, call.function, 0, 0), *first]
     if not first:
         return calls
     return merge_lines(first, [_as_line(x) for x in calls])

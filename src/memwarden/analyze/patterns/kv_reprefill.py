@@ -32,7 +32,9 @@ import numpy as np
 
 from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding, severity_for
+from memwarden.analyze.value_origin import origin_line
 from memwarden.trace.model import Action, Category, Modality, SpanKind, Trace
+from memwarden.trace.sites import parse_line
 from memwarden.units import format_bytes, format_us
 
 PATTERN = "kv-reprefill"
@@ -284,6 +286,15 @@ def detect(ctx: Context) -> list[Finding]:
         )
     else:
         fix = _fix_keep_cache(saves)
+    # The line to change: where the cache the call passes was made anew for the turn (``cache =
+    # DynamicCache(...)`` before each generate), else the call (diagnose names it).
+    lines: list[dict[str, Any]] = []
+    site = next((steps[r["step"]].call_site for r in reprefills if steps[r["step"]].call_site), None)
+    if site is not None and not cacheless:
+        call = parse_line(site)
+        made = origin_line(call.file, call.line, ("past_key_values", "cache"))
+        if made is not None:
+            lines = [{"file": made.file, "line": made.line, "nbytes": int(recomputed_kv)}]
     return [
         Finding(
             pattern=PATTERN,
@@ -293,6 +304,7 @@ def detect(ctx: Context) -> list[Finding]:
             where=where,
             evidence=evidence,
             fix=fix,
+            lines=lines,
             change=Change(
                 drop=np.concatenate(drop_rows) if drop_rows else np.zeros(0, np.int64),
                 scale_rows=np.concatenate(scale_rows) if scale_rows else np.zeros(0, np.int64),

@@ -24,7 +24,8 @@ import numpy as np
 from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, input_lines, merge_lines
-from memwarden.analyze.source_lines import argument_line, call_lines
+from memwarden.analyze.source_lines import call_lines
+from memwarden.analyze.value_origin import argument_line
 from memwarden.trace.model import Category, Trace
 from memwarden.trace.sites import parse_line
 from memwarden.units import format_bytes

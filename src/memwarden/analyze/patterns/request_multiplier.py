@@ -25,7 +25,7 @@ import numpy as np
 from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding
 from memwarden.analyze.lines import LineBytes, merge_lines
-from memwarden.analyze.source_lines import argument_line
+from memwarden.analyze.value_origin import argument_line, origin_line
 from memwarden.trace.model import Action, Category, Trace
 from memwarden.trace.sites import parse_line
 from memwarden.units import format_bytes
@@ -101,7 +101,9 @@ def detect(ctx: Context) -> list[Finding]:
     lines: list[LineBytes] = []
     if worst["call_site"]:
         src = parse_line(worst["call_site"])
-        passed = argument_line(src.file, src.line, _KEYWORDS)
+        # where the multiplier was chosen: the value the call passes followed back to its
+        # assignment (``per_call = N_SAMPLES``), else a line passing the keyword nearby
+        passed = origin_line(src.file, src.line, _KEYWORDS) or argument_line(src.file, src.line, _KEYWORDS)
         at = passed.line if passed is not None else src.line
         lines.append(LineBytes(src.file, at, src.function, worst["request_bytes"], 0))
     evidence: dict[str, Any] = {"requests": seen[:16], "multiplier": worst["multiplier"], "batch": worst["batch"]}

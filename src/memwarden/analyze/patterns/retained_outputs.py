@@ -9,14 +9,14 @@ grows with the number of iterations.
 
 What the trace shows. An *iteration* is one request: a run of root calls that starts with a call
 that is not a decode step (a prefill, a forward), with its decode steps; the allocations a loop
-makes between two requests belong to the one before. A block is *kept* when it outlives the end of
-the iteration after its own: ``out = model.generate(...)`` reassigned next time frees the old
-result once the new one exists, but a list that keeps it does not. The pattern holds when, at the
+makes between two requests belong to the one before. A block is *kept* when it is still live when
+the request after next starts: ``out = model.generate(...)`` reassigned next time frees the old
+result once the new call has returned, but a list that keeps it does not. The pattern holds when, at the
 peak, blocks kept from at least ``min_iterations`` (2) earlier iterations are still live (weights,
 buffers, gradients and optimizer state are meant to stay and are left out; graphs of calls made
 with autograd on are graph-retention's).
 
-The fix as a change: every kept block is freed when the iteration after its own ends (what
+The fix as a change: every kept block is freed when the request after next starts (what
 reassigning ``out``, keeping ``.sequences``/``.item()``/``.cpu()`` of what is needed, or deleting
 ``past_key_values``/``hidden_states`` does). The line to change is the statement that keeps the
 result, followed from the call in the script's own source (``analyze/source_lines.py``).
@@ -64,18 +64,20 @@ def detect(ctx: Context) -> list[Finding]:
     e = trace.events
     times = e["time_us"]
     starts = np.array([g[0].start_us for g in groups], dtype=np.int64)
-    ends = np.array([max(s.end_us for s in g) for g in groups], dtype=np.int64)
     grad = np.array([any(bool(s.grad) for s in g) for g in groups], dtype=bool)
     rows = np.flatnonzero((e["action"] == Action.ALLOC) & (e["device"] == ctx.analysis.device))
     rows = rows[~np.isin(e["category"][rows], _STAY) & (times[rows] >= starts[0])]
     if not len(rows):
         return []
     it = np.searchsorted(starts, times[rows], side="right") - 1  # the request a block belongs to
-    nxt = it + 1
-    has_next = nxt < len(groups)
-    rows, it, nxt = rows[has_next], it[has_next], nxt[has_next]
+    # ``out = model.generate(...)`` in a loop frees the old result only once the new call has returned
+    # (its last step is not yet the return: the output is assembled after it), so a result is *kept*
+    # when it is still live when the request after next starts. The change frees it there.
+    after_next = it + 2
+    has_after = after_next < len(groups)
+    rows, it, after_next = rows[has_after], it[has_after], after_next[has_after]
     free = ctx.analysis.free_index[rows]
-    end_next_row = np.searchsorted(times, ends[nxt], side="right")
+    end_next_row = np.searchsorted(times, starts[after_next], side="left")
     kept = (free > end_next_row) & ~grad[it]  # outlives the next request; graphs are graph-retention's
     rows, it, end_next_row, free = rows[kept], it[kept], end_next_row[kept], free[kept]
     if not len(rows):
@@ -98,8 +100,14 @@ def detect(ctx: Context) -> list[Finding]:
     lines, keeper = _lines(trace, ctx, rows[at_peak], groups, peak_row)
     carried = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(by_category.items(), key=lambda kv: -kv[1]))
     at = f" at {keeper['file']}:{keeper['line']}" if keeper else ""
+    what = (
+        "reduce each batch's logits to what you read before keeping them: the predictions (logits.argmax(-1)) "
+        "or the metric's inputs (transformers' preprocess_logits_for_metrics); "
+        if _mostly_logits(trace, rows[at_peak])
+        else ""
+    )
     fix = (
-        f"keep only what you need from each result{at}: the generated ids (out.sequences), a number (.item()) or "
+        f"{what}keep only what you need from each result{at}: the generated ids (out.sequences), a number (.item()) or "
         f"a small .detach().cpu() slice, not the whole output with its caches, hidden states and attentions; call "
         f"generate without output_hidden_states/output_attentions/return_dict_in_generate when you do not read "
         f"them, and del past_key_values of finished requests. {len(kept_iterations)} earlier requests' outputs "
@@ -126,6 +134,16 @@ def detect(ctx: Context) -> list[Finding]:
             change=change,
         )
     ]
+
+
+def _mostly_logits(trace: Trace, kept: np.ndarray) -> bool:
+    """Whether most kept bytes are logits: made by the language-model head (``lm_head``), the full
+    vocabulary per position of each kept output."""
+    e = trace.events
+    head = np.array([s.rsplit(".", 1)[-1] == "lm_head" or s.endswith(".lm_head") for s in trace.strings] + [False])
+    modules = e["module"][kept]
+    in_head = head[np.where(modules >= 0, modules, len(trace.strings))]
+    return int(e["nbytes"][kept][in_head].sum()) * 2 > int(e["nbytes"][kept].sum())
 
 
 def _lines(

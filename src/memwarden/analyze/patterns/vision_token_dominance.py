@@ -26,9 +26,11 @@ import numpy as np
 
 from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding
-from memwarden.analyze.lines import input_rows, led_by, script_input_lines
+from memwarden.analyze.lines import LineBytes, input_rows, led_by, script_input_lines
 from memwarden.analyze.timeline import live_blocks_at
+from memwarden.analyze.value_origin import argument_line, origin_line
 from memwarden.trace.model import Category, Modality, SpanKind, Trace
+from memwarden.trace.sites import parse_line
 from memwarden.trace.steps import Step
 
 PATTERN = "vision-token-dominance"
@@ -190,6 +192,16 @@ def detect(ctx: Context) -> list[Finding]:
     ]
 
 
+# The settings that decide how many media tokens a request carries (processors' and model cards'
+# names: Qwen-VL's pixel range and video sampling, Idefics3/SmolVLM's longest edge and splitting,
+# InternVL's tile count, Gemma 3's pan-and-scan crops), as a script passes them to a call.
+_KNOBS = (
+    "max_pixels", "min_pixels", "total_pixels", "resized_height", "resized_width", "max_frames", "nframes",
+    "num_frames", "fps", "video_fps", "max_num", "max_dynamic_patch", "max_tiles", "max_patches", "longest_edge",
+    "max_image_size", "do_image_splitting", "image_max_tokens", "max_image_tokens", "pan_and_scan_max_num_crops",
+)  # fmt: skip
+
+
 def _lines(trace: Trace, ctx: Context, prefill: Step, p: int, where: str) -> list[dict[str, Any]]:
     """The script's line that made the media the prefill was fed first (the pixel values or audio
     features: where the image is resized, the frames sampled, the processor's max_pixels set), then
@@ -198,4 +210,10 @@ def _lines(trace: Trace, ctx: Context, prefill: Step, p: int, where: str) -> lis
     live = live_blocks_at(trace, p, a.device, a.free_index)
     sites = {prefill.call_site} if prefill.call_site is not None else set()
     fed = script_input_lines(trace, input_rows(trace, prefill.start_us, a.free_index), sites, floating=True)
+    if prefill.call_site is not None:  # the script's line that sets a media-size knob comes first
+        call = parse_line(prefill.call_site)
+        knob = argument_line(call.file, call.line, _KNOBS)
+        if knob is not None:  # then where the value it passes was chosen (max_pixels=self.max_pixels)
+            knob = origin_line(knob.file, knob.line, _KNOBS) or knob
+            fed = [LineBytes(knob.file, knob.line, knob.what, 0, 0), *fed]
     return led_by(fed, trace, where, live, PATTERN)

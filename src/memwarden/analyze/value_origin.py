@@ -1,0 +1,144 @@
+"""Where a value the script passes was chosen: a keyword followed back to the user's choice.
+
+The size of a request is often set far from the call that allocates: ``generate(...,
+num_return_sequences=per_call)`` in a helper whose caller set ``per_call = N_SAMPLES``; a processor
+step reading ``max_pixels=self.max_pixels`` that the script set with ``PageReader(model,
+max_pixels=None)``; a ``past_key_values=cache`` whose ``cache = DynamicCache(...)`` is made anew each
+turn. These functions read the script's source (``source_lines``: parsed as data, never executed)
+and follow such a value through assignments, ``self`` attributes and function parameters to the
+statement where the user chose it.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from memwarden.analyze.source_lines import (
+    SourceLine,
+    bound_names,
+    call_lines,
+    callable_name,
+    function_node,
+    statement_at,
+    tree_of,
+)  # fmt: skip
+
+__all__ = ["argument_line", "origin_line"]
+
+
+def argument_line(file: str, line: int, keywords: tuple[str, ...]) -> SourceLine | None:
+    """The line in ``file`` that passes one of ``keywords`` (``num_beams=``, ``padding=``,
+    ``max_pixels=``...) to a call, nearest at or before ``line`` in the same function, else anywhere
+    in the file: where the size of a request is chosen."""
+    tree = tree_of(file)
+    if tree is None:
+        return None
+    hits: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for k in node.keywords:
+                if k.arg in keywords:
+                    hits.append((getattr(k.value, "lineno", node.lineno), k.arg))
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript):
+            key = node.targets[0].slice
+            if isinstance(key, ast.Constant) and key.value in keywords:
+                hits.append((node.lineno, str(key.value)))
+    if not hits:
+        return None
+    before = [h for h in hits if h[0] <= line]
+    at, name = max(before) if before else min(hits)
+    return SourceLine(file, at, f"{name}=")
+
+
+def _assignment(scope: ast.AST, name: str, before: int) -> ast.stmt | None:
+    """The last statement of ``scope`` (not inside a nested function) before line ``before`` that
+    binds ``name``."""
+    best: ast.stmt | None = None
+    stack: list[ast.AST] = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.lineno < before:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(name in bound_names(t) for t in targets) and (best is None or node.lineno > best.lineno):
+                best = node
+        stack.extend(ast.iter_child_nodes(node))
+    return best
+
+
+def origin_line(file: str, line: int, keywords: tuple[str, ...], depth: int = 4) -> SourceLine | None:
+    """Where the value a call at ``file:line`` passes as one of ``keywords`` was chosen: the call's
+    keyword itself when its value is a literal; else the assignment that bound the name it passes
+    (``cache = DynamicCache(...)``, ``per_call = N_SAMPLES``), followed through the function's
+    parameters to the argument its caller passed, ``depth`` levels; a module-level constant's own line
+    when the call names one directly. None when no call at the line passes one of ``keywords``."""
+    tree = tree_of(file)
+    stmt = statement_at(tree, line) if tree is not None else None
+    if tree is None or stmt is None:
+        return None
+    value = next(
+        (k.value for node in ast.walk(stmt) if isinstance(node, ast.Call) for k in node.keywords if k.arg in keywords),
+        None,
+    )
+    if value is None:
+        return None
+    at = SourceLine(file, getattr(value, "lineno", stmt.lineno), "passes it")
+    for _ in range(depth):
+        if (attr := _self_attribute(value)) is not None:  # self.max_pixels: set in the class's __init__
+            bound_attr = _attribute_assignment(tree, at.line, attr)
+            if bound_attr is None:
+                return at
+            value, at = bound_attr.value, SourceLine(file, bound_attr.lineno, f"sets self.{attr}")
+            continue
+        names = [n.id for n in ast.walk(value) if isinstance(n, ast.Name)]
+        if not names:
+            return at
+        fn = function_node(tree, at.line)
+        bound = _assignment(fn if fn is not None else tree, names[0], at.line)
+        if bound is not None:
+            return SourceLine(file, bound.lineno, f"sets {names[0]}")
+        params = [a.arg for a in (fn.args.posonlyargs + fn.args.args)] if fn is not None else []
+        if fn is None or names[0] not in params:
+            top = _assignment(tree, names[0], 1 << 30)
+            return SourceLine(file, top.lineno, f"sets {names[0]}") if top is not None and fn is None else at
+        index = params.index(names[0]) - (1 if params and params[0] in ("self", "cls") else 0)
+        calls = [c for c in call_lines(file, callable_name(tree, fn)) if c.line != at.line]
+        arg = _argument_at(tree, calls[0].line, callable_name(tree, fn), names[0], index) if calls else None
+        if arg is None:
+            return at
+        value, at = arg, SourceLine(file, getattr(arg, "lineno", calls[0].line), "passes it")
+    return at
+
+
+def _self_attribute(value: ast.AST) -> str | None:
+    if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self":
+        return value.attr
+    return None
+
+
+def _attribute_assignment(tree: ast.Module, line: int, attr: str) -> ast.Assign | None:
+    """``self.<attr> = ...`` in the class holding ``line`` (its first such statement)."""
+    for cls in ast.walk(tree):
+        if isinstance(cls, ast.ClassDef) and cls.lineno <= line <= (cls.end_lineno or cls.lineno):
+            for node in ast.walk(cls):
+                if isinstance(node, ast.Assign) and any(_self_attribute(t) == attr for t in node.targets):
+                    return node
+    return None
+
+
+def _argument_at(tree: ast.Module, line: int, function: str, param: str, index: int) -> ast.expr | None:
+    """What the call of ``function`` starting at ``line`` passes for parameter ``param`` (keyword,
+    else position ``index``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.lineno == line:
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name != function:
+                continue
+            for k in node.keywords:
+                if k.arg == param:
+                    return k.value
+            if 0 <= index < len(node.args) and not isinstance(node.args[index], ast.Starred):
+                return node.args[index]
+    return None

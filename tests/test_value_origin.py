@@ -1,0 +1,195 @@
+"""The line to change, read from the script's source: the keeper of a value, where a passed value
+was chosen, the handler that forgot no_grad, and the entry script's statement above a helper."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from memwarden.analyze.source_lines import entry_files, handler_line, holding_line, keeper_line, script_line
+from memwarden.analyze.value_origin import argument_line, origin_line
+
+
+def _write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip("\n"))
+    return str(path)
+
+
+def _line(path: str, marker: str) -> int:
+    return next(i for i, t in enumerate(Path(path).read_text().splitlines(), 1) if marker in t)
+
+
+def test_the_keeper_is_the_statement_that_keeps_the_value_not_one_computed_from_it(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path,
+        "loop.py",
+        """
+        def main(model, batches):
+            segments, words, losses = [], [], []
+            for b in batches:
+                out = model.generate(b)  # CALL
+                words.append(align(out))
+                losses.append(out.loss.item())
+                segments.append(out.sequences.detach().cpu())  # KEEP
+            return segments
+        """,
+    )
+    kept = keeper_line(f, _line(f, "# CALL"))
+    assert kept is not None and kept.line == _line(f, "# KEEP") and kept.what == "segments.append"
+
+
+def test_only_a_derived_store_is_named_when_nothing_keeps_the_value_itself(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path,
+        "derived.py",
+        """
+        for b in batches:
+            out = model(b)  # CALL
+            feats.append(pool(out))  # KEEP
+        """,
+    )
+    kept = keeper_line(f, _line(f, "# CALL"))
+    assert kept is not None and kept.line == _line(f, "# KEEP")
+
+
+def test_joining_a_list_once_is_not_an_accumulator(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path,
+        "join.py",
+        """
+        def main(paths):
+            decoded = [load(p) for p in paths]  # CALL
+            index = []
+            for chunk in decoded:
+                index.append(embed(chunk))
+            index = torch.cat(index)
+        """,
+    )
+    assert keeper_line(f, _line(f, "# CALL")) is None
+
+
+def test_a_helper_that_returns_what_it_built_hands_the_line_to_its_caller(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path,
+        "video.py",
+        """
+        def read_video(path):
+            frames = [decode(i) for i in range(720)]  # MADE
+            return np.stack(frames)
+
+        def fetch(path):
+            video = read_video(path)[::45]  # ASKED
+            return resize(normalize(video))
+
+        clip = fetch("a.mp4")
+        """,
+    )
+    held = holding_line(f, _line(f, "# MADE"), "read_video", [f])
+    assert held is not None and held.line == _line(f, "# ASKED")  # not further: fetch returns a new array
+
+
+def test_a_keyword_is_followed_through_a_parameter_to_the_assignment_that_chose_it(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path,
+        "sample.py",
+        """
+        N = 10
+
+        def sample(model, inputs, n, per_call):
+            return model.generate(**inputs, num_return_sequences=per_call)  # CALL
+
+        def main(model, inputs):
+            per_call = N  # CHOSEN
+            return sample(model, inputs, N, per_call)
+        """,
+    )
+    chosen = origin_line(f, _line(f, "# CALL"), ("num_return_sequences",))
+    assert chosen is not None and chosen.line == _line(f, "# CHOSEN")
+
+
+def test_a_self_attribute_is_followed_to_the_constructor_call_that_set_it(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path,
+        "reader.py",
+        """
+        class PageReader:
+            def __init__(self, model, max_pixels=1003520):
+                self.model = model
+                self.max_pixels = max_pixels
+
+            def pixels(self, page):
+                return resize(page, max_pixels=self.max_pixels)  # KNOB
+
+        reader = PageReader(model, max_pixels=None)  # CHOSEN
+        """,
+    )
+    knob = argument_line(f, _line(f, "# KNOB"), ("max_pixels",))
+    assert knob is not None and knob.line == _line(f, "# KNOB")
+    chosen = origin_line(f, knob.line, ("max_pixels",))
+    assert chosen is not None and chosen.line == _line(f, "# CHOSEN")
+
+
+def test_a_cache_made_anew_each_turn_is_where_the_cache_argument_was_chosen(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path,
+        "chat.py",
+        """
+        def turn(model, ids):
+            cache = DynamicCache(config=model.config)  # CHOSEN
+            return model.generate(ids, past_key_values=cache)  # CALL
+        """,
+    )
+    chosen = origin_line(f, _line(f, "# CALL"), ("past_key_values", "cache"))
+    assert chosen is not None and chosen.line == _line(f, "# CHOSEN")
+    assert origin_line(f, _line(f, "# CALL"), ("num_beams",)) is None  # no such keyword at the call
+
+
+def test_no_grad_goes_on_a_handler_without_a_loop_and_around_a_call_in_a_loop(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path,
+        "embed.py",
+        """
+        class Embedder:
+            def embed_batch(self, pixels):  # DEF
+                return self.model.get_image_features(pixel_values=pixels)  # HANDLER_CALL
+
+        def index_all(model, batches):
+            for b in batches:
+                feats.append(model(b))  # LOOP_CALL
+        """,
+    )
+    handler = handler_line(f, _line(f, "# HANDLER_CALL"))
+    assert handler is not None and handler.line == _line(f, "# DEF")
+    assert handler_line(f, _line(f, "# LOOP_CALL")) is None
+
+
+def test_a_helper_modules_line_leads_to_the_entry_scripts_statement(tmp_path: Path) -> None:
+    helper = _write(
+        tmp_path,
+        "_common.py",
+        """
+        def fake_rgb(h, w):
+            return np.zeros((h, w, 3), np.uint8)  # MADE
+        """,
+    )
+    script = _write(
+        tmp_path,
+        "gallery.py",
+        """
+        import _common as c
+
+        def load_image(path):
+            return c.fake_rgb(384, 384)
+
+        def main(paths):
+            decoded = [load_image(p) for p in paths]  # ASKED
+            return decoded[0]
+        """,
+    )
+    entries = entry_files([helper, script])
+    assert entries == [script]
+    assert entry_files([helper, script], script="/elsewhere/_common.py") == [helper]  # the trace's own word
+    up = script_line(helper, _line(helper, "# MADE"), entries)
+    assert up is not None and up.file == script and up.line == _line(script, "# ASKED")
+    assert script_line(script, _line(script, "# ASKED"), entries) is None  # already in the script
