@@ -246,3 +246,55 @@ def test_a_streams_steps_recover_as_the_capture_ends_them(tmp_path: Path) -> Non
     assert len(recovered) == len(final) == 5
     assert [s.to_json() for s in recovered] == [s.to_json() for s in final]
     assert [s.seq_len for s in final] == [1, 2, 3, 4, 5]
+
+
+FLAT = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch
+    import memwarden
+
+    kept = [torch.ones(4 << 20, dtype=torch.uint8) for _ in range(6)]
+    assert memwarden.flush()
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+    while True:  # flat: nothing more is allocated until the kill
+        time.sleep(1)
+    """
+)
+
+
+def test_a_hand_kill_of_a_flat_script_is_not_an_oom_anywhere(tmp_path: Path) -> None:
+    """issue 41: ``kill -9`` by hand of a script whose memory is flat, through the real CLI: the
+    terminal says which signal and that it was not the OOM killer, ``oom_killed`` is false where
+    any evidence could be read, and neither diagnose nor the report calls it an OOM."""
+    script, marker, out = tmp_path / "flat.py", tmp_path / "ready", tmp_path / "flat.mwtrace"
+    script.write_text(FLAT)
+    cmd = [sys.executable, "-m", "memwarden.cli", "trace", "-o", str(out), str(script), str(marker)]
+    proc = subprocess.Popen(cmd, cwd=str(tmp_path), stderr=subprocess.PIPE, text=True)
+    try:
+        while not marker.exists():  # written after the flush: waiting is on the file, not a clock
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            subprocess.run(["sleep", "0.05"], check=True)
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 137, err
+    assert "killed by signal 9 (SIGKILL), not by the OOM killer" in err, err
+    assert "died of memory" not in err
+    meta = memwarden.load(out).metadata
+    assert meta["exit_signal"] == signal.SIGKILL
+    if meta.get("oom_evidence") is not None:  # the kernel log or an OOM counter was read
+        assert meta["oom_killed"] is False
+    else:
+        assert meta["oom_killed"] is None
+    diagnosed = run_cli("diagnose", "--json", str(out))
+    assert diagnosed.returncode == 0, diagnosed.stderr
+    report = tmp_path / "r.html"
+    assert run_cli("report", "-o", str(report), str(out)).returncode == 0
+    for text in (diagnosed.stdout, report.read_text()):
+        low = text.lower()
+        assert "died of memory" not in low and "out of memory" not in low and "oom kill" not in low

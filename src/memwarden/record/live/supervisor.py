@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from memwarden.record.live.oom import KernelLog, OomCounters, oom_evidence, oom_killed
 from memwarden.record.live.recover import RingRecovery, attribute_stream, recover_ring
 from memwarden.record.live.rss import sample
 from memwarden.trace.format import FORMAT_MAGIC, loads
@@ -46,67 +47,6 @@ from memwarden.trace.stream import STREAM_MAGIC, read_stream, trace_from_stream
 __all__ = ["OomCounters", "SupervisedRun", "reconcile", "resident_metadata", "supervise"]
 
 SAMPLE_INTERVAL_S = 0.1
-
-
-@dataclass
-class OomCounters:
-    """The kernel's count of OOM kills where this machine exposes one: the cgroup's
-    ``memory.events`` (v2) or ``memory.oom_control`` (v1) ``oom_kill``, and ``/proc/vmstat``."""
-
-    cgroup: int | None
-    vmstat: int | None
-
-    @staticmethod
-    def _cgroup_files(pid: int | str) -> list[Path]:
-        files: list[Path] = []
-        try:
-            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-        except OSError:
-            return files
-        for line in lines:
-            parts = line.split(":", 2)
-            if len(parts) != 3:
-                continue
-            hierarchy, controllers, path = parts
-            rel = path.lstrip("/")
-            if hierarchy == "0" and controllers == "":
-                files.append(Path("/sys/fs/cgroup") / rel / "memory.events")
-            elif "memory" in controllers.split(","):
-                files.append(Path("/sys/fs/cgroup/memory") / rel / "memory.oom_control")
-        return files
-
-    @staticmethod
-    def _counter(path: Path) -> int | None:
-        try:
-            for line in path.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except (OSError, ValueError):
-            return None
-        return None
-
-    @classmethod
-    def read(cls, pid: int | str = "self") -> OomCounters:
-        cgroup = None
-        for path in cls._cgroup_files(pid):
-            cgroup = cls._counter(path)
-            if cgroup is not None:
-                break
-        return cls(cgroup=cgroup, vmstat=cls._counter(Path("/proc/vmstat")))
-
-
-def oom_killed(before: OomCounters, after: OomCounters, exit_signal: int | None) -> bool | None:
-    """True/False where the counters tell, None where they cannot: the OOM killer sends SIGKILL,
-    so any other end is False; a SIGKILL is an OOM kill when the child's cgroup counted one
-    (else not), or, without a cgroup counter, when the machine's count rose (else not)."""
-    if exit_signal != signal.SIGKILL:
-        return False
-    if before.cgroup is not None and after.cgroup is not None:
-        return after.cgroup > before.cgroup
-    if before.vmstat is not None and after.vmstat is not None:
-        return after.vmstat > before.vmstat
-    return None
 
 
 @dataclass
@@ -214,7 +154,13 @@ def _supervise(
     ring_file: Path,
 ) -> SupervisedRun:
     before = OomCounters.read()
-    child = subprocess.Popen(_child_command(script, module, args, out, options), env=env)
+    kernel_log = KernelLog.open()  # before the child: only this run's lines count (oom.py)
+    try:
+        child = subprocess.Popen(_child_command(script, module, args, out, options), env=env)
+    except BaseException:
+        if kernel_log is not None:
+            kernel_log.close()
+        raise
     forwarded: list[int] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -252,6 +198,10 @@ def _supervise(
             signal.signal(s, handler)
     after = OomCounters.read()
     exit_signal = -returncode if returncode < 0 else None
+    named = None
+    if kernel_log is not None:
+        named = kernel_log.killed(child.pid) if exit_signal == signal.SIGKILL else None
+        kernel_log.close()
     status = 128 + exit_signal if exit_signal is not None else returncode
     trace, log = _read_output(out)
     recovered = trace is None
@@ -273,7 +223,9 @@ def _supervise(
     meta = trace.metadata
     meta["exit_status"] = status
     meta["exit_signal"] = exit_signal
-    meta["oom_killed"] = oom_killed(before, after, exit_signal)
+    meta["oom_killed"] = oom_killed(before, after, exit_signal, named)
+    if exit_signal == signal.SIGKILL:
+        meta["oom_evidence"] = oom_evidence(before, after, named)
     meta["supervised"] = True
     meta["lost_events"] = lost_events  # recorded by the child, in neither the stream nor the ring
     resident = resident_metadata(samples, t0_ns or (samples[0]["t_ns"] if samples else 0))
