@@ -3,7 +3,10 @@
 The extension is compiled once per (torch version, source hash) into a cache
 folder (``$MEMWARDEN_CACHE`` or ``~/.cache/memwarden``) with torch's own
 cpp_extension tooling; ``make install`` builds it ahead of time with
-``python -m memwarden.record.native --build``.
+``python -m memwarden.record.native --build``. A ``pip install`` builds nothing: the first capture
+builds it, saying so on stderr in one line first (it takes about a minute). Where no compiler is
+found (``$CXX``, else ``c++``) the build is not tried; :func:`memwarden.record.python_recorder.recorder`
+then captures with the pure-Python recorder instead.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import shutil
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -43,6 +47,16 @@ class NativeRecord(enum.IntEnum):
 
 class NativeUnavailable(RuntimeError):
     """The recorder could not be built here (no compiler, no headers)."""
+
+
+BUILD_NOTICE = "memwarden: building the native capture hook (once per torch and numpy version, about a minute)..."
+_FAILED: list[NativeUnavailable] = []  # a build that failed is not tried again in this process
+
+
+def short_reason(exc: BaseException) -> str:
+    """The first line of why the recorder is unavailable, short enough for one line of stderr."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def _build_dir() -> Path:
@@ -87,6 +101,13 @@ def load(verbose: bool = False) -> ModuleType:
     module = _load_built(directory, name)
     if module is not None:
         return module
+    if _FAILED:
+        raise _FAILED[0]
+    compiler = os.environ.get("CXX", "c++")  # what torch's cpp_extension compiles with
+    if shutil.which(compiler) is None:
+        _FAILED.append(NativeUnavailable(f"no C++ compiler to build the native capture hook ({compiler!r} not found)"))
+        raise _FAILED[0]
+    print(BUILD_NOTICE, file=sys.stderr, flush=True)
     directory.mkdir(parents=True, exist_ok=True)
     try:
         import numpy
@@ -100,8 +121,9 @@ def load(verbose: bool = False) -> ModuleType:
             extra_include_paths=[numpy.get_include()],
             verbose=verbose,
         )
-    except Exception as exc:  # compiler missing, headers missing, ...
-        raise NativeUnavailable(f"could not build memwarden's native allocation recorder: {exc}") from exc
+    except Exception as exc:  # headers missing, a compiler that fails, ...
+        _FAILED.append(NativeUnavailable(f"could not build memwarden's native capture hook: {exc}"))
+        raise _FAILED[0] from exc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from memwarden.record import native
 from memwarden.record.attribution.attributor import Attributor
 from memwarden.record.attribution.log import CaptureLog
 from memwarden.record.foreign import registration_hooks
@@ -52,6 +51,7 @@ from memwarden.record.live.saved import saved_tensors
 from memwarden.record.live.sites import CallSites, SiteConfig, apply_call_sites
 from memwarden.record.live.stream import Streamer
 from memwarden.record.modality import ModalityRules
+from memwarden.record.python_recorder import recorder
 from memwarden.trace.io import save
 from memwarden.trace.model import Phase, Trace
 
@@ -346,7 +346,7 @@ class Capture:
     def __enter__(self) -> Capture:
         if self._active:
             raise RuntimeError("this capture is already running")
-        self._native = native.load()
+        self._native = recorder(self.metadata)  # native, else the pure-Python stand-in
         self._fast_register = getattr(self._native, "fast_register", None)
         self._t0 = self._now()
         self._log.clock = self._native.now_ns

@@ -53,6 +53,8 @@ def _attach_ring(path: str, rows: int) -> None:
         attach = getattr(native.load(), "ring_attach", None)
         if attach is not None:
             attach(path, rows, RING_SIDE_BYTES)
+    except native.NativeUnavailable:
+        return  # the capture says so in its own warning, as it falls back to the Python recorder
     except Exception as exc:  # a missing /dev/shm must not stop the run: the stream alone remains
         print(f"memwarden: no crash ring ({exc}); a crash loses the rows since the last flush", file=sys.stderr)
 
