@@ -105,6 +105,9 @@ PAIRS = [
     ("../postfreeze/untracked-host-memory_video_decode_all", "untracked-host-memory"),
     # a per-image feature dict: the fix bounds it to the 4 newest (the twin's LRU of 4)
     ("../postfreeze/unbounded-growth_llava_feature_cache_handler", "unbounded-growth"),
+    # a policy that reads the hidden states of a causal VLM's forward: the logits are made and dropped
+    # unread (the twin runs the base model, no LM head)
+    ("../postfreeze2/full-logits_qwen2vl_vla_backbone_hidden_states", "full-logits"),
 ]
 
 

@@ -10,8 +10,10 @@ vocab)`` with ``seq >= min_positions`` (16) and ``vocab`` the output size of the
 (the LM head), that nothing reads in full: no block of at least half its elements is made while it
 lives (a loss, ``log_softmax`` or a full ``.float()`` copy would be), and what the script makes
 from it after the call shows one position read (a block without the sequence axis: ``logits[:,
--1].softmax(-1)`` is (B, V)); a block along every position reads them all, and logits nothing is
-made from (only kept, or a shape printed) say nothing. A training step or a perplexity evaluation needs every position and makes such blocks.
+-1].softmax(-1)`` is (B, V)), or none (the logits freed unread before the next call: a policy
+that reads a causal LM's ``hidden_states`` pays for the LM head over every position); a block along
+every position reads them all, and logits kept past the call with nothing made from them say
+nothing. Only blocks made from the logits count: along the vocabulary, or reduced over it. A training step or a perplexity evaluation needs every position and makes such blocks.
 
 The fix as a change: the logits block made for one position (``logits_to_keep=1`` in
 ``forward``, or ``model.model(...)`` then ``lm_head`` on ``hidden[:, -1:]``).
@@ -104,8 +106,17 @@ def detect(ctx: Context) -> list[Finding]:
         shape = trace.shapes[int(e["shape"][r])]
         read = [trace.shapes[int(k)] for k, op in zip(e["shape"][later].tolist(), e["op"][later].tolist(), strict=True)
                 if k >= 0 and not (trace.string(int(op)) or "").startswith(_FACTORIES)]  # fmt: skip
-        if not read or any(shape[-2] in m for m in read):
+        # Only blocks that come from the logits tell how they were read: along the vocabulary
+        # (last axis the vocab) or reduced over it (the logits' shape less the vocab axis: (B, T) of
+        # every position, (B,) of one: ``logits[:, -1].argmax(-1)``). Hidden
+        # states pooled over every position, (B, T, hidden), say nothing about the logits.
+        read = [m for m in read if (m and m[-1] == shape[-1]) or tuple(m) in (tuple(shape[:-1]), tuple(shape[:-2]))]
+        if any(shape[-2] in m for m in read):
             continue
+        if not read and int(free[r]) >= until:
+            continue  # nothing made from them and kept past the call: read later, or returned; nothing said
+        # one position read, or none at all (computed and dropped unread: a policy that reads the
+        # hidden states of a causal LM's forward pays for its LM head over every position)
         found.append(r)
         positions.append(int(shape[-2]))
     if not found:
@@ -114,7 +125,9 @@ def detect(ctx: Context) -> list[Finding]:
     pos = np.array(positions, dtype=np.float64)
     change = Change(scale_rows=rows, scale=1.0 / pos)
     nbytes = int(e["nbytes"][rows].sum())
-    made = lines_of_rows(trace, rows, limit=2)
+    # the user's innermost line that ran the LM head (a policy's ``self.vlm(...)`` inside its forward)
+    # first, then the script's call of the root model
+    made = lines_of_rows(trace, rows, limit=2, callers=False) + lines_of_rows(trace, rows, limit=2)
     evidence: dict[str, Any] = {
         "logits_blocks": len(rows),
         "logits_bytes": nbytes,

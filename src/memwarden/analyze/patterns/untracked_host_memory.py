@@ -102,8 +102,9 @@ def _numpy_held(trace: Trace, ctx: Context) -> list[Finding]:
     fix = (
         f"{int(counts[k])} numpy arrays ({format_bytes(nbytes)}: decoded frames, images, a preprocessed dataset) "
         f"made at {site.file}:{site.line} are all held at the peak, outside torch: decode or load only what "
-        f"the model reads (sample frame indices before decoding, e.g. decord's get_batch), or stream them one at "
-        f"a time and del each once it is a tensor"
+        f"the model reads (sample frame indices before decoding, e.g. decord's get_batch), or load them lazily, "
+        f"one batch at a time (a generator that yields each batch instead of a list of all of them), and del "
+        f"each once it is a tensor"
     )
     evidence: dict[str, Any] = {
         "numpy_blocks_at_peak": int(counts[k]),
