@@ -131,10 +131,13 @@ def verdict(case: Case, findings: list[dict[str, Any]]) -> dict[str, Any]:
         out["named"] = bool(mine)
         out["fix_ok"] = any(w in f["fix"] for f in mine for w in case.fix_words) if case.fix_words else bool(mine)
         out["ok"] = out["named"] and out["fix_ok"]
+        lo, hi = case.mistake_lines or (case.mistake_line or 0, case.mistake_line or 0)
         if case.mistake_line is not None and out["ok"]:
             first = [f["lines"][0] for f in mine if f["lines"]]
-            lo, hi = case.mistake_lines or (case.mistake_line, case.mistake_line)
             out["line_ok"] = any(Path(x["file"]).name == case.path.name and lo <= x["line"] <= hi for x in first)
+        if case.mistake_line is not None:  # the line a user reads first, whatever the pattern (for a peer)
+            top = findings[0]["lines"][0] if findings and findings[0]["lines"] else None
+            out["top_line_ok"] = bool(top and Path(top["file"]).name == case.path.name and lo <= top["line"] <= hi)
     return out
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from memwarden.govern.budget_value import Budget, BudgetSource
 from memwarden.runtime import media as media_mod
 from memwarden.runtime.admission import PeakPredictor
 from memwarden.runtime.degrade import Ladder
@@ -40,13 +41,7 @@ from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence, cach
 from memwarden.runtime.mrope import MRopePositions, reuse_limit_reason
 from memwarden.runtime.session_admit import Admission, AdmissionDecision, apply_change
 from memwarden.runtime.session_chat import Conversation
-from memwarden.runtime.session_config import (
-    BudgetSource,
-    SessionConfig,
-    from_legacy_keywords,
-    split_budget,
-    with_budget,
-)
+from memwarden.runtime.session_config import SessionConfig, from_legacy_keywords
 from memwarden.runtime.session_hooks import SessionHooks
 from memwarden.runtime.session_inputs import check_request, split_rows
 from memwarden.runtime.session_log import EventLog
@@ -97,9 +92,10 @@ class GovernedSession:
     ) -> None:
         if legacy:
             config, hooks = from_legacy_keywords(config, hooks, legacy)
-        fixed_bytes, budget_source = split_budget(budget)  # TypeError for what is neither bytes nor a source
-        if fixed_bytes is not None:
-            config = with_budget(config, fixed_bytes)
+        # Parsed once, here (TypeError for what is neither bytes nor a source); config.budget caps a source.
+        parsed = Budget.parse(budget, cap=config.budget)
+        if parsed.source is None:
+            config = dataclasses.replace(config, budget=parsed.fixed_bytes)
         self.config = config
         self.hooks = hooks
         self.model: Any = model  # a transformers model: generate(), config, generation_config are not nn.Module's
@@ -141,7 +137,7 @@ class GovernedSession:
             self.spec = KVSpec.from_config(model.config, dtype=dtype, block_size=config.block_size)
             self.predictor = PeakPredictor(model, self.spec)
             self.memory = SessionMemory(model, self.spec, self.predictor, config, self.log, device=self.device,
-                                        budget_source=budget_source, example_inputs=example_inputs,
+                                        budget=parsed, example_inputs=example_inputs,
                                         encoder_store=hooks.encoder_store, processor=processor)  # fmt: skip
         except BaseException as exc:  # a session that failed to start governs nothing
             self.closed = True

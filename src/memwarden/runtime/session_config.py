@@ -17,19 +17,11 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from memwarden.runtime.degrade import LadderConfig
 from memwarden.runtime.session_hooks import SessionHooks
 from memwarden.units import parse_bytes
-
-
-class BudgetSource(Protocol):
-    """A budget that moves (``govern.budget.BudgetController`` following telemetry): the session reads
-    ``budget_bytes`` before every request and resizes its pool to it."""
-
-    @property
-    def budget_bytes(self) -> int: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,31 +77,6 @@ class SessionConfig:
         return None if self.budget is None else parse_bytes(self.budget)
 
 
-def split_budget(budget: int | str | BudgetSource) -> tuple[int | None, BudgetSource | None]:
-    """``(bytes, None)`` for a quantity of bytes, ``(None, source)`` for a budget source (an object with
-    ``budget_bytes``: a telemetry controller). Raises TypeError, naming what was given, for anything
-    else: ``None`` (no limit) or a list is never taken for a source."""
-    if budget is None:
-        raise TypeError(
-            "budget=None sets no limit: give a number of bytes, a string such as 6GiB, "
-            "or a budget controller (an object with budget_bytes)"
-        )
-    if not isinstance(budget, str) and hasattr(budget, "budget_bytes") and not isinstance(budget, type):
-        return None, budget
-    return parse_bytes(budget), None  # TypeError / ValueError for what is not a quantity of bytes
-
-
-def with_budget(config: SessionConfig, budget: int) -> SessionConfig:
-    """``config`` carrying the session's fixed ``budget``; a different budget already in it is refused
-    rather than one of two answers silently winning."""
-    if config.budget is not None and parse_bytes(config.budget) != budget:
-        raise TypeError(
-            f"GovernedSession got budget={budget!r} and config.budget={config.budget!r}: "
-            "give the budget once, as the budget argument"
-        )
-    return dataclasses.replace(config, budget=budget)
-
-
 _HOOKS = ("on_decision", "lower_resolution")
 _DROPPED = ("device_profile",)  # never read by the session
 
@@ -142,4 +109,4 @@ def from_legacy_keywords(
     return dataclasses.replace(config, **config_changes), dataclasses.replace(hooks, **hook_changes)
 
 
-__all__ = ["BudgetSource", "SessionConfig", "split_budget", "from_legacy_keywords", "with_budget"]
+__all__ = ["SessionConfig", "from_legacy_keywords"]

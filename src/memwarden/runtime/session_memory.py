@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from memwarden.govern.budget_value import Budget
 from memwarden.runtime import media as media_mod
 from memwarden.runtime.admission import AdmissionError, PeakPredictor
 from memwarden.runtime.cuda_reserve import SEGMENT_ROOM_BYTES, ReserveCap
@@ -25,10 +26,11 @@ from memwarden.runtime.encoders import EncoderCache
 from memwarden.runtime.featcache_contract import default_encoder_store
 from memwarden.runtime.host_memory import allocation_failed, first_line, limit_cap, trim_soon, warm_cuda_runtime
 from memwarden.runtime.kvcache import KVPool, KVSpec
+from memwarden.runtime.memory_plan import plan_memory
 from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_log import EventLog
 from memwarden.runtime.session_owned import BudgetError, Owned
-from memwarden.units import format_bytes, parse_bytes
+from memwarden.units import format_bytes
 
 if TYPE_CHECKING:
     from memwarden.runtime.offload import WeightStreamer
@@ -70,7 +72,7 @@ class SessionMemory:
         log: EventLog,
         *,
         device: torch.device,
-        budget_source: Any = None,
+        budget: Budget,
         example_inputs: dict[str, Any] | None = None,
         encoder_store: Any = None,
         processor: Any = None,
@@ -80,10 +82,10 @@ class SessionMemory:
         self.predictor = predictor
         self.config = config
         self.log = log
-        self.budget_source = budget_source  # an object with budget_bytes (a telemetry controller), read each time
+        self.budget = budget  # fixed bytes and/or a source read each time (govern/budget_value.py)
+        self.limit_bytes: int | None = None  # what the process may really allocate: set below, once weights are counted
         self.learned_margin_bytes = 0  # kept free beyond the safety fraction under a real limit (limit_hit)
-        self.fixed_budget: int | None = config.fixed_budget_bytes
-        self.initial_budget = self.fixed_budget if self.fixed_budget is not None else 2**62
+        self.initial_budget = budget.bytes_now()  # what a temporary squeeze (set_budget) returns to
         self.budget_lowered = False  # a temporary squeeze (set_budget(..., temporary=True)) is in force
         self._owned = Owned()
         # Released on close(), or when the session is collected without it; folders also at exit (below).
@@ -114,36 +116,27 @@ class SessionMemory:
         self.stream_allowed = config.stream is not False
         self.activation_reserve_bytes = 0  # set below, once the weights are placed
         budget_now = self.budget_bytes
-        min_kv_tokens = config.min_kv_tokens
         example_tokens = 0
         if example_inputs and "input_ids" in example_inputs:  # the pool must hold a request like it
             example_tokens = example_inputs["input_ids"].shape[1] + int(example_inputs.get("max_new_tokens", 32))
-            min_kv_tokens = max(min_kv_tokens, example_tokens)
-        min_pool = self.spec.page_size_bytes * self.pool_blocks_for_tokens(min_kv_tokens)
-        self.min_pool_bytes = min_pool
-        stream = config.stream
-        reserve = config.activation_reserve_bytes
-        example = example_tokens > 0
         # The weights are streamed only for the requests the session is asked to serve: a request like
         # example_inputs (its KV and activations) now, each later request at admission (which streams
-        # then if that one needs it) — never for a worst case the session may never see, so a roomy
+        # then if that one needs it) -- never for a worst case the session may never see, so a roomy
         # budget keeps the weights resident.
-        planned = self.reserve_for(example_inputs) if example and reserve is None else (reserve or 0)
-        planned_kv = self.spec.page_size_bytes * self.pool_blocks_for_tokens(max(1, example_tokens))
-        if reserve is None:
-            reserve = max(budget_now // 10, planned)
-        needs = self.weights_bytes + planned_kv + planned + self.learned_margin_bytes
-        if stream is True or (stream == "auto" and needs > budget_now):
-            if (
-                config.activation_reserve_bytes is None
-            ):  # room for a request like example_inputs, or a 512-token prefill
-                reserve = max(reserve, self.reserve_for(example_inputs))
+        plan = plan_memory(
+            budget_bytes=budget_now, weights_bytes=self.weights_bytes, page_size_bytes=spec.page_size_bytes,
+            block_size=spec.block_size, min_kv_tokens=config.min_kv_tokens, example_tokens=example_tokens,
+            reserve_bytes=config.activation_reserve_bytes, example_reserve=lambda: self.reserve_for(example_inputs),
+            learned_margin_bytes=self.learned_margin_bytes, stream=config.stream,
+        )  # fmt: skip
+        self.min_pool_bytes = plan.min_pool_bytes
+        if plan.stream:
             try:
-                self._stream(budget_now, min_pool, reserve)
+                self._stream(budget_now, plan.min_pool_bytes, plan.reserve_bytes)
             except BudgetError:
-                if stream is True:
+                if config.stream is True:
                     raise  # asked for; "auto" goes on resident and lets admission size the pool
-        self.activation_reserve_bytes = reserve
+        self.activation_reserve_bytes = plan.reserve_bytes
         num_kv_blocks = config.num_kv_blocks
         if num_kv_blocks is None:
             num_kv_blocks = self.pool_blocks_for(budget_now)
@@ -195,14 +188,13 @@ class SessionMemory:
 
     @property
     def budget_bytes(self) -> int:
-        source = getattr(self.budget_source, "budget_bytes", None)
-        limits = [b for b in (self.fixed_budget, source, getattr(self, "limit_bytes", None)) if b is not None]
-        return int(min(limits)) if limits else 2**62
+        """The bytes in force: the budget (fixed, its source's reading) capped by the real limit."""
+        return self.budget.bytes_now(self.limit_bytes)
 
     @property
     def budget_may_rise(self) -> bool:
         """A budget source may raise the budget, and so may the end of a temporary squeeze."""
-        return self.budget_source is not None or self.budget_lowered
+        return self.budget.source is not None or self.budget_lowered
 
     @property
     def squeezed(self) -> bool:
@@ -385,7 +377,7 @@ class SessionMemory:
         free memory again (another process may have taken or returned some)."""
         if self.device.type == "cuda":
             self.limit_bytes, _ = limit_cap(self.held_bytes, self.device)
-        poll = getattr(self.budget_source, "poll", None)
+        poll = getattr(self.budget.source, "poll", None)
         if callable(poll):
             poll()
         self.cap_reserve()  # at the budget this reading gives
@@ -409,9 +401,10 @@ class SessionMemory:
     def set_budget(self, budget: str | int, *, temporary: bool = False) -> bool:
         """A new fixed budget; returns whether the pool should follow it now (not under a squeeze,
         where allocating a new pool could itself fail: requests wait it out instead)."""
-        self.fixed_budget = parse_bytes(budget)
-        self.budget_lowered = temporary and self.fixed_budget < self.initial_budget
-        self.log.note("budget", f"budget set to {format_bytes(self.fixed_budget)}", budget_bytes=self.fixed_budget)
+        self.budget = self.budget.with_fixed(budget)
+        fixed = int(self.budget.fixed_bytes or 0)
+        self.budget_lowered = temporary and fixed < self.initial_budget
+        self.log.note("budget", f"budget set to {format_bytes(fixed)}", budget_bytes=fixed)
         return not self.budget_lowered
 
     def apply_telemetry(self, sample: Any, *, in_use_bytes: int | None = None) -> tuple[int, int]:
@@ -429,13 +422,14 @@ class SessionMemory:
                 power_w=getattr(sample, "power_w", None),
                 fps=getattr(sample, "fps", None),
             )
-        if self.budget_source is None or not hasattr(self.budget_source, "update"):
-            controller = BudgetController(cap_bytes=self.fixed_budget)
+        source = self.budget.source
+        if source is None or not hasattr(source, "update"):
+            source = BudgetController(cap_bytes=self.budget.fixed_bytes)
             # heat / power / fps never push the budget below what serving needs at all
-            controller.floor_bytes = self.working_set_bytes
-            self.budget_source = controller
+            source.floor_bytes = self.working_set_bytes
+            self.budget = self.budget.with_source(source)
         before = self.budget_bytes
-        self.budget_source.update(sample, in_use_bytes=self.held_bytes if in_use_bytes is None else in_use_bytes)
+        source.update(sample, in_use_bytes=self.held_bytes if in_use_bytes is None else in_use_bytes)
         after = self.budget_bytes
         if after != before:
             self.log.note("budget", f"telemetry: budget {format_bytes(before)} -> {format_bytes(after)}",
