@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from memwarden.commands import (
     align_check,
     check,
+    collect,
     compare,
     demo,
     devices,
@@ -52,6 +53,7 @@ class Command(Protocol):
 COMMAND_MODULES: tuple[Command, ...] = (
     demo,
     trace,
+    collect,
     summary,
     diagnose,
     check,

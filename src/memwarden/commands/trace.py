@@ -76,6 +76,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--metrics-addr", default="127.0.0.1", metavar="ADDR", help="address to serve metrics on (default: %(default)s)"
     )
+    p.add_argument(
+        "--sink",
+        metavar="ADDR",
+        help="also send the trace, as it is made, to a collector outside this machine's process tree "
+        "(memwarden collect --listen ADDR): HOST:PORT, unix:PATH, or a directory (a mounted volume); a kill "
+        "of the whole container then leaves the trace up to the kill there",
+    )
     p.add_argument("script", nargs="?", help="Python script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(func=run)
@@ -102,19 +109,22 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
 
     from memwarden.record.live.supervisor import supervise
+    from memwarden.record.live.wire import SinkError
 
     metrics = _serve_metrics(args, out)
     try:
         if getattr(args, "live", False):
             from memwarden.commands._live_trace import run_live
 
-            trace = run_live(out, script=str(script), args=list(args.args), options=options).trace
+            run_ = run_live(out, script=str(script), args=list(args.args), options=options)
         else:
-            trace = supervise(out, script=str(script), args=list(args.args), options=options).trace
+            run_ = supervise(out, script=str(script), args=list(args.args), options=options)
+    except SinkError as exc:  # raised before the script runs
+        raise InputError(f"--sink: {exc}") from None
     finally:
         if metrics is not None:
             metrics.stop()
-    return _report(script.name, out, trace)
+    return _report(script.name, out, run_.trace, getattr(run_, "sink_lines", []))
 
 
 def _serve_metrics(args: argparse.Namespace, out: Path) -> Any:
@@ -156,10 +166,19 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("user_code", "library_code"):
         if getattr(args, key, None):
             options[key] = [os.path.abspath(p) for p in getattr(args, key)]
+    if getattr(args, "sink", None):
+        from memwarden.record.live.wire import SinkAddress, SinkError
+
+        try:
+            address = SinkAddress.parse(args.sink)
+        except SinkError as exc:
+            raise InputError(f"--sink {exc}") from None
+        # a directory by its absolute path: the supervisor may run elsewhere than the shell's cwd
+        options["sink"] = os.path.abspath(address.path) if address.kind == "dir" else str(address)
     return options
 
 
-def _report(name: str, out: Path, trace: Any) -> int:
+def _report(name: str, out: Path, trace: Any, sink_lines: list[str] | None = None) -> int:
     from memwarden.analyze.analysis import Analysis
     from memwarden.analyze.postmortem import failure_lines, killed_lines
     from memwarden.units import format_bytes
@@ -174,6 +193,8 @@ def _report(name: str, out: Path, trace: Any) -> int:
     )
     for line in failure_lines(trace) or killed_lines(trace):
         print(line, file=sys.stderr)
+    for line in sink_lines or []:
+        print(line, file=sys.stderr)
     return status
 
 
@@ -182,7 +203,11 @@ def _run_module(args: argparse.Namespace) -> int:
     check_output(args.output, flag="-o", allow_stdout=False)
     options = _options(args)
     from memwarden.record.live.supervisor import supervise
+    from memwarden.record.live.wire import SinkError
 
     argv = ([args.script] if args.script else []) + list(args.args)
-    trace = supervise(Path(args.output), module=args.module, args=argv, options=options).trace
-    return _report(f"-m {args.module}", Path(args.output), trace)
+    try:
+        run_ = supervise(Path(args.output), module=args.module, args=argv, options=options)
+    except SinkError as exc:  # raised before the module runs
+        raise InputError(f"--sink: {exc}") from None
+    return _report(f"-m {args.module}", Path(args.output), run_.trace, run_.sink_lines)

@@ -79,6 +79,8 @@ def run(
     meta: dict[str, Any] = {"script": script if module is None else f"-m {module}", "argv": list(args),
                             "cwd": os.getcwd()}  # fmt: skip
     opts = dict(options or {})
+    if isinstance(opts.get("sink"), dict):  # trace --sink: where this run's trace is also sent
+        meta["sink"] = opts["sink"]
     cap = Capture(metadata=meta, stream_to=stream, stacks=bool(opts.get("stacks")),
                   user_code=opts.get("user_code") or None, library_code=opts.get("library_code") or None,
                   ring_s=opts.get("ring_s"), ring_rss_bytes=opts.get("ring_rss_bytes"))  # fmt: skip

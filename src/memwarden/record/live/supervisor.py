@@ -15,6 +15,9 @@ memory every 100 ms and waits. When the child has ended:
   rows the child recorded that neither holds (0 unless the ring overflowed between two flushes;
   None where no ring could be read).
 
+With ``options["sink"]`` (``trace --sink ADDR``) a ``sink.Forwarder`` sends the stream out as it
+grows and the complete trace at the end, so a kill of the whole container leaves the trace outside.
+
 Either way the supervisor adds what only it knows (``metadata.exit_status``, ``exit_signal``,
 ``oom_killed``, the resident samples and the last resident size it saw) and writes the
 ``.mwtrace`` atomically over the stream.
@@ -39,6 +42,8 @@ import numpy as np
 from memwarden.record.live.oom import KernelLog, OomCounters, oom_evidence, oom_killed
 from memwarden.record.live.recover import RingRecovery, attribute_stream, recover_ring
 from memwarden.record.live.rss import sample
+from memwarden.record.live.sink import Forwarder
+from memwarden.record.live.wire import SinkAddress
 from memwarden.trace.format import FORMAT_MAGIC, loads
 from memwarden.trace.io import save
 from memwarden.trace.model import Trace, TraceBuilder, TraceFormatError
@@ -56,6 +61,7 @@ class SupervisedRun:
     exit_signal: int | None
     recovered: bool  # the trace came from the stream (the child did not stop its capture)
     samples: list[dict[str, int]] = field(default_factory=list)
+    sink_lines: list[str] = field(default_factory=list)  # what the sink said (trace --sink)
 
 
 def resident_metadata(samples: list[dict[str, int]], t0_ns: int) -> dict[str, Any]:
@@ -123,14 +129,22 @@ def supervise(
     env: dict[str, str] | None = None,
     options: dict[str, Any] | None = None,
 ) -> SupervisedRun:
-    """Run the script (or ``-m`` module) traced in a child; write and return its trace."""
+    """Run the script (or ``-m`` module) traced in a child; write and return its trace.
+    ``options["sink"]``: an address for ``SinkAddress.parse``; a sink that does not answer raises
+    ``SinkError`` before the script runs."""
     out = Path(output)
     args = list(args or [])
+    forwarder = None
+    if (options or {}).get("sink"):
+        name = Path(script).stem if module is None and script else str(module)
+        forwarder = Forwarder(SinkAddress.parse(str((options or {})["sink"])), out, name)
+        forwarder.check()
+        options = {**(options or {}), "sink": forwarder.metadata()}
     ring_dir = Path(tempfile.mkdtemp(prefix="memwarden-ring-", dir=_ring_parent(out)))
     ring_file = ring_dir / "events.ring"
     try:
         return _supervise(out, script, module, args, env, {**(options or {}), "ring_file": str(ring_file)},
-                          ring_file)  # fmt: skip
+                          ring_file, forwarder)  # fmt: skip
     finally:
         shutil.rmtree(ring_dir, ignore_errors=True)
 
@@ -152,6 +166,7 @@ def _supervise(
     env: dict[str, str] | None,
     options: dict[str, Any],
     ring_file: Path,
+    forwarder: Forwarder | None = None,
 ) -> SupervisedRun:
     before = OomCounters.read()
     kernel_log = KernelLog.open()  # before the child: only this run's lines count (oom.py)
@@ -161,6 +176,8 @@ def _supervise(
         if kernel_log is not None:
             kernel_log.close()
         raise
+    if forwarder is not None:
+        forwarder.start()
     forwarded: list[int] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -235,5 +252,11 @@ def _supervise(
         meta["resident_last_bytes"] = resident["last_bytes"]
     if forwarded:
         meta["forwarded_signals"] = forwarded
+    if forwarder is not None:
+        meta["sink"] = forwarder.metadata()
     save(trace, out)
-    return SupervisedRun(trace=trace, status=status, exit_signal=exit_signal, recovered=recovered, samples=samples)
+    run = SupervisedRun(trace=trace, status=status, exit_signal=exit_signal, recovered=recovered, samples=samples)
+    if forwarder is not None:
+        answer = forwarder.finish(out)
+        run.sink_lines = [f"memwarden: {line}" for line in [*forwarder.problems[:1], answer]]
+    return run
