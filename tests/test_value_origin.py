@@ -128,6 +128,24 @@ def test_a_self_attribute_is_followed_to_the_constructor_call_that_set_it(tmp_pa
     assert knob is not None and knob.line == _line(f, "# KNOB")
     chosen = origin_line(f, knob.line, ("max_pixels",))
     assert chosen is not None and chosen.line == _line(f, "# CHOSEN")
+    # a call passing two knobs, one left at its default by the caller: the one the user chose is named
+    g = _write(
+        tmp_path,
+        "reader2.py",
+        """
+        class PageReader:
+            def __init__(self, model, min_pixels=3136, max_pixels=1003520):
+                self.min_pixels = min_pixels
+                self.max_pixels = max_pixels
+
+            def pixels(self, page):
+                return resize(page, min_pixels=self.min_pixels, max_pixels=self.max_pixels)  # KNOB
+
+        reader = PageReader(model, max_pixels=None)  # CHOSEN
+        """,
+    )
+    chosen = origin_line(g, _line(g, "# KNOB"), ("min_pixels", "max_pixels"))
+    assert chosen is not None and chosen.line == _line(g, "# CHOSEN")
 
 
 def test_a_cache_made_anew_each_turn_is_where_the_cache_argument_was_chosen(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from memwarden.analyze.source_lines import entry_files, read_from, script_files,
 from memwarden.analyze.thresholds import check_thresholds
 from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Trace
+from memwarden.trace.sites import parse_line
 
 # The pattern ids of DESIGN.md, in the order the detectors run (analyze/patterns/__init__.py).
 PATTERNS: tuple[str, ...] = tuple(DETECTORS)
@@ -96,8 +97,13 @@ def _in_the_script(ctx: Context, findings: list[Finding]) -> list[Finding]:
     script's statement that asks for it (``source_lines.script_line``), which then comes first.
     Patterns whose fix lies inside the code that allocated (``INNER_FIRST``: a concatenated cache in
     the user's model file) keep their lines."""
+    # the user's files: those of the model calls, of the findings' lines and of every line that
+    # allocated (a run without model calls, a script whose own lines made arrays)
+    lines = ctx.trace.events["line"]
+    made = [parse_line(ctx.trace.strings[int(i)]).file for i in np.unique(lines[lines >= 0]).tolist()]
     files = script_files([s.call_site or "" for s in ctx.analysis.steps])
-    files += [str(x["file"]) for f in findings for x in f.lines[:1] if str(x["file"]) not in files]
+    files += [str(x["file"]) for f in findings for x in f.lines[:1]] + made
+    files = list(dict.fromkeys(f for f in files if f))
     script = ctx.trace.metadata.get("script")
     entries = entry_files(files, script if isinstance(script, str) else None)
     out = []

@@ -72,17 +72,19 @@ def origin_line(file: str, line: int, keywords: tuple[str, ...], depth: int = 4)
     keyword itself when its value is a literal; else the assignment that bound the name it passes
     (``cache = DynamicCache(...)``, ``per_call = N_SAMPLES``), followed through the function's
     parameters to the argument its caller passed, ``depth`` levels; a module-level constant's own line
-    when the call names one directly. None when no call at the line passes one of ``keywords``."""
+    when the call names one directly. None when no call at the line passes one of ``keywords``, or
+    when each one it passes is a parameter its caller left at the default."""
     tree = tree_of(file)
     stmt = statement_at(tree, line) if tree is not None else None
     if tree is None or stmt is None:
         return None
-    value = next(
-        (k.value for node in ast.walk(stmt) if isinstance(node, ast.Call) for k in node.keywords if k.arg in keywords),
-        None,
-    )
-    if value is None:
-        return None
+    values = [k.value for node in ast.walk(stmt) if isinstance(node, ast.Call) for k in node.keywords
+              if k.arg in keywords]  # fmt: skip
+    # the first keyword whose value the user chose (one left at a parameter's default was not chosen)
+    return next((found for v in values if (found := _follow(tree, file, stmt, v, depth)) is not None), None)
+
+
+def _follow(tree: ast.Module, file: str, stmt: ast.stmt, value: ast.expr, depth: int) -> SourceLine | None:
     at = SourceLine(file, getattr(value, "lineno", stmt.lineno), "passes it")
     for _ in range(depth):
         if (attr := _self_attribute(value)) is not None:  # self.max_pixels: set in the class's __init__
@@ -104,9 +106,11 @@ def origin_line(file: str, line: int, keywords: tuple[str, ...], depth: int = 4)
             return SourceLine(file, top.lineno, f"sets {names[0]}") if top is not None and fn is None else at
         index = params.index(names[0]) - (1 if params and params[0] in ("self", "cls") else 0)
         calls = [c for c in call_lines(file, callable_name(tree, fn)) if c.line != at.line]
-        arg = _argument_at(tree, calls[0].line, callable_name(tree, fn), names[0], index) if calls else None
-        if arg is None:
+        if not calls:
             return at
+        arg = _argument_at(tree, calls[0].line, callable_name(tree, fn), names[0], index)
+        if arg is None:
+            return None  # the caller left it at its default: not where the user chose anything
         value, at = arg, SourceLine(file, getattr(arg, "lineno", calls[0].line), "passes it")
     return at
 
