@@ -27,6 +27,11 @@ def register(sub: Any) -> None:
         "/proc/meminfo, free, PSI, mem_get_info, llama.cpp device lines, L4T version, a person's own lines)?",
     )  # fmt: skip
     p.add_argument(
+        "--largest-buffer", metavar="BYTES",
+        help="with --request: the request's single largest buffer; judged against the largest free contiguous "
+        "block (tegrastats lfb, jtop) where the state shows one",
+    )  # fmt: skip
+    p.add_argument(
         "--kind", choices=("cuda", "host", "mmap", "contiguous"), default="cuda",
         help="the allocation --request makes: cuda (device memory; unified on Jetson), host (anonymous), mmap "
         "(file-backed weights), contiguous (physically contiguous buffers) (default: %(default)s)",
@@ -73,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         controller = BudgetController.from_device_profile(args.device, policy=policy, cap_bytes=cap)
     else:
         controller = BudgetController(policy, cap_bytes=cap)
+    if args.largest_buffer is not None and args.request is None:
+        raise InputError("--largest-buffer needs --request BYTES (the whole request it is one buffer of)")
     if args.request is not None and not args.replay:
         raise InputError("--request needs --replay FILE (the device state to judge it against)")
     if args.replay and args.request is not None:
@@ -94,12 +101,20 @@ def _state_verdict(args: argparse.Namespace) -> int:
         request = parse_bytes(args.request)
     except ValueError as exc:
         raise InputError(f"--request: {exc}") from None
+    largest = None
+    if args.largest_buffer is not None:
+        try:
+            largest = parse_bytes(args.largest_buffer)
+        except ValueError as exc:
+            raise InputError(f"--largest-buffer: {exc}") from None
+        if largest > request:
+            raise InputError("--largest-buffer is larger than --request (one buffer of the request)")
     read = load_state(args.replay)
     judged = [s for s in read.samples if any(k in s.figures for k in _MEMORY_FIELDS)]
     if not judged:
         raise InputError(f"{terminal_safe(args.replay)}: no memory figure in {read.lines} lines "
                          f"({read.skipped} not recognised)")  # fmt: skip
-    verdict = judge(judged[-1], request, args.kind)  # the state now: the last sample
+    verdict = judge(judged[-1], request, args.kind, largest_buffer_bytes=largest)  # the state now: the last sample
     if args.json:
         from memwarden.commands._common import print_json
 
@@ -114,7 +129,8 @@ def _state_verdict(args: argparse.Namespace) -> int:
     return 0 if verdict.verdict == "fits" else 1
 
 
-_MEMORY_FIELDS = ("mem_available", "mem_free", "device_free", "lfb_block", "cma_free")
+_MEMORY_FIELDS = ("mem_available", "mem_free", "device_free", "lfb_block", "cma_free", "android_free_ram",
+                  "os_proc_available", "jetsam_limit")  # fmt: skip
 
 
 def _is_own_log(path: str) -> bool:

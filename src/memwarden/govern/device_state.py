@@ -32,7 +32,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from memwarden.govern.device_state_lines import Figure, ParseContext, parse_line
+from memwarden.govern.device_state_context import ParseContext
+from memwarden.govern.device_state_lines import Figure, parse_line
 from memwarden.govern.platform_facts import facts_for
 from memwarden.untrusted import open_regular
 
@@ -79,7 +80,7 @@ class DeviceState:
         """True when the paste shows a unified-memory platform, False when it shows a discrete GPU
         (a device total unlike the host's), None when it cannot tell."""
         f = self.figures
-        if "l4t" in f or "jetpack" in f or "lfb_block" in f or "nvmap_used" in f:
+        if any(k in f for k in ("l4t", "jetpack", "lfb_block", "nvmap_used", "nvmap_clients_total")):
             return True
         if (name := self.value("device_name")) and _INTEGRATED_NAMES.search(str(name)):
             return True
@@ -198,6 +199,16 @@ def obtainable(state: DeviceState, kind: str) -> Obtainable:
     add("swap_free", "swap_free", kind == "host", swap_note)
     add("cma_free", "cma_free", kind == "contiguous", "CmaFree: the contiguous-memory area still free")
     add("nvmap_used", "gpu_clients_hold", False, "NvMapMemUsed: what GPU clients (all processes) hold now")
+    if (top := state.value("nvmap_top_client")) is not None:
+        top_note = f"; the largest: {top}, {int(state.value('nvmap_top_client_bytes') or 0) >> 20} MiB"
+    else:
+        top_note = ""
+    add("nvmap_clients_total", "gpu_clients_hold_nvmap", False, "NvMap iovmm clients: GPU buffers every process "
+        f"holds, already outside MemAvailable (not subtracted twice){top_note}")  # fmt: skip
+    add("lmkd_killed_rss", "lmkd_killed", False, f"lmkd killed {state.value('lmkd_kill')}: the device is under "
+        "pressure; a process at that oom_score_adj or above is next")  # fmt: skip
+    add("android_free_ram", "android_free_ram", False, "dumpsys Free RAM: free + cached kernel + cached processes "
+        "lmkd kills first")  # fmt: skip
     if (lfb := state.value("lfb_block")) is not None and (count := state.value("lfb_count")) is not None:
         fig = state.figures["lfb_block"]
         comps["largest_free_block"] = Component(
@@ -222,10 +233,52 @@ def obtainable(state: DeviceState, kind: str) -> Obtainable:
     if base is None and (dev := state.value("device_free")) is not None:
         base, basis = dev, "the reported free figure (MemFree on an integrated GPU: a lower bound)"
         comps["reported_device_free"] = Component(**{**comps["reported_device_free"].__dict__, "counts": True})
+    if base is None and (android := state.value("android_free_ram")) is not None:
+        base, basis = android, "dumpsys Free RAM (counts cached apps lmkd would kill: an upper estimate)"
+        comps["android_free_ram"] = Component(**{**comps["android_free_ram"].__dict__, "counts": True})
+    if base is not None and kind == "cuda" and integrated and (cma := state.value("cma_free")) is not None:
+        # CMA pageblocks take movable pages only; pinned GPU buffers cannot live there, yet MemFree
+        # and MemAvailable count CmaFree (Toradex's CMA article; the kernel migrates long-term pins
+        # out of CMA). What a cudaMalloc can get is the rest.
+        base, basis = max(0, base - cma), f"{basis} - CmaFree (CMA takes movable pages only)"
+        comps["cma_free"] = Component(
+            **{
+                **comps["cma_free"].__dict__,
+                "counts": True,
+                "note": (
+                    "CmaFree: inside MemAvailable, but only movable pages may use it, never pinned GPU buffers: subtracted"
+                ),
+            }
+        )
+    if kind == "host" and base is not None and (swap := state.value("swap_free")) is not None:
+        base, basis = base + swap, f"{basis} + free swap"
+    return _phone_caps(state, base, basis, comps)
+
+
+def _phone_caps(state: DeviceState, base: int | None, basis: str, comps: dict[str, Component]) -> Obtainable:
+    """An iPhone's own ceilings: what ``os_proc_available_memory`` says the app may still allocate,
+    and the jetsam per-process limit a report shows (the app's whole footprint must stay under it,
+    so one allocation gets at most that, less what the app already holds)."""
+    caps = [
+        ("os_proc_available", "os_proc_available", "os_proc_available_memory(): what this app may still allocate "
+         "before jetsam kills it"),
+        ("jetsam_limit", "jetsam_per_process_limit", "jetsam per-process-limit: rpages x pageSize of the app killed "
+         f"at its limit ({state.value('jetsam_killed') or 'name not in the paste'}"
+         f"{', pageSize assumed 16 KiB' if state.value('jetsam_page_size_assumed') else ''}); the app's whole "
+         "footprint must stay under it"),
+    ]  # fmt: skip
+    for field_name, name, note in caps:
+        value = state.value(field_name)
+        if not isinstance(value, int):
+            continue
+        fig = state.figures[field_name]
+        binds = base is None or value < base
+        comps[name] = Component(name=name, bytes=value, counts=binds, note=note, line=fig.line, line_no=fig.line_no)
+        if binds:
+            base, basis = value, (f"{name.replace('_', ' ')} (below {basis})" if base is not None else name.replace(
+                "_", " "))  # fmt: skip
     if base is None:
         return Obtainable(bytes=None, components=comps, basis="no memory figure")
-    if kind == "host" and (swap := state.value("swap_free")) is not None:
-        return Obtainable(bytes=base + swap, components=comps, basis=f"{basis} + free swap")
     return Obtainable(bytes=base, components=comps, basis=basis)
 
 
@@ -257,10 +310,52 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
 
-def judge(state: DeviceState, request_bytes: int, kind: str = "cuda") -> Verdict:
+def _contiguous(state: DeviceState, kind: str, largest_buffer_bytes: int) -> tuple[Component | None, int | None] | None:
+    """The request judged buffer by buffer against tegrastats' ``lfb NxSIZE``: each buffer needs one
+    free block, so a buffer larger than SIZE cannot be placed in the free blocks (only CMA, where
+    CmaFree is known, can still hold it), while many buffers of at most SIZE fit up to N blocks.
+    Returns the component and, for ``contiguous`` requests, the bytes they can get (None: no bound)."""
+    block, count = state.value("lfb_block"), state.value("lfb_count")
+    if not isinstance(block, int) or not isinstance(count, int) or largest_buffer_bytes <= block:
+        if kind == "contiguous" and isinstance(block, int) and isinstance(count, int):
+            return None, max(count * block, int(state.value("cma_free") or 0))
+        return None
+    fig = state.figures["lfb_block"]
+    cma = state.value("cma_free")
+    fits_cma = isinstance(cma, int) and largest_buffer_bytes <= cma
+    note = (f"the request's largest buffer ({largest_buffer_bytes >> 20} MiB) is larger than the largest free "
+            f"contiguous block (lfb {count}x{block >> 20}MB)")  # fmt: skip
+    if kind == "contiguous":
+        note += "; CmaFree can still hold it" if fits_cma else "; no free block or CMA area holds it: it fails"
+    else:
+        note += ("; cudaMalloc on Tegra maps scattered pages through the SMMU, so this matters only for buffers "
+                 "that must be physically contiguous (camera, codec, NvBufSurface)")  # fmt: skip
+    comp = Component(name="does_not_fit_contiguously", bytes=largest_buffer_bytes, counts=kind == "contiguous",
+                     note=note, line=fig.line, line_no=fig.line_no)  # fmt: skip
+    if kind != "contiguous":
+        return comp, None
+    return comp, int(cma) if fits_cma and isinstance(cma, int) else 0
+
+
+def judge(state: DeviceState, request_bytes: int, kind: str = "cuda", *,
+          largest_buffer_bytes: int | None = None) -> Verdict:  # fmt: skip
     """Does one allocation of ``request_bytes`` of ``kind`` succeed in ``state``? Beside it, the
-    naive readings: request <= MemAvailable, <= the total, <= the reported device free figure."""
+    naive readings: request <= MemAvailable, <= the total, <= the reported device free figure.
+    With ``largest_buffer_bytes`` (the request's single largest buffer) it is also judged buffer by
+    buffer against the largest free contiguous block (:func:`_contiguous`)."""
     ob = obtainable(state, kind)
+    if largest_buffer_bytes is not None and largest_buffer_bytes > request_bytes:
+        raise ValueError("the largest buffer cannot be larger than the whole request")
+    contiguous = None if largest_buffer_bytes is None else _contiguous(state, kind, largest_buffer_bytes)
+    if contiguous is not None:
+        comp, bound = contiguous
+        components = dict(ob.components)
+        if comp is not None:
+            components[comp.name] = comp
+        basis = ob.basis
+        if bound is not None:
+            basis = "buffer by buffer: the lfb blocks (or CmaFree) that can hold the request's buffers"
+        ob = Obtainable(bytes=ob.bytes if bound is None else bound, components=components, basis=basis)
     total = state.value("mem_total") or state.value("device_total")
     avail, dev_free = state.value("mem_available"), state.value("device_free")
     naive = {

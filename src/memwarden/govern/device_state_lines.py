@@ -23,6 +23,9 @@ Formats (fields are bytes unless named otherwise):
 - A person's own summary: ``Available: 1.5GB``, ``Swap 1.9GB / 14GB``, ``free=66GB cache=51GB
   available=116GB``, ``Buffer/Cache: 6.4GB``. Their ``GB``/``MB`` are read as GiB/MiB, as tegrastats
   and ``free -h`` mean them.
+- jtop's memory dict and NvMap's ``iovmm/clients`` table (``device_state_jetson``); iOS jetsam
+  reports, ``os_proc_available_memory``, Android ``dumpsys meminfo``, lmkd kills and trim levels
+  (``device_state_phone``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["FORMATS", "Figure", "ParseContext", "parse_line"]
+from memwarden.govern.device_state_context import ParseContext
+from memwarden.govern.device_state_jetson import jtop_line, nvmap_clients_line
+from memwarden.govern.device_state_phone import android_line, jetsam_line, os_proc_line
+
+__all__ = ["FORMATS", "Figure", "parse_line"]
 
 _KIB, _MIB, _GIB, _TIB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 _MAX_BYTES = 1 << 62
@@ -54,13 +61,6 @@ class Figure:
     fmt: str  # the format that recognised the line
     line_no: int
     line: str
-
-
-@dataclass
-class ParseContext:
-    """What earlier lines of the same paste tell later ones: the unit ``free`` printed in."""
-
-    free_unit_bytes: int | None = None
 
 
 def _bytes(number: str, unit: str) -> int | None:
@@ -288,6 +288,11 @@ FORMATS: tuple[tuple[str, Parser], ...] = (
     ("psi", _psi),
     ("cuda", _cuda),
     ("platform", _platform),
+    ("jtop", jtop_line),
+    ("nvmap_clients", nvmap_clients_line),
+    ("jetsam", jetsam_line),
+    ("os_proc", os_proc_line),
+    ("android", android_line),
     ("person", _person),
 )
 
