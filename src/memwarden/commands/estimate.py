@@ -207,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
             progress=step,
             fit=args.fit,
             solve=args.solve,
+            cache=True,  # a repeated estimate answers from the card kept on disk (estimation/card_store.py)
             **common,
         )
     state = _device_state(args.device_state, card, devices[0] if devices else None)

@@ -37,7 +37,13 @@ def model_names() -> dict[str, list[str]]:
     """Valid MODEL names: zoo models and the named real models shipped with memwarden."""
     from memwarden.models import zoo
 
-    return {"zoo": list(zoo.NAMES), "real": sorted(p.stem for p in CONFIG_DIR.glob("*.json"))}
+    return {"zoo": list(zoo.NAMES), "real": _shipped_names()}
+
+
+def _shipped_names() -> list[str]:
+    """The shipped configs' names (without importing the zoo, and so torch: a kept estimate is
+    looked up by name before anything is built)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
 
 
 @functools.lru_cache(maxsize=1)
@@ -55,7 +61,7 @@ def hub_ids() -> dict[str, str]:
 def shipped_name(model: str) -> str | None:
     """The shipped config ``model`` names: its own name, its Hub id (``org/name``) or the name part of
     one, in any case (the Hub's ids are case-insensitive); None when it names none."""
-    names = {n.lower(): n for n in model_names()["real"]}
+    names = {n.lower(): n for n in _shipped_names()}
     key = model.strip().lower()
     if key in names:
         return names[key]

@@ -133,6 +133,7 @@ def estimate(
     progress: Progress | None = None,
     fit: Any = None,
     solve: str | None = None,
+    cache: bool = False,
 ) -> MemoryCard:
     """Peak memory of ``model`` serving one request, per phase; with ``device`` (a profile id, a
     TOML path or a DeviceProfile) the verdict and, when it does not fit, ranked changes that do.
@@ -141,7 +142,68 @@ def estimate(
     states none). ``max_pixels``: a dynamic-resolution processor's pixel limit per image.
     ``videos``: (W, H, frames) each, framed as the family's video processor does.
     ``logits="full"``: every prompt position's logits in float32, as transformers before 4.45
-    computed them. ``progress(text, fraction=None)`` is told what the estimate is doing."""
+    computed them. ``progress(text, fraction=None)`` is told what the estimate is doing.
+    ``cache``: answer a repeated estimate of a shipped config from the card kept on disk the first
+    time (:mod:`memwarden.estimation.card_store`; the command line asks for it)."""
+    key = _store_key(model, locals()) if cache and fit is None and solve is None else None
+    if key is not None:
+        from memwarden.estimation.card_store import load_card
+
+        kept = load_card(key)
+        if kept is not None:
+            return kept
+    card = _estimate(model, images, videos, audio_seconds, prompt_tokens, new_tokens, batch, dtype, weights_dtype,
+                     kv_dtype, max_pixels, logits, device, suggest, progress, fit, solve)  # fmt: skip
+    if key is not None:
+        from memwarden.estimation.card_store import save_card
+
+        save_card(key, card)
+    return card
+
+
+_STORE_SETTINGS = ("images", "videos", "audio_seconds", "prompt_tokens", "new_tokens", "batch", "dtype",
+                   "weights_dtype", "kv_dtype", "max_pixels", "logits", "suggest")  # fmt: skip
+
+
+def _store_key(model: str, given: dict[str, Any]) -> str | None:
+    """The disk store's key of this estimate, or None where it is not kept: a model that is not a
+    shipped config (a user's folder or file can change under its path), the store turned off, or
+    a request that fails its checks (it fails below, as it would without the store)."""
+    from memwarden.estimation.card_store import enabled, request_key
+
+    if not enabled() or Path(str(model)).expanduser().exists() or shipped_name(str(model)) is None:
+        return None
+    settings = {k: given[k] for k in _STORE_SETTINGS}
+    for k in ("images", "videos"):
+        settings[k] = [list(v) for v in settings[k] or ()]
+    try:
+        device = load_device(given["device"]) if given["device"] is not None else None
+    except MemwardenError:
+        return None
+    return request_key(str(model), settings, device)
+
+
+def _estimate(
+    model: str,
+    images: list[tuple[int, int]] | tuple[tuple[int, int], ...] | None,
+    videos: list[tuple[int, int, int]] | tuple[tuple[int, int, int], ...] | None,
+    audio_seconds: float | None,
+    prompt_tokens: int,
+    new_tokens: int,
+    batch: int,
+    dtype: str | None,
+    weights_dtype: str | None,
+    kv_dtype: str | None,
+    max_pixels: int | None,
+    logits: str,
+    device: Any,
+    suggest: bool,
+    progress: Progress | None,
+    fit: Any,
+    solve: str | None,
+) -> MemoryCard:
+    if progress is not None:  # transformers' import and the config's class take seconds before the run starts
+        progress("reading the model's config", 0.01)
     resolved = resolve_model(model)
     dtype = dtype or resolved.default_dtype
     req = Request(
