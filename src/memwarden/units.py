@@ -64,3 +64,28 @@ def format_us(us: float) -> str:
     if us < 1_000_000:
         return f"{us / 1000:.1f} ms"
     return f"{us / 1_000_000:.2f} s"
+
+
+# Bytes per element of every dtype name memwarden reads: torch's (``float16``, ``float8_e4m3fn``,
+# quantized ``qint8``), safetensors' (``F16``, ``BF16``, ``I64``) and ONNX Runtime's (``float``,
+# ``double``, ``float8e4m3fn``; 4-bit types take a byte each as ORT stores them unpacked). The one
+# table: a reader that accepts only its format's names takes those keys (``SAFETENSORS_DTYPES``,
+# ``ONNX_DTYPES``).
+DTYPE_BYTES: dict[str, int] = {
+    # torch
+    "bool": 1, "uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8,
+    "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "float8_e4m3fn": 1,
+    "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "qint8": 1, "quint8": 1, "quint4x2": 1,
+    # safetensors
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+    # ONNX / ONNX Runtime (lower-cased TensorProto names and the profile's)
+    "float": 4, "double": 8, "float8e4m3fn": 1, "float8e5m2": 1, "int4": 1, "uint4": 1,
+}  # fmt: skip
+SAFETENSORS_DTYPES = frozenset(
+    ("BOOL", "U8", "I8", "F8_E4M3", "F8_E5M2", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "I64", "U64", "F64")
+)
+ONNX_DTYPES = frozenset((
+    "float", "float32", "double", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "uint16", "int32",
+    "uint32", "int64", "uint64", "bool", "float8e4m3fn", "float8e5m2", "int4", "uint4",
+))  # fmt: skip

@@ -20,6 +20,7 @@ from memwarden.estimation.card import MemoryCard, ModelFacts, Request
 from memwarden.estimation.request_media import MAX_AUDIO_SECONDS
 from memwarden.estimation.resolve import ResolvedModel
 from memwarden.estimation.steady import Extrapolated, extrapolate_decode
+from memwarden.units import DTYPE_BYTES
 
 __all__ = [
     "DTYPES",
@@ -341,7 +342,7 @@ def quantization_block(resolved: ResolvedModel, model: Any, req: Request, card: 
         block["checkpoint_bytes"] = resolved.checkpoint.total_bytes  # every tensor of the headers, once per key
         block["checkpoint_files"] = len(resolved.checkpoint.files)
     if resolved.scheme is not None:
-        elem = {"float32": 4, "float16": 2, "bfloat16": 2}[req.dtype]
+        elem = DTYPE_BYTES[req.dtype]
         rows = req.batch * (req.prompt_tokens + sum(card.tokens.values()) - card.tokens.get("text", 0))
         block["transients"] = method_transients(resolved.scheme, layout.largest_in_out, elem, rows)
     return block

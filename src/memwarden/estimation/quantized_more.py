@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from memwarden.errors import InputError
+from memwarden.units import DTYPE_BYTES
 
 __all__ = ["MoreSpec", "more_tensors", "parse_hqq", "parse_torchao"]
 
 _Spec = tuple[tuple[int, ...], str]  # (shape, torch dtype name)
-_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "uint8": 1, "int32": 4}
 
 # hqq core/quantize.py Quantizer.bit_to_packing and unpack_view_dtype
 _HQQ_PACKING = {8: "8bit_u8", 4: "4bit_u8", 3: "3bit_32", 2: "2bit_u8", 1: "1bit_u8"}
@@ -127,7 +127,7 @@ def _hqq_tensors(spec: MoreSpec, in_f: int, out_f: int, bias: bool, dtype: str) 
         w_q = ((rows // _HQQ_ROWS_PER_CODE[spec.bits], cols), "uint8")
     if spec.view_as_float:  # W_q.view(compute_dtype): same bytes, last dimension rescaled
         (r, c), stored = w_q
-        w_q = ((r, c * _BYTES[stored] // _BYTES.get(dtype, 2)), dtype)
+        w_q = ((r, c * DTYPE_BYTES[stored] // DTYPE_BYTES.get(dtype, 2)), dtype)
     qparam = (other, 1) if spec.axis == 1 else (1, other)
     packing = _HQQ_PACKING[spec.bits]
     meta: dict[str, _Spec] = {

@@ -9,6 +9,7 @@ from typing import Any
 from memwarden.estimation.card import MemoryCard, Request, Suggestion
 from memwarden.estimation.measure import WEIGHT_DTYPES, card_for
 from memwarden.estimation.resolve import ResolvedModel
+from memwarden.units import DTYPE_BYTES
 
 __all__ = ["image_multiple", "replace_request", "rerun_suggestions"]
 
@@ -19,9 +20,8 @@ def rerun_suggestions(resolved: ResolvedModel, req: Request, card: MemoryCard, d
     """Exact predictions: quantized weights and KV cache (emulated), and the largest image that fits."""
     out: list[Suggestion] = []
     usable = int(device.usable_bytes)
-    wide = {"float32": 4, "float16": 2, "bfloat16": 2}
     checkpoint = resolved.checkpoint_dtype
-    if checkpoint is not None and wide[req.dtype] > wide[checkpoint]:
+    if checkpoint is not None and DTYPE_BYTES[req.dtype] > DTYPE_BYTES[checkpoint]:
         peak = card_for(resolved, replace_request(req, dtype=checkpoint))[0].peak_bytes
         out.append(Suggestion(change=f"use the checkpoint's dtype ({checkpoint}; the request ran in {req.dtype})",
                               setting={"dtype": checkpoint}, kind="dtype", predicted_peak_bytes=peak,

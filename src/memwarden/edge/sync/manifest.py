@@ -25,6 +25,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memwarden.errors import InputError
+from memwarden.units import DTYPE_BYTES as ELEMENT_BYTES
+from memwarden.units import SAFETENSORS_DTYPES
 from memwarden.untrusted import finite_int
 
 __all__ = [
@@ -51,11 +53,8 @@ MAX_ELEMENTS = 2**40  # per tensor: 4 TiB of F32, above any adapter
 MAX_VERSION = 10**12  # store files are v<1-12 digits>.safetensors
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
-# safetensors dtype names -> bytes per element
-DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
-}  # fmt: skip
+# safetensors dtype names -> bytes per element (the one table: memwarden.units)
+DTYPE_BYTES = {name: ELEMENT_BYTES[name] for name in SAFETENSORS_DTYPES}
 
 _PEFT_PREFIX = "base_model.model."
 _LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".lora_embedding_A", ".lora_embedding_B")

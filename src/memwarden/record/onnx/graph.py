@@ -21,17 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from memwarden.errors import InputError
+from memwarden.units import DTYPE_BYTES as ELEMENT_BYTES
+from memwarden.units import ONNX_DTYPES
 from memwarden.untrusted import terminal_safe
 
 __all__ = ["DTYPE_BYTES", "GraphInfo", "NodeInfo", "load_graph", "module_path_of"]
 
 # Element size per ONNX / ORT type name, as the ORT profile writes them (``float``, ``int64``)
 # and as TensorProto names them (``FLOAT``, ``INT64``), lower-cased.
-DTYPE_BYTES: dict[str, int] = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "float16": 2, "bfloat16": 2,
-    "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
-    "bool": 1, "float8e4m3fn": 1, "float8e5m2": 1, "int4": 1, "uint4": 1,
-}  # fmt: skip
+DTYPE_BYTES: dict[str, int] = {name: ELEMENT_BYTES[name] for name in ONNX_DTYPES}  # sizes: memwarden.units
 
 _OP_COMPONENT = re.compile(r"^[A-Z]")  # op names are CamelCase (MatMul_1, Reshape_new_reshape); module names are not
 
