@@ -21,7 +21,7 @@ import pytest
 
 from memwarden.record.native import BUILD_NOTICE
 
-# 16 min on this 2-core machine at load 9 (an 11.5 min install, then the first trace's build), more
+# 9-16 min on this 2-core machine at load 8-9 (a 6.5-11.5 min install, then the first trace's build), more
 # than the few minutes the suite may spend on one check: run where asked (MEMWARDEN_INSTALL_TEST=1).
 pytestmark = [
     pytest.mark.slow,
