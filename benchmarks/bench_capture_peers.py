@@ -20,6 +20,14 @@ machine noise hits all alike; reported are medians of wall and of the main threa
 their ratios to plain. Prints a markdown table (``--json`` for the raw figures).
 
     python benchmarks/bench_capture_peers.py [--workloads tiny,demo,7b] [--repeats 5] [--rounds 1] [--json]
+
+``--callgrind``: instructions instead of seconds, which a loaded machine does not change. Each
+mode runs once per workload under ``valgrind --tool=callgrind --instr-atstart=no`` (memray's
+``run`` inside valgrind): building and the warm-up run go uninstrumented, and counting covers one
+run of the timed section exactly (every thread: memray's writer, the streamer, the profiler),
+torch on one thread (OpenMP workers spin while they wait, which would count as work).
+
+    python benchmarks/bench_capture_peers.py --callgrind [--workloads tiny,train] [--json]
 """
 
 from __future__ import annotations
@@ -80,6 +88,8 @@ def child(mode: str, key: str, repeats: int, out: str) -> None:
 
     import memwarden
 
+    if os.environ.get("MW_CALLGRIND_LIB"):
+        torch.set_num_threads(1)
     label, workload = _workload(key)
 
     def run() -> None:
@@ -93,6 +103,25 @@ def child(mode: str, key: str, repeats: int, out: str) -> None:
             workload()
 
     run()  # warm up: kernels, the native recorder's build, the profiler
+    lib = os.environ.get("MW_CALLGRIND_LIB")
+    if lib:  # --callgrind: count one run exactly
+        import ctypes
+
+        toggle = ctypes.CDLL(lib)
+        gc.collect()
+        toggle.mw_start()
+        if mode == "memwarden.capture()":  # its start, the workload under it, its stop: three dumps
+            cap = memwarden.capture()
+            cap.__enter__()
+            toggle.mw_dump()
+            workload()
+            toggle.mw_dump()
+            cap.__exit__(None, None, None)
+        else:
+            run()
+        toggle.mw_stop()
+        Path(out).write_text(json.dumps({"label": label}))
+        return
     wall, cpu = [], []
     for _ in range(repeats):
         gc.collect()
@@ -141,6 +170,54 @@ def measure(key: str, repeats: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def measure_instructions(key: str) -> dict[str, Any]:
+    """Instructions of one run of the workload under each mode (callgrind), and ratios to plain."""
+    sys.path.insert(0, str(_HERE.parent))
+    from bench_ring import callgrind_command, callgrind_parts, toggle_library  # type: ignore[import-not-found]
+
+    counts: dict[str, int] = {}
+    memwarden_parts: list[int] = []
+    label = key
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "MW_CALLGRIND_LIB": toggle_library(tmp), "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+        for index, mode in enumerate(MODES):
+            out, counted = os.path.join(tmp, "result.json"), os.path.join(tmp, f"cg.{index}")
+            cmd = [*callgrind_command(counted), *_command(mode, key, 0, out, tmp)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{mode} on {key} under callgrind failed:\n{proc.stderr[-3000:]}")
+            label = json.loads(Path(out).read_text())["label"]
+            parts = callgrind_parts(counted)
+            counts[mode] = sum(parts)
+            if mode == "memwarden.capture()":
+                memwarden_parts = parts
+            print(json.dumps({key: {mode: counts[mode]}}), file=sys.stderr, flush=True)
+            for name in os.listdir(tmp):
+                if name.endswith(".bin"):
+                    os.remove(os.path.join(tmp, name))
+    return {"workload": label, "instructions": counts,
+            "instruction_ratio": {m: round(v / counts["plain"], 3) for m, v in counts.items()},
+            "memwarden_start_run_stop": memwarden_parts}  # fmt: skip
+
+
+def instruction_table(results: dict[str, dict[str, Any]]) -> str:
+    keys = list(results)
+    lines = [
+        "| mode | " + " | ".join(f"{k}: instructions (x plain)" for k in keys) + " |",
+        "|---|" + "--:|" * len(keys),
+    ]
+    for mode in MODES:
+        cells = [f"{results[k]['instructions'][mode] / 1e9:.3f} G ({results[k]['instruction_ratio'][mode]:.2f}x)"
+                 for k in keys]  # fmt: skip
+        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    lines += ["", *[f"- {k}: {results[k]['workload']}" for k in keys]]
+    for k in keys:
+        start, during, stop = (results[k]["memwarden_start_run_stop"] + [0, 0, 0])[:3]
+        lines.append(f"- {k}, memwarden.capture() split: start {start / 1e6:.1f} M, workload under capture "
+                     f"{during / 1e6:.1f} M, stop (attribution) {stop / 1e6:.1f} M instructions")  # fmt: skip
+    return "\n".join(lines)
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
     keys = list(results)
     head = "| mode | " + " | ".join(f"{k}: wall s (x plain) | {k}: thread CPU (x plain)" for k in keys) + " |"
@@ -167,7 +244,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--callgrind", action="store_true", help="count instructions of one run per mode instead")
     args = parser.parse_args()
+    if args.callgrind:
+        counted = {key: measure_instructions(key) for key in args.workloads.split(",")}
+        print(json.dumps(counted, indent=2) if args.json else instruction_table(counted))
+        return
     results = {}
     for key in args.workloads.split(","):
         results[key] = measure(key, args.repeats, args.rounds)

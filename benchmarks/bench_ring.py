@@ -9,6 +9,17 @@ runs: every row also copied into a mapped file, native ``ring_attach``) and unde
 recorder (interleaved, medians), and the crash ring's cost over the plain stream in percent.
 
     python benchmarks/bench_ring.py [--seconds 60] [--window 5] [--repeats 9] [--json]
+
+``--callgrind``: the crash ring's cost in instructions, which a loaded machine does not change.
+Each mode (untraced, streamed capture, streamed capture + crash ring) runs in its own process
+under ``valgrind --tool=callgrind --instr-atstart=no``: the interpreter, torch and the capture
+start uninstrumented, and a tiny helper (compiled here against ``valgrind/callgrind.h``) turns
+counting on for exactly ``--allocations`` calls of ``torch.ones(16)`` after a warm-up, every
+thread counted. The streamer's periodic flush is switched off in all modes (its count under
+valgrind follows the wall clock, not the work; its per-row cost is the same with or without the
+ring), so the figure is the allocating thread's own work: what the ring adds where it is paid.
+
+    python benchmarks/bench_ring.py --callgrind [--allocations 20000] [--json]
 """
 
 from __future__ import annotations
@@ -17,6 +28,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,13 +51,110 @@ def _tight(n: int) -> float:
     return (time.thread_time() - start) / n
 
 
+_TOGGLE_C = """
+#include <valgrind/callgrind.h>
+void mw_start(void) { CALLGRIND_START_INSTRUMENTATION; CALLGRIND_ZERO_STATS; }
+void mw_dump(void) { CALLGRIND_DUMP_STATS_AT("part"); }
+void mw_stop(void) { CALLGRIND_DUMP_STATS_AT("loop"); CALLGRIND_STOP_INSTRUMENTATION; }
+"""
+CALLGRIND_MODES = ("untraced", "capture(stream_to)", "capture(stream_to)+crash ring")
+
+
+def toggle_library(folder: str) -> str:
+    """A shared library whose ``mw_start``/``mw_stop`` (ctypes) switch callgrind's counting on and
+    off around a section, under ``valgrind --tool=callgrind --instr-atstart=no``."""
+    src, lib = os.path.join(folder, "toggle.c"), os.path.join(folder, "toggle.so")
+    Path(src).write_text(_TOGGLE_C)
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", lib, src], check=True)
+    return lib
+
+
+def callgrind_parts(out_file: str) -> list[int]:
+    """Instructions of each section dumped (``mw_dump``, then ``mw_stop``), all threads, in order."""
+    dumps = sorted(Path(out_file).parent.glob(Path(out_file).name + ".*"), key=lambda p: int(p.suffix[1:]))
+    parts = []
+    for dump in dumps:
+        for line in dump.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                parts.append(int(line.split()[1]))
+                break
+    if not parts:
+        raise RuntimeError(f"{out_file}: no callgrind dump")
+    return parts
+
+
+def callgrind_total(out_file: str) -> int:
+    """Instructions between ``mw_start`` and ``mw_stop``, all threads."""
+    return sum(callgrind_parts(out_file))
+
+
+def callgrind_command(out_file: str) -> list[str]:
+    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_file}"]
+
+
+def _callgrind_child(mode: str, allocations: int, lib: str) -> None:
+    """One mode's loop between the helper's start and stop (run under callgrind by the parent)."""
+    import contextlib
+    import ctypes
+
+    from memwarden.record.live.stream import Streamer
+
+    toggle = ctypes.CDLL(lib)
+    tmp = tempfile.mkdtemp()
+    # No periodic flush (see the docstring): the thread waits out a day-long interval.
+    init = Streamer.__init__
+    Streamer.__init__ = lambda self, cap, path, interval_s=0.1: init(self, cap, path, 86_400.0)  # type: ignore[method-assign]
+    recorder = native.load()
+    if mode.endswith("crash ring"):
+        ring_dir = tempfile.mkdtemp(dir=_ring_parent(Path(tmp)))
+        recorder.ring_attach(os.path.join(ring_dir, "events.ring"), RING_ROWS, RING_SIDE_BYTES)
+    ctx = (
+        contextlib.nullcontext() if mode == "untraced" else memwarden.capture(stream_to=os.path.join(tmp, "s.mwtrace"))
+    )
+    with ctx:
+        for _ in range(2000):  # warm-up: op names interned, allocator caches filled
+            torch.ones(16)
+        toggle.mw_start()
+        for _ in range(allocations):
+            torch.ones(16)
+        toggle.mw_stop()
+
+
+def _callgrind(allocations: int) -> dict[str, object]:
+    folder = tempfile.mkdtemp(prefix="mw-callgrind-")
+    lib = toggle_library(folder)
+    per: dict[str, float] = {}
+    for index, mode in enumerate(CALLGRIND_MODES):
+        out = os.path.join(folder, f"cg.{index}")
+        cmd = [*callgrind_command(out), sys.executable, __file__, "--callgrind-child", mode,
+               "--allocations", str(allocations), "--lib", lib]  # fmt: skip
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        per[mode] = callgrind_total(out) / allocations
+    stream, ring = per["capture(stream_to)"], per["capture(stream_to)+crash ring"]
+    return {"allocations": allocations, "instructions_per_allocation": {k: round(v, 1) for k, v in per.items()},
+            "crash_ring_added_instructions": round(ring - stream, 1),
+            "crash_ring_added_pct": round(100 * (ring - stream) / stream, 2)}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--callgrind", action="store_true", help="instructions per allocation under callgrind")
+    parser.add_argument("--allocations", type=int, default=20_000, help="with --callgrind: loop length")
+    parser.add_argument("--callgrind-child", choices=CALLGRIND_MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--lib", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.callgrind_child:
+        _callgrind_child(args.callgrind_child, args.allocations, args.lib)
+        return
+    if args.callgrind:
+        result = _callgrind(args.allocations)
+        print(json.dumps(result, indent=2) if args.json else "\n".join(f"{k:32s} {v}" for k, v in result.items()))
+        return
     model = torch.nn.Linear(1024, 1024)
     x = torch.randn(4, 1024)
     tmp = tempfile.mkdtemp()
