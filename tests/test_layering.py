@@ -29,7 +29,7 @@ MAX_LINES = 500
 
 # Lowest first. A package may import packages of a lower rank only (and the base modules).
 LAYERS: list[set[str]] = [
-    {"errors", "units"},
+    {"errors", "units", "html_page"},
     {"untrusted"},  # readers of untrusted input: errors below
     {"trace"},
     {"models"},
@@ -57,6 +57,7 @@ TORCH_FREE = {
     "align",
     "errors",
     "units",
+    "html_page",
     "untrusted",
 }
 PUBLIC_API = [

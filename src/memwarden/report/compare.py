@@ -10,6 +10,7 @@ from html import escape
 from typing import Any
 
 from memwarden.analyze.baseline import Comparison, Delta, compare_at_peak
+from memwarden.html_page import html_page
 from memwarden.trace.model import Trace
 from memwarden.units import format_bytes
 
@@ -87,13 +88,14 @@ def comparison_html(comparison: SideBySide, *, title: str | None = None) -> str:
         body.append(f"<tr><td>{escape(row.kind)}</td><td>{escape(row.key)}</td>"
                     f"<td>{escape(format_bytes(row.old_bytes))}</td><td>{escape(format_bytes(row.new_bytes))}</td>"
                     f"<td>{sign}{escape(format_bytes(abs(row.delta_bytes)))}</td><td>{_ratio(row)}</td></tr>")  # fmt: skip
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>{escape(page_title)}</title><style>body{{font-family:system-ui,sans-serif;margin:2em}}"
+    style = (
+        "body{font-family:system-ui,sans-serif;margin:2em}"
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
-        "td:nth-child(-n+2){text-align:left}</style></head><body>"
+        "td:nth-child(-n+2){text-align:left}"
+    )
+    return html_page(page_title, style=style, body=(
         f"<h1>{escape(page_title)}</h1><p>A = {escape(comparison.a_name)}; B = {escape(comparison.b_name)}. "
         "Category, modality and module rows are bytes live at each trace's own peak; phase rows are each phase's peak.</p>"
         "<table><tr><th>section</th><th>what</th><th>A</th><th>B</th><th>B - A</th><th>B / A</th></tr>"
-        f"{''.join(body)}</table></body></html>"
-    )
+        f"{''.join(body)}</table>"
+    ))  # fmt: skip

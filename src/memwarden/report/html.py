@@ -32,6 +32,7 @@ import numpy as np
 
 from memwarden.analyze.analysis import Analysis
 from memwarden.analyze.timeline import Summary
+from memwarden.html_page import html_page
 from memwarden.report.html_tables import PALETTE, breakdowns, heaviest_modules, sites
 from memwarden.report.resident import resident_section_html
 from memwarden.trace.model import Modality, Phase, SpanKind, Trace, enum_name
@@ -322,18 +323,7 @@ def render_html(
     extra_html = section_html(extra_ids, sections)
     answer_html = f'<p id="answer" class="mw-answer">{_esc(answer)}</p>' if answer else ""
     n_modules = int(np.count_nonzero(trace.spans["kind"] == SpanKind.MODULE))
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{csp}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="memwarden">
-<title>{_esc(page_title)}</title>
-<style>{style}</style>
-</head>
-<body>
-{_header(trace, summ, page_title)}
+    body = f"""{_header(trace, summ, page_title)}
 {answer_html}
 <nav class="mw-nav">{nav_html}</nav>
 {lead_html}
@@ -361,9 +351,8 @@ def render_html(
 <footer class="mw-footer">memwarden · self-contained report, works offline</footer>
 <script type="application/json" id="mw-data">{_json_for_script(_payload(analysis, markers))}</script>
 <script>{script}</script>
-</body>
-</html>
 """
+    return html_page(page_title, body.rstrip("\n"), style=style, csp=csp)
 
 
 def write_html(trace: Trace, path: str | os.PathLike[str], **kwargs: Any) -> Path:

@@ -6,6 +6,7 @@ from collections import Counter
 from html import escape
 from typing import Any
 
+from memwarden.html_page import html_page
 from memwarden.units import format_bytes
 
 __all__ = ["partition_html", "partition_table"]
@@ -58,14 +59,14 @@ def partition_html(result: dict[str, Any], *, title: str) -> str:
         for (m, u), count in sorted(per_module.items())
     )
     limits = ", ".join(f"{escape(u)} {escape(format_bytes(b))}" for u, b in result["capacity_bytes"].items())
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>{escape(title)}</title><style>body{{font-family:system-ui,sans-serif;margin:2em}}"
+    style = (
+        "body{font-family:system-ui,sans-serif;margin:2em}"
         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
-        "td:first-child{text-align:left}</style></head><body>"
+        "td:first-child{text-align:left}"
+    )
+    return html_page(title, style=style, body=(
         f"<h1>{escape(title)}</h1><p>{result['nodes']} nodes, {result['edges']} edges; unit limits: {limits}. "
         "Latency is simulated (compute + transfers, nodes one at a time); memory is weights + live outputs.</p>"
         f"<table><tr><th>method</th><th>latency</th><th>transfers</th>{head}<th>fits</th></tr>{''.join(body)}</table>"
         f"<h2>Where the solution puts each module</h2><table><tr><th>module</th><th>unit</th><th>nodes</th></tr>{modules}</table>"
-        "</body></html>"
-    )
+    ))  # fmt: skip

@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from memwarden.html_page import html_page
 from memwarden.units import format_bytes
 
 __all__ = ["render_stress_html", "render_sweep_html", "write_stress_html", "write_sweep_html"]
@@ -180,21 +181,8 @@ def render_stress_html(result: dict[str, Any], records: dict[str, list[dict[str,
 def _page(title: str, body: str) -> str:
     """A self-contained page: the report stylesheet inline, no script, a strict CSP."""
     style = resources.files("memwarden.report").joinpath("assets", "report.css").read_text(encoding="utf-8")
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{_CSP}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="memwarden">
-<title>{_esc(title)}</title>
-<style>{style}</style>
-</head>
-<body>
-{body}<footer class="mw-footer">memwarden · self-contained report, works offline</footer>
-</body>
-</html>
-"""
+    footer = '<footer class="mw-footer">memwarden · self-contained report, works offline</footer>'
+    return html_page(title, f"{body}{footer}", style=style, csp=_CSP)
 
 
 def write_stress_html(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
