@@ -144,6 +144,13 @@ def test_a_hand_kill_is_not_an_oom() -> None:
         "counters did not move)"
     ]
     assert "OOM killer" in (died_of_memory(trace(True)) or "") and killed_lines(trace(True)) == []
+    # the line names where the supervisor looked, and a flat resident set
+    flat = TraceBuilder(metadata={"exit_signal": int(signal.SIGKILL), "oom_killed": False, "oom_evidence": "kernel log",
+                                  "resident": {"samples": {"rss": [100 << 20, 101 << 20, 100 << 20]}}}).build()  # fmt: skip
+    assert killed_lines(flat) == [
+        "memwarden: the script was killed by signal 9 (SIGKILL), not by the OOM killer (no OOM kill in the kernel "
+        "log; resident memory was flat)"
+    ]
     assert "could not be read" in (died_of_memory(trace(None)) or "")
 
 

@@ -50,7 +50,16 @@ def killed_lines(trace: Trace) -> list[str]:
     if sig is None or died_of_memory(trace) is not None:
         return []
     name = signal.Signals(sig).name if isinstance(sig, int) and sig in signal.Signals._value2member_map_ else sig
-    why = "the kernel's OOM counters did not move" if meta.get("oom_killed") is False else "no memory error"
+    evidence = meta.get("oom_evidence")
+    parts = []
+    if meta.get("oom_killed") is False:  # where the supervisor looked (record/live/oom.py)
+        parts.append(
+            f"no OOM kill in the {evidence}" if isinstance(evidence, str) else "the kernel's OOM counters did not move"
+        )
+    rss = [r for r in (meta.get("resident") or {}).get("samples", {}).get("rss", []) if r]
+    if len(rss) >= 2 and not _resident_grew(meta):
+        parts.append("resident memory was flat")
+    why = "; ".join(parts) or "no memory error"
     return [f"memwarden: the script was killed by signal {sig} ({name}), not by the OOM killer ({why})"]
 
 
