@@ -71,6 +71,11 @@ def _captured(path: Path) -> Trace:
     gc.collect()  # what an earlier case left in reference cycles (its model) is not this run's
     saved_argv, threads = sys.argv[:], torch.get_num_threads()
     sys.argv = [str(path)]
+    # each corpus folder has its own helper modules under the same names (_common, _tiny): a case
+    # imports its own folder's, not one an earlier case of another folder left in sys.modules
+    for name in [m for m, mod in sys.modules.items() if m.startswith("_") and getattr(mod, "__file__", None)
+                 and Path(mod.__file__).parent.parent == path.parent.parent]:  # fmt: skip
+        del sys.modules[name]
     sys.path.insert(0, str(path.parent))
     torch.set_num_threads(1)
     try:
