@@ -97,6 +97,8 @@ def _in_the_script(ctx: Context, findings: list[Finding]) -> list[Finding]:
     script's statement that asks for it (``source_lines.script_line``), which then comes first.
     Patterns whose fix lies inside the code that allocated (``INNER_FIRST``: a concatenated cache in
     the user's model file) keep their lines."""
+    if not findings:
+        return findings  # nothing to place: no source is read
     # the user's files: those of the model calls, of the findings' lines and of every line that
     # allocated (a run without model calls, a script whose own lines made arrays)
     lines = ctx.trace.events["line"]
