@@ -113,6 +113,19 @@ PAIRS = [
     # a policy that reads the hidden states of a causal VLM's forward: the logits are made and dropped
     # unread (the twin runs the base model, no LM head)
     ("../postfreeze2/full-logits_qwen2vl_vla_backbone_hidden_states", "full-logits"),
+    # the third post-freeze corpus' misses at its freeze, measured since (a development corpus now):
+    # a Whisper collator padding the labels (no attention mask says so: their trailing -100 do)
+    ("../postfreeze3/alignment-padding_whisper_finetune_labels_pad_to_max_length", "alignment-padding"),
+    # every layer dequantised at once by a merge script, outside any module: one layer at a time
+    ("../postfreeze3/dequant-temporaries_qwen2vl_qlora_merge_dequantize_all_layers", "dequant-temporaries"),
+    # a tower the script calls itself (clip.vision_model), every chunk's whole output kept
+    ("../postfreeze3/retained-outputs_clip_video_frame_embeddings_keep_outputs", "retained-outputs"),
+    # every frame's features appended, the last two read: a deque(maxlen=2)
+    ("../postfreeze3/unbounded-growth_llava_live_camera_context_frames", "unbounded-growth"),
+    # video frames each tiled with the single-image max_num=12 into a fixed-resolution tower
+    ("../postfreeze3/vision-token-dominance_internvl_video_frames_tiled_max_num", "vision-token-dominance"),
+    # a reranker batch's full logits while the next batch's ids (B, T) are joined: one position read
+    ("../postfreeze3/full-logits_qwen2vl_page_reranker_yes_no_last_token", "full-logits"),
 ]
 
 
@@ -124,8 +137,8 @@ def test_predicted_saving_is_the_fixed_twins_measured_saving(case: str, pattern:
     assert mine, f"{case}: no {pattern} finding ({[f.pattern for f in findings]})"
     predicted, measured = mine[0].saving_peak_bytes, planted_peak - fixed_peak
     assert abs(predicted - measured) <= max(0.1 * abs(measured), MiB), (case, predicted, measured)
-    # the twin does not repeat the mistake loudly
-    assert not [f for f in fixed_findings if f.pattern == pattern and f.severity in ("high", "medium")]
+    # the twin does not repeat the mistake loudly, nor raise another alarm (a correct run)
+    assert not [f.pattern for f in fixed_findings if f.severity in ("high", "medium")], case
     for f in findings:  # the JSON contract: integers, never negative
         j = f.to_json()
         assert isinstance(j["saving_peak_bytes"], int) and j["saving_peak_bytes"] >= 0

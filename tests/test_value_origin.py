@@ -7,7 +7,8 @@ import textwrap
 from pathlib import Path
 
 from memwarden.analyze.source_lines import entry_files, handler_line, holding_line, keeper_line, script_line
-from memwarden.analyze.value_origin import argument_line, origin_line
+from memwarden.analyze.value_origin import argument_line, origin_line, tiling_knob
+from memwarden.analyze.window_read import window_read
 
 
 def _write(tmp_path: Path, name: str, text: str) -> str:
@@ -211,3 +212,69 @@ def test_a_helper_modules_line_leads_to_the_entry_scripts_statement(tmp_path: Pa
     up = script_line(helper, _line(helper, "# MADE"), entries)
     assert up is not None and up.file == script and up.line == _line(script, "# ASKED")
     assert script_line(script, _line(script, "# ASKED"), entries) is None  # already in the script
+
+
+def test_a_loss_summed_by_hand_is_kept_by_the_sum(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path,
+        "accum.py",
+        """
+        def train(model, batches, opt):
+            for step in range(2):
+                step_loss = 0.0
+                for b in batches:
+                    loss = model(**b).loss / 4  # CALL
+                    print(float(loss))
+                    step_loss = step_loss + loss  # KEEP
+                step_loss.backward()
+        """,
+    )
+    kept = keeper_line(f, _line(f, "# CALL"))
+    assert kept is not None and kept.line == _line(f, "# KEEP")
+    # a sum of something else does not keep it
+    g = _write(tmp_path, "other.py", "for b in bs:\n    loss = m(b)\n    total = total + 1\n")
+    assert keeper_line(g, 2) is None
+
+
+def test_a_container_read_through_its_last_items_is_a_window(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path,
+        "camera.py",
+        """
+        WINDOW = 3
+
+        def main(model, frames):
+            context = []  # BIND
+            for frame in frames:
+                context.append(model(frame))  # APPEND
+                window = list(context)[-WINDOW:]  # READ
+                caption(window)
+            history = []
+            for frame in frames:
+                history.append(model(frame))  # WHOLE
+            summarize(history)
+        """,
+    )
+    w = window_read(f, _line(f, "# APPEND"))
+    assert w is not None and (w.container, w.size, w.items) == ("context", "WINDOW", 3)
+    assert (w.binding_line, w.read_line) == (_line(f, "# BIND"), _line(f, "# READ"))
+    assert window_read(f, _line(f, "# WHOLE")) is None  # read whole: every item is needed
+
+
+def test_a_tiling_setting_applied_to_each_frame_is_found_and_one_image_is_not(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path,
+        "tiles.py",
+        """
+        MAX_NUM = 12
+
+        def main(frames, page):
+            video = torch.cat([load_image(f, max_num=MAX_NUM) for f in frames])  # VIDEO
+            single = load_image(page, max_num=12)  # PAGE
+            once = torch.cat([load_image(f, max_num=1) for f in frames])  # ONE
+        """,
+    )
+    knob = tiling_knob(f, _line(f, "# VIDEO"), ("max_num",))
+    assert knob is not None and (knob.name, knob.value) == ("max_num", 12)
+    assert tiling_knob(f, _line(f, "# PAGE"), ("max_num",)) is None  # one image, tiled as its card says
+    assert tiling_knob(f, _line(f, "# ONE"), ("max_num",)) is None  # one tile per frame

@@ -157,10 +157,22 @@ def _store_kind(stmt: ast.stmt, names: set[str], used: Callable[[ast.AST, set[st
                 return f"{_dotted(target.value)}[...] ="
             if isinstance(target, ast.Name) and _is_cat_of(stmt.value, target.id, names):
                 return "cat accumulator"
+            if isinstance(target, ast.Name) and _is_sum_of(stmt.value, target.id, names, used):
+                return f"{target.id} = {target.id} +"
     if isinstance(stmt, ast.AugAssign) and used(stmt.value, names):
         if isinstance(stmt.op, ast.Add) and isinstance(stmt.target, (ast.Name, ast.Attribute, ast.Subscript)):
             return f"{_dotted(stmt.target)} +="
     return None
+
+
+def _is_sum_of(value: ast.AST, acc: str, names: set[str], used: Callable[[ast.AST, set[str]], bool]) -> bool:
+    """``acc = acc + new`` (either order) with ``new`` among ``names``: ``acc += new`` written out."""
+    if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)):
+        return False
+    for mine, other in ((value.left, value.right), (value.right, value.left)):
+        if isinstance(mine, ast.Name) and mine.id == acc and used(other, names):
+            return True
+    return False
 
 
 def _is_cat_of(value: ast.AST, acc: str, names: set[str]) -> bool:
@@ -311,12 +323,15 @@ def rebinding_line(file: str, line: int, depth: int = 4) -> SourceLine | None:
     return None
 
 
-def holding_line(file: str, line: int, function: str, scripts: list[str], depth: int = 4) -> SourceLine | None:
+def holding_line(
+    file: str, line: int, function: str, scripts: list[str], depth: int = 4, outside_forward: bool = False
+) -> SourceLine | None:
     """The line of the user's script that asked for the value made at ``file:line`` (in
     ``function``) and keeps it: up through helpers (a ``return helper(...)``, a function of another
     file of the user's folder such as a frame decoder) to the script's calling statement, then that
     statement's keeper (``frames.append(...)``) or the statement itself (``frames = [decode(i) for
-    i in ...]``)."""
+    i in ...]``). ``outside_forward``: the value was made outside every module call, so a call from
+    a module's ``forward`` did not ask for it."""
     reached: SourceLine | None = None  # the last statement of a script passed on the way up
     for _ in range(depth):
         tree = tree_of(file) if file in scripts else None
@@ -329,6 +344,8 @@ def holding_line(file: str, line: int, function: str, scripts: list[str], depth:
         if tree is not None:
             function = _function_of(tree, line) or ""
         calls = [c for script in scripts for c in call_lines(script, function) if (c.file, c.line) != (file, line)]
+        if outside_forward:
+            calls = [c for c in calls if _function_of(tree_of(c.file) or ast.Module([], []), c.line) != "forward"]
         if not calls:
             return reached
         file, line = calls[0].file, calls[0].line

@@ -12,6 +12,7 @@ statement where the user chose it.
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 
 from memwarden.analyze.source_lines import (
     SourceLine,
@@ -23,7 +24,7 @@ from memwarden.analyze.source_lines import (
     tree_of,
 )  # fmt: skip
 
-__all__ = ["argument_line", "origin_line"]
+__all__ = ["Knob", "argument_line", "origin_line", "tiling_knob"]
 
 
 def argument_line(file: str, line: int, keywords: tuple[str, ...]) -> SourceLine | None:
@@ -145,4 +146,53 @@ def _argument_at(tree: ast.Module, line: int, function: str, param: str, index: 
                     return k.value
             if 0 <= index < len(node.args) and not isinstance(node.args[index], ast.Starred):
                 return node.args[index]
+    return None
+
+
+@dataclass(frozen=True)
+class Knob:
+    line: int
+    name: str
+    value: int | bool
+
+
+def tiling_knob(file: str, line: int, keywords: tuple[str, ...]) -> Knob | None:
+    """A keyword of ``keywords`` passed with a value above 1 (or True) by a call the statement at
+    ``file:line`` makes once per item (``[load_image(f, max_num=12) for f in frames]``, or the
+    statement inside a loop): a setting that multiplies with the items. Constants only: a literal
+    or a module-level ``NAME = 12``."""
+    tree = tree_of(file)
+    stmt = statement_at(tree, line) if tree is not None else None
+    if tree is None or stmt is None:
+        return None
+    comps = [n for n in ast.walk(stmt) if isinstance(n, (ast.ListComp, ast.GeneratorExp, ast.SetComp))]
+    in_loop = _in_loop(tree, stmt)
+    scopes: list[ast.AST] = [stmt] if in_loop else list(comps)  # once per item, or not at all
+    for scope in scopes:
+        for node in ast.walk(scope):
+            if not isinstance(node, ast.Call):
+                continue
+            for k in node.keywords:
+                if k.arg in keywords:
+                    value = _constant(tree, k.value)
+                    if value is True or (isinstance(value, int) and not isinstance(value, bool) and value > 1):
+                        return Knob(getattr(k.value, "lineno", node.lineno), str(k.arg), value)
+    return None
+
+
+def _in_loop(tree: ast.Module, stmt: ast.stmt) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.While)) and node is not stmt:
+            if node.lineno < stmt.lineno <= (node.end_lineno or node.lineno):
+                return True
+    return False
+
+
+def _constant(tree: ast.Module, node: ast.AST) -> int | bool | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, bool)):
+        return node.value
+    if isinstance(node, ast.Name):
+        for top in tree.body:
+            if isinstance(top, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in top.targets):
+                return _constant(tree, top.value) if isinstance(top.value, ast.Constant) else None
     return None

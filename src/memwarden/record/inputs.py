@@ -210,6 +210,32 @@ def mask_padding(mask: Any) -> dict[str, int] | None:
     }
 
 
+def label_padding(labels: Any, ignore_index: int = -100) -> dict[str, int] | None:
+    """How much of a (B, T) ``labels`` batch is padding, read from its trailing ``ignore_index``
+    (-100): a seq2seq collator (Whisper, T5) pads the labels the decoder runs over, and no attention
+    mask says so. A row's real length ends at its last label that is not ignored, so a prompt masked
+    with -100 at the start of a causal LM's row is not padding. Same keys as ``mask_padding``."""
+    if not isinstance(labels, torch.Tensor) or labels.dim() != 2 or labels.dtype != torch.long:
+        return None
+    if labels.device.type != "cpu" or labels.is_meta or labels.numel() == 0:
+        return None
+    view = host_array(labels)
+    if view is None:
+        return None
+    kept = view != ignore_index
+    width = int(labels.shape[1])
+    # the last kept position + 1 per row (0 for a row with nothing kept)
+    rows = np.where(kept.any(axis=1), width - np.argmax(kept[:, ::-1], axis=1), 0)
+    if int(rows.max(initial=0)) == width:
+        return None
+    return {
+        "length": width,
+        "longest": int(rows.max(initial=0)),
+        "real": int(rows.sum()),
+        "batch": int(labels.shape[0]),
+    }
+
+
 def cache_is_empty(kwargs: dict[str, Any]) -> bool:
     cache = cache_in(kwargs)
     if cache is None:

@@ -37,6 +37,8 @@ import numpy as np
 
 from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding, severity_for
+from memwarden.analyze.lines import lines_of_rows
+from memwarden.analyze.source_lines import holding_line, script_files
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
 from memwarden.units import format_bytes
 
@@ -93,8 +95,16 @@ def detect(ctx: Context) -> list[Finding]:
         return []
     is_start = (action == Action.ALLOC) | (action == Action.PREEXISTING) | (action == Action.MAP)
     is_weight = (category == Category.WEIGHT) | (category == Category.BUFFER)
+    # Quantised weights: integer weights and buffers, and integer blocks the user's own code made
+    # outside every module (a merge script quantising layers before it attaches them) and that died
+    # before any call tagged them as weights.
+    made_outside = (category == Category.OTHER) & (ev["module"] < 0)
     w_rows = np.flatnonzero(
-        is_start & is_weight & on_dev & np.isin(ev["dtype"], list(quant_ids)) & (ev["nbytes"] >= min_weight_bytes)
+        is_start
+        & (is_weight | made_outside)
+        & on_dev
+        & np.isin(ev["dtype"], list(quant_ids))
+        & (ev["nbytes"] >= min_weight_bytes)
     )
     if len(w_rows) == 0:
         return []
@@ -144,6 +154,23 @@ def detect(ctx: Context) -> list[Finding]:
     pos = np.minimum(np.searchsorted(keys, c_key), len(keys) - 1)
     hit = (keys[pos] == c_key) & (c_module >= 0) & (c_numel > 0)
     m_rows, m_owner = c_rows[hit], key_owner[pos[hit]]
+    # Copies made outside every module (a merge or export script dequantising the weights itself,
+    # ``{n: q.dequantize() for n, q in layers.items()}``) join on the element count alone: float,
+    # made after a quantised weight of that size existed.
+    float_ids = [i for i, s in enumerate(strings) if s in _FLOAT_DTYPES]
+    loose = ~hit & (c_module < 0) & (c_numel > 0) & np.isin(ev["dtype"][c_rows], float_ids)
+    if loose.any():
+        by_numel: dict[int, int] = {}  # element count -> index into w_rows (largest weight first)
+        for i in np.argsort(-ev["nbytes"][w_rows], kind="stable").tolist():
+            for factor in quant_ids[int(ev["dtype"][w_rows[i]])]:
+                by_numel.setdefault(int(w_numel[i] * factor), i)
+        for row, count in zip(c_rows[loose].tolist(), c_numel[loose].tolist(), strict=True):
+            i = by_numel.get(int(count))
+            if i is not None and int(w_rows[i]) < row:
+                m_rows = np.append(m_rows, row)
+                m_owner = np.append(m_owner, i)
+        order = np.argsort(m_rows, kind="stable")
+        m_rows, m_owner = m_rows[order], m_owner[order]
     if len(m_rows) == 0:
         return []
     counts = np.bincount(m_owner, minlength=len(w_rows))
@@ -159,7 +186,6 @@ def detect(ctx: Context) -> list[Finding]:
     m_bytes = ev["nbytes"][m_rows]
     wasted = int(m_bytes[at_peak].sum())
 
-    float_ids = [i for i, s in enumerate(strings) if s in _FLOAT_DTYPES]
     is_float = np.isin(ev["dtype"][m_rows], float_ids)
     per_weight: list[dict[str, Any]] = []
     for i in np.unique(m_owner).tolist():
@@ -227,6 +253,22 @@ def detect(ctx: Context) -> list[Finding]:
             f"while computing with a fused kernel ({kernel}) or dequantise tile by tile (memwarden.quantize's "
             f"tiled kernel): {both}"
         )
+    # Many layers' float copies alive together, made outside the model (every weight dequantised
+    # before merging): the fix is to dequantise, merge and re-quantise one layer at a time; the run
+    # then frees each copy as soon as it is made, and one layer's copy is the most alive at once.
+    outside = m_rows[(ev["module"][m_rows] < 0) & at_peak & is_float]
+    change = Change(drop=m_rows)  # the fused kernel makes no float copy
+    lines: list[dict[str, Any]] = []  # diagnose names the lines inside the module (INNER_FIRST)
+    if len(outside) >= 2 and int(ev["nbytes"][outside].sum()) * 2 >= wasted:
+        one = int(ev["nbytes"][outside].max())
+        fix = (
+            f"{len(outside)} quantised weights are dequantised together and held at once "
+            f"({format_bytes(int(ev['nbytes'][outside].sum()))} of float copies at the peak, one layer's is "
+            f"{format_bytes(one)}): dequantise, merge and re-quantise one layer at a time (layer by layer, freeing "
+            f"each float copy before the next), as PEFT's merge_and_unload does: {both}"
+        )
+        change = Change(free_rows=outside, free_at=outside + 1)
+        lines = _asking_lines(ctx, outside)
     severity = severity_for(wasted, peak_bytes)
     if wasted < 0.01 * peak_bytes and total_allocated >= peak_bytes:
         severity = "low"  # heavy over the run but not at its peak: a hint
@@ -239,6 +281,22 @@ def detect(ctx: Context) -> list[Finding]:
             where=str(worst["module"]),
             evidence=evidence,
             fix=fix,
-            change=Change(drop=m_rows),  # the fused kernel makes no float copy
+            change=change,
+            lines=lines,
         )
     ]
+
+
+def _asking_lines(ctx: Context, rows: np.ndarray) -> list[dict[str, Any]]:
+    """The script's statement that asked for the copies (``{n: q.dequantize() for ...}``) first,
+    up from the helper that made them, then the line that made them."""
+    made = lines_of_rows(ctx.trace, rows, 1, callers=False)
+    if not made:
+        return []
+    site = made[0]
+    scripts = script_files([s.call_site or "" for s in ctx.analysis.steps]) or [site.file]
+    holder = holding_line(site.file, site.line, site.function, scripts, outside_forward=True)
+    out = [{"file": site.file, "line": site.line, "nbytes": site.nbytes}]
+    if holder is not None and (holder.file, holder.line) != (site.file, site.line):
+        out.insert(0, {"file": holder.file, "line": holder.line, "nbytes": site.nbytes})
+    return out

@@ -115,6 +115,26 @@ def _most_varied(trace: Trace, device: int) -> tuple[str, int]:
     return trace.string(int(modules[top])) or "(outside modules)", int(counts[top])
 
 
+def _request_shapes(ctx: Context) -> int:
+    """How many different sets of large requests the run's model calls make (decode steps aside: a
+    growing cache is kv-concat-growth's): a reranker scoring batches of one shape makes one, a loader
+    of random lengths as many as there are lengths. A run without two calls counts as varying."""
+    trace, steps = ctx.trace, [s for s in ctx.analysis.steps if s.phase != "decode"]
+    if len(steps) < 2:
+        return 2
+    ev = trace.events
+    times = ev["time_us"]
+    large = (
+        (ev["action"] == Action.ALLOC) & (ev["device"] == ctx.analysis.device) & (ev["nbytes"] > _SMALL_REQUEST_BYTES)
+    )
+    shapes = set()
+    for st in steps:
+        lo, hi = np.searchsorted(times, st.start_us, side="left"), np.searchsorted(times, st.end_us, side="right")
+        rows = lo + np.flatnonzero(large[lo:hi])
+        shapes.add(tuple(sorted(ev["nbytes"][rows].tolist())))
+    return len(shapes)
+
+
 def _summary(result: ReplayResult) -> dict[str, Any]:
     return {
         "peak_reserved_bytes": int(result.peak_reserved_bytes),
@@ -146,6 +166,8 @@ def detect(ctx: Context) -> list[Finding]:
     # alone (fragmentation_steps). Without, reserved against allocated at the peaks.
     need = step_need(ctx.analysis, int(ctx.threshold(PATTERN, "max_windows", 8))) if sub is trace else None
     module, sizes = _most_varied(sub, sub_dev)
+    if sub is trace and _request_shapes(ctx) < 2:
+        sizes = 1  # every model call made the same large requests: nothing changes shape between them
     if sizes < 2:
         # No large request comes in more than one size: no shape to bucket or pad, so reserved above
         # a step's need is not stranded by changing shapes; only a replayed allocator setting can show

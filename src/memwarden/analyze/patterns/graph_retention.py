@@ -34,7 +34,7 @@ from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.counterfactual import saving as replay_saving
 from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, finding_lines, holder_line, merge_lines
-from memwarden.analyze.source_lines import handler_line
+from memwarden.analyze.source_lines import handler_line, keeper_line
 from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
 from memwarden.trace.sites import parse_line
@@ -284,6 +284,10 @@ def _lines(
     until = int(starts[later[0]]) if len(later) else int(trace.events["time_us"][peak_row])
     site = next((s.call_site for s in ctx.analysis.steps if s.start_us == int(starts[oldest])), None)
     holder = holder_line(trace, int(ends[oldest]) + 1, until - 1, live, site)
+    if holder is not None:  # ``loss = out.loss / n`` is what lives; ``total = total + loss`` keeps it
+        keeper = keeper_line(holder.file, holder.line)
+        if keeper is not None:
+            holder = LineBytes(keeper.file, keeper.line, holder.function, holder.nbytes, holder.count)
     first = [holder] if holder is not None else []
     kept_result = holder is None or holder.nbytes > _SCALAR_BYTES  # not a logged loss (.item() fixes that)
     if not has_backward and site is not None and kept_result:

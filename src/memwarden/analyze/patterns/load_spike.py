@@ -42,6 +42,7 @@ from memwarden.trace.model import Action, Category, SpanKind, Trace
 from memwarden.units import format_bytes
 
 PATTERN = "load-spike"
+_QUANT_DTYPES = frozenset({"int8", "uint8", "int32", "qint8", "quint8", "quint4x2", "float8_e4m3fn", "float8_e5m2"})
 _EVIDENCE_GROUPS = 6
 
 
@@ -99,6 +100,18 @@ def detect(ctx: Context) -> list[Finding]:
         first_final.setdefault(shape, row)
     replaced_after = np.array([first_final.get(s, n) for s in shape_col[dup_rows].tolist()], dtype=np.int64)
     dup_rows = dup_rows[fidx[dup_rows] > replaced_after]
+    # A float block made after a quantised (integer) weight of its shape existed was dequantised from
+    # it (a merge or export script): dequant-temporaries', not a second load of the model.
+    quant = (
+        is_start
+        & (is_weight | (category == Category.OTHER))
+        & np.isin(ev["dtype"], [i for i, s in enumerate(trace.strings) if s in _QUANT_DTYPES])
+    )
+    first_quant: dict[int, int] = {}
+    for row, shape in zip(np.flatnonzero(quant).tolist(), shape_col[quant].tolist(), strict=True):
+        first_quant.setdefault(shape, row)
+    quant_before = np.array([first_quant.get(s, n) for s in shape_col[dup_rows].tolist()], dtype=np.int64)
+    dup_rows = dup_rows[dup_rows < quant_before]
     if len(dup_rows) == 0:
         return []
 

@@ -78,6 +78,10 @@ def input_padding_findings(trace: Trace, ctx: Context, min_ratio: float) -> list
         until = int(np.searchsorted(times, later[0], side="left")) if len(later) else trace.num_events
         rows = np.arange(lo, until)
         rows = rows[(e["action"][rows] == 0) & ~np.isin(e["category"][rows], _STAYS)]
+        # Only blocks along the padded positions shrink (a Whisper encoder's activations do not
+        # depend on the labels' length); a block whose shape was not recorded is taken to.
+        along = np.array([k < 0 or st["length"] in trace.shapes[int(k)] for k in e["shape"][rows].tolist()], dtype=bool)
+        rows = rows[along]
         scale_rows.append(rows)
         scale.append(np.full(len(rows), st["longest"] / st["length"]))
         per_step.append({**st, "working_bytes": working, "padded_share": round(share, 3),

@@ -28,7 +28,7 @@ from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding
 from memwarden.analyze.lines import LineBytes, input_rows, led_by, script_input_lines
 from memwarden.analyze.timeline import live_blocks_at
-from memwarden.analyze.value_origin import argument_line, origin_line
+from memwarden.analyze.value_origin import argument_line, origin_line, tiling_knob
 from memwarden.trace.model import Category, Modality, SpanKind, Trace
 from memwarden.trace.sites import parse_line
 from memwarden.trace.steps import Step
@@ -131,8 +131,8 @@ def detect(ctx: Context) -> list[Finding]:
     if context is None:
         return []
     documented = documented_range(str(context.get("module") or ""))
-    if documented is None:
-        return []  # a fixed-resolution tower, or a family whose range memwarden does not know
+    if documented is None:  # a fixed-resolution tower: only tiles the script asked for can be cut
+        return _tiled(ctx, steps, context, p)
     most_per_image, setting, px_per_token = documented
     tokens = context["tokens"]
     prefill = steps[context["step"]]
@@ -141,22 +141,7 @@ def detect(ctx: Context) -> list[Finding]:
     target = most_per_image * images
     if media_tokens <= target:
         return []
-    seq_tokens = media_tokens + int(tokens.get("text", 0))
-    ratio = target / media_tokens
-    # The fix as a change: the request's media blocks (encoder, projector, pixel values) scale with
-    # the media tokens, the language model's with the sequence it works on.
-    group_end = next((st.start_us for st in steps[context["step"] + 1 :] if st.phase != "decode"), None)
-    prev_end = steps[context["step"] - 1].end_us if context["step"] > 0 else -1
-    t = e["time_us"]
-    lo = int(np.searchsorted(t, prev_end, side="right"))
-    hi = n if group_end is None else int(np.searchsorted(t, group_end, side="left"))
-    rows = np.arange(lo, hi)
-    rows = rows[(e["action"][rows] == 0) & ~np.isin(e["category"][rows], (Category.WEIGHT, Category.BUFFER))]
-    media = np.isin(e["modality"][rows], _ENCODER)
-    float_dtypes = np.array([(name or "").startswith(("float", "bfloat")) for name in trace.strings] + [False])
-    media |= (e["category"][rows] == Category.INPUT) & float_dtypes[e["dtype"][rows]]
-    text_scale = (seq_tokens - media_tokens + target) / seq_tokens
-    change = Change(scale_rows=rows, scale=np.where(media, ratio, text_scale))
+    change = _fewer_media_tokens(trace, steps, context, target)
     towers = _encoder_names(trace)
     where = ", ".join(towers) if towers else str(context.get("module") or "(model)")
     value = most_per_image * px_per_token
@@ -190,6 +175,114 @@ def detect(ctx: Context) -> list[Finding]:
             change=change,
         )
     ]
+
+
+def _fewer_media_tokens(trace: Trace, steps: Sequence[Step], context: dict[str, Any], target: int) -> Change:
+    """The fix as a change: the request's media blocks (encoder, projector, pixel values) scale with
+    the media tokens (to ``target``), the language model's with the sequence it works on."""
+    e = trace.events
+    tokens = context["tokens"]
+    media_tokens = int(tokens.get("vision", 0))
+    seq_tokens = media_tokens + int(tokens.get("text", 0))
+    group_end = next((st.start_us for st in steps[context["step"] + 1 :] if st.phase != "decode"), None)
+    prev_end = steps[context["step"] - 1].end_us if context["step"] > 0 else -1
+    t = e["time_us"]
+    lo = int(np.searchsorted(t, prev_end, side="right"))
+    hi = trace.num_events if group_end is None else int(np.searchsorted(t, group_end, side="left"))
+    rows = np.arange(lo, hi)
+    rows = rows[(e["action"][rows] == 0) & ~np.isin(e["category"][rows], (Category.WEIGHT, Category.BUFFER))]
+    media = np.isin(e["modality"][rows], _ENCODER)
+    float_dtypes = np.array([(name or "").startswith(("float", "bfloat")) for name in trace.strings] + [False])
+    media |= (e["category"][rows] == Category.INPUT) & float_dtypes[e["dtype"][rows]]
+    text_scale = (seq_tokens - media_tokens + target) / seq_tokens
+    return Change(scale_rows=rows, scale=np.where(media, target / media_tokens, text_scale))
+
+
+# Settings that tile one image into several tower-sized crops (InternVL's dynamic tiling, Idefics3 /
+# SmolVLM splitting, Gemma 3's pan-and-scan, LLaVA-NeXT's grids): each crop costs a whole image's
+# tokens in a fixed-resolution tower. Tiling each of several images (a video's frames) multiplies
+# them; InternVL's own video recipe loads every frame with max_num=1.
+_TILE_KNOBS = ("max_num", "max_dynamic_patch", "max_tiles", "max_crops", "max_patches", "do_image_splitting",
+               "pan_and_scan_max_num_crops", "image_grid_pinpoints")  # fmt: skip
+
+
+def _tiled(ctx: Context, steps: Sequence[Step], context: dict[str, Any], p: int) -> list[Finding]:
+    """A fixed-resolution tower fed several images each tiled by the script's own tiling setting
+    (``torch.cat([load_image(f, max_num=12) for f in frames])``): one tile per image would do."""
+    trace, a = ctx.trace, ctx.analysis
+    e = trace.events
+    prefill = steps[context["step"]]
+    media_tokens = int(context["tokens"].get("vision", 0))
+    fed = input_rows(trace, prefill.start_us, a.free_index)
+    pixels = [r for r in fed.tolist() if len(trace.shape(int(e["shape"][r])) or ()) == 4]
+    if not pixels or media_tokens <= 0:
+        return []
+    row = max(pixels, key=lambda r: (trace.shape(int(e["shape"][r])) or (0,))[0])
+    shape = tuple(trace.shape(int(e["shape"][row])) or ())
+    tiles = int(shape[0])
+    made = parse_line(trace.strings[int(e["line"][row])])
+    knob = tiling_knob(made.file, made.line, _TILE_KNOBS)
+    if knob is None:
+        return []
+    images = _pieces(trace, row, shape, a.free_index)
+    if images is None or tiles <= images:
+        return []
+    target = max(1, media_tokens * images // tiles)
+    change = _fewer_media_tokens(trace, steps, context, target)
+    towers = _encoder_names(trace)
+    where = ", ".join(towers) if towers else str(context.get("module") or "(model)")
+    evidence: dict[str, Any] = {
+        "tokens": {k: int(v) for k, v in context["tokens"].items()},
+        "media_tokens": media_tokens,
+        "images": images,
+        "tiles": tiles,
+        "tiling_setting": {knob.name: knob.value},
+        "recommended": {knob.name: 1},
+        "target_media_tokens": target,
+        "prefill_step": context["step"],
+    }
+    fix = (
+        f"{tiles} tiles for {images} images: each image (a video frame) is tiled with {knob.name}={knob.value}, and "
+        f"every tile costs a whole image's tokens in this fixed-resolution tower ({media_tokens} vision tokens): load "
+        f"each frame as one tile ({knob.name}=1, as InternVL's video recipe does), or sample fewer frames; keep "
+        f"tiling for a single dense image ({media_tokens} -> {target} tokens)"
+    )
+    first = [LineBytes(made.file, knob.line, f"{knob.name}=", 0, 0)]
+    live = live_blocks_at(trace, p, a.device, a.free_index)
+    return [
+        Finding(
+            pattern=PATTERN,
+            severity="high",
+            bytes_at_peak=0,
+            wasted_bytes=0,
+            where=where,
+            evidence=evidence,
+            fix=fix,
+            lines=led_by(first, trace, where, live, PATTERN),
+            change=change,
+        )  # fmt: skip
+    ]
+
+
+def _pieces(trace: Trace, row: int, shape: tuple[int, ...], free: np.ndarray) -> int | None:
+    """How many per-image blocks of tiles were joined into the pixel values made at ``row``: the
+    blocks of shape (k, C, H, W) made before it and still live when it was made, whose k add up to
+    its N (None: no such run)."""
+    e = trace.events
+    need, count = int(shape[0]), 0
+    for r in range(row - 1, -1, -1):
+        if e["action"][r] != 0 or free[r] <= row:
+            continue
+        other = tuple(trace.shape(int(e["shape"][r])) or ())
+        if len(other) != 4 or other[1:] != shape[1:]:
+            continue
+        need -= int(other[0])
+        count += 1
+        if need == 0:
+            return count
+        if need < 0:
+            return None
+    return None
 
 
 # The settings that decide how many media tokens a request carries (processors' and model cards'

@@ -90,15 +90,21 @@ def input_padding(
     spans: ModuleSpans, call_padding: Sequence[tuple[int, dict[str, int]]], clock: Clock
 ) -> list[dict[str, int]]:
     """``metadata["input_padding"]``: per outermost call whose attention mask pads its batch, the
-    call's span and what the mask says (``length``, ``longest``, ``real``, ``batch``). The mask is
+    call's span and what the mask (or the labels' trailing -100) says (``length``, ``longest``, ``real``, ``batch``). The mask is
     read before the call's ENTER marker, so its call is the first outermost span starting after."""
     top = np.flatnonzero(spans.depth == 0)
     starts = spans.start_ns[top]
-    out = []
+    per_span: dict[int, dict[str, int]] = {}
     for t_ns, padding in call_padding:
         k = int(np.searchsorted(starts, t_ns, side="left"))
-        if k < len(top):
-            span = int(top[k])
-            out.append({"start_us": clock.us(int(spans.start_ns[span])), "end_us": clock.us(int(spans.end_ns[span])),
-                        **padding})  # fmt: skip
-    return out
+        if k >= len(top):
+            continue
+        span = int(top[k])
+        # a call's mask and its labels may both pad it: the one that pads more says what it carries
+        had = per_span.get(span)
+        if had is None or padding["longest"] * had["length"] < had["longest"] * padding["length"]:
+            per_span[span] = padding
+    return [
+        {"start_us": clock.us(int(spans.start_ns[span])), "end_us": clock.us(int(spans.end_ns[span])), **padding}
+        for span, padding in sorted(per_span.items())
+    ]

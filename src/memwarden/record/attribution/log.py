@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memwarden.record.foreign import ForeignFinder, is_foreign
-from memwarden.record.inputs import mask_padding
+from memwarden.record.inputs import label_padding, mask_padding
 from memwarden.record.modality import input_modality
 from memwarden.trace.model import Modality, Phase
 
@@ -119,8 +119,8 @@ class CaptureLog:
         modality = input_modality(name)
         if found is not None and modality != Modality.SHARED:
             self.input_modalities.append((t_ns, found[0], int(modality)))
-        if name == "attention_mask":
-            padding = mask_padding(tensor)
+        if name in ("attention_mask", "labels"):
+            padding = mask_padding(tensor) if name == "attention_mask" else label_padding(tensor)
             if padding is not None:
                 self.call_padding.append((t_ns, padding))
 

@@ -222,9 +222,12 @@ class Capture:
         ctx = self._ctx_of(module)
         info = self._modules[ctx]
         # A step: an outermost call of a model, or, with autograd on, of a part the program calls itself
-        # (get_image_features: tower + projector, a graph each); under no_grad (generate) a part is not.
+        # (get_image_features: tower + projector, a graph each); under no_grad a part generate calls is not.
+        # A part the user's own code calls (clip.vision_model(pixels) in a loop) is a step too.
         is_step = not self._stack and (
-            info.path == "" or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
+            info.path == ""
+            or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
+            or (self._callers is not None and self._callers.called_from_user())
         )
         fp = None
         if self.fingerprints and info.is_boundary:

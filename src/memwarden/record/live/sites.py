@@ -118,6 +118,30 @@ class CallSites:
             frame = frame.f_back
         return None
 
+    def called_from_user(self) -> bool:
+        """Whether the module call under way was made by the user's own code: the first frame outside
+        the module-call machinery (torch's, memwarden's hooks) is a user frame, not a library's
+        (``clip.vision_model(pixels)`` in a script, not ``generate`` calling a model's part)."""
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            file = frame.f_code.co_filename
+            if not file.startswith(_machinery()):
+                user = self._codes.get(frame.f_code)
+                if user is None:
+                    user = self._codes[frame.f_code] = self._is_user(file)
+                return user
+            frame = frame.f_back
+        return False
+
+
+@lru_cache(maxsize=1)
+def _machinery() -> tuple[str, ...]:
+    """Where the module-call machinery lives: torch.nn and memwarden itself."""
+    spec = importlib.util.find_spec("torch")
+    torch_nn = os.path.join(os.path.dirname(os.path.realpath(spec.origin)), "nn") if spec and spec.origin else None
+    mine = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    return tuple(p for p in (torch_nn, mine) if p)
+
 
 def apply_call_sites(steps: list[dict[str, Any]], call_sites: dict[int, str], t0_ns: int) -> None:
     """Write each step's ``call_site`` into ``metadata["steps"]`` entries (``start_us`` as the
