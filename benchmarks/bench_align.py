@@ -125,11 +125,20 @@ def drift_spread(seeds: int, jitters: tuple[str, ...] = JITTERS, chunks: tuple[i
                     errors.append(abs((at_30 or 0.0) - spec.true_drift_ppm))
             e = np.array(errors)
             spec = StreamSpec(jitter=jitter, audio_chunk_samples=chunk)
-            out.append({"jitter": jitter, "chunk_samples": chunk, "runs": int(e.size),
-                        "p50": float(np.percentile(e, 50)), "p95": float(np.percentile(e, 95)),
-                        "p99": float(np.percentile(e, 99)), "max": float(e.max()), "over_20ppm": int((e > 20).sum()),
-                        "floor_fits": int(floor_used),
-                        "gaussian_bound_1sigma": gaussian_bound_ppm(spec) if jitter == "gaussian" else None})  # fmt: skip
+            out.append(
+                {
+                    "jitter": jitter,
+                    "chunk_samples": chunk,
+                    "runs": int(e.size),
+                    "p50": float(np.percentile(e, 50)),
+                    "p95": float(np.percentile(e, 95)),
+                    "p99": float(np.percentile(e, 99)),
+                    "max": float(e.max()),
+                    "over_20ppm": int((e > 20).sum()),
+                    "floor_fits": int(floor_used),
+                    "gaussian_bound_1sigma": gaussian_bound_ppm(spec) if jitter == "gaussian" else None,
+                }
+            )
     return out
 
 

@@ -74,7 +74,11 @@ def _demo() -> tuple[str, Callable[[], None]]:
 
 
 WORKLOADS: dict[str, Callable[[], tuple[str, Callable[[], None]]]] = {
-    "tiny16": lambda: _tiny(16), "tiny64": lambda: _tiny(64), "demo": _demo, "train": _train}  # fmt: skip
+    "tiny16": lambda: _tiny(16),
+    "tiny64": lambda: _tiny(64),
+    "demo": _demo,
+    "train": _train,
+}
 
 
 def measure(workload: Callable[[], None], repeats: int) -> dict[str, Any]:
@@ -90,8 +94,12 @@ def measure(workload: Callable[[], None], repeats: int) -> dict[str, Any]:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
             workload()
 
-    modes = {"untraced": workload, "memwarden": traced, "memwarden(lines=False)": traced_no_lines,
-             "torch.profiler(profile_memory)": profiled}  # fmt: skip
+    modes = {
+        "untraced": workload,
+        "memwarden": traced,
+        "memwarden(lines=False)": traced_no_lines,
+        "torch.profiler(profile_memory)": profiled,
+    }
     for fn in modes.values():  # warm up kernels, the native build and the profiler
         fn()
     times: dict[str, list[float]] = {name: [] for name in modes}

@@ -50,8 +50,10 @@ def per_call(repeats: int) -> dict[str, float]:
     run()
     for _ in range(repeats):
         out["untraced"].append(run())
-        hooks = [nn.modules.module.register_module_forward_pre_hook(lambda m, a: None),
-                 nn.modules.module.register_module_forward_hook(lambda m, a, o: None, always_call=True)]  # fmt: skip
+        hooks = [
+            nn.modules.module.register_module_forward_pre_hook(lambda m, a: None),
+            nn.modules.module.register_module_forward_hook(lambda m, a, o: None, always_call=True),
+        ]
         out["empty Python hooks"].append(run())
         for h in hooks:
             h.remove()
@@ -74,8 +76,12 @@ def scan(repeats: int) -> dict[str, float]:
         _gc_objects(recorder)
         later.append(time.perf_counter() - start)
     del model
-    return {"objects tracked": float(len(gc.get_objects())), "found": float(len(objects)),
-            "first walk ms": first * 1e3, "later walks ms": statistics.median(later) * 1e3}  # fmt: skip
+    return {
+        "objects tracked": float(len(gc.get_objects())),
+        "found": float(len(objects)),
+        "first walk ms": first * 1e3,
+        "later walks ms": statistics.median(later) * 1e3,
+    }
 
 
 def start_stop(repeats: int) -> dict[str, float]:

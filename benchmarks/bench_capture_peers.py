@@ -129,8 +129,9 @@ def child(mode: str, key: str, repeats: int, out: str) -> None:
         run()
         wall.append(time.perf_counter() - start)
         cpu.append(time.thread_time() - start_cpu)
-    Path(out).write_text(json.dumps({"label": label, "wall": wall, "cpu": cpu,
-                                     "torch_threads": torch.get_num_threads()}))  # fmt: skip
+    Path(out).write_text(
+        json.dumps({"label": label, "wall": wall, "cpu": cpu, "torch_threads": torch.get_num_threads()})
+    )
 
 
 def _command(mode: str, key: str, repeats: int, out: str, tmp: str) -> list[str]:
@@ -195,9 +196,12 @@ def measure_instructions(key: str) -> dict[str, Any]:
             for name in os.listdir(tmp):
                 if name.endswith(".bin"):
                     os.remove(os.path.join(tmp, name))
-    return {"workload": label, "instructions": counts,
-            "instruction_ratio": {m: round(v / counts["plain"], 3) for m, v in counts.items()},
-            "memwarden_start_run_stop": memwarden_parts}  # fmt: skip
+    return {
+        "workload": label,
+        "instructions": counts,
+        "instruction_ratio": {m: round(v / counts["plain"], 3) for m, v in counts.items()},
+        "memwarden_start_run_stop": memwarden_parts,
+    }
 
 
 def instruction_table(results: dict[str, dict[str, Any]]) -> str:
@@ -207,14 +211,18 @@ def instruction_table(results: dict[str, dict[str, Any]]) -> str:
         "|---|" + "--:|" * len(keys),
     ]
     for mode in MODES:
-        cells = [f"{results[k]['instructions'][mode] / 1e9:.3f} G ({results[k]['instruction_ratio'][mode]:.2f}x)"
-                 for k in keys]  # fmt: skip
+        cells = [
+            f"{results[k]['instructions'][mode] / 1e9:.3f} G ({results[k]['instruction_ratio'][mode]:.2f}x)"
+            for k in keys
+        ]
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     lines += ["", *[f"- {k}: {results[k]['workload']}" for k in keys]]
     for k in keys:
         start, during, stop = (results[k]["memwarden_start_run_stop"] + [0, 0, 0])[:3]
-        lines.append(f"- {k}, memwarden.capture() split: start {start / 1e6:.1f} M, workload under capture "
-                     f"{during / 1e6:.1f} M, stop (attribution) {stop / 1e6:.1f} M instructions")  # fmt: skip
+        lines.append(
+            f"- {k}, memwarden.capture() split: start {start / 1e6:.1f} M, workload under capture "
+            f"{during / 1e6:.1f} M, stop (attribution) {stop / 1e6:.1f} M instructions"
+        )
     return "\n".join(lines)
 
 

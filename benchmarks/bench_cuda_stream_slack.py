@@ -103,20 +103,28 @@ def main() -> None:
         # 0.6x: the H200 run's planning (nothing kept out); 0.75x: today's, which keeps the segment room out
         for factor, room in ((0.6, 0), (0.75, SEGMENT_ROOM_BYTES)):
             streamed = streamed_ids(model, int(weights * factor) - room, inputs)
-            row = {"model": f"{name}/small", "budget": f"{factor}x", "weights_mib": weights / MiB,
-                   "streamed_mib": sum(t.nbytes for t in order if id(t) in streamed) / MiB,
-                   **simulate(order, streamed)}  # fmt: skip
+            row = {
+                "model": f"{name}/small",
+                "budget": f"{factor}x",
+                "weights_mib": weights / MiB,
+                "streamed_mib": sum(t.nbytes for t in order if id(t) in streamed) / MiB,
+                **simulate(order, streamed),
+            }
             rows.append(row)
     if args.json:
         for row in rows:
             print(json.dumps(row))
         return
-    print(f"{'model':<16} {'budget':>6} {'weights':>8} {'streamed':>9} {'allocated':>10} {'reserved':>9} "
-          f"{'slack':>7} {'repacked: reserved':>19} {'slack':>7}   (MiB)")  # fmt: skip
+    print(
+        f"{'model':<16} {'budget':>6} {'weights':>8} {'streamed':>9} {'allocated':>10} {'reserved':>9} "
+        f"{'slack':>7} {'repacked: reserved':>19} {'slack':>7}   (MiB)"
+    )
     for r in rows:
-        print(f"{r['model']:<16} {r['budget']:>6} {r['weights_mib']:>8.1f} {r['streamed_mib']:>9.1f} "
-              f"{r['allocated_mib']:>10.1f} {r['reserved_mib']:>9.1f} {r['slack_mib']:>7.1f} "
-              f"{r['repacked_reserved_mib']:>19.1f} {r['repacked_slack_mib']:>7.1f}")  # fmt: skip
+        print(
+            f"{r['model']:<16} {r['budget']:>6} {r['weights_mib']:>8.1f} {r['streamed_mib']:>9.1f} "
+            f"{r['allocated_mib']:>10.1f} {r['reserved_mib']:>9.1f} {r['slack_mib']:>7.1f} "
+            f"{r['repacked_reserved_mib']:>19.1f} {r['repacked_slack_mib']:>7.1f}"
+        )
 
 
 if __name__ == "__main__":

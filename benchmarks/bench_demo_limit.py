@@ -37,9 +37,12 @@ def main() -> None:
             r = run_limited(DemoConfig(budget_bytes=budget * MiB, turns=args.turns), arms=("plain", "governed"))
             why = (r.plain_error or "—").split(":")[0] if r.plain_error else "—"
             session = f"{r.governed_answered}" + (f" ({r.governed_error[:60]})" if r.governed_error else "")
-            print(f"| {budget} MiB | {repeat + 1} | {r.plain_answered}/{r.turns} | {why} | {session}/{r.turns} | "
-                  f"{r.governed_degraded} | {'yes' if r.outputs_equal else 'no'} | "
-                  f"{time.perf_counter() - start:.0f} |", flush=True)  # fmt: skip
+            print(
+                f"| {budget} MiB | {repeat + 1} | {r.plain_answered}/{r.turns} | {why} | {session}/{r.turns} | "
+                f"{r.governed_degraded} | {'yes' if r.outputs_equal else 'no'} | "
+                f"{time.perf_counter() - start:.0f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

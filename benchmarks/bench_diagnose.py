@@ -50,10 +50,19 @@ def tiled(base: Trace, n_events: int) -> Trace:
     events = {k: np.concatenate(v)[:n_events] for k, v in parts.items()}
     meta = dict(base.metadata)
     steps = meta.get("steps", [])
-    meta["steps"] = [dict(s, start_us=s["start_us"] + c * span_us, end_us=s["end_us"] + c * span_us)
-                     for c in range(copies) for s in steps][: 10 * len(steps)]  # fmt: skip
-    return Trace(events=events, spans=dict(base.spans), strings=base.strings, shapes=base.shapes, devices=base.devices,
-                 metadata=meta)  # fmt: skip
+    meta["steps"] = [
+        dict(s, start_us=s["start_us"] + c * span_us, end_us=s["end_us"] + c * span_us)
+        for c in range(copies)
+        for s in steps
+    ][: 10 * len(steps)]
+    return Trace(
+        events=events,
+        spans=dict(base.spans),
+        strings=base.strings,
+        shapes=base.shapes,
+        devices=base.devices,
+        metadata=meta,
+    )
 
 
 def main() -> None:
@@ -72,8 +81,12 @@ def main() -> None:
     start = time.perf_counter()
     findings = diagnose(trace)
     total = time.perf_counter() - start
-    result = {"events": trace.num_events, "diagnose_s": round(total, 3), "per_pattern_s": per_pattern,
-              "findings": [f.pattern for f in findings]}  # fmt: skip
+    result = {
+        "events": trace.num_events,
+        "diagnose_s": round(total, 3),
+        "per_pattern_s": per_pattern,
+        "findings": [f.pattern for f in findings],
+    }
     if args.json:
         print(json.dumps(result, indent=2))
         return

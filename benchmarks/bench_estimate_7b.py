@@ -60,8 +60,17 @@ def main() -> None:
             line = next(x for x in proc.stderr.splitlines() if x.startswith("@@ "))
             seconds, rss, cpu = float(line.split()[1]), int(line.split()[2]), float(line.split()[3])
             card = json.loads(proc.stdout)
-            rows.append({"tree": tree, "model": model, "request": request, "seconds": seconds, "cpu_seconds": cpu,
-                         "peak_rss_bytes": rss, "estimated_peak_bytes": card["peak_bytes"]})  # fmt: skip
+            rows.append(
+                {
+                    "tree": tree,
+                    "model": model,
+                    "request": request,
+                    "seconds": seconds,
+                    "cpu_seconds": cpu,
+                    "peak_rss_bytes": rss,
+                    "estimated_peak_bytes": card["peak_bytes"],
+                }
+            )
     if args.json:
         print(json.dumps(rows, indent=2))
         return

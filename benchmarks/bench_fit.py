@@ -79,10 +79,21 @@ def main() -> None:
             line = next(x for x in proc.stderr.splitlines() if x.startswith("@@ "))
             seconds, cpu = float(line.split()[1]), float(line.split()[2])
             fit = json.loads(proc.stdout)["fit"]
-            rows.append({"tree": tree, "model": model, "request": request, "seconds": seconds, "cpu_seconds": cpu,
-                         "estimates_run": fit["estimates_run"], "value": fit["value"],
-                         "next_value": fit["next_value"], "peak_bytes": fit["peak_bytes"],
-                         "budget_bytes": fit["budget_bytes"], "next_refused": "next_refused" in fit})  # fmt: skip
+            rows.append(
+                {
+                    "tree": tree,
+                    "model": model,
+                    "request": request,
+                    "seconds": seconds,
+                    "cpu_seconds": cpu,
+                    "estimates_run": fit["estimates_run"],
+                    "value": fit["value"],
+                    "next_value": fit["next_value"],
+                    "peak_bytes": fit["peak_bytes"],
+                    "budget_bytes": fit["budget_bytes"],
+                    "next_refused": "next_refused" in fit,
+                }
+            )
             if not args.json:
                 r = rows[-1]
                 print(

@@ -47,8 +47,18 @@ def seed_trace() -> bytes:
 
     b = TraceBuilder(devices=("cpu", "cuda:0"), metadata={"model": "fuzz", "nested": {"a": [1, 2]}})
     for i in range(6):
-        b.event(time_us=10 * i, action=Action.ALLOC, tensor=i, address=4096 * i, nbytes=512 * (i + 1), device=i % 2,
-                module=f"m.{i}", op="aten::mm", dtype="float32", shape=(2, i + 1))  # fmt: skip
+        b.event(
+            time_us=10 * i,
+            action=Action.ALLOC,
+            tensor=i,
+            address=4096 * i,
+            nbytes=512 * (i + 1),
+            device=i % 2,
+            module=f"m.{i}",
+            op="aten::mm",
+            dtype="float32",
+            shape=(2, i + 1),
+        )
     for i in range(6):
         b.event(time_us=100 + i, action=Action.FREE, tensor=i, address=4096 * i, nbytes=512 * (i + 1), device=i % 2)
     return dumps(b.build())
@@ -108,8 +118,21 @@ def hostile_pickles() -> list[bytes]:
 # -- mutation -------------------------------------------------------------------------
 
 
-_INTERESTING = [b"\xff" * 8, b"\x00" * 8, b"-1", b"1e999", b"9" * 5000, b"NaN", b"[" * 2000, b"{" * 2000, b'"', b"\\",
-                b"\x80", struct.pack("<Q", 1 << 63), struct.pack("<I", 0xFFFFFFFF)]  # fmt: skip
+_INTERESTING = [
+    b"\xff" * 8,
+    b"\x00" * 8,
+    b"-1",
+    b"1e999",
+    b"9" * 5000,
+    b"NaN",
+    b"[" * 2000,
+    b"{" * 2000,
+    b'"',
+    b"\\",
+    b"\x80",
+    struct.pack("<Q", 1 << 63),
+    struct.pack("<I", 0xFFFFFFFF),
+]
 
 
 def mutate(data: bytes, rng: random.Random) -> bytes:
@@ -182,10 +205,46 @@ def target_device(data: bytes, tmp: Path) -> None:
     parse_profile(data, label="fuzz.toml")
 
 
-_CLI_WORDS = ["summary", "diagnose", "estimate", "stress", "sweep", "devices", "export", "replay", "plan", "report",
-              "--json", "--image", "--runs", "--inject", "--a", "--b", "--device", "--prompt-tokens", "--batch", "-1",
-              "0", "1e999", "9" * 400, "x" * 5000, "\x00", "../../etc/passwd", "/dev/zero", "jitter:size=1GiB,period=0ms",
-              "448x-3", "NaN", "--", "-", "''", "--executor", "ray", "--ray-address", "--seed", "llava:huge"]  # fmt: skip
+_CLI_WORDS = [
+    "summary",
+    "diagnose",
+    "estimate",
+    "stress",
+    "sweep",
+    "devices",
+    "export",
+    "replay",
+    "plan",
+    "report",
+    "--json",
+    "--image",
+    "--runs",
+    "--inject",
+    "--a",
+    "--b",
+    "--device",
+    "--prompt-tokens",
+    "--batch",
+    "-1",
+    "0",
+    "1e999",
+    "9" * 400,
+    "x" * 5000,
+    "\x00",
+    "../../etc/passwd",
+    "/dev/zero",
+    "jitter:size=1GiB,period=0ms",
+    "448x-3",
+    "NaN",
+    "--",
+    "-",
+    "''",
+    "--executor",
+    "ray",
+    "--ray-address",
+    "--seed",
+    "llava:huge",
+]
 
 
 def cli_args(rng: random.Random) -> list[str]:
@@ -273,8 +332,10 @@ def main() -> int:
             results.append(run(loader, args.cases, args.seed, Path(tmp)))
             if not args.json:
                 r = results[-1]
-                print(f"{loader:9s} {r['cases']:6d} cases  {r['clear_error']:6d} clear errors  {r['ok']:6d} accepted  "
-                      f"{r['unhandled']} unhandled  {r['executed']} executed  {r['seconds']:.1f} s")  # fmt: skip
+                print(
+                    f"{loader:9s} {r['cases']:6d} cases  {r['clear_error']:6d} clear errors  {r['ok']:6d} accepted  "
+                    f"{r['unhandled']} unhandled  {r['executed']} executed  {r['seconds']:.1f} s"
+                )
                 for what, example in r["unhandled_examples"].items():
                     print(f"    {what}\n      e.g. {example}")
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -57,8 +57,24 @@ from memwarden.runtime.featcache_contract import TieredEncoderStore  # noqa: E40
 from memwarden.runtime.offload import stream_weights  # noqa: E402
 from memwarden.runtime.offload_files import OffloadFileChanged  # noqa: E402
 
-HOSTILE: list[Any] = ["nan", "inf", "-inf", "1e400", "9" * 400, "-1", "0", "", "x" * 10_000, 1e308, -5, [], {}, None,
-                      True, "[" * 2000]  # fmt: skip
+HOSTILE: list[Any] = [
+    "nan",
+    "inf",
+    "-inf",
+    "1e400",
+    "9" * 400,
+    "-1",
+    "0",
+    "",
+    "x" * 10_000,
+    1e308,
+    -5,
+    [],
+    {},
+    None,
+    True,
+    "[" * 2000,
+]
 META_FIELDS = ["created_s", "count", "kind", "fingerprint", "format", "checksum"]
 FOREIGN = {"model-00001-of-00002.safetensors": b"a user's model shard", "download.partial": b"half a download"}
 VICTIM = b"the victim file's bytes"
@@ -133,8 +149,20 @@ class Campaign:
     def mutate(self, path: Path, store: bool) -> tuple[str, bool]:
         """Changes the file at ``path``; returns (kind, signed)."""
         rng, data = self.rng, path.read_bytes()
-        kinds = ["flip", "flip_header", "flip_body", "truncate", "extend", "header_len", "meta", "meta", "tensor_json",
-                 "deep_header", "filetype", "swap"] + ["structure"] * (3 if store else 0)  # fmt: skip
+        kinds = [
+            "flip",
+            "flip_header",
+            "flip_body",
+            "truncate",
+            "extend",
+            "header_len",
+            "meta",
+            "meta",
+            "tensor_json",
+            "deep_header",
+            "filetype",
+            "swap",
+        ] + ["structure"] * (3 if store else 0)
         kind = rng.choice(kinds)
         signed = False
         header, body = _split(data)
@@ -175,12 +203,24 @@ class Campaign:
                 out = out[: ff._MAC_AT] + ff._digest(out, self.key) + out[ff._MAC_AT + ff._MAC_HEX :]
         elif kind == "structure":
             signed = True  # only the folder's key gets a record as far as _rebuild
-            record = rng.choice([
-                b"[" * rng.choice([100, 5000, 100_000]), b'{"t": 99}', b'{"t": -1}', b'{"t": true}', b'{"d": 5}',
-                b'{"d": [[1]]}', b'{"l": 3}', b'{"v": [1]}', b'{"u": [{"t": 0}, {"x": 1}]}', b"\xff\xfe", b"",
-                json.dumps({"d": [["k", {"v": 1}]], "c": "os:system"}).encode(), b'{"v": 1e400}',
-                json.dumps({"l": [{"t": 0}] * 50_000}).encode(),
-            ])  # fmt: skip
+            record = rng.choice(
+                [
+                    b"[" * rng.choice([100, 5000, 100_000]),
+                    b'{"t": 99}',
+                    b'{"t": -1}',
+                    b'{"t": true}',
+                    b'{"d": 5}',
+                    b'{"d": [[1]]}',
+                    b'{"l": 3}',
+                    b'{"v": [1]}',
+                    b'{"u": [{"t": 0}, {"x": 1}]}',
+                    b"\xff\xfe",
+                    b"",
+                    json.dumps({"d": [["k", {"v": 1}]], "c": "os:system"}).encode(),
+                    b'{"v": 1e400}',
+                    json.dumps({"l": [{"t": 0}] * 50_000}).encode(),
+                ]
+            )
             tensors = [
                 torch.frombuffer(bytearray(record), dtype=torch.uint8) if record else torch.empty(0, dtype=torch.uint8)
             ]
@@ -340,8 +380,10 @@ class Campaign:
                 self.one_cache()
 
     def foreign_damage(self) -> int:
-        intact = [(self.dir / name).read_bytes() == data if (self.dir / name).exists() else False
-                  for name, data in FOREIGN.items()]  # fmt: skip
+        intact = [
+            (self.dir / name).read_bytes() == data if (self.dir / name).exists() else False
+            for name, data in FOREIGN.items()
+        ]
         return intact.count(False) + (self.victim.read_bytes() != VICTIM)
 
 
@@ -382,10 +424,12 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"mutations {result['mutations']}  tracebacks {result['tracebacks']}  hangs {result['hangs']}  "
-              f"wrong data {result['wrong_data']}  foreign files damaged {result['foreign_files_damaged']}  "
-              f"peak RSS {result['peak_rss_mib']} MiB  slowest operation {result['slowest_operation_s']} s  "
-              f"({result['seconds']} s)")  # fmt: skip
+        print(
+            f"mutations {result['mutations']}  tracebacks {result['tracebacks']}  hangs {result['hangs']}  "
+            f"wrong data {result['wrong_data']}  foreign files damaged {result['foreign_files_damaged']}  "
+            f"peak RSS {result['peak_rss_mib']} MiB  slowest operation {result['slowest_operation_s']} s  "
+            f"({result['seconds']} s)"
+        )
         for kind, count in result["kinds"].items():
             print(f"  {kind:24} {count}")
         for tb in result["first_tracebacks"]:

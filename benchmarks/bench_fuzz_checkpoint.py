@@ -57,18 +57,48 @@ sys.path.insert(0, str(ROOT / "src"))
 
 ESC = "\x1b]0;pwned\x07\x1b[2J"
 CONFIG = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 32, "intermediate_size": 64,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
-    "max_position_embeddings": 512, "torch_dtype": "float16", "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2,
-}  # fmt: skip
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "torch_dtype": "float16",
+    "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 PREPROCESSOR = {"image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": 224}, "do_resize": True}
 ST_NAMES = {"float16": "F16", "float32": "F32", "bfloat16": "BF16"}
 DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "U8": 1, "I64": 8, "F8_E4M3": 1, "U16": 2, "I32": 4}
 HOSTILE: list[Any] = [
-    -1, 0, 2**63, 10**400, -(10**400), 1e308, True, None, "", "x" * 5000, ESC, "[link=file:///etc/passwd]x[/link]",
-    "[/bold]", [], {}, [[[[1]]]], [2] * 200_000, [1 << 40, 1 << 40], "F16", "qwen2_vl", "\ud800",
-]  # fmt: skip
+    -1,
+    0,
+    2**63,
+    10**400,
+    -(10**400),
+    1e308,
+    True,
+    None,
+    "",
+    "x" * 5000,
+    ESC,
+    "[link=file:///etc/passwd]x[/link]",
+    "[/bold]",
+    [],
+    {},
+    [[[[1]]]],
+    [2] * 200_000,
+    [1 << 40, 1 << 40],
+    "F16",
+    "qwen2_vl",
+    "\ud800",
+]
 SPECIALS = ["1e999", "-1e999", "NaN", "Infinity", "1" + "0" * 400, "[" * 100_000 + "]" * 100_000]
 MODEL_TYPES = ["qwen2_vl", "mllama", "whisper", "llava", "gemma3", "nope", "", "bert", "t5", "mistral"]
 QUANT = [
@@ -78,13 +108,26 @@ QUANT = [
     {"quant_method": "fp8", "weight_block_size": [128, 128]},
     {"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"]}}},
     {"quant_method": "hqq", "quant_config": {"weight_quant_params": {"nbits": 4, "group_size": 64}}},
-]  # fmt: skip
+]
 KEYS = [
-    ESC, "[link=file:///etc/passwd]x[/link]", "", ".", "model", "model.layers.0", "model.layers.99.mlp.up_proj.weight",
-    "lm_head.weight", "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight.absmax",
-    "model.layers.0.self_attn.q_proj.qweight", "model.layers.0.self_attn.q_proj.weight_scale", "visual.x.weight",
-    "k" * 5000, "model.norm.weight.extra.deep.name", "\ud800", "__metadata__x",
-]  # fmt: skip
+    ESC,
+    "[link=file:///etc/passwd]x[/link]",
+    "",
+    ".",
+    "model",
+    "model.layers.0",
+    "model.layers.99.mlp.up_proj.weight",
+    "lm_head.weight",
+    "model.embed_tokens.weight",
+    "model.layers.0.self_attn.q_proj.weight.absmax",
+    "model.layers.0.self_attn.q_proj.qweight",
+    "model.layers.0.self_attn.q_proj.weight_scale",
+    "visual.x.weight",
+    "k" * 5000,
+    "model.norm.weight.extra.deep.name",
+    "\ud800",
+    "__metadata__x",
+]
 
 
 EXTRA_COUNTS = (10, 1000, 99_999, 120_000)  # extra tensors; MAX_TENSORS is 100,000 a file
@@ -196,10 +239,15 @@ def _laid_out(header: dict[str, Any]) -> bool:
     def plain(v: Any) -> bool:
         shape, offsets = v.get("shape"), v.get("data_offsets")
         return (
-            isinstance(v.get("dtype"), str) and v["dtype"] in DTYPE_BYTES and isinstance(shape, list) and len(shape) <= 8
+            isinstance(v.get("dtype"), str)
+            and v["dtype"] in DTYPE_BYTES
+            and isinstance(shape, list)
+            and len(shape) <= 8
             and all(type(d) is int and 0 <= d < 1 << 40 for d in shape)
-            and isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-        )  # fmt: skip
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int for o in offsets)
+        )
 
     return all(isinstance(v, dict) and plain(v) for k, v in header.items() if k != "__metadata__")
 
@@ -218,9 +266,20 @@ def _mutate_header(rng: random.Random, header: dict[str, Any], data_len: int) ->
             rng.choice([32, 64, data_len + 1, 1 << 63]),
         ]
     elif what == 1:
-        entry["shape"] = rng.choice([
-            [1 << 39, 896], [-1, 32], [True, 4], ["4", 32], [2**70], [1.5], [2] * 9, [2] * 200_000, [], [0, 32],
-        ])  # fmt: skip
+        entry["shape"] = rng.choice(
+            [
+                [1 << 39, 896],
+                [-1, 32],
+                [True, 4],
+                ["4", 32],
+                [2**70],
+                [1.5],
+                [2] * 9,
+                [2] * 200_000,
+                [],
+                [0, 32],
+            ]
+        )
     elif what == 2:
         entry["dtype"] = rng.choice(["F17", None, 3, "I64", "BOOL", "U16", "F8_E8M0", "f16", ""])
     elif what == 3:
@@ -473,22 +532,32 @@ def run(
             if outcome not in ("ok", "clear error"):
                 failures[f"{outcome}: {_signature(result['stderr_head'], folder)}"] += 1
             if outcome not in ("ok", "clear error") and len(examples) < 20:
-                examples.append(f"case {i} ({label}): {outcome} ({result['seconds']:.1f} s, "
-                                f"{result['cpu_seconds']:.1f} s CPU): {result['stderr'][-240:]!r}")  # fmt: skip
+                examples.append(
+                    f"case {i} ({label}): {outcome} ({result['seconds']:.1f} s, "
+                    f"{result['cpu_seconds']:.1f} s CPU): {result['stderr'][-240:]!r}"
+                )
             if result["cpu_seconds"] > hang_s:
                 cpu_over += 1
             slowest_cpu = max(slowest_cpu, result["cpu_seconds"])
     return {
-        "mutations": n, "seed": seed, "first": first, "outcomes": dict(counts),
+        "mutations": n,
+        "seed": seed,
+        "first": first,
+        "outcomes": dict(counts),
         "by_change": {k: dict(v) for k, v in sorted(by_change.items())},
         "failures": dict(failures.most_common(12)),
-        "tracebacks": counts["TRACEBACK"], "hangs": counts["HANG"], "cpu_over_hang_s": cpu_over,
+        "tracebacks": counts["TRACEBACK"],
+        "hangs": counts["HANG"],
+        "cpu_over_hang_s": cpu_over,
         "slowest_cpu_s": round(slowest_cpu, 3),
-        "multi_line_errors": counts["multi-line error"], "escape_leaks": counts["escape leak"],
+        "multi_line_errors": counts["multi-line error"],
+        "escape_leaks": counts["escape leak"],
         "slowest_case": {"seconds": round(slowest[0], 3), "case": slowest[1], "changed": slowest[2]},
-        "start_rss_mib": round(base_rss / 1024**2, 1), "peak_rss_mib": round(peak_rss / 1024**2, 1),
-        "wall_s": round(time.perf_counter() - started, 1), "examples": examples,
-    }  # fmt: skip
+        "start_rss_mib": round(base_rss / 1024**2, 1),
+        "peak_rss_mib": round(peak_rss / 1024**2, 1),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "examples": examples,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -510,11 +579,13 @@ def main(argv: list[str] | None = None) -> int:
         for change, c in report["by_change"].items():
             print(f"  {change:13s} " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
         s = report["slowest_case"]
-        print(f"{report['mutations']} mutations in {report['wall_s']} s: tracebacks {report['tracebacks']}, "
-              f"hangs {report['hangs']} ({report['cpu_over_hang_s']} over it in CPU time; slowest case "
-              f"{report['slowest_cpu_s']} s CPU), multi-line errors {report['multi_line_errors']}, escape leaks "
-              f"{report['escape_leaks']}; slowest case {s['seconds']} s (case {s['case']}, {s['changed']}); "
-              f"RSS {report['start_rss_mib']} MiB at start, peak {report['peak_rss_mib']} MiB")  # fmt: skip
+        print(
+            f"{report['mutations']} mutations in {report['wall_s']} s: tracebacks {report['tracebacks']}, "
+            f"hangs {report['hangs']} ({report['cpu_over_hang_s']} over it in CPU time; slowest case "
+            f"{report['slowest_cpu_s']} s CPU), multi-line errors {report['multi_line_errors']}, escape leaks "
+            f"{report['escape_leaks']}; slowest case {s['seconds']} s (case {s['case']}, {s['changed']}); "
+            f"RSS {report['start_rss_mib']} MiB at start, peak {report['peak_rss_mib']} MiB"
+        )
         for line in report["examples"]:
             print("  " + line)
     bad = report["tracebacks"] or report["hangs"] or report["multi_line_errors"] or report["escape_leaks"]

@@ -42,18 +42,40 @@ TEGRA = (
     "cpu@47.5C soc2@46.1C tj@48C VDD_IN 4613mW/4613mW VDD_CPU_GPU_CV 594mW/594mW"
 )
 HOSTILE_VALUES: list[Any] = [
-    10**400, -(10**400), 1e308, 2**63, -1, 0, "\x1b]0;pwned\x07\x1b[2J", "[link=file:///etc/passwd]x[/link]",
-    "[/bold]", "\ud800", "", [], {}, None, True, "9" * 5000,
-]  # fmt: skip
+    10**400,
+    -(10**400),
+    1e308,
+    2**63,
+    -1,
+    0,
+    "\x1b]0;pwned\x07\x1b[2J",
+    "[link=file:///etc/passwd]x[/link]",
+    "[/bold]",
+    "\ud800",
+    "",
+    [],
+    {},
+    None,
+    True,
+    "9" * 5000,
+]
 SPECIALS = ["1e999", "-1e999", "NaN", "Infinity", "1" + "0" * 400, "[" * 10000 + "]" * 10000]
 
 
 def seed_telemetry() -> bytes:
     lines = [
-        json.dumps({"t": i * 0.5, "mem_total_bytes": 8 << 30, "mem_available_bytes": (6 << 30) - i * (1 << 24),
-                    "temp_c": 50 + i * 0.3, "power_w": 7.5, "fps": 30.0})
+        json.dumps(
+            {
+                "t": i * 0.5,
+                "mem_total_bytes": 8 << 30,
+                "mem_available_bytes": (6 << 30) - i * (1 << 24),
+                "temp_c": 50 + i * 0.3,
+                "power_w": 7.5,
+                "fps": 30.0,
+            }
+        )
         for i in range(40)
-    ]  # fmt: skip
+    ]
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -283,9 +305,11 @@ def main() -> int:
             results.append(run(target, args.n, args.seed, Path(tmp), args.hang_s))
             if not args.json:
                 r = results[-1]
-                print(f"{target:11s} {r['cases']} cases: {r['tracebacks']} tracebacks, {r['hangs']} hangs, "
-                      f"{r['injections']} injections, {r['clear_errors']} clear errors, {r['accepted']} accepted; "
-                      f"slowest {r['slowest_case_s']} s ({r['slowest_case_cpu_s']} s CPU), {r['seconds']} s, peak RSS {r['peak_rss_mib']} MiB")  # fmt: skip
+                print(
+                    f"{target:11s} {r['cases']} cases: {r['tracebacks']} tracebacks, {r['hangs']} hangs, "
+                    f"{r['injections']} injections, {r['clear_errors']} clear errors, {r['accepted']} accepted; "
+                    f"slowest {r['slowest_case_s']} s ({r['slowest_case_cpu_s']} s CPU), {r['seconds']} s, peak RSS {r['peak_rss_mib']} MiB"
+                )
                 for example in r["examples"]:
                     print(f"    {example}")
     if args.json:

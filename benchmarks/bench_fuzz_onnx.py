@@ -123,8 +123,9 @@ def _mutate_onnx(rng: random.Random, folder: Path) -> tuple[bytes, bool]:
             if dims:
                 dims[rng.randrange(len(dims))].dim_value = rng.choice(HUGE[:6])
         elif what == 2:
-            shape = numpy_helper.from_array(np.array([rng.choice(HUGE[2:6])] * rng.randint(1, 2), dtype=np.int64),
-                                            f"s{rng.randrange(99)}")  # fmt: skip
+            shape = numpy_helper.from_array(
+                np.array([rng.choice(HUGE[2:6])] * rng.randint(1, 2), dtype=np.int64), f"s{rng.randrange(99)}"
+            )
             op = rng.choice(["ConstantOfShape", "Expand", "Tile"])
             ins = [shape.name] if op == "ConstantOfShape" else ["b", shape.name]
             graph.initializer.append(shape)
@@ -331,19 +332,34 @@ def _reader_worker(jobs: list[tuple[int, str, int]], root: Path, mem_cap: int, o
         except BaseException:  # noqa: BLE001 - the point: anything escaping is a finding
             escaped = traceback.format_exc()[-600:]
         leftovers = [p.name for p in tmpdir.iterdir() if p.name != ".ses"]
-        result = {"index": index, "kind": kind, "seed": seed, "seconds": round(time.monotonic() - start, 3),
-                  "errors": [e[:300] for e in errors], "multiline": any("\n" in e or "\r" in e for e in errors),
-                  "escape_leak": any("\x1b" in e for e in errors), "traceback": bool(escaped),
-                  "stderr": escaped, "rss": _vm_hwm(), "leftover_tmp": leftovers, "hang": False,
-                  "crash": False}  # fmt: skip
+        result = {
+            "index": index,
+            "kind": kind,
+            "seed": seed,
+            "seconds": round(time.monotonic() - start, 3),
+            "errors": [e[:300] for e in errors],
+            "multiline": any("\n" in e or "\r" in e for e in errors),
+            "escape_leak": any("\x1b" in e for e in errors),
+            "traceback": bool(escaped),
+            "stderr": escaped,
+            "rss": _vm_hwm(),
+            "leftover_tmp": leftovers,
+            "hang": False,
+            "crash": False,
+        }
         shutil.rmtree(folder, ignore_errors=True)
         out.write(json.dumps(result) + "\n")
     out.close()
     os._exit(0)
 
 
-def read_cases(jobs: list[tuple[int, str, int]], *, timeout_s: float, mem_cap: int,
-               progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def read_cases(
+    jobs: list[tuple[int, str, int]],
+    *,
+    timeout_s: float,
+    mem_cap: int,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
     """Every job (index, kind, seed) through the reader worker; a fresh worker after a hang or crash."""
     import select
 
@@ -398,10 +414,21 @@ def read_cases(jobs: list[tuple[int, str, int]], *, timeout_s: float, mem_cap: i
             os.close(read_fd)
             if current is not None:
                 index, kind, seed = by_index[current]
-                record = {"index": index, "kind": kind, "seed": seed, "seconds": round(time.monotonic() - started, 3),
-                          "errors": [], "multiline": False, "escape_leak": False, "traceback": False,
-                          "hang": fate == "hang", "crash": fate == "crash", "stderr": "", "rss": 0,
-                          "leftover_tmp": []}  # fmt: skip
+                record = {
+                    "index": index,
+                    "kind": kind,
+                    "seed": seed,
+                    "seconds": round(time.monotonic() - started, 3),
+                    "errors": [],
+                    "multiline": False,
+                    "escape_leak": False,
+                    "traceback": False,
+                    "hang": fate == "hang",
+                    "crash": fate == "crash",
+                    "stderr": "",
+                    "rss": 0,
+                    "leftover_tmp": [],
+                }
                 results.append(record)
                 done_here.add(index)
                 if progress:
@@ -460,8 +487,19 @@ def _child(kind: str, seed: int, folder: Path, mem_cap: int) -> None:
             if kind == "feeds":
                 argvs[0] += ["--inputs", str(folder / "feeds.npz")]
             if runs:
-                argvs.append(["trace", "--onnx", str(model), "--inputs", str(folder / "feeds.npz"),
-                              "-o", str(folder / "out.mwtrace"), "--arena", rng.choice(["on", "off"])])  # fmt: skip
+                argvs.append(
+                    [
+                        "trace",
+                        "--onnx",
+                        str(model),
+                        "--inputs",
+                        str(folder / "feeds.npz"),
+                        "-o",
+                        str(folder / "out.mwtrace"),
+                        "--arena",
+                        rng.choice(["on", "off"]),
+                    ]
+                )
             for argv in argvs:
                 try:
                     statuses.append(int(main(argv)))
@@ -515,13 +553,18 @@ def run_case(kind: str, seed: int, *, timeout_s: float, mem_cap: int) -> dict[st
         lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith("memwarden: ")]
         failed = result is not None and any(s != 0 for s in result["statuses"])
         return {
-            "kind": kind, "seed": seed, "seconds": round(seconds, 3), "hang": hung,
+            "kind": kind,
+            "seed": seed,
+            "seconds": round(seconds, 3),
+            "hang": hung,
             "crash": result is None and not hung,
             "traceback": bool(result and result["escaped"]) or "Traceback" in stderr,
             "multiline": failed and len(lines) > len(result["statuses"]) if result else False,
-            "rss": result["rss"] if result else 0, "leftover_tmp": leftovers,
-            "escape_leak": "\x1b" in stderr, "stderr": stderr[-600:] if (hung or not result or result["escaped"]) else "",
-        }  # fmt: skip
+            "rss": result["rss"] if result else 0,
+            "leftover_tmp": leftovers,
+            "escape_leak": "\x1b" in stderr,
+            "stderr": stderr[-600:] if (hung or not result or result["escaped"]) else "",
+        }
 
 
 def _summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
@@ -541,12 +584,26 @@ def _summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _bad(case: dict[str, Any]) -> bool:
-    return bool(case["traceback"] or case["hang"] or case["crash"] or case["multiline"] or case["escape_leak"]
-                or case["leftover_tmp"])  # fmt: skip
+    return bool(
+        case["traceback"]
+        or case["hang"]
+        or case["crash"]
+        or case["multiline"]
+        or case["escape_leak"]
+        or case["leftover_tmp"]
+    )
 
 
-def fuzz(n: int, kinds: list[str], *, timeout_s: float = 20.0, mem_cap_gib: float = 2.0, seed: int = 0,
-         full_every: int = 1, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
+def fuzz(
+    n: int,
+    kinds: list[str],
+    *,
+    timeout_s: float = 20.0,
+    mem_cap_gib: float = 2.0,
+    seed: int = 0,
+    full_every: int = 1,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """``n`` cases, kinds in turn. ``full_every`` 1: each through the commands in a forked child;
     K > 1: each through the readers (``read_cases``), and every K-th also through the commands."""
     import onnx  # noqa: F401 - preloaded in the parent: every fork starts with it
@@ -598,8 +655,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=20.0)
     p.add_argument("--mem-cap-gib", type=float, default=2.0)
-    p.add_argument("--full-every", type=int, default=1,
-                   help="K > 1: every case through the readers in-process, every K-th also through the commands")  # fmt: skip
+    p.add_argument(
+        "--full-every",
+        type=int,
+        default=1,
+        help="K > 1: every case through the readers in-process, every K-th also through the commands",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--cases-out", metavar="FILE.jsonl", help="append every case's record here as it completes")
     args = p.parse_args(argv)
@@ -622,8 +683,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{counter['n']} cases done ({time.monotonic() - start:.0f} s)", file=sys.stderr, flush=True)
 
     start = time.monotonic()
-    summary = fuzz(args.n, kinds, timeout_s=args.timeout_s, mem_cap_gib=args.mem_cap_gib, seed=args.seed,
-                   full_every=max(1, args.full_every), progress=tick)  # fmt: skip
+    summary = fuzz(
+        args.n,
+        kinds,
+        timeout_s=args.timeout_s,
+        mem_cap_gib=args.mem_cap_gib,
+        seed=args.seed,
+        full_every=max(1, args.full_every),
+        progress=tick,
+    )
     summary["seconds"] = round(time.monotonic() - start, 1)
     print(json.dumps(summary, indent=2, default=str))
     return 0 if summary["ok"] else 1

@@ -45,9 +45,29 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 TARGETS = ("manifest", "delta", "client", "server")
 HOSTILE: list[Any] = [
-    -1, 0, 2**63, 1e308, float("nan"), True, None, "", "x" * 5000, "\x1b[2J", [], {}, [[[[1]]]],
-    [2] * 200_000, [2**40, 2**40], [-3, 4], ["4", "32"], [1.5], {"a": 1}, "U16", "F32", "../../etc",
-]  # fmt: skip
+    -1,
+    0,
+    2**63,
+    1e308,
+    float("nan"),
+    True,
+    None,
+    "",
+    "x" * 5000,
+    "\x1b[2J",
+    [],
+    {},
+    [[[[1]]]],
+    [2] * 200_000,
+    [2**40, 2**40],
+    [-3, 4],
+    ["4", "32"],
+    [1.5],
+    {"a": 1},
+    "U16",
+    "F32",
+    "../../etc",
+]
 BIG_INT = "9" * 5000
 DEEP = "[" * 100_000 + "]" * 100_000
 
@@ -233,9 +253,17 @@ class MutatingTransport:
             if kind == 0:
                 status = rng.choice([206, 301, 404, 416, 500, 999, 0])
             elif kind == 1:
-                hdrs = {rng.choice(["Content-Range", "Content-Length"]): rng.choice(
-                    [BIG_INT, f"bytes 0-{BIG_INT}/{BIG_INT}", "bytes -1--1/-1", "", "bytes 0-1/99999999999999999999"]
-                )}  # fmt: skip
+                hdrs = {
+                    rng.choice(["Content-Range", "Content-Length"]): rng.choice(
+                        [
+                            BIG_INT,
+                            f"bytes 0-{BIG_INT}/{BIG_INT}",
+                            "bytes -1--1/-1",
+                            "",
+                            "bytes 0-1/99999999999999999999",
+                        ]
+                    )
+                }
                 status = rng.choice([200, 206])
             elif path.endswith("/manifest"):
                 body = mutated_manifest(rng, w)
@@ -254,9 +282,12 @@ async def case_client(rng: random.Random, world: World) -> str:
     from memwarden.edge.sync.client import SyncClient
 
     client = SyncClient(
-        MutatingTransport(world, rng), publisher_key=world.pub, max_attempts=2, backoff_s=lambda a: 0.0,
+        MutatingTransport(world, rng),
+        publisher_key=world.pub,
+        max_attempts=2,
+        backoff_s=lambda a: 0.0,
         transfer_timeout_s=30,
-    )  # fmt: skip
+    )
     if rng.random() < 0.5:
         delta = await client.pull("a", world.v0 if rng.random() < 0.5 else None)
         got = delta.manifest if delta is not None else world.v0
@@ -267,14 +298,31 @@ async def case_client(rng: random.Random, world: World) -> str:
 
 def server_request(rng: random.Random, digest: str) -> bytes:
     paths = [
-        "/v1/adapters", "/v1/adapters/a/manifest", "/v1/adapters/a/delta?from=0", f"/v1/tensors/{digest}",
-        f"/v1/adapters/a/manifest?version={BIG_INT}", f"/v1/adapters/a/delta?from={BIG_INT}&to=-1",
-        "/v1/adapters/%2e%2e%2f%2e%2e/manifest", "/v1/adapters/" + "a" * 5000 + "/manifest",
-        "/v1/tensors/" + "0" * 5000, "/v1/adapters/a/delta?from=0&to=0", "/v1/adapters/\x00/manifest",
-    ]  # fmt: skip
+        "/v1/adapters",
+        "/v1/adapters/a/manifest",
+        "/v1/adapters/a/delta?from=0",
+        f"/v1/tensors/{digest}",
+        f"/v1/adapters/a/manifest?version={BIG_INT}",
+        f"/v1/adapters/a/delta?from={BIG_INT}&to=-1",
+        "/v1/adapters/%2e%2e%2f%2e%2e/manifest",
+        "/v1/adapters/" + "a" * 5000 + "/manifest",
+        "/v1/tensors/" + "0" * 5000,
+        "/v1/adapters/a/delta?from=0&to=0",
+        "/v1/adapters/\x00/manifest",
+    ]
     path = rng.choice(paths)
-    ranges = [None, f"bytes={BIG_INT}-", f"bytes=0-{BIG_INT}", "bytes=5-2", "bytes=-5", "bytes=0-0,2-3", "pages=1-2",
-              "bytes=" + "1" * 19 + "-", "bytes=99999999999-", "\x1b[2J"]  # fmt: skip
+    ranges = [
+        None,
+        f"bytes={BIG_INT}-",
+        f"bytes=0-{BIG_INT}",
+        "bytes=5-2",
+        "bytes=-5",
+        "bytes=0-0,2-3",
+        "pages=1-2",
+        "bytes=" + "1" * 19 + "-",
+        "bytes=99999999999-",
+        "\x1b[2J",
+    ]
     lines = [f"GET {path} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
     r = rng.choice(ranges)
     if r is not None:

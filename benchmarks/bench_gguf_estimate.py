@@ -45,8 +45,16 @@ def _tokenizer(out: Path) -> None:
 
 
 def _text(**kw: Any) -> dict[str, Any]:
-    return dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                num_key_value_heads=1, vocab_size=VOCAB, max_position_embeddings=4096, **kw)  # fmt: skip
+    return dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=VOCAB,
+        max_position_embeddings=4096,
+        **kw,
+    )
 
 
 def make_model(family: str, out: Path) -> Path:
@@ -58,34 +66,63 @@ def make_model(family: str, out: Path) -> Path:
     if family == "qwen2vl":
         cfg = tf.Qwen2VLConfig(
             text_config=_text(rope_scaling={"type": "mrope", "rope_type": "default", "mrope_section": [4, 6, 6]}),
-            vision_config=dict(depth=3, embed_dim=32, num_heads=2, hidden_size=64, patch_size=14,
-                               spatial_merge_size=2, mlp_ratio=2, in_channels=3, temporal_patch_size=2),
-        )  # fmt: skip
+            vision_config=dict(
+                depth=3,
+                embed_dim=32,
+                num_heads=2,
+                hidden_size=64,
+                patch_size=14,
+                spatial_merge_size=2,
+                mlp_ratio=2,
+                in_channels=3,
+                temporal_patch_size=2,
+            ),
+        )
         model = tf.Qwen2VLForConditionalGeneration(cfg)
     elif family == "gemma3":
         cfg = tf.Gemma3Config(
-            text_config=_text(head_dim=32, sliding_window=512, query_pre_attn_scalar=32, layer_types=None,
-                              num_hidden_layers=7),
-            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                               image_size=896, patch_size=14),
+            text_config=_text(
+                head_dim=32, sliding_window=512, query_pre_attn_scalar=32, layer_types=None, num_hidden_layers=7
+            ),
+            vision_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                image_size=896,
+                patch_size=14,
+            ),
             mm_tokens_per_image=256,
-        )  # fmt: skip
+        )
         model = tf.Gemma3ForConditionalGeneration(cfg)
     elif family == "smolvlm":
         cfg = tf.Idefics3Config(
             text_config=dict(model_type="llama", **_text()),
-            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                               image_size=512, patch_size=16),
+            vision_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                image_size=512,
+                patch_size=16,
+            ),
             scale_factor=4,
-        )  # fmt: skip
+        )
         model = tf.Idefics3ForConditionalGeneration(cfg)
     elif family == "llava":
         cfg = tf.LlavaConfig(
             text_config=dict(model_type="llama", **_text()),
-            vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64,
-                               num_hidden_layers=2, num_attention_heads=2, image_size=336, patch_size=14,
-                               projection_dim=64),
-        )  # fmt: skip
+            vision_config=dict(
+                model_type="clip_vision_model",
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                image_size=336,
+                patch_size=14,
+                projection_dim=64,
+            ),
+        )
         model = tf.LlavaForConditionalGeneration(cfg)
     else:
         raise SystemExit(f"unknown family {family}")
@@ -101,7 +138,7 @@ def make_model(family: str, out: Path) -> Path:
                     "image_mean": [0.5] * 3,
                     "image_std": [0.5] * 3,
                 }
-            )  # fmt: skip
+            )
         )
     else:
         (folder / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5] * 3, "image_std": [0.5] * 3}))
@@ -136,8 +173,33 @@ def convert(llama_cpp: Path, folder: Path, outtype: str, mmproj: bool) -> Path:
 
 def run_mtmd(binary: Path, model: Path, mmproj: Path, image: Path, ctx: int, ctk: str, ctv: str) -> dict[str, Any]:
     """One llama-mtmd-cli run; the buffer sizes it logs (MiB, two decimals) and the image tokens."""
-    cmd = [str(binary), "-m", str(model), "--mmproj", str(mmproj), "--image", str(image), "-p", "describe",
-           "-n", "4", "-c", str(ctx), "-ctk", ctk, "-ctv", ctv, "-t", "2", "--temp", "0", "-ngl", "0", "-lv", "4"]  # fmt: skip
+    cmd = [
+        str(binary),
+        "-m",
+        str(model),
+        "--mmproj",
+        str(mmproj),
+        "--image",
+        str(image),
+        "-p",
+        "describe",
+        "-n",
+        "4",
+        "-c",
+        str(ctx),
+        "-ctk",
+        ctk,
+        "-ctv",
+        ctv,
+        "-t",
+        "2",
+        "--temp",
+        "0",
+        "-ngl",
+        "0",
+        "-lv",
+        "4",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
     mib = lambda pattern: sum(float(v) for v in re.findall(pattern + r"\s*=\s*([\d.]+) MiB", log))  # noqa: E731
@@ -163,8 +225,14 @@ def _image(path: Path, w: int, h: int) -> Path:
     return path
 
 
-KEYS = ("model_buffer_bytes", "kv_buffer_bytes", "compute_buffer_bytes", "mmproj_buffer_bytes",
-        "mmproj_compute_bytes", "image_tokens")  # fmt: skip
+KEYS = (
+    "model_buffer_bytes",
+    "kv_buffer_bytes",
+    "compute_buffer_bytes",
+    "mmproj_buffer_bytes",
+    "mmproj_compute_bytes",
+    "image_tokens",
+)
 
 
 def main() -> int:
@@ -195,13 +263,26 @@ def main() -> int:
             for ctx in (int(c) for c in args.contexts.split(",")):
                 for ct in args.cache_types.split(","):
                     start = time.perf_counter()
-                    est = estimate_gguf(str(model), mmproj_path=str(mmproj), images=((w, h),), n_ctx=ctx,
-                                        cache_type_k=ct, cache_type_v=ct)  # fmt: skip
+                    est = estimate_gguf(
+                        str(model),
+                        mmproj_path=str(mmproj),
+                        images=((w, h),),
+                        n_ctx=ctx,
+                        cache_type_k=ct,
+                        cache_type_v=ct,
+                    )
                     seconds = time.perf_counter() - start
                     ours = {k: est.to_json()["llama_cpp"][k] for k in KEYS}
                     real = run_mtmd(binary, model, mmproj, image, ctx, ct, ct) if binary.exists() else None
-                    row = {"family": family, "image": size, "ctx": ctx, "cache": ct, "estimate_s": round(seconds, 4),
-                           "memwarden": ours, "llama_cpp": real}  # fmt: skip
+                    row = {
+                        "family": family,
+                        "image": size,
+                        "ctx": ctx,
+                        "cache": ct,
+                        "estimate_s": round(seconds, 4),
+                        "memwarden": ours,
+                        "llama_cpp": real,
+                    }
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     if args.json:

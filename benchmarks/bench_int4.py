@@ -80,13 +80,21 @@ def main() -> None:
             med = {k: statistics.median(v) for k, v in times.items()}
             base = "dequantize whole weight"
             for k in ways:
-                rows.append({
-                    "tokens": m, "method": k, "peak_temporary_bytes": peaks[k], "latency_ms": med[k] * 1e3,
-                    "temporary_vs_dequant": peaks[k] / peaks[base], "latency_vs_dequant": med[k] / med[base],
-                    "max_rel_error_vs_dequant": err[k],
-                })  # fmt: skip
-    held = {name: sum(b.numel() * b.element_size() for b in layer.buffers()) for name, layer in
-            (("fused int4", fused), ("tiled int4", tiled))}  # fmt: skip
+                rows.append(
+                    {
+                        "tokens": m,
+                        "method": k,
+                        "peak_temporary_bytes": peaks[k],
+                        "latency_ms": med[k] * 1e3,
+                        "temporary_vs_dequant": peaks[k] / peaks[base],
+                        "latency_vs_dequant": med[k] / med[base],
+                        "max_rel_error_vs_dequant": err[k],
+                    }
+                )
+    held = {
+        name: sum(b.numel() * b.element_size() for b in layer.buffers())
+        for name, layer in (("fused int4", fused), ("tiled int4", tiled))
+    }
     held["float32 weight"] = linear.weight.numel() * 4
     if args.json:
         print(json.dumps({"rows": rows, "held_bytes": held}, indent=2))
@@ -96,9 +104,11 @@ def main() -> None:
     print("| tokens | method | peak temporary | vs dequant | latency | vs dequant | max rel. error |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['tokens']} | {r['method']} | {r['peak_temporary_bytes'] / 2**20:.2f} MiB | "
-              f"{r['temporary_vs_dequant']:.4f} | {r['latency_ms']:.2f} ms | {r['latency_vs_dequant']:.2f} | "
-              f"{r['max_rel_error_vs_dequant']:.1e} |")  # fmt: skip
+        print(
+            f"| {r['tokens']} | {r['method']} | {r['peak_temporary_bytes'] / 2**20:.2f} MiB | "
+            f"{r['temporary_vs_dequant']:.4f} | {r['latency_ms']:.2f} ms | {r['latency_vs_dequant']:.2f} | "
+            f"{r['max_rel_error_vs_dequant']:.1e} |"
+        )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--n", type=int, default=20_000)
     args = parser.parse_args()
-    modes: dict[str, dict[str, Any] | None] = {"untraced": None, "lines=False": {"lines": False},
-                                               "lines=True": {}, "stacks=True": {"stacks": True}}  # fmt: skip
+    modes: dict[str, dict[str, Any] | None] = {
+        "untraced": None,
+        "lines=False": {"lines": False},
+        "lines=True": {},
+        "stacks=True": {"stacks": True},
+    }
     times: dict[str, list[float]] = {k: [] for k in modes}
     for _ in range(args.rounds):
         for name, kwargs in modes.items():

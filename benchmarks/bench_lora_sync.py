@@ -84,11 +84,20 @@ async def measure(args: argparse.Namespace, k: int, root: str) -> dict[str, Any]
         changed_layers = len(delta.changed_layers) if delta is not None else 0
         bound = (k / args.layers + 0.01) * full_bytes
         return {
-            "k": k, "layers": args.layers, "changed_layers": changed_layers, "adapter_bytes": len(v0),
-            "full_bytes": full_bytes, "full_s": full_s, "pull_bytes": pull_bytes, "pull_requests": pull_requests,
-            "pull_s": pull_s, "delta_file_bytes": file_bytes, "bound_bytes": bound,
-            "pull_ok": pull_bytes <= bound, "delta_file_ok": file_bytes <= bound,
-        }  # fmt: skip
+            "k": k,
+            "layers": args.layers,
+            "changed_layers": changed_layers,
+            "adapter_bytes": len(v0),
+            "full_bytes": full_bytes,
+            "full_s": full_s,
+            "pull_bytes": pull_bytes,
+            "pull_requests": pull_requests,
+            "pull_s": pull_s,
+            "delta_file_bytes": file_bytes,
+            "bound_bytes": bound,
+            "pull_ok": pull_bytes <= bound,
+            "delta_file_ok": file_bytes <= bound,
+        }
     finally:
         await transport.close()
         await server.stop()

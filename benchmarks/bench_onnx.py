@@ -105,9 +105,11 @@ def check(out: Path, size: str) -> None:
                     if "mem_pattern_bytes" in second
                     else "-"
                 )
-                print(f"| {name}-{part} | {label} | {ours:,} | {malloc:,} | {diff:+.1%} | "
-                      f"{'yes' if abs(diff) <= 0.05 else 'no'} | {measured.memray_peak_bytes or '-'} | {ort:,} | {buffer} |",
-                      flush=True)  # fmt: skip
+                print(
+                    f"| {name}-{part} | {label} | {ours:,} | {malloc:,} | {diff:+.1%} | "
+                    f"{'yes' if abs(diff) <= 0.05 else 'no'} | {measured.memray_peak_bytes or '-'} | {ort:,} | {buffer} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

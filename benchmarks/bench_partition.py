@@ -38,11 +38,22 @@ def layered(n: int, nu: int, seed: int = 0) -> PartitionProblem:
     inputs, results = np.zeros(n), np.zeros(n)
     inputs[0], results[-1] = 100, 50
     return PartitionProblem(
-        names=tuple(map(str, range(n))), op_types=("Op",) * n, unit_names=tuple(f"u{u}" for u in range(nu)),
-        compute_us=compute, weight_bytes=weights, output_bytes=out, edges=e, edge_bytes=out[e[:, 0]],
-        input_bytes=inputs, result_bytes=results, capacity_bytes=cap, transfer_latency_us=lat,
-        transfer_us_per_byte=per_byte, host=0, priority=tuple(range(nu - 1, -1, -1)),
-    )  # fmt: skip
+        names=tuple(map(str, range(n))),
+        op_types=("Op",) * n,
+        unit_names=tuple(f"u{u}" for u in range(nu)),
+        compute_us=compute,
+        weight_bytes=weights,
+        output_bytes=out,
+        edges=e,
+        edge_bytes=out[e[:, 0]],
+        input_bytes=inputs,
+        result_bytes=results,
+        capacity_bytes=cap,
+        transfer_latency_us=lat,
+        transfer_us_per_byte=per_byte,
+        host=0,
+        priority=tuple(range(nu - 1, -1, -1)),
+    )
 
 
 ZOO_DEVICES = ("galaxy-s24-ultra-12gb", "jetson-orin-nx-16gb", "iphone-15-pro")
@@ -76,8 +87,11 @@ def zoo(size: str, dtype: str, time_limit_s: float, only: str | None) -> None:
                     cells.append(f"{b['latency_us'] / 1e3:.3f}" + ("" if b["feasible"] else " ✗"))
                     bad += b["feasible"] and b["latency_us"] < lat - 1e-6
                 bad += bool(sol["violations"])
-                print(f"| {model}-{part} | {device} | {result['nodes']} | {lat / 1e3:.3f} ms ({sol['method']}, {units}) "
-                      f"| {'yes' if sol['exact'] else 'no'} | " + " | ".join(cells) + f" | {elapsed:.2f} s |", flush=True)  # fmt: skip
+                print(
+                    f"| {model}-{part} | {device} | {result['nodes']} | {lat / 1e3:.3f} ms ({sol['method']}, {units}) "
+                    f"| {'yes' if sol['exact'] else 'no'} | " + " | ".join(cells) + f" | {elapsed:.2f} s |",
+                    flush=True,
+                )
     print(f"\nrows over a limit or slower than a feasible baseline: {bad}")
 
 
@@ -99,8 +113,10 @@ def main() -> None:
     start = time.perf_counter()
     solution = solve(problem)
     elapsed = time.perf_counter() - start
-    print(f"{n} nodes x {nu} units: {solution.method} in {elapsed:.3f} s, latency {solution.evaluation.latency_us / 1e3:.2f} ms, "
-          f"feasible {solution.evaluation.feasible}, exact {solution.exact}")  # fmt: skip
+    print(
+        f"{n} nodes x {nu} units: {solution.method} in {elapsed:.3f} s, latency {solution.evaluation.latency_us / 1e3:.2f} ms, "
+        f"feasible {solution.evaluation.feasible}, exact {solution.exact}"
+    )
     for b in baselines(problem):
         print(f"  {b.method:16s} {b.evaluation.latency_us / 1e3:9.2f} ms  feasible {b.evaluation.feasible}")
 

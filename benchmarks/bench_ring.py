@@ -126,15 +126,27 @@ def _callgrind(allocations: int) -> dict[str, object]:
     per: dict[str, float] = {}
     for index, mode in enumerate(CALLGRIND_MODES):
         out = os.path.join(folder, f"cg.{index}")
-        cmd = [*callgrind_command(out), sys.executable, __file__, "--callgrind-child", mode,
-               "--allocations", str(allocations), "--lib", lib]  # fmt: skip
+        cmd = [
+            *callgrind_command(out),
+            sys.executable,
+            __file__,
+            "--callgrind-child",
+            mode,
+            "--allocations",
+            str(allocations),
+            "--lib",
+            lib,
+        ]
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         per[mode] = callgrind_total(out) / allocations
     stream, ring = per["capture(stream_to)"], per["capture(stream_to)+crash ring"]
-    return {"allocations": allocations, "instructions_per_allocation": {k: round(v, 1) for k, v in per.items()},
-            "crash_ring_added_instructions": round(ring - stream, 1),
-            "crash_ring_added_pct": round(100 * (ring - stream) / stream, 2)}  # fmt: skip
+    return {
+        "allocations": allocations,
+        "instructions_per_allocation": {k: round(v, 1) for k, v in per.items()},
+        "crash_ring_added_instructions": round(ring - stream, 1),
+        "crash_ring_added_pct": round(100 * (ring - stream) / stream, 2),
+    }
 
 
 def main() -> None:
@@ -172,8 +184,12 @@ def main() -> None:
         stream_bytes = os.path.getsize(ring_path)
     trace = cap.trace
     n = 20_000
-    per_event: dict[str, list[float]] = {"untraced": [], "capture(stream_to)": [],
-                                         "capture(stream_to)+crash ring": [], "capture(ring_s)": []}  # fmt: skip
+    per_event: dict[str, list[float]] = {
+        "untraced": [],
+        "capture(stream_to)": [],
+        "capture(stream_to)+crash ring": [],
+        "capture(ring_s)": [],
+    }
     recorder = native.load()
     # where the supervisor puts it (supervisor._ring_parent): shared memory, no disk writes
     ring_file = os.path.join(tempfile.mkdtemp(dir=_ring_parent(Path(tmp))), "events.ring")

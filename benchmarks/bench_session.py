@@ -91,13 +91,27 @@ def run_chat(model, name, turns, new_tokens, session, conversation):
     for i, t in enumerate(turns):
         history = t["input_ids"] if history is None else torch.cat([history, t["input_ids"]], 1)
         row = {}
-        out, row["naive"] = timed(lambda s, h=history: model.generate(
-            input_ids=h, attention_mask=torch.ones_like(h), max_new_tokens=new_tokens, streamer=s, **media, **gk))  # fmt: skip
-        careful, row["careful"] = timed(lambda s, h=history, i=i: model.generate(
-            input_ids=h, attention_mask=torch.ones_like(h), cache=cache, max_new_tokens=new_tokens, streamer=s,
-            **(media if i == 0 else {}), **gk))  # fmt: skip
-        reply, row["governed"] = timed(lambda s, t=t: session.chat(
-            t["input_ids"], conversation=conversation, max_new_tokens=new_tokens, streamer=s, **media_of(t), **gk))  # fmt: skip
+        out, row["naive"] = timed(
+            lambda s, h=history: model.generate(
+                input_ids=h, attention_mask=torch.ones_like(h), max_new_tokens=new_tokens, streamer=s, **media, **gk
+            )
+        )
+        careful, row["careful"] = timed(
+            lambda s, h=history, i=i: model.generate(
+                input_ids=h,
+                attention_mask=torch.ones_like(h),
+                cache=cache,
+                max_new_tokens=new_tokens,
+                streamer=s,
+                **(media if i == 0 else {}),
+                **gk,
+            )
+        )
+        reply, row["governed"] = timed(
+            lambda s, t=t: session.chat(
+                t["input_ids"], conversation=conversation, max_new_tokens=new_tokens, streamer=s, **media_of(t), **gk
+            )
+        )
         record = session.records[-1]
         row["overhead"] = (record.overhead_s, record.overhead_s, record.overhead_cpu_s, record.overhead_cpu_s)
         reference = out[:, history.shape[1] :]
@@ -214,17 +228,21 @@ def main() -> None:
         med = {p: [statistics.median(run[i][p][k] for run in runs) for k in range(4)] for p in peers}
         diffs = [run[i]["governed"][1] - run[i]["careful"][1] for run in runs]
         cpu_diffs = [run[i]["governed"][3] - run[i]["careful"][3] for run in runs]
-        per_turn.append({
-            "turn": i + 1, **{f"{p}_ttft_s": med[p][0] for p in peers[:3]},
-            **{f"{p}_ttft_cpu_s": med[p][2] for p in peers[:3]},
-            "naive_over_governed": med["naive"][0] / med["governed"][0],
-            "governed_over_careful": med["governed"][0] / med["careful"][0],
-            "naive_over_governed_cpu": med["naive"][2] / med["governed"][2],
-            "governed_over_careful_cpu": med["governed"][2] / med["careful"][2],
-            "session_overhead_s": med["overhead"][0], "session_overhead_cpu_s": med["overhead"][2],
-            "governed_minus_careful_total_s": statistics.median(diffs),
-            "governed_minus_careful_total_cpu_s": statistics.median(cpu_diffs),
-        })  # fmt: skip
+        per_turn.append(
+            {
+                "turn": i + 1,
+                **{f"{p}_ttft_s": med[p][0] for p in peers[:3]},
+                **{f"{p}_ttft_cpu_s": med[p][2] for p in peers[:3]},
+                "naive_over_governed": med["naive"][0] / med["governed"][0],
+                "governed_over_careful": med["governed"][0] / med["careful"][0],
+                "naive_over_governed_cpu": med["naive"][2] / med["governed"][2],
+                "governed_over_careful_cpu": med["governed"][2] / med["careful"][2],
+                "session_overhead_s": med["overhead"][0],
+                "session_overhead_cpu_s": med["overhead"][2],
+                "governed_minus_careful_total_s": statistics.median(diffs),
+                "governed_minus_careful_total_cpu_s": statistics.median(cpu_diffs),
+            }
+        )
     later = per_turn[1:]
     image_tokens = int(getattr(model.config, "image_seq_length", 0) or 0)
     result = {
@@ -250,33 +268,49 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{result['model']}, {result['prompt_tokens_turn_1']} prompt tokens in turn 1, {args.turns}-turn chat, "
-          f"{args.repeats} conversations, outputs equal (naive = careful = governed): {equal}")  # fmt: skip
-    print("| turn | naive TTFT | careful TTFT | governed TTFT | naive / governed | governed / careful | "
-          "session overhead | governed − careful (total) |")  # fmt: skip
+    print(
+        f"{result['model']}, {result['prompt_tokens_turn_1']} prompt tokens in turn 1, {args.turns}-turn chat, "
+        f"{args.repeats} conversations, outputs equal (naive = careful = governed): {equal}"
+    )
+    print(
+        "| turn | naive TTFT | careful TTFT | governed TTFT | naive / governed | governed / careful | "
+        "session overhead | governed − careful (total) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for t in per_turn:
-        print(f"| {t['turn']} | {t['naive_ttft_s'] * 1e3:.1f} ms | {t['careful_ttft_s'] * 1e3:.1f} ms | "
-              f"{t['governed_ttft_s'] * 1e3:.1f} ms | {t['naive_over_governed']:.1f}x | "
-              f"{t['governed_over_careful']:.2f}x | {t['session_overhead_s'] * 1e3:.2f} ms | "
-              f"{t['governed_minus_careful_total_s'] * 1e3:+.1f} ms |")  # fmt: skip
+        print(
+            f"| {t['turn']} | {t['naive_ttft_s'] * 1e3:.1f} ms | {t['careful_ttft_s'] * 1e3:.1f} ms | "
+            f"{t['governed_ttft_s'] * 1e3:.1f} ms | {t['naive_over_governed']:.1f}x | "
+            f"{t['governed_over_careful']:.2f}x | {t['session_overhead_s'] * 1e3:.2f} ms | "
+            f"{t['governed_minus_careful_total_s'] * 1e3:+.1f} ms |"
+        )
     print("The same in CPU time of the serving thread (what load on a shared machine does not stretch):")
-    print("| turn | naive TTFT | careful TTFT | governed TTFT | naive / governed | governed / careful | "
-          "session overhead | governed − careful (total) |")  # fmt: skip
+    print(
+        "| turn | naive TTFT | careful TTFT | governed TTFT | naive / governed | governed / careful | "
+        "session overhead | governed − careful (total) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for t in per_turn:
-        print(f"| {t['turn']} | {t['naive_ttft_cpu_s'] * 1e3:.1f} ms | {t['careful_ttft_cpu_s'] * 1e3:.1f} ms | "
-              f"{t['governed_ttft_cpu_s'] * 1e3:.1f} ms | {t['naive_over_governed_cpu']:.1f}x | "
-              f"{t['governed_over_careful_cpu']:.2f}x | {t['session_overhead_cpu_s'] * 1e3:.2f} ms | "
-              f"{t['governed_minus_careful_total_cpu_s'] * 1e3:+.1f} ms |")  # fmt: skip
-    print(f"KV waste: GovernedSession {result['kv_waste_governed']:.2%}, DynamicCache {dyn:.2%} "
-          f"(peak live KV {dyn_peak} B vs {dyn_use} B in use)")  # fmt: skip
+        print(
+            f"| {t['turn']} | {t['naive_ttft_cpu_s'] * 1e3:.1f} ms | {t['careful_ttft_cpu_s'] * 1e3:.1f} ms | "
+            f"{t['governed_ttft_cpu_s'] * 1e3:.1f} ms | {t['naive_over_governed_cpu']:.1f}x | "
+            f"{t['governed_over_careful_cpu']:.2f}x | {t['session_overhead_cpu_s'] * 1e3:.2f} ms | "
+            f"{t['governed_minus_careful_total_cpu_s'] * 1e3:+.1f} ms |"
+        )
+    print(
+        f"KV waste: GovernedSession {result['kv_waste_governed']:.2%}, DynamicCache {dyn:.2%} "
+        f"(peak live KV {dyn_peak} B vs {dyn_use} B in use)"
+    )
     gather_us, cat_us = result["decode_gather_vs_cat_us"]
-    print(f"one layer's keys per decode step at the last turn's context: paged gather {gather_us:.0f} µs CPU, "
-          f"DynamicCache cat {cat_us:.0f} µs CPU")  # fmt: skip
+    print(
+        f"one layer's keys per decode step at the last turn's context: paged gather {gather_us:.0f} µs CPU, "
+        f"DynamicCache cat {cat_us:.0f} µs CPU"
+    )
     if cb is not None:
-        print(f"generate_batch (text turns only, no image): {cb['requests']} requests x {cb['new_tokens']} tokens "
-              f"in {cb['wall_s']:.2f} s")  # fmt: skip
+        print(
+            f"generate_batch (text turns only, no image): {cb['requests']} requests x {cb['new_tokens']} tokens "
+            f"in {cb['wall_s']:.2f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -73,14 +73,33 @@ def run_chat(model, name, turns, new_tokens, session, conversation):
         history = t["input_ids"] if history is None else torch.cat([history, t["input_ids"]], 1)
         padded = torch.nn.functional.pad(types, (0, history.shape[1] - types.shape[1]))
         row = {}
-        out, row["naive"] = timed(lambda s, h=history, p=padded: model.generate(
-            input_ids=h, attention_mask=torch.ones_like(h), max_new_tokens=new_tokens, streamer=s,
-            mm_token_type_ids=p, **media, **gk))  # fmt: skip
-        careful, row["careful"] = timed(lambda s, h=history, i=i, p=padded: model.generate(
-            input_ids=h, attention_mask=torch.ones_like(h), cache=cache, max_new_tokens=new_tokens, streamer=s,
-            **({**media, "mm_token_type_ids": p} if i == 0 else {}), **gk))  # fmt: skip
-        reply, row["governed"] = timed(lambda s, t=t: session.chat(
-            t["input_ids"], conversation=conversation, max_new_tokens=new_tokens, streamer=s, **media_of(t), **gk))  # fmt: skip
+        out, row["naive"] = timed(
+            lambda s, h=history, p=padded: model.generate(
+                input_ids=h,
+                attention_mask=torch.ones_like(h),
+                max_new_tokens=new_tokens,
+                streamer=s,
+                mm_token_type_ids=p,
+                **media,
+                **gk,
+            )
+        )
+        careful, row["careful"] = timed(
+            lambda s, h=history, i=i, p=padded: model.generate(
+                input_ids=h,
+                attention_mask=torch.ones_like(h),
+                cache=cache,
+                max_new_tokens=new_tokens,
+                streamer=s,
+                **({**media, "mm_token_type_ids": p} if i == 0 else {}),
+                **gk,
+            )
+        )
+        reply, row["governed"] = timed(
+            lambda s, t=t: session.chat(
+                t["input_ids"], conversation=conversation, max_new_tokens=new_tokens, streamer=s, **media_of(t), **gk
+            )
+        )
         reused.append(session.records[-1].reused_tokens)
         reference = out[:, history.shape[1] :]
         equal &= torch.equal(reply, reference) and torch.equal(careful[:, history.shape[1] :], reference)
@@ -108,17 +127,21 @@ def bench(name: str, args) -> dict:
     per_turn = []
     for i in range(args.turns):
         med = {p: [statistics.median(run[i][p][k] for run in runs) for k in range(2)] for p in runs[0][i]}
-        per_turn.append({
-            "turn": i + 1, **{f"{p}_ttft_s": med[p][0] for p in med}, **{f"{p}_ttft_cpu_s": med[p][1] for p in med},
-            "reused_tokens": [used[i] for used in reused],
-            "governed_over_careful": med["governed"][0] / med["careful"][0],
-            "governed_over_careful_cpu": med["governed"][1] / med["careful"][1],
-            "naive_over_governed": med["naive"][0] / med["governed"][0],
-        })  # fmt: skip
+        per_turn.append(
+            {
+                "turn": i + 1,
+                **{f"{p}_ttft_s": med[p][0] for p in med},
+                **{f"{p}_ttft_cpu_s": med[p][1] for p in med},
+                "reused_tokens": [used[i] for used in reused],
+                "governed_over_careful": med["governed"][0] / med["careful"][0],
+                "governed_over_careful_cpu": med["governed"][1] / med["careful"][1],
+                "naive_over_governed": med["naive"][0] / med["governed"][0],
+            }
+        )
     first = conversations[0][0]
     return {
         "model": f"{name} ({args.size}), {int((first['input_ids'] == model.config.image_token_id).sum())} image "
-        f"tokens, {first['input_ids'].shape[1]} prompt tokens in turn 1",  # fmt: skip
+        f"tokens, {first['input_ids'].shape[1]} prompt tokens in turn 1",
         "outputs_equal": bool(equal),
         "media_reencoded_turns_2plus": any(reencoded),
         "turns": per_turn,
@@ -146,16 +169,22 @@ def main() -> None:
         print(json.dumps(results, indent=2))
         return
     for res in results:
-        print(f"{res['model']}: outputs equal (naive = careful = governed): {res['outputs_equal']}, media re-encoded "
-              f"in turns 2+: {res['media_reencoded_turns_2plus']}, encoder runs: {res['encoder_misses']}")  # fmt: skip
-        print("| turn | reused tokens | naive TTFT | careful TTFT | governed TTFT | governed / careful (wall) | "
-              "governed / careful (CPU) | naive / governed |")  # fmt: skip
+        print(
+            f"{res['model']}: outputs equal (naive = careful = governed): {res['outputs_equal']}, media re-encoded "
+            f"in turns 2+: {res['media_reencoded_turns_2plus']}, encoder runs: {res['encoder_misses']}"
+        )
+        print(
+            "| turn | reused tokens | naive TTFT | careful TTFT | governed TTFT | governed / careful (wall) | "
+            "governed / careful (CPU) | naive / governed |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for t in res["turns"]:
-            print(f"| {t['turn']} | {'/'.join(map(str, t['reused_tokens']))} | {t['naive_ttft_s'] * 1e3:.1f} ms | "
-                  f"{t['careful_ttft_s'] * 1e3:.1f} ms | {t['governed_ttft_s'] * 1e3:.1f} ms | "
-                  f"{t['governed_over_careful']:.2f}x | {t['governed_over_careful_cpu']:.2f}x | "
-                  f"{t['naive_over_governed']:.1f}x |")  # fmt: skip
+            print(
+                f"| {t['turn']} | {'/'.join(map(str, t['reused_tokens']))} | {t['naive_ttft_s'] * 1e3:.1f} ms | "
+                f"{t['careful_ttft_s'] * 1e3:.1f} ms | {t['governed_ttft_s'] * 1e3:.1f} ms | "
+                f"{t['governed_over_careful']:.2f}x | {t['governed_over_careful_cpu']:.2f}x | "
+                f"{t['naive_over_governed']:.1f}x |"
+            )
         print()
 
 

@@ -79,8 +79,12 @@ def main() -> None:
             assert cap.trace is not None
             flushes.append(int(cap.trace.metadata["streamed"]["flushes"]))
 
-        modes: dict[str, Callable[[], None]] = {"untraced": untraced, "in-memory": in_memory,
-                                                "in-memory + save": in_memory_save, "streamed": streamed}  # fmt: skip
+        modes: dict[str, Callable[[], None]] = {
+            "untraced": untraced,
+            "in-memory": in_memory,
+            "in-memory + save": in_memory_save,
+            "streamed": streamed,
+        }
         if args.reference_streamer:
             spec = importlib.util.spec_from_file_location("reference_stream", args.reference_streamer)
             assert spec is not None and spec.loader is not None
@@ -110,14 +114,18 @@ def main() -> None:
         events = memwarden.load(saved).num_events
     w = {k: statistics.median(v) for k, v in wall.items()}
     c = {k: statistics.median(v) for k, v in cpu.items()}
-    print(f"steps {args.steps}, events {events}, {args.repeats} interleaved repeats, medians; "
-          f"flushes per streamed run {statistics.median(flushes):.0f}")  # fmt: skip
+    print(
+        f"steps {args.steps}, events {events}, {args.repeats} interleaved repeats, medians; "
+        f"flushes per streamed run {statistics.median(flushes):.0f}"
+    )
     for name in modes:
         print(f"  {name:18s} wall {w[name]:.3f} s   cpu {c[name]:.3f} s")
     for streamer in [m for m in modes if m.startswith("streamed")]:
         for base in ("in-memory + save", "in-memory"):
-            print(f"{streamer} adds over {base}: wall {100 * (w[streamer] / w[base] - 1):+.1f}%, "
-                  f"cpu {100 * (c[streamer] / c[base] - 1):+.1f}%")  # fmt: skip
+            print(
+                f"{streamer} adds over {base}: wall {100 * (w[streamer] / w[base] - 1):+.1f}%, "
+                f"cpu {100 * (c[streamer] / c[base] - 1):+.1f}%"
+            )
 
 
 if __name__ == "__main__":

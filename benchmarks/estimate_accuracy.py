@@ -72,8 +72,11 @@ def requests_for(name: str) -> list[Req]:
     if sp.dynamic_resolution:
         return [Req(image=(112, 112)), Req(image=(224, 168)), Req(image=(56, 280))]
     native = sp.native_image_size
-    return [Req(native, prompt_tokens=12, new_tokens=3), Req(native, prompt_tokens=64, new_tokens=3),
-            Req(native, prompt_tokens=64, new_tokens=8)]  # fmt: skip
+    return [
+        Req(native, prompt_tokens=12, new_tokens=3),
+        Req(native, prompt_tokens=64, new_tokens=3),
+        Req(native, prompt_tokens=64, new_tokens=8),
+    ]
 
 
 def accelerate_total_bytes(name: str) -> int:
@@ -134,18 +137,32 @@ def run(names: list[str]) -> tuple[list[dict[str, Any]], float]:
         for req in requests_for(name):
             peak = measure(model, name, req)
             card = estimate(name, req)
-            rows.append({"model": name, "request": req.label(), "peak": peak, "weights": weights,
-                         "est": card.peak_bytes, "est_weights": card.weights_bytes, "acc": acc_total})  # fmt: skip
-            print(f"  {name:12s} {req.label():32s} profiler {peak:>9,d}  memwarden {card.peak_bytes:>9,d}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            rows.append(
+                {
+                    "model": name,
+                    "request": req.label(),
+                    "peak": peak,
+                    "weights": weights,
+                    "est": card.peak_bytes,
+                    "est_weights": card.weights_bytes,
+                    "acc": acc_total,
+                }
+            )
+            print(
+                f"  {name:12s} {req.label():32s} profiler {peak:>9,d}  memwarden {card.peak_bytes:>9,d}",
+                file=sys.stderr,
+                flush=True,
+            )
         del model
         gc.collect()
     return rows, time.perf_counter() - start
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| model | request | weights | profiler peak | memwarden estimate | error | error above weights "
-            "| accelerate (weights only) | accelerate +20% | its error |")  # fmt: skip
+    head = (
+        "| model | request | weights | profiler peak | memwarden estimate | error | error above weights "
+        "| accelerate (weights only) | accelerate +20% | its error |"
+    )
     lines = [head, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
         lines.append(

@@ -24,12 +24,17 @@ def tiny_model(*, name: str = "mm") -> Any:
 
     w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "W")
     b = numpy_helper.from_array(np.ones(3, dtype=np.float32), "b")
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name=f"/{name}/MatMul"),
-             helper.make_node("Add", ["h", "b"], ["y"], name=f"/{name}/Add")]  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name=f"/{name}/MatMul"),
+        helper.make_node("Add", ["h", "b"], ["y"], name=f"/{name}/Add"),
+    ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])], [w, b],
-    )  # fmt: skip
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        [w, b],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -42,8 +47,9 @@ def constant_of_shape_model(n: int) -> Any:
     from onnx import TensorProto, helper, numpy_helper
 
     shape = numpy_helper.from_array(np.array([n], dtype=np.int64), "s")
-    node = helper.make_node("ConstantOfShape", ["s"], ["y"], name="cos",
-                            value=helper.make_tensor("v", TensorProto.INT64, [1], [1]))  # fmt: skip
+    node = helper.make_node(
+        "ConstantOfShape", ["s"], ["y"], name="cos", value=helper.make_tensor("v", TensorProto.INT64, [1], [1])
+    )
     graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.INT64, [None])], [shape])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
@@ -55,13 +61,17 @@ def loop_model(trips: int | None) -> Any:
     body = helper.make_graph(
         [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])],
         "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1])],
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1]),
+        ],
         [numpy_helper.from_array(np.ones(1, dtype=np.float32), "one")],
-    )  # fmt: skip
+    )
     inits = [numpy_helper.from_array(np.array(True), "cond")]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])]
     if trips is None:
@@ -139,8 +149,12 @@ def npz_bomb(elements: int) -> bytes:
     body = b"".join(parts)
     name = b"x.npy"
     local = struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 8, 0, 0, crc, len(body), total, len(name), 0) + name
-    central = struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 8, 0, 0, crc, len(body), total, len(name),
-                          0, 0, 0, 0, 0, 0) + name  # fmt: skip
+    central = (
+        struct.pack(
+            "<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 8, 0, 0, crc, len(body), total, len(name), 0, 0, 0, 0, 0, 0
+        )
+        + name
+    )
     end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 1, 1, len(central), len(local) + len(body), 0)
     return local + body + central + end
 
@@ -151,5 +165,8 @@ def safetensors_bytes(header: dict[str, Any], data_len: int) -> bytes:
 
 
 def seed_header() -> dict[str, Any]:
-    return {"a": {"dtype": "F16", "shape": [4, 4], "data_offsets": [0, 32]},
-            "b": {"dtype": "F32", "shape": [8], "data_offsets": [32, 64]}, "__metadata__": {"format": "pt"}}  # fmt: skip
+    return {
+        "a": {"dtype": "F16", "shape": [4, 4], "data_offsets": [0, 32]},
+        "b": {"dtype": "F32", "shape": [8], "data_offsets": [32, 64]},
+        "__metadata__": {"format": "pt"},
+    }

@@ -10,10 +10,26 @@ import struct
 from pathlib import Path
 from typing import Any
 
-ST_DTYPES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "int32": "I32", "int8": "I8", "uint8": "U8",
-             "float8_e4m3fn": "F8_E4M3", "int64": "I64"}  # fmt: skip
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "int8": 1, "uint8": 1, "float8_e4m3fn": 1,
-               "int64": 8}  # fmt: skip
+ST_DTYPES = {
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float32": "F32",
+    "int32": "I32",
+    "int8": "I8",
+    "uint8": "U8",
+    "float8_e4m3fn": "F8_E4M3",
+    "int64": "I64",
+}
+DTYPE_BYTES = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "int32": 4,
+    "int8": 1,
+    "uint8": 1,
+    "float8_e4m3fn": 1,
+    "int64": 8,
+}
 
 
 def write_header_only(path: Path, tensors: dict[str, tuple[tuple[int, ...], str]]) -> int:

@@ -15,8 +15,14 @@ _LAYERS = (
 )
 _WIDTHS = ("hidden_size", "embed_dim", "d_model", "out_hidden_size", "projection_dim", "mm_hidden_size")
 _FFN = ("intermediate_size", "encoder_ffn_dim", "decoder_ffn_dim", "moe_intermediate_size")
-_HEADS = {"num_attention_heads": 4, "num_heads": 4, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
-          "resampler_n_heads": 4, "attention_heads": 4}  # fmt: skip
+_HEADS = {
+    "num_attention_heads": 4,
+    "num_heads": 4,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "resampler_n_heads": 4,
+    "attention_heads": 4,
+}
 _KV_HEADS = ("num_key_value_heads",)
 
 

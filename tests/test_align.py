@@ -179,8 +179,12 @@ def test_baselines_fail_where_the_aligner_does_not() -> None:
     assert slop.frames_without_unit > 0 and slop.audio_samples_lost > 0  # what it cannot pair, it drops
     _, units, _ = run(spec, with_samples=False)
     shift = units[0].frame - units[0].frame_index
-    mine = [Placement(u.frame_index + shift, u.audio_start_sample, len(u.audio), n.audio_start_sample - u.audio_start_sample)
-            for u, n in zip(units, units[1:], strict=False)]  # fmt: skip
+    mine = [
+        Placement(
+            u.frame_index + shift, u.audio_start_sample, len(u.audio), n.audio_start_sample - u.audio_start_sample
+        )
+        for u, n in zip(units, units[1:], strict=False)
+    ]
     ours = score(mine, spec, K, frames, total)
     assert ours.contract_violations == 0 and ours.frames_without_unit == 0 and ours.audio_samples_lost == 0
     assert ours.offset_p99_ms < 5.0

@@ -273,8 +273,16 @@ def test_alloc_conf_roundtrip_matches_pytorch_test_expectations():
     # from c10/test/core/AllocatorConfig_test.cpp
     conf = parse_alloc_conf("roundup_power2_divisions:[64:8,128:2,256:4,512:2,1024:4,>:1]")
     assert [conf.divisions_for(m * MiB) for m in (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)] == [
-        8, 8, 2, 4, 2, 4, 1, 1, 1,
-    ]  # fmt: skip
+        8,
+        8,
+        2,
+        4,
+        2,
+        4,
+        1,
+        1,
+        1,
+    ]
     conf = parse_alloc_conf("roundup_power2_divisions:[128:8,256:16,512:1,2048:8,>:2]")
     assert [conf.divisions_for(m * MiB) for m in (64, 128, 256, 512, 1024, 2048, 4096)] == [8, 8, 16, 1, 0, 8, 2]
     assert parse_alloc_conf("roundup_power2_divisions:4").divisions_for(2048 * MiB) == 4

@@ -85,8 +85,9 @@ def test_allocator_rows_repeat_their_blocks_attribution_and_drop_unknown_frees()
     rec.free(Block(999, 0x99, 32, 0))  # a block this log never allocated
     cols = RecorderColumns.of(rec.drain())
     blocks = Blocks.of(cols)
-    tagged = apply_tags([], [], blocks, np.array([int(Category.ACTIVATION)]), np.array([int(Modality.FUSION)]), {},
-                        ModalityRules())  # fmt: skip
+    tagged = apply_tags(
+        [], [], blocks, np.array([int(Category.ACTIVATION)]), np.array([int(Modality.FUSION)]), {}, ModalityRules()
+    )
     builder = TraceBuilder()
     labels = intern_labels(builder, [PROJECTOR])
     phase = np.array([int(Phase.ENCODE)])
@@ -97,7 +98,13 @@ def test_allocator_rows_repeat_their_blocks_attribution_and_drop_unknown_frees()
     for column, value in [("category", Category.ACTIVATION), ("modality", Modality.FUSION), ("phase", Phase.ENCODE)]:
         assert out[column].tolist() == [value, value]
     assert [t.strings[i] for i in out["module"].tolist() + out["op"].tolist() + out["dtype"].tolist()] == [
-        PROJECTOR, PROJECTOR, "aten::empty", "aten::empty", "float32", "float32"]  # fmt: skip
+        PROJECTOR,
+        PROJECTOR,
+        "aten::empty",
+        "aten::empty",
+        "float32",
+        "float32",
+    ]
     assert [t.shapes[i] for i in out["shape"].tolist()] == [(16,), (16,)]
 
 
@@ -175,8 +182,15 @@ def test_phases_follow_steps_encoders_backward_and_the_optimizer() -> None:
     assert [s.phase for s in table.steps] == [Phase.PREFILL, Phase.DECODE]
     phase = block_phases(blocks, made_by, is_backward, table, spans.first_start_ns(end_ns), optimizer, end_ns)
     by_size = _blocks_by_size(cols, blocks)
-    expected = {4: Phase.LOAD, 8: Phase.ENCODE, 12: Phase.PREFILL, 16: Phase.PREFILL, 20: Phase.DECODE,
-                24: Phase.BACKWARD, 28: Phase.OPTIMIZER}  # fmt: skip
+    expected = {
+        4: Phase.LOAD,
+        8: Phase.ENCODE,
+        12: Phase.PREFILL,
+        16: Phase.PREFILL,
+        20: Phase.DECODE,
+        24: Phase.BACKWARD,
+        28: Phase.OPTIMIZER,
+    }
     assert {n: Phase(int(phase[k])) for n, k in by_size.items()} == expected
     assert StepTable.of([]).phase_at(np.array([1, 2]), int(Phase.OTHER)).tolist() == [Phase.OTHER] * 2
 
@@ -201,8 +215,13 @@ def test_categories_by_the_lifetime_of_the_call_that_made_a_block() -> None:
     is_backward = backward_ops(cols.op_names)[cols.op_outer[blocks.rows].astype(np.int64)]
     category = block_categories(blocks, spans.row_span[blocks.rows], spans.end_or(end_ns), is_backward)
     by_size = _blocks_by_size(cols, blocks)
-    expected = {4: Category.OTHER, 8: Category.TEMPORARY, 12: Category.ACTIVATION, 16: Category.TEMPORARY,
-                20: Category.ACTIVATION}  # fmt: skip
+    expected = {
+        4: Category.OTHER,
+        8: Category.TEMPORARY,
+        12: Category.ACTIVATION,
+        16: Category.TEMPORARY,
+        20: Category.ACTIVATION,
+    }
     assert {n: Category(int(category[k])) for n, k in by_size.items()} == expected
 
 
@@ -221,8 +240,10 @@ def _blocks(alloc_ns: list[int], free_ns: list[int], ptr: list[int], ctx: list[i
 def test_a_tag_names_the_block_at_its_address_alive_at_its_time() -> None:
     # One address used twice (freed at 20, reused at 30), another block elsewhere.
     blocks = _blocks(alloc_ns=[10, 30, 12], free_ns=[20, NEVER_NS, 40], ptr=[0x1000, 0x1000, 0x2000], ctx=[-1] * 3)
-    tags = [(t, p, "input", "") for t, p in [(15, 0x1000), (25, 0x1000), (35, 0x1000), (5, 0x1000), (41, 0x2000),
-                                             (12, 0x2000), (15, 0x3000)]]  # fmt: skip
+    tags = [
+        (t, p, "input", "")
+        for t, p in [(15, 0x1000), (25, 0x1000), (35, 0x1000), (5, 0x1000), (41, 0x2000), (12, 0x2000), (15, 0x3000)]
+    ]
     assert match_tags(tags, blocks) == [0, None, 1, None, None, 2, None]
     assert match_tags([], blocks) == []
 
@@ -250,10 +271,20 @@ def test_the_strongest_tag_decides_and_the_captures_rules_place_owned_blocks() -
         (60, 91, "weight", PROJECTOR),  # after the storage died
     ]
     tagged = apply_tags(tags, match_tags(tags, blocks), blocks, category, modality, pre, rules)
-    assert [Category(int(c)) for c in tagged.category] == [Category.ACTIVATION, Category.INPUT, Category.KV_CACHE,
-                                                           Category.WEIGHT, Category.WEIGHT]  # fmt: skip
-    assert [Modality(int(m)) for m in tagged.modality] == [Modality.VISION, Modality.VISION, Modality.TEXT,
-                                                           Modality.AUDIO, Modality.TEXT]  # fmt: skip
+    assert [Category(int(c)) for c in tagged.category] == [
+        Category.ACTIVATION,
+        Category.INPUT,
+        Category.KV_CACHE,
+        Category.WEIGHT,
+        Category.WEIGHT,
+    ]
+    assert [Modality(int(m)) for m in tagged.modality] == [
+        Modality.VISION,
+        Modality.VISION,
+        Modality.TEXT,
+        Modality.AUDIO,
+        Modality.TEXT,
+    ]
     assert tagged.module_paths == {3: PROJECTOR, 4: "model.language_model.layers.0"}
     assert tagged.preexisting == {
         90: PreexistingTag(category=Category.WEIGHT, modality=Modality.AUDIO, module=PROJECTOR)
@@ -272,8 +303,17 @@ def test_storages_the_allocator_never_saw_become_rows_with_their_release() -> No
     builder = TraceBuilder()
     side_events(builder, pre, tags, list(mapped.values()), clock)
     e = builder.build().events
-    rows = list(zip(e["time_us"].tolist(), e["action"].tolist(), e["tensor"].tolist(), e["address"].tolist(),
-                    e["category"].tolist(), e["modality"].tolist(), strict=True))  # fmt: skip
+    rows = list(
+        zip(
+            e["time_us"].tolist(),
+            e["action"].tolist(),
+            e["tensor"].tolist(),
+            e["address"].tolist(),
+            e["category"].tolist(),
+            e["modality"].tolist(),
+            strict=True,
+        )
+    )
     assert rows == [
         (0, Action.MAP, -1, 0x10, Category.OTHER, Modality.SHARED),  # untagged, in a file
         (0, Action.PREEXISTING, -2, 0x20, Category.WEIGHT, Modality.AUDIO),
@@ -286,19 +326,45 @@ def test_storages_the_allocator_never_saw_become_rows_with_their_release() -> No
 
 def test_steps_keep_their_json_layout_and_spans() -> None:
     clock = Clock(t0_ns=0)
-    steps = StepTable.of([
-        StepRecord(start_ns=5_000, ctx=0, phase=Phase.PREFILL, seq_len=7, end_ns=9_000,
-                   tokens={"vision": 4, "audio": 0, "text": 3}, batch=1, input_ids=(1, 5, 5)),
-        StepRecord(start_ns=10_000, ctx=1, phase=Phase.DECODE, seq_len=None),  # no input_ids; still running
-    ])  # fmt: skip
+    steps = StepTable.of(
+        [
+            StepRecord(
+                start_ns=5_000,
+                ctx=0,
+                phase=Phase.PREFILL,
+                seq_len=7,
+                end_ns=9_000,
+                tokens={"vision": 4, "audio": 0, "text": 3},
+                batch=1,
+                input_ids=(1, 5, 5),
+            ),
+            StepRecord(start_ns=10_000, ctx=1, phase=Phase.DECODE, seq_len=None),  # no input_ids; still running
+        ]
+    )
     records = steps_metadata(step_records(steps, ["LlavaForConditionalGeneration", "Net"], 20_000, clock))
     assert records == [
-        {"phase": "prefill", "start_us": 5, "end_us": 9, "seq_len": 7, "module": "LlavaForConditionalGeneration",
-         "tokens": {"vision": 4, "audio": 0, "text": 3}, "batch": 1, "input_ids": [1, 5, 5]},
+        {
+            "phase": "prefill",
+            "start_us": 5,
+            "end_us": 9,
+            "seq_len": 7,
+            "module": "LlavaForConditionalGeneration",
+            "tokens": {"vision": 4, "audio": 0, "text": 3},
+            "batch": 1,
+            "input_ids": [1, 5, 5],
+        },
         {"phase": "decode", "start_us": 10, "end_us": 20, "seq_len": None, "module": "Net"},
-    ]  # fmt: skip
-    assert [list(r) for r in records][0] == ["phase", "start_us", "end_us", "seq_len", "module", "tokens", "batch",
-                                             "input_ids"]  # fmt: skip
+    ]
+    assert [list(r) for r in records][0] == [
+        "phase",
+        "start_us",
+        "end_us",
+        "seq_len",
+        "module",
+        "tokens",
+        "batch",
+        "input_ids",
+    ]
     builder = TraceBuilder()
     phase_span_rows(builder, steps, [[12_000, -1]], 20_000, clock)
     t = builder.build()
@@ -308,10 +374,13 @@ def test_steps_keep_their_json_layout_and_spans() -> None:
         for i in range(t.num_spans)
     ]
     assert spans == [
-        (SpanKind.STEP, "prefill step 0", 5, 9), (SpanKind.PHASE, "prefill", 5, 9),
-        (SpanKind.STEP, "decode step 1", 10, 20), (SpanKind.PHASE, "decode", 10, 20),
-        (SpanKind.PHASE, "optimizer", 12, 20), (SpanKind.PHASE, "load", 0, 5),
-    ]  # fmt: skip
+        (SpanKind.STEP, "prefill step 0", 5, 9),
+        (SpanKind.PHASE, "prefill", 5, 9),
+        (SpanKind.STEP, "decode step 1", 10, 20),
+        (SpanKind.PHASE, "decode", 10, 20),
+        (SpanKind.PHASE, "optimizer", 12, 20),
+        (SpanKind.PHASE, "load", 0, 5),
+    ]
 
 
 def test_foreign_storages_take_their_strongest_tag_and_inputs_their_argument_modality() -> None:
@@ -356,9 +425,18 @@ def test_foreign_storages_become_external_rows_in_their_steps_phase() -> None:
     side_events(builder, {}, {}, side, clock, tags, steps)
     trace = builder.build()
     e = trace.events
-    rows = list(zip(e["time_us"].tolist(), e["action"].tolist(), e["tensor"].tolist(), e["category"].tolist(),
-                    e["modality"].tolist(), e["phase"].tolist(), [trace.string(o) for o in e["op"].tolist()],
-                    strict=True))  # fmt: skip
+    rows = list(
+        zip(
+            e["time_us"].tolist(),
+            e["action"].tolist(),
+            e["tensor"].tolist(),
+            e["category"].tolist(),
+            e["modality"].tolist(),
+            e["phase"].tolist(),
+            [trace.string(o) for o in e["op"].tolist()],
+            strict=True,
+        )
+    )
     assert sorted(rows) == [  # the wrapped allocator block (no tag) leaves no row
         (2, Action.MAP, -2, Category.WEIGHT, Modality.TEXT, Phase.LOAD, "/ckpt.safetensors"),
         (3, Action.UNMAP, -2, Category.WEIGHT, Modality.TEXT, Phase.LOAD, "/ckpt.safetensors"),
@@ -418,9 +496,10 @@ def test_match_tags_finds_the_block_allocated_last_at_the_address_before_the_tag
         n = int(rng.integers(0, 40))
         alloc = rng.integers(0, 100, n).astype(np.int64)
         blocks = types.SimpleNamespace(
-            ptr=(rng.integers(0, 6, n) * 64).astype(np.int64), alloc_ns=alloc,
+            ptr=(rng.integers(0, 6, n) * 64).astype(np.int64),
+            alloc_ns=alloc,
             free_ns=(alloc + rng.integers(0, 60, n)).astype(np.int64),
-        )  # fmt: skip
+        )
         tags = [(int(rng.integers(0, 170)), int(rng.integers(0, 8)) * 64, "weight", "") for _ in range(20)]
         expected = []
         for t, p, _, _ in tags:

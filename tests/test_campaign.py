@@ -101,7 +101,17 @@ def test_script_campaign_counts_add_up(tmp_path, capfd) -> None:
         assert [r["index"] for r in data["records"][side]] == list(range(10))
     # i % 3 == 1 -> oom under 256 MiB; i % 5 == 4 (and not oom first) -> crash
     assert [r["status"] for r in data["records"]["a"]] == [
-        "ok", "oom", "ok", "ok", "oom", "ok", "ok", "oom", "ok", "crash"]  # fmt: skip
+        "ok",
+        "oom",
+        "ok",
+        "ok",
+        "oom",
+        "ok",
+        "ok",
+        "oom",
+        "ok",
+        "crash",
+    ]
     assert (data["b"]["oom"], data["b"]["crash"]) == (0, 2)
     assert data["a"]["recoveries"] == 3 and data["a"]["recovery_p50_s"] > 0
     assert data["failure_rate_p_value"] == pytest.approx(fisher_exact(4, 6, 2, 8))

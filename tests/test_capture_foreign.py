@@ -27,8 +27,15 @@ from memwarden.trace.model import Action, Category, Modality, Trace
 
 def _tiny_llama(dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=500,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+    )
     return LlamaForCausalLM._from_config(config, dtype=dtype).eval()
 
 
@@ -36,10 +43,15 @@ def _external_rows(trace: Trace, op: str = EXTERNAL_OP) -> list[dict[str, Any]]:
     ev = trace.events
     rows = np.flatnonzero(ev["op"] == trace.strings.index(op)) if op in trace.strings else []
     return [
-        {"action": Action(int(ev["action"][i])), "nbytes": int(ev["nbytes"][i]), "tensor": int(ev["tensor"][i]),
-         "category": Category(int(ev["category"][i])), "modality": Modality(int(ev["modality"][i]))}
+        {
+            "action": Action(int(ev["action"][i])),
+            "nbytes": int(ev["nbytes"][i]),
+            "tensor": int(ev["tensor"][i]),
+            "category": Category(int(ev["category"][i])),
+            "modality": Modality(int(ev["modality"][i])),
+        }
         for i in rows
-    ]  # fmt: skip
+    ]
 
 
 def _ids_from_numpy(tokens: int) -> torch.Tensor:

@@ -58,8 +58,15 @@ def test_nested_calls_keep_their_spans_and_attribution() -> None:
     one_call = ["Model", "vision_tower", "vision_tower.proj", "layers.0", "layers.1", "layers.2", "head"]
     assert names == one_call * 2
     depth = {n: d for n, d, _ in spans}
-    assert depth == {"Model": 0, "vision_tower": 1, "vision_tower.proj": 2, "layers.0": 1, "layers.1": 1,
-                     "layers.2": 1, "head": 1}  # fmt: skip
+    assert depth == {
+        "Model": 0,
+        "vision_tower": 1,
+        "vision_tower.proj": 2,
+        "layers.0": 1,
+        "layers.1": 1,
+        "layers.2": 1,
+        "head": 1,
+    }
     # Roots and boundaries carry an input fingerprint; calls the native path took alone carry none.
     with_fp = {n for n, _, fp in spans if fp >= 0}
     assert with_fp == {"Model", "vision_tower"}

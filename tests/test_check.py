@@ -25,11 +25,61 @@ def _hand_trace() -> Trace:
     vision activation + 20 KiB text kv (kv kept), the 50 KiB freed at 7; decode: 10 KiB text temp."""
     b = TraceBuilder()
     b.event(0, Action.PREEXISTING, 1, 0, 100 * KiB, category=Category.WEIGHT, modality=Modality.TEXT, phase=Phase.LOAD)
-    b.event(1, Action.ALLOC, 2, 0, 30 * KiB, category=Category.ACTIVATION, modality=Modality.VISION, phase=Phase.ENCODE, line="app.py:3:enc")  # fmt: skip
-    b.event(2, Action.ALLOC, 3, 0, 50 * KiB, category=Category.ACTIVATION, modality=Modality.VISION, phase=Phase.PREFILL, line="app.py:7:pre")  # fmt: skip
-    b.event(3, Action.ALLOC, 4, 0, 20 * KiB, category=Category.KV_CACHE, modality=Modality.TEXT, phase=Phase.PREFILL, line="app.py:8:pre")  # fmt: skip
-    b.event(4, Action.FREE, 2, 0, 30 * KiB, category=Category.ACTIVATION, modality=Modality.VISION, phase=Phase.ENCODE, line="app.py:3:enc")  # fmt: skip
-    b.event(7, Action.FREE, 3, 0, 50 * KiB, category=Category.ACTIVATION, modality=Modality.VISION, phase=Phase.PREFILL, line="app.py:7:pre")  # fmt: skip
+    b.event(
+        1,
+        Action.ALLOC,
+        2,
+        0,
+        30 * KiB,
+        category=Category.ACTIVATION,
+        modality=Modality.VISION,
+        phase=Phase.ENCODE,
+        line="app.py:3:enc",
+    )
+    b.event(
+        2,
+        Action.ALLOC,
+        3,
+        0,
+        50 * KiB,
+        category=Category.ACTIVATION,
+        modality=Modality.VISION,
+        phase=Phase.PREFILL,
+        line="app.py:7:pre",
+    )
+    b.event(
+        3,
+        Action.ALLOC,
+        4,
+        0,
+        20 * KiB,
+        category=Category.KV_CACHE,
+        modality=Modality.TEXT,
+        phase=Phase.PREFILL,
+        line="app.py:8:pre",
+    )
+    b.event(
+        4,
+        Action.FREE,
+        2,
+        0,
+        30 * KiB,
+        category=Category.ACTIVATION,
+        modality=Modality.VISION,
+        phase=Phase.ENCODE,
+        line="app.py:3:enc",
+    )
+    b.event(
+        7,
+        Action.FREE,
+        3,
+        0,
+        50 * KiB,
+        category=Category.ACTIVATION,
+        modality=Modality.VISION,
+        phase=Phase.PREFILL,
+        line="app.py:7:pre",
+    )
     b.event(8, Action.ALLOC, 5, 0, 10 * KiB, category=Category.TEMPORARY, modality=Modality.TEXT, phase=Phase.DECODE)
     b.event(9, Action.FREE, 5, 0, 10 * KiB, category=Category.TEMPORARY, modality=Modality.TEXT, phase=Phase.DECODE)
     return b.build()
@@ -176,8 +226,11 @@ def test_check_and_compare_share_one_comparison(runs: dict[str, Path], capsys: p
     ]
     summary = Analysis(large).summary
     totals = {d.key: d.new_bytes for d in at_peak.of("total")}
-    assert totals == {"peak": summary.peak_bytes, "weights": summary.weights_bytes,
-                      "peak above weights": summary.peak_bytes - summary.weights_bytes}  # fmt: skip
+    assert totals == {
+        "peak": summary.peak_bytes,
+        "weights": summary.weights_bytes,
+        "peak above weights": summary.peak_bytes - summary.weights_bytes,
+    }
     assert {d.key: d.new_bytes for d in at_peak.of("phase")} == summary.by_phase_peak
     # Modules heaviest first, by name on ties: the same rows whatever the interpreter's hash seed.
     modules = at_peak.of("module")
@@ -185,8 +238,10 @@ def test_check_and_compare_share_one_comparison(runs: dict[str, Path], capsys: p
     assert modules == sorted(modules, key=lambda d: (-max(d.old_bytes, d.new_bytes), d.key))
     # Both views pair each side's own figures the same way: a figure one side lacks is 0 there.
     over_run = compare_traces(small, large)
-    for comparison, (a, b) in ((at_peak, (figures_at_peak(small), figures_at_peak(large))),
-                               (over_run, (figures(small), figures(large)))):  # fmt: skip
+    for comparison, (a, b) in (
+        (at_peak, (figures_at_peak(small), figures_at_peak(large))),
+        (over_run, (figures(small), figures(large))),
+    ):
         for d in comparison.deltas:
             assert (d.old_bytes, d.new_bytes) == (a.get((d.kind, d.key), 0), b.get((d.kind, d.key), 0))
     keys = set(figures(small)) | set(figures(large))

@@ -30,12 +30,15 @@ def test_seed_is_read(tmp_path: Path) -> None:
     assert out == {"a": ((4, 4), "float16", 32), "b": ((8,), "float32", 32)}
 
 
-@pytest.mark.parametrize(("offsets_b", "data_len", "match"), [
-    ([16, 48], 64, "overlap"),  # b starts inside a
-    ([32, 64], 63, "past the end"),
-    ([-32, 0], 64, "do not hold"),  # negative
-    ([64, 32], 64, "do not hold"),  # reversed
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("offsets_b", "data_len", "match"),
+    [
+        ([16, 48], 64, "overlap"),  # b starts inside a
+        ([32, 64], 63, "past the end"),
+        ([-32, 0], 64, "do not hold"),  # negative
+        ([64, 32], 64, "do not hold"),  # reversed
+    ],
+)
 def test_bad_offsets_are_refused(tmp_path: Path, offsets_b: list[int], data_len: int, match: str) -> None:
     header = hostile.seed_header()
     header["b"]["data_offsets"] = offsets_b
@@ -44,9 +47,11 @@ def test_bad_offsets_are_refused(tmp_path: Path, offsets_b: list[int], data_len:
 
 
 def test_overlap_with_an_earlier_tensor_past_an_empty_one(tmp_path: Path) -> None:
-    header = {"a": {"dtype": "U8", "shape": [100], "data_offsets": [0, 100]},
-              "e": {"dtype": "U8", "shape": [0], "data_offsets": [10, 10]},
-              "c": {"dtype": "U8", "shape": [10], "data_offsets": [50, 60]}}  # fmt: skip
+    header = {
+        "a": {"dtype": "U8", "shape": [100], "data_offsets": [0, 100]},
+        "e": {"dtype": "U8", "shape": [0], "data_offsets": [10, 10]},
+        "c": {"dtype": "U8", "shape": [10], "data_offsets": [50, 60]},
+    }
     with pytest.raises(InputError, match="overlap"):
         read_header(write(tmp_path / "m.safetensors", header, 100))
 

@@ -61,8 +61,16 @@ def test_trace_runs_script_as_main_with_its_args(tmp_path: Path, script: Path) -
     assert trace.metadata["exit_status"] == 0
     summary = json.loads(run_cli("summary", "--json", str(out)).stdout)
     assert summary["weights_bytes"] == weights
-    assert set(summary) >= {"peak_bytes", "peak_time_us", "events", "by_category_at_peak", "by_modality_at_peak",
-                            "by_phase_peak", "weights_bytes", "weights_by_modality"}  # fmt: skip
+    assert set(summary) >= {
+        "peak_bytes",
+        "peak_time_us",
+        "events",
+        "by_category_at_peak",
+        "by_modality_at_peak",
+        "by_phase_peak",
+        "weights_bytes",
+        "weights_by_modality",
+    }
     assert summary["peak_bytes"] >= weights + 16 * 256 * 4
 
 
@@ -147,11 +155,25 @@ def test_demo_writes_a_report_that_renders_in_chromium(tmp_path: Path, chromium:
     assert report.exists() and (tmp_path / "demo.mwtrace").exists()
     profile = tempfile.mkdtemp(dir=tmp_path)
     dom = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom", report.as_uri()],
-        capture_output=True, text=True, timeout=120,
-    ).stdout  # fmt: skip
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            report.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     assert re.search(r'<body[^>]*data-rendered="1"', dom), dom[:500]
     series = re.search(r'id="mw-status"[^>]*data-series="(\d+)"', dom) or re.search(
         r'data-series="(\d+)"[^>]*id="mw-status"', dom

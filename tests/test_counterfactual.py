@@ -73,8 +73,13 @@ def _captured(path: Path) -> Trace:
     sys.argv = [str(path)]
     # each corpus folder has its own helper modules under the same names (_common, _tiny): a case
     # imports its own folder's, not one an earlier case of another folder left in sys.modules
-    for name in [m for m, mod in sys.modules.items() if m.startswith("_") and getattr(mod, "__file__", None)
-                 and Path(mod.__file__).parent.parent == path.parent.parent]:  # fmt: skip
+    for name in [
+        m
+        for m, mod in sys.modules.items()
+        if m.startswith("_")
+        and getattr(mod, "__file__", None)
+        and Path(mod.__file__).parent.parent == path.parent.parent
+    ]:
         del sys.modules[name]
     sys.path.insert(0, str(path.parent))
     torch.set_num_threads(1)

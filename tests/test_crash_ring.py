@@ -60,8 +60,13 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _trace(script: Path, tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess[str], memwarden.Trace]:
     out = tmp_path / "run.mwtrace"
-    proc = subprocess.run([sys.executable, "-m", "memwarden.cli", "trace", "-o", str(out), str(script), mode],
-                          capture_output=True, text=True, cwd=str(tmp_path), timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "memwarden.cli", "trace", "-o", str(out), str(script), mode],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
     return proc, memwarden.load(out)
 
 

@@ -53,8 +53,9 @@ def _served(name: str, budget_of: float, *, stream: bool | str = "auto") -> dict
     base_allocated = torch.cuda.memory_allocated() - weights  # the inputs and anything else not the session's
     budget = int(weights * budget_of)
     with torch.inference_mode():
-        session = GovernedSession(model, budget=budget, stream=stream, min_kv_tokens=256,
-                                  example_inputs=dict(inputs, max_new_tokens=NEW))  # fmt: skip
+        session = GovernedSession(
+            model, budget=budget, stream=stream, min_kv_tokens=256, example_inputs=dict(inputs, max_new_tokens=NEW)
+        )
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()  # the serving's peak (the weights were on the device before the session)
         first = session.generate(**inputs, max_new_tokens=NEW, **gk)
@@ -68,9 +69,21 @@ def _served(name: str, budget_of: float, *, stream: bool | str = "auto") -> dict
         restored = session.close()
         fraction_after = torch.cuda.get_per_process_memory_fraction()
         after = model.generate(**inputs, max_new_tokens=NEW, **gk)
-    return dict(ref=ref, first=first, again=again, after=after, budget=budget, weights=weights, session=session,
-                peak_allocated=peak_allocated, peak_reserved=peak_reserved, stats=stats, restored=restored,
-                fraction_serving=fraction_serving, fraction_after=fraction_after)  # fmt: skip
+    return dict(
+        ref=ref,
+        first=first,
+        again=again,
+        after=after,
+        budget=budget,
+        weights=weights,
+        session=session,
+        peak_allocated=peak_allocated,
+        peak_reserved=peak_reserved,
+        stats=stats,
+        restored=restored,
+        fraction_serving=fraction_serving,
+        fraction_after=fraction_after,
+    )
 
 
 @pytest.mark.cuda

@@ -8,9 +8,24 @@ import sys
 
 def test_demo_with_a_budget_too_small_prints_one_error_line(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "memwarden", "demo", "--size", "tiny", "--budget", "1MiB", "--quiet", "-o", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "memwarden",
+            "demo",
+            "--size",
+            "tiny",
+            "--budget",
+            "1MiB",
+            "--quiet",
+            "-o",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]

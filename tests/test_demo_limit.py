@@ -41,14 +41,26 @@ def test_the_demos_device_budget_fails_plain_and_the_fp32_session_answers() -> N
 
 def test_story_says_which_side_failed() -> None:
     base = {"budget_bytes": 210 * MiB, "limit_bytes": 1 << 30, "turns": 3, "outputs_equal": True}
-    plain_fails = LimitedResult(**base, plain_answered=1, plain_error="RuntimeError: can't allocate memory",
-                                governed_answered=3, governed_error=None)  # fmt: skip
+    plain_fails = LimitedResult(
+        **base,
+        plain_answered=1,
+        plain_error="RuntimeError: can't allocate memory",
+        governed_answered=3,
+        governed_error=None,
+    )
     assert plain_fails.story.startswith("under a real 210.0 MiB limit plain generate() failed at turn 2")
     assert plain_fails.story.endswith("answered all 3, the tokens plain gives without a limit")
     differs = dataclasses.replace(plain_fails, outputs_equal=False)
     assert differs.story.endswith("answered all 3, but NOT plain's tokens")
-    both_fail = LimitedResult(**base, plain_answered=0, plain_error="MemoryError", governed_answered=0,
-                              governed_error="MemoryError", int4_ran=True, int4_error="MemoryError")  # fmt: skip
+    both_fail = LimitedResult(
+        **base,
+        plain_answered=0,
+        plain_error="MemoryError",
+        governed_answered=0,
+        governed_error="MemoryError",
+        int4_ran=True,
+        int4_error="MemoryError",
+    )
     assert "failed at turn 1 too" in both_fail.story and "with int4 weights MemoryError" in both_fail.story
     fits = LimitedResult(**base, plain_answered=3, plain_error=None, governed_answered=3, governed_error=None)
     assert fits.story.startswith("both fit")

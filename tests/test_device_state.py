@@ -128,21 +128,29 @@ def test_meminfo_without_memavailable_uses_free_plus_cache() -> None:
 @pytest.mark.parametrize(
     ("text", "available"),
     [
-        ("$ free -m\n       total  used  free  shared  buff/cache  available\nMem:  7620  3000  500  20  4100  4300\n"
-         "Swap:  3810  0  3810", 4300 * MIB),
+        (
+            "$ free -m\n       total  used  free  shared  buff/cache  available\nMem:  7620  3000  500  20  4100  4300\n"
+            "Swap:  3810  0  3810",
+            4300 * MIB,
+        ),
         ("Mem:  7620  3000  500  20  4100  4300", 4300 * MIB),  # no command line: MiB by magnitude
         ("Mem:  7802880  3000000  500000  20000  4100000  4300000", 4300000 * 1024),  # plain free: KiB
         ("Mem:           29Gi       1.3Gi        13Gi        29Mi        14Gi        28Gi", 28 * GIB),  # free -h
     ],
-)  # fmt: skip
+)
 def test_free(text: str, available: int) -> None:
     _, _, ob = _one(text)
     assert ob.bytes == available
 
 
 def test_psi_lines_are_signals() -> None:
-    read = read_state(["some avg10=12.50 avg60=3.00 avg300=1.00 total=123456", "full avg10=2.00 avg60=0.50 "
-                       "avg300=0.10 total=1000", "MemAvailable: 1024 kB"])  # fmt: skip
+    read = read_state(
+        [
+            "some avg10=12.50 avg60=3.00 avg300=1.00 total=123456",
+            "full avg10=2.00 avg60=0.50 avg300=0.10 total=1000",
+            "MemAvailable: 1024 kB",
+        ]
+    )
     state = read.samples[-1]
     assert state.value("psi_some_avg10") == 12.5 and state.value("psi_full_avg10") == 2.0
     assert read.by_format["psi"] == 2
@@ -158,7 +166,7 @@ def test_psi_lines_are_signals() -> None:
         ("CUDA0 : Orin (7619 MiB, 3875 MiB free)", 3875 * MIB, 7619 * MIB),
         ("llama_model_load_from_file_impl: using device CUDA0 (Orin) - 3875 MiB free", 3875 * MIB, None),
     ],
-)  # fmt: skip
+)
 def test_cuda_figures(line: str, free: int, total: int | None) -> None:
     _, state, _ = _one(line)
     assert state.value("device_free") == free and state.value("device_total") == total
@@ -173,8 +181,9 @@ def test_integrated_gpu_free_figure_is_a_lower_bound_not_the_answer() -> None:
 
 
 def test_discrete_gpu_uses_the_device_free_figure() -> None:
-    _, state, ob = _one("CUDA0 : NVIDIA GeForce RTX 3060 (12288 MiB, 2000 MiB free)\nMemTotal: 32000000 kB\n"
-                        "MemAvailable: 30000000 kB")  # fmt: skip
+    _, state, ob = _one(
+        "CUDA0 : NVIDIA GeForce RTX 3060 (12288 MiB, 2000 MiB free)\nMemTotal: 32000000 kB\nMemAvailable: 30000000 kB"
+    )
     assert state.integrated is False and ob.bytes == 2000 * MIB
     assert obtainable(state, "host").bytes == 30000000 * 1024
 

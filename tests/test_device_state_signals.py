@@ -44,9 +44,11 @@ def test_jtop_memory_dict() -> None:
 
 @pytest.mark.parametrize(
     ("name", "total", "top"),
-    [("nvmap_clients_htop.txt", 23549320 * KIB, "gpu_burn (pid 7979)"),
-     ("nvmap_clients_gimbal.txt", 141896 * KIB, "gem (pid 4481)")],
-)  # fmt: skip
+    [
+        ("nvmap_clients_htop.txt", 23549320 * KIB, "gpu_burn (pid 7979)"),
+        ("nvmap_clients_gimbal.txt", 141896 * KIB, "gem (pid 4481)"),
+    ],
+)
 def test_nvmap_clients_table(name: str, total: int, top: str) -> None:
     text = (SIGNALS / name).read_text() + "MemAvailable: 4194304 kB\n"
     read = read_state(text.splitlines())
@@ -124,9 +126,13 @@ def test_lmkd_kill_line_is_shown_with_the_victim() -> None:
 
 @pytest.mark.parametrize(
     ("line", "level"),
-    [("onTrimMemory level: 15", 15), ("Memory level: TRIM_MEMORY_RUNNING_CRITICAL", 15),
-     ("I/App: onTrimMemory(80)", 80), ("onTrimMemory level: 7", None)],
-)  # fmt: skip
+    [
+        ("onTrimMemory level: 15", 15),
+        ("Memory level: TRIM_MEMORY_RUNNING_CRITICAL", 15),
+        ("I/App: onTrimMemory(80)", 80),
+        ("onTrimMemory level: 7", None),
+    ],
+)
 def test_trim_levels(line: str, level: int | None) -> None:
     figures = parse_line(line, 1, ParseContext()) or []
     assert {f.field: f.value for f in figures}.get("trim_level") == level
@@ -162,8 +168,16 @@ def test_cli_largest_buffer_and_new_formats(tmp_path: Path) -> None:
     assert {"verdict", "obtainable_bytes", "components"} <= out.keys()
     bad = run_cli(*base, "--largest-buffer", "1GiB")
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "larger than --request" in bad.stderr
-    proc = run_cli("telemetry", "--replay", str(SIGNALS / "jetsam_forum_98522.txt"), "--request", "20MiB",
-                   "--kind", "host", "--json")  # fmt: skip
+    proc = run_cli(
+        "telemetry",
+        "--replay",
+        str(SIGNALS / "jetsam_forum_98522.txt"),
+        "--request",
+        "20MiB",
+        "--kind",
+        "host",
+        "--json",
+    )
     out = json.loads(proc.stdout)
     assert proc.returncode == 1 and out["verdict"] == "fails" and out["obtainable_bytes"] == 960 * 16384
 

@@ -18,9 +18,18 @@ from memwarden.models import devices
 from memwarden.models.devices import DeviceProfile, list_profiles, load_profile, parse_profile
 
 REQUIRED_IDS = {
-    "jetson-orin-nano-8gb", "jetson-orin-nx-16gb", "jetson-agx-orin-64gb", "raspberry-pi-5-8gb", "iphone-15-pro",
-    "galaxy-s24-ultra-12gb", "macbook-air-m2-16gb", "rtx-4060-8gb", "rtx-4090-24gb", "a100-80gb", "h200-141gb",
-}  # fmt: skip
+    "jetson-orin-nano-8gb",
+    "jetson-orin-nx-16gb",
+    "jetson-agx-orin-64gb",
+    "raspberry-pi-5-8gb",
+    "iphone-15-pro",
+    "galaxy-s24-ultra-12gb",
+    "macbook-air-m2-16gb",
+    "rtx-4060-8gb",
+    "rtx-4090-24gb",
+    "a100-80gb",
+    "h200-141gb",
+}
 GIB = 1 << 30
 
 

@@ -19,9 +19,12 @@ GUARD_S = 120
 def doctor(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200", "TERM": "xterm-256color", "FORCE_COLOR": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "memwarden.cli", "doctor", *args], capture_output=True, text=True,
-        timeout=GUARD_S, env=env,
-    )  # fmt: skip
+        [sys.executable, "-m", "memwarden.cli", "doctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=GUARD_S,
+        env=env,
+    )
 
 
 def one_error_line(result: subprocess.CompletedProcess[str], *words: str) -> None:

@@ -226,8 +226,9 @@ def test_cli_exits_1_when_the_request_does_not_fit_the_device(capsys: pytest.Cap
     argv = ["llava-1.5-7b", "--dtype", "float32", "--prompt-tokens", "16", "--new-tokens", "1", "--no-suggest"]
     assert _cli(*argv, "--device-profile", "raspberry-pi-5-8gb", "--json", "--quiet") == 1
     assert json.loads(capsys.readouterr().out)["fits"] is False
-    assert _cli("llava", "--prompt-tokens", "12", "--new-tokens", "1", "--device-profile", "rtx-4060-8gb",
-                "--quiet") == 0  # fmt: skip
+    assert (
+        _cli("llava", "--prompt-tokens", "12", "--new-tokens", "1", "--device-profile", "rtx-4060-8gb", "--quiet") == 0
+    )
 
 
 @pytest.mark.parametrize(
@@ -301,8 +302,11 @@ def test_memwarden_estimate_is_callable() -> None:
 def test_the_short_dtype_names_users_type_mean_the_same(capsys: pytest.CaptureFixture[str]) -> None:
     """bf16, fp16, torch.float32, nf4 and fp8 are what PyTorch, bitsandbytes and transformers users type."""
     outputs = []
-    for argv in (["--dtype", "bfloat16", "--kv-dtype", "float8"], ["--dtype", "bf16", "--kv-dtype", "fp8"],
-                 ["--dtype", "torch.bfloat16", "--kv-dtype", "FP8"]):  # fmt: skip
+    for argv in (
+        ["--dtype", "bfloat16", "--kv-dtype", "float8"],
+        ["--dtype", "bf16", "--kv-dtype", "fp8"],
+        ["--dtype", "torch.bfloat16", "--kv-dtype", "FP8"],
+    ):
         assert _cli("llava", "--prompt-tokens", "12", "--new-tokens", "2", "--json", *argv) == 0
         outputs.append(json.loads(capsys.readouterr().out))
     assert outputs[0] == outputs[1] == outputs[2]

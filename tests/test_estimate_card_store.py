@@ -117,12 +117,16 @@ def test_the_store_can_be_turned_off_and_survives_damage(
 def test_the_command_line_answers_a_repeated_estimate_without_torch(tmp_path: Path) -> None:
     env = {**os.environ, "MEMWARDEN_CACHE": str(_cache_root(tmp_path))}
     env.pop("MEMWARDEN_ESTIMATE_CACHE", None)
-    probe = ("import runpy, sys; sys.argv = ['memwarden', 'estimate', 'smolvlm-256m-instruct', '--image', "
-             "'256x256', '--new-tokens', '2', '--json']\n"
-             "try:\n    runpy.run_module('memwarden', run_name='__main__')\n"
-             "finally:\n    print('torch imported:', 'torch' in sys.modules, file=sys.stderr)")  # fmt: skip
-    outs = [subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600)
-            for _ in range(2)]  # fmt: skip
+    probe = (
+        "import runpy, sys; sys.argv = ['memwarden', 'estimate', 'smolvlm-256m-instruct', '--image', "
+        "'256x256', '--new-tokens', '2', '--json']\n"
+        "try:\n    runpy.run_module('memwarden', run_name='__main__')\n"
+        "finally:\n    print('torch imported:', 'torch' in sys.modules, file=sys.stderr)"
+    )
+    outs = [
+        subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600)
+        for _ in range(2)
+    ]
     assert [o.returncode for o in outs] == [0, 0], outs[0].stderr
     assert outs[0].stdout == outs[1].stdout and json.loads(outs[1].stdout)["peak_bytes"] > 0
     assert "torch imported: True" in outs[0].stderr

@@ -46,8 +46,10 @@ def test_card_on_the_h200_matches_the_real_runs_peaks(run: str) -> None:
     card = card_from_trace(cap.trace, device=load_profile("h200-141gb"))
     real = RUNS[run]
     assert card.runtime is not None
-    for ours, theirs in ((card.runtime["allocated_peak_bytes"], real["max_memory_allocated"]),
-                         (card.runtime["reserved_peak_bytes"], real["max_memory_reserved"])):  # fmt: skip
+    for ours, theirs in (
+        (card.runtime["allocated_peak_bytes"], real["max_memory_allocated"]),
+        (card.runtime["reserved_peak_bytes"], real["max_memory_reserved"]),
+    ):
         assert abs(ours - theirs) <= 0.02 * theirs, (run, ours, theirs)
     # without the runtime lines the tensors alone read 13-95 % low on these small models
     assert card.peak_bytes < 0.9 * real["max_memory_allocated"]

@@ -26,12 +26,22 @@ def test_answer_fits_and_next_step_does_not(model: str, solve: str) -> None:
     assert fit["peak_bytes"] == card.peak_bytes <= budget
     assert fit["next_value"] is not None and fit["next_value"] > fit["value"]
     assert fit["next_peak_bytes"] is None or fit["next_peak_bytes"] > budget
-    kwargs = {"prompt-tokens": {"prompt_tokens": fit["value"]}, "batch": {"batch": fit["value"]},
-              "image": {"images": [(fit["value"], fit["value"])], "max_pixels": fit["value"] ** 2}}[solve]  # fmt: skip
+    kwargs = {
+        "prompt-tokens": {"prompt_tokens": fit["value"]},
+        "batch": {"batch": fit["value"]},
+        "image": {"images": [(fit["value"], fit["value"])], "max_pixels": fit["value"] ** 2},
+    }[solve]
     again = estimate(model, **{"prompt_tokens": 64, "new_tokens": 4, **kwargs})
     assert again.peak_bytes == fit["peak_bytes"]  # the answer is what the plain estimate says
-    assert set(card.to_json()["fit"]) >= {"solve", "value", "peak_bytes", "budget_bytes", "next_value",
-                                          "next_peak_bytes", "settings"}  # fmt: skip
+    assert set(card.to_json()["fit"]) >= {
+        "solve",
+        "value",
+        "peak_bytes",
+        "budget_bytes",
+        "next_value",
+        "next_peak_bytes",
+        "settings",
+    }
 
 
 def test_nothing_fits_is_one_clear_error() -> None:
@@ -151,8 +161,9 @@ def test_image_solve_stops_at_the_context_and_prints_what_the_processor_needs() 
     printed = re.search(r"max_pixels=(\d+)", fit["settings"]["processor kwargs"])
     assert printed is not None and int(printed.group(1)) == side * side
     vc = resolve_model("qwen2-vl").config.vision_config
-    processor = Qwen2VLImageProcessorPil(max_pixels=int(printed.group(1)), patch_size=vc.patch_size,
-                                         merge_size=vc.spatial_merge_size)  # fmt: skip
+    processor = Qwen2VLImageProcessorPil(
+        max_pixels=int(printed.group(1)), patch_size=vc.patch_size, merge_size=vc.spatial_merge_size
+    )
     for w, h in ((side, side), (2 * side, 2 * side), (3 * side, side)):
         grid = processor(images=[np.zeros((h, w, 3), dtype=np.uint8)], return_tensors="pt")["image_grid_thw"][0]
         tokens = int(grid.prod()) // vc.spatial_merge_size**2

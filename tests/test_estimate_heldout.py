@@ -79,8 +79,11 @@ def test_held_out_image_tokens_are_the_processors() -> None:
 
 def test_variants_use_the_processor_of_the_family_that_serves_them() -> None:
     # no image processor under their own model_type: transformers serves them with another family's
-    served = {"qwen2_5_omni_thinker": "Qwen2VLImageProcessorPil", "qwen3_vl_moe": "Qwen2VLImageProcessorPil",
-              "glm4v_moe": "Glm4vImageProcessorPil"}  # fmt: skip
+    served = {
+        "qwen2_5_omni_thinker": "Qwen2VLImageProcessorPil",
+        "qwen3_vl_moe": "Qwen2VLImageProcessorPil",
+        "glm4v_moe": "Glm4vImageProcessorPil",
+    }
     for family, expected in served.items():
         config = transformers.CONFIG_MAPPING[family]()
         assert type(image_processor(family, config)).__name__ == expected

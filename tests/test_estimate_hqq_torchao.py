@@ -63,8 +63,9 @@ def _computed_bytes(model: Any) -> int:
     estimate's weights but in no checkpoint."""
     persistent = set(model.state_dict())
     total = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if n not in persistent)
-    return total + sum(v.numel() * v.element_size() for m in model.modules() for v in vars(m).values()
-                       if isinstance(v, torch.Tensor))  # fmt: skip
+    return total + sum(
+        v.numel() * v.element_size() for m in model.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)
+    )
 
 
 def _assert_holds_the_checkpoint(folder: Path, config: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
@@ -74,8 +75,10 @@ def _assert_holds_the_checkpoint(folder: Path, config: dict[str, Any], dtype: to
     computed = _computed_bytes(_meta_model(config, dtype))
     from_config = estimate(str(folder / "config.json"), prompt_tokens=8, new_tokens=2)
     from_folder = estimate(str(folder), prompt_tokens=8, new_tokens=2)
-    print(f"{folder.name}: safetensors {stored.total_bytes} B, estimate {from_config.weights_bytes - computed} B "
-          f"(config) {from_folder.weights_bytes - computed} B (folder), + {computed} B computed at load")  # fmt: skip
+    print(
+        f"{folder.name}: safetensors {stored.total_bytes} B, estimate {from_config.weights_bytes - computed} B "
+        f"(config) {from_folder.weights_bytes - computed} B (folder), + {computed} B computed at load"
+    )
     assert from_config.weights_bytes == stored.total_bytes + computed, (
         from_config.weights_bytes - computed,
         stored.total_bytes,
@@ -96,8 +99,14 @@ def _assert_holds_the_checkpoint(folder: Path, config: dict[str, Any], dtype: to
 # The checkpoints are quantized and saved in a child process that has it on its path.
 TORCHAO_DIR = Path(sys.prefix) / "torchao"
 HAS_TORCHAO = (TORCHAO_DIR / "torchao").is_dir()
-TORCHAO_CASES = ["int8-weight-only", "int8-weight-only-group32", "int8-dynamic-int8", "float8-weight-only",
-                 "float8-weight-only-per-tensor", "intx-int4-group32"]  # fmt: skip
+TORCHAO_CASES = [
+    "int8-weight-only",
+    "int8-weight-only-group32",
+    "int8-dynamic-int8",
+    "float8-weight-only",
+    "float8-weight-only-per-tensor",
+    "intx-int4-group32",
+]
 _QUANTIZE = """
 import sys, torch, transformers
 import torchao.quantization as tq
@@ -139,8 +148,13 @@ def torchao_checkpoints(tmp_path_factory: pytest.TempPathFactory, dense_bf16: Pa
         "PYTHONPATH": os.pathsep.join(p for p in (str(TORCHAO_DIR), os.environ.get("PYTHONPATH")) if p),
     }
     arch = _config("bfloat16")["architectures"][0]
-    proc = subprocess.run([sys.executable, "-c", _QUANTIZE, arch, str(dense_bf16), str(out), *TORCHAO_CASES],
-                          env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _QUANTIZE, arch, str(dense_bf16), str(out), *TORCHAO_CASES],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
@@ -188,17 +202,33 @@ def hqq_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int,
     root = tmp_path_factory.mktemp("hqq")
     folders = {}
     for nbits, group, axis in HQQ_CASES:
-        quant = {"weight_quant_params": {"nbits": nbits, "channel_wise": True, "group_size": group, "optimize": True,
-                                         "round_zero": nbits == 4, "axis": axis, "view_as_float": False},
-                 "scale_quant_params": None, "zero_quant_params": None, "offload_meta": False}  # fmt: skip
+        quant = {
+            "weight_quant_params": {
+                "nbits": nbits,
+                "channel_wise": True,
+                "group_size": group,
+                "optimize": True,
+                "round_zero": nbits == 4,
+                "axis": axis,
+                "view_as_float": False,
+            },
+            "scale_quant_params": None,
+            "zero_quant_params": None,
+            "offload_meta": False,
+        }
         config = _config("float16", {"quant_method": "hqq", "quant_config": quant, "skip_modules": ["lm_head"]})
         folder = root / f"hqq-{nbits}-{group}-{axis}"
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(config))
         folders[(nbits, group, axis)] = folder
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(HQQ_DIR), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, "-c", _HQQ_QUANTIZE, *map(str, folders.values())], env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _HQQ_QUANTIZE, *map(str, folders.values())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return folders
 
@@ -219,58 +249,114 @@ def test_hqq_checkpoint_written_by_hqq(
 
 
 def _int4_plain(i: int, o: int, g: int, dtype: str) -> Spec:
-    return {"_weight_qdata": ((o, i // 2), "int8"), "_weight_scale": ((i // g, o), dtype),
-            "_weight_zero_point": ((i // g, o), dtype)}  # fmt: skip
+    return {
+        "_weight_qdata": ((o, i // 2), "int8"),
+        "_weight_scale": ((i // g, o), dtype),
+        "_weight_zero_point": ((i // g, o), dtype),
+    }
 
 
 def _int4_tile(i: int, o: int, g: int, _dtype: str) -> Spec:
     k, n = math.ceil(i / 1024) * 1024, math.ceil(o / 8) * 8
-    return {"_weight_qdata": ((n // 8, k // (8 * 16), 32, 8 // 2), "int32"),
-            "_weight_scale_and_zero": ((k // g, n, 2), "bfloat16")}  # fmt: skip
+    return {
+        "_weight_qdata": ((n // 8, k // (8 * 16), 32, 8 // 2), "int32"),
+        "_weight_scale_and_zero": ((k // g, n, 2), "bfloat16"),
+    }
 
 
 def _hqq_meta(dtype: str) -> Spec:
     ints = {k: ((), "int32") for k in ("nbits", "group_size", "axis")}
-    flags = {k: ((), "uint8") for k in ("view_as_float", "quant_scale", "quant_zero", "offload_meta",
-                                         "encoded_state_dict", "stores_quant_config", "channel_wise", "optimize", "round_zero")}  # fmt: skip
-    strings = {"packing": ((7,), "uint8"), "unpack_view_dtype": ((11,), "uint8"),
-               "compute_dtype": ((len(f"torch.{dtype}"),), "uint8")}  # fmt: skip
+    flags = {
+        k: ((), "uint8")
+        for k in (
+            "view_as_float",
+            "quant_scale",
+            "quant_zero",
+            "offload_meta",
+            "encoded_state_dict",
+            "stores_quant_config",
+            "channel_wise",
+            "optimize",
+            "round_zero",
+        )
+    }
+    strings = {
+        "packing": ((7,), "uint8"),
+        "unpack_view_dtype": ((11,), "uint8"),
+        "compute_dtype": ((len(f"torch.{dtype}"),), "uint8"),
+    }
     return {**ints, **flags, **strings, "shape": ((2,), "int64")}
 
 
 def _hqq4_axis1(i: int, o: int, g: int, dtype: str) -> Spec:
-    return {"W_q": ((o * i // g // 2, g), "uint8"), "scale": ((o * i // g, 1), dtype), "zero": ((o * i // g, 1), dtype),
-            **_hqq_meta(dtype)}  # fmt: skip
+    return {
+        "W_q": ((o * i // g // 2, g), "uint8"),
+        "scale": ((o * i // g, 1), dtype),
+        "zero": ((o * i // g, 1), dtype),
+        **_hqq_meta(dtype),
+    }
 
 
 def _hqq3_axis0(i: int, o: int, g: int, dtype: str) -> Spec:
-    return {"W_q": ((math.ceil(g / 10), o * i // g), "int32"), "scale": ((1, o * i // g), dtype),
-            "zero": ((1, o * i // g), dtype), **_hqq_meta(dtype)}  # fmt: skip
+    return {
+        "W_q": ((math.ceil(g / 10), o * i // g), "int32"),
+        "scale": ((1, o * i // g), dtype),
+        "zero": ((1, o * i // g), dtype),
+        **_hqq_meta(dtype),
+    }
 
 
 def _ao(kind: str, data: dict[str, Any]) -> dict[str, Any]:
-    return {"quant_method": "torchao", "modules_to_not_convert": None, "include_input_output_embeddings": False,
-            "untie_embedding_weights": False, "quant_type": {"default": {"_type": kind, "_version": 2, "_data": data}}}  # fmt: skip
+    return {
+        "quant_method": "torchao",
+        "modules_to_not_convert": None,
+        "include_input_output_embeddings": False,
+        "untie_embedding_weights": False,
+        "quant_type": {"default": {"_type": kind, "_version": 2, "_data": data}},
+    }
 
 
 def _hqq(nbits: int, axis: int) -> dict[str, Any]:
-    wqp = {"nbits": nbits, "channel_wise": True, "group_size": 32, "optimize": True, "round_zero": False,
-           "axis": axis, "view_as_float": False}  # fmt: skip
-    return {"quant_method": "hqq", "skip_modules": ["lm_head"],
-            "quant_config": {"weight_quant_params": wqp, "scale_quant_params": None, "zero_quant_params": None,
-                             "offload_meta": False}}  # fmt: skip
+    wqp = {
+        "nbits": nbits,
+        "channel_wise": True,
+        "group_size": 32,
+        "optimize": True,
+        "round_zero": False,
+        "axis": axis,
+        "view_as_float": False,
+    }
+    return {
+        "quant_method": "hqq",
+        "skip_modules": ["lm_head"],
+        "quant_config": {
+            "weight_quant_params": wqp,
+            "scale_quant_params": None,
+            "zero_quant_params": None,
+            "offload_meta": False,
+        },
+    }
 
 
 _PLAIN = {"_type": "Int4PackingFormat", "_data": "PLAIN"}
 # case -> (model dtype, quantization_config, layout of one Linear, bias dtype of a quantized Linear)
 LAYOUTS = {
-    "torchao-int4-plain": ("bfloat16", _ao("Int4WeightOnlyConfig", {"group_size": 32, "int4_packing_format": _PLAIN}),
-                           _int4_plain),
-    "torchao-int4-tile": ("bfloat16", _ao("Int4WeightOnlyConfig", {"group_size": 32, "int4_packing_format": "tile_packed_to_4d",
-                                                                 "int4_tile_packed_ntile": 8}), _int4_tile),
+    "torchao-int4-plain": (
+        "bfloat16",
+        _ao("Int4WeightOnlyConfig", {"group_size": 32, "int4_packing_format": _PLAIN}),
+        _int4_plain,
+    ),
+    "torchao-int4-tile": (
+        "bfloat16",
+        _ao(
+            "Int4WeightOnlyConfig",
+            {"group_size": 32, "int4_packing_format": "tile_packed_to_4d", "int4_tile_packed_ntile": 8},
+        ),
+        _int4_tile,
+    ),
     "hqq-4bit-axis1": ("float16", _hqq(4, 1), _hqq4_axis1),
     "hqq-3bit-axis0": ("float16", _hqq(3, 0), _hqq3_axis0),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(LAYOUTS))
@@ -306,10 +392,19 @@ def test_published_layout_holds_the_checkpoint_bytes(tmp_path: Path, case: str) 
         (_ao("Int4WeightOnlyConfig", {"group_size": 32, "int4_packing_format": "preshuffled"}), "int4_packing_format"),
         (_ao("FqnToConfig", {}), "not emulated"),
         ({**_ao("Int8WeightOnlyConfig", {}), "include_input_output_embeddings": True}, "embeddings"),
-        ({"quant_method": "hqq", "skip_modules": [], "quant_config": {
-            "self_attn.q_proj": _hqq(4, 1)["quant_config"], "mlp.up_proj": _hqq(2, 1)["quant_config"]}}, "per tag"),
+        (
+            {
+                "quant_method": "hqq",
+                "skip_modules": [],
+                "quant_config": {
+                    "self_attn.q_proj": _hqq(4, 1)["quant_config"],
+                    "mlp.up_proj": _hqq(2, 1)["quant_config"],
+                },
+            },
+            "per tag",
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_is_not_emulated_is_refused_with_the_reason(tmp_path: Path, qc: dict[str, Any], match: str) -> None:
     (tmp_path / "config.json").write_text(json.dumps(_config("bfloat16", qc)))
     with pytest.raises(InputError, match=match):
@@ -318,8 +413,11 @@ def test_what_is_not_emulated_is_refused_with_the_reason(tmp_path: Path, qc: dic
 
 def test_hqq_dynamic_config_quantizes_only_its_tags(tmp_path: Path) -> None:
     one = _hqq(4, 1)["quant_config"]
-    qc = {"quant_method": "hqq", "skip_modules": ["lm_head"],
-          "quant_config": {"self_attn.q_proj": one, "mlp.down_proj": one, "self_attn.k_proj": None}}  # fmt: skip
+    qc = {
+        "quant_method": "hqq",
+        "skip_modules": ["lm_head"],
+        "quant_config": {"self_attn.q_proj": one, "mlp.down_proj": one, "self_attn.k_proj": None},
+    }
     (tmp_path / "config.json").write_text(json.dumps(_config("float16", qc)))
     card = estimate(str(tmp_path / "config.json"), prompt_tokens=8, new_tokens=2)
     q = card.quantization
@@ -329,8 +427,10 @@ def test_hqq_dynamic_config_quantizes_only_its_tags(tmp_path: Path) -> None:
 
 
 def test_torchao_modules_to_not_convert_keeps_the_vision_tower(tmp_path: Path) -> None:
-    qc = {**_ao("Int8WeightOnlyConfig", {"granularity": {"_type": "PerRow", "_data": {"dim": -1}}}),
-          "modules_to_not_convert": ["model.visual", "lm_head"]}  # fmt: skip
+    qc = {
+        **_ao("Int8WeightOnlyConfig", {"granularity": {"_type": "PerRow", "_data": {"dim": -1}}}),
+        "modules_to_not_convert": ["model.visual", "lm_head"],
+    }
     (tmp_path / "config.json").write_text(json.dumps(_config("bfloat16", qc)))
     q = estimate(str(tmp_path / "config.json"), prompt_tokens=8, new_tokens=2).quantization
     assert q is not None and q["converted_linears"] == 14  # the text decoder only
@@ -342,12 +442,14 @@ def test_torchao_modules_to_not_convert_keeps_the_vision_tower(tmp_path: Path) -
     ("qc", "kernel"),
     [
         (_ao("Int4WeightOnlyConfig", {"group_size": 32, "int4_packing_format": _PLAIN}), {"dequant_above": None}),
-        (_ao("Int8DynamicActivationInt8WeightConfig", {}),
-         {"dequant_above": None, "act_bytes": 1, "int32_product": True}),
+        (
+            _ao("Int8DynamicActivationInt8WeightConfig", {}),
+            {"dequant_above": None, "act_bytes": 1, "int32_product": True},
+        ),
         (_ao("Int8WeightOnlyConfig", {}), {"dequant_above": 0}),
         (_hqq(4, 1), {"dequant_above": 0}),
     ],
-)  # fmt: skip
+)
 def test_the_meta_run_holds_what_each_torchao_kernel_makes(qc: dict[str, Any], kernel: dict[str, Any]) -> None:
     """int4 multiplies the packed codes (no dequantized weight), the dynamic-activation configs
     quantize the input and keep an int32 product; weight-only and HQQ dequantize every call."""

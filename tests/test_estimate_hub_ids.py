@@ -29,9 +29,10 @@ def test_a_hub_id_in_any_case_is_the_shipped_config_with_its_published_processor
     assert resolved.name == "qwen2-vl-2b-instruct"
     assert resolved.source == str(CONFIG_DIR / "qwen2-vl-2b-instruct.json")
     assert resolved.processor_settings is not None
-    assert {k: resolved.processor_settings[k] for k in ("min_pixels", "max_pixels", "patch_size", "merge_size",
-            "temporal_patch_size")} == {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "merge_size": 2,
-                                        "temporal_patch_size": 2}  # fmt: skip
+    assert {
+        k: resolved.processor_settings[k]
+        for k in ("min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size")
+    } == {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}
 
 
 def test_every_hub_id_names_a_shipped_config_and_every_shipped_config_has_one() -> None:
@@ -48,10 +49,13 @@ def test_every_hub_id_names_a_shipped_config_and_every_shipped_config_has_one() 
 
 @pytest.mark.parametrize(
     ("typed", "suggested"),
-    [("Qwen/Qwen2-VL-2B-Instruc", "Qwen/Qwen2-VL-2B-Instruct"), ("qwen2vl-2b-instruct", "qwen2-vl-2b-instruct"),
-     ("Qwen/Qwen2.5-VL-3B-Instruc", "Qwen/Qwen2.5-VL-3B-Instruct"),
-     ("HuggingFace/SmolVLM-256M-Instruct", "HuggingFaceTB/SmolVLM-256M-Instruct")],
-)  # fmt: skip
+    [
+        ("Qwen/Qwen2-VL-2B-Instruc", "Qwen/Qwen2-VL-2B-Instruct"),
+        ("qwen2vl-2b-instruct", "qwen2-vl-2b-instruct"),
+        ("Qwen/Qwen2.5-VL-3B-Instruc", "Qwen/Qwen2.5-VL-3B-Instruct"),
+        ("HuggingFace/SmolVLM-256M-Instruct", "HuggingFaceTB/SmolVLM-256M-Instruct"),
+    ],
+)
 def test_a_near_miss_is_told_the_nearest_names(typed: str, suggested: str) -> None:
     with pytest.raises(InputError, match=f"unknown model '{typed}' \\(did you mean [^)]*'{suggested}'"):
         resolve_model(typed)

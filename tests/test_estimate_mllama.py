@@ -136,8 +136,9 @@ def test_mllama_image_is_one_clear_error_where_the_processor_refuses_it() -> Non
     resolved = resolve_model(MLLAMA)
     model = meta.build_meta_model(resolved.config, torch.bfloat16, resolved.model_class)
     with pytest.raises(memwarden.errors.InputError, match="max_pixels"):
-        build_request(model, resolved.config, images=((448, 448),), prompt_tokens=8, new_tokens=1, batch=1,
-                      max_pixels=448 * 448)  # fmt: skip
+        build_request(
+            model, resolved.config, images=((448, 448),), prompt_tokens=8, new_tokens=1, batch=1, max_pixels=448 * 448
+        )
 
 
 def _tiny_chameleon() -> dict:
@@ -150,8 +151,9 @@ def _tiny_chameleon() -> dict:
     spelt = {str(d): chr(ord("A") + d) for d in range(10)}
     names = {"IMGIMG" + "".join(spelt[c] for c in str(code)) + "Z": 4 + code for code in range(codes)}
     data["vocabulary_map"] = {"<image>": 8711, **names}
-    data["vq_config"].update(resolution=64, base_channels=32, num_res_blocks=1, embed_dim=32, latent_channels=32,
-                             num_embeddings=codes)  # fmt: skip
+    data["vq_config"].update(
+        resolution=64, base_channels=32, num_res_blocks=1, embed_dim=32, latent_channels=32, num_embeddings=codes
+    )
     data["torch_dtype"] = "bfloat16"
     return data
 

@@ -18,9 +18,14 @@ from memwarden.estimation.resolve import CONFIG_DIR
 # A Qwen2-VL fine-tune that caps images at 256 tokens, as its preprocessor_config.json says it
 # (the legacy key names transformers still reads).
 QWEN_FILE = {
-    "min_pixels": 3136, "max_pixels": 200704, "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2,
-    "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor",
-}  # fmt: skip
+    "min_pixels": 3136,
+    "max_pixels": 200704,
+    "patch_size": 14,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "processor_class": "Qwen2VLProcessor",
+}
 
 
 def _folder(tmp_path: Path, config: str, processor: dict[str, object] | str | None) -> Path:
@@ -65,10 +70,13 @@ def test_smolvlm_folder_tiles_like_transformers_from_pretrained(tmp_path: Path) 
         tiles = reference.get_number_of_image_patches(h, w, {})[0]  # tiles + the global image
         card = est.estimate(str(folder), images=[(w, h)], prompt_tokens=8, new_tokens=1)
         assert card.tokens["vision"] == tiles * per_tile
-    default = est.estimate(str(CONFIG_DIR / "smolvlm-256m-instruct.json"), images=[(1536, 1536)], prompt_tokens=8,
-                           new_tokens=1)  # fmt: skip
-    assert default.tokens["vision"] > est.estimate(str(folder), images=[(1536, 1536)], prompt_tokens=8,
-                                                   new_tokens=1).tokens["vision"]  # fmt: skip
+    default = est.estimate(
+        str(CONFIG_DIR / "smolvlm-256m-instruct.json"), images=[(1536, 1536)], prompt_tokens=8, new_tokens=1
+    )
+    assert (
+        default.tokens["vision"]
+        > est.estimate(str(folder), images=[(1536, 1536)], prompt_tokens=8, new_tokens=1).tokens["vision"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -94,9 +102,14 @@ def test_hostile_processor_files_get_one_clear_error(
 def test_nothing_the_file_names_is_imported(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     folder = _folder(
-        tmp_path, "qwen2-vl-2b-instruct",
-        {**QWEN_FILE, "auto_map": {"AutoImageProcessor": "evil.EvilProcessor"}, "image_processor_type": "EvilProcessor"},
-    )  # fmt: skip
+        tmp_path,
+        "qwen2-vl-2b-instruct",
+        {
+            **QWEN_FILE,
+            "auto_map": {"AutoImageProcessor": "evil.EvilProcessor"},
+            "image_processor_type": "EvilProcessor",
+        },
+    )
     (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\nclass EvilProcessor: pass\n")
     card = est.estimate(str(folder), images=[(448, 448)], prompt_tokens=4, new_tokens=1)
     assert card.tokens["vision"] == 448 * 448 // (28 * 28) and card.processor == "checkpoint"

@@ -27,20 +27,32 @@ from memwarden.record.live.reference import state_bytes as weights_bytes
 NATIVE = (32, 32)  # the fixed-resolution zoo models' image size (tiny)
 
 # (name, request): image (W, H) or audio seconds, prompt_tokens, new_tokens.
-FIXED = [{"image": NATIVE, "prompt": 12, "new": 3}, {"image": NATIVE, "prompt": 64, "new": 3},
-         {"image": NATIVE, "prompt": 64, "new": 8}]  # fmt: skip
-DYNAMIC = [{"image": (112, 112), "prompt": 12, "new": 3}, {"image": (224, 168), "prompt": 12, "new": 3},
-           {"image": (56, 280), "prompt": 12, "new": 3}]  # fmt: skip
-AUDIO = [{"audio": 1.0, "prompt": 12, "new": 3}, {"audio": 0.5, "prompt": 12, "new": 3},
-         {"audio": 1.0, "prompt": 64, "new": 8}]  # fmt: skip
+FIXED = [
+    {"image": NATIVE, "prompt": 12, "new": 3},
+    {"image": NATIVE, "prompt": 64, "new": 3},
+    {"image": NATIVE, "prompt": 64, "new": 8},
+]
+DYNAMIC = [
+    {"image": (112, 112), "prompt": 12, "new": 3},
+    {"image": (224, 168), "prompt": 12, "new": 3},
+    {"image": (56, 280), "prompt": 12, "new": 3},
+]
+AUDIO = [
+    {"audio": 1.0, "prompt": 12, "new": 3},
+    {"audio": 0.5, "prompt": 12, "new": 3},
+    {"audio": 1.0, "prompt": 64, "new": 8},
+]
 
 # gemma3 is measured on prompts of 12 only. With 64 prompt tokens the profiler's peak is ~4.8%
 # above the estimate (1,007,396 B measured vs 959,220 B estimated; above the weights 355,744 vs
 # 307,568 B, -13.5%), for new_tokens 3 and 8 alike. memwarden's own live capture of the same run
 # agrees with the estimate (960,632 B); the gap grows roughly as 7.5 B x (prompt + image tokens)^2
 # (prompt 40: -2.7%, prompt 48: -3.4%), so those requests are left out until it is explained.
-GEMMA3 = [{"image": NATIVE, "prompt": 12, "new": 3}, {"image": NATIVE, "prompt": 12, "new": 8},
-          {"image": NATIVE, "prompt": 12, "new": 3, "batch": 2}]  # fmt: skip
+GEMMA3 = [
+    {"image": NATIVE, "prompt": 12, "new": 3},
+    {"image": NATIVE, "prompt": 12, "new": 8},
+    {"image": NATIVE, "prompt": 12, "new": 3, "batch": 2},
+]
 
 
 def _requests(name: str) -> list[dict[str, Any]]:

@@ -154,8 +154,9 @@ def _computed_bytes(config: dict[str, Any]) -> int:
         model = getattr(transformers, config["architectures"][0])._from_config(cfg, dtype=torch.bfloat16)
     persistent = set(model.state_dict())
     total = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if n not in persistent)
-    return total + sum(v.numel() * v.element_size() for m in model.modules() for v in vars(m).values()
-                       if isinstance(v, torch.Tensor))  # fmt: skip
+    return total + sum(
+        v.numel() * v.element_size() for m in model.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)
+    )
 
 
 def _estimates(folder: Path) -> tuple[dict[str, Any], int, int, Any]:
@@ -177,8 +178,13 @@ def _estimates(folder: Path) -> tuple[dict[str, Any], int, int, Any]:
 def _quantize(script: str, library: Path, out: Path, cases: dict[str, Any], dense: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(library), os.environ.get("PYTHONPATH")) if p)}
     arch = _config()["architectures"][0]
-    proc = subprocess.run([sys.executable, "-c", script, arch, str(dense), str(out), json.dumps(cases)], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", script, arch, str(dense), str(out), json.dumps(cases)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -220,9 +226,11 @@ def test_bitsandbytes_checkpoint_written_by_bitsandbytes(bnb_checkpoints: Path, 
     computed = _computed_bytes(config)
     held = json.loads((bnb_checkpoints / "held.json").read_text())[case]
     double_quant = BNB_CASES[case].get("bnb_4bit_use_double_quant", False)
-    print(f"{case}: safetensors {stored.total_bytes} B, less {sum(dropped.values())} B of loader metadata; "
-          f"estimate {from_config - computed} B (config) {from_folder - computed} B (folder); "
-          f"held after load {held - computed} B, + {computed} B computed at load")  # fmt: skip
+    print(
+        f"{case}: safetensors {stored.total_bytes} B, less {sum(dropped.values())} B of loader metadata; "
+        f"estimate {from_config - computed} B (config) {from_folder - computed} B (folder); "
+        f"held after load {held - computed} B, + {computed} B computed at load"
+    )
     # A folder's estimate is its headers' sum (issue 26: "equals the headers' sum exactly"); the
     # config alone has no metadata tensors, whose JSON (a float offset among it) only the file
     # knows, so it is what the loader holds, less the fp32 offset per double-quantized Linear.
@@ -246,8 +254,10 @@ def test_compressed_tensors_checkpoint_written_by_compressed_tensors(ct_checkpoi
     stored = read_checkpoint(folder)
     assert stored is not None
     computed = _computed_bytes(config)
-    print(f"{case}: safetensors {stored.total_bytes} B, estimate {from_config - computed} B (config) "
-          f"{from_folder - computed} B (folder), + {computed} B computed at load")  # fmt: skip
+    print(
+        f"{case}: safetensors {stored.total_bytes} B, estimate {from_config - computed} B (config) "
+        f"{from_folder - computed} B (folder), + {computed} B computed at load"
+    )
     assert from_config == from_folder == stored.total_bytes + computed
     assert q["method"] == "compressed-tensors"
     assert config["quantization_config"]["format"] in q["description"]

@@ -41,8 +41,9 @@ def _dense_state(config: dict[str, Any]) -> tuple[dict[str, tuple[tuple[int, ...
     with torch.device("meta"):
         model = cls._from_config(cfg, dtype=torch.float16)
     tied = set(model.all_tied_weights_keys)  # save_pretrained drops tied duplicates
-    state = {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in model.state_dict().items()
-             if k not in tied}  # fmt: skip
+    state = {
+        k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in model.state_dict().items() if k not in tied
+    }
     linears = {p for p, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     persistent = set(model.state_dict())
     computed = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if n not in persistent)
@@ -100,16 +101,24 @@ def _awq_gemm(i: int, o: int, g: int) -> dict[str, tuple[tuple[int, ...], str]]:
 
 def _gptq(i: int, o: int, g: int) -> dict[str, tuple[tuple[int, ...], str]]:
     # auto-gptq nn_modules/qlinear/qlinear_cuda_old.py QuantLinear.__init__ (4 bits)
-    return {"qweight": ((i // 32 * 4, o), "int32"), "qzeros": ((math.ceil(i / g), o // 32 * 4), "int32"),
-            "scales": ((math.ceil(i / g), o), "float16"), "g_idx": ((i,), "int32")}  # fmt: skip
+    return {
+        "qweight": ((i // 32 * 4, o), "int32"),
+        "qzeros": ((math.ceil(i / g), o // 32 * 4), "int32"),
+        "scales": ((math.ceil(i / g), o), "float16"),
+        "g_idx": ((i,), "int32"),
+    }
 
 
 def _nf4_dq(i: int, o: int, _g: int) -> dict[str, tuple[tuple[int, ...], str]]:
     # bitsandbytes functional.py QuantState.as_dict(packed=True) with compress_statistics (blocksize 64)
     n = i * o
-    return {"weight": ((n // 2, 1), "uint8"), "weight.absmax": ((n // 64,), "uint8"),
-            "weight.quant_map": ((16,), "float32"), "weight.nested_absmax": ((math.ceil(n / 64 / 256),), "float32"),
-            "weight.nested_quant_map": ((256,), "float32")}  # fmt: skip
+    return {
+        "weight": ((n // 2, 1), "uint8"),
+        "weight.absmax": ((n // 64,), "uint8"),
+        "weight.quant_map": ((16,), "float32"),
+        "weight.nested_absmax": ((math.ceil(n / 64 / 256),), "float32"),
+        "weight.nested_quant_map": ((256,), "float32"),
+    }
 
 
 def _ct_fp8(i: int, o: int, _g: int) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -119,28 +128,66 @@ def _ct_fp8(i: int, o: int, _g: int) -> dict[str, tuple[tuple[int, ...], str]]:
 
 def _ct_w4a16(i: int, o: int, g: int) -> dict[str, tuple[tuple[int, ...], str]]:
     # compressed-tensors pack-quantized (W4A16, symmetric, group): 8 codes per int32
-    return {"weight_packed": ((o, i // 8), "int32"), "weight_scale": ((o, i // g), "float16"),
-            "weight_shape": ((2,), "int64")}  # fmt: skip
+    return {
+        "weight_packed": ((o, i // 8), "int32"),
+        "weight_scale": ((o, i // g), "float16"),
+        "weight_shape": ((2,), "int64"),
+    }
 
 
 _FP8_SCHEME = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}
 _W4_SCHEME = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": True}
 # method -> (quantization_config, layout of one Linear, which Linear modules the loader converts)
 CASES = {
-    "awq": ({"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm", "zero_point": True,
-             "modules_to_not_convert": ["visual"]}, _awq_gemm, lambda p: p.startswith("model.language_model.")),
-    "gptq": ({"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True, "sym": True}, _gptq,
-             lambda p: p.startswith("model.language_model.layers.")),
-    "bnb-nf4": ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
-                 "bnb_4bit_use_double_quant": True, "llm_int8_skip_modules": ["lm_head", "visual.merger"]},
-                _nf4_dq, lambda p: p != "lm_head" and ".merger." not in p),
-    "ct-fp8": ({"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head", "re:visual.*"],
-                "config_groups": {"group_0": {"targets": ["Linear"], "weights": _FP8_SCHEME}}},
-               _ct_fp8, lambda p: p.startswith("model.language_model.")),
-    "ct-w4a16": ({"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head", "re:visual.*"],
-                  "config_groups": {"group_0": {"targets": ["Linear"], "weights": _W4_SCHEME}}},
-                 _ct_w4a16, lambda p: p.startswith("model.language_model.")),
-}  # fmt: skip
+    "awq": (
+        {
+            "quant_method": "awq",
+            "bits": 4,
+            "group_size": 32,
+            "version": "gemm",
+            "zero_point": True,
+            "modules_to_not_convert": ["visual"],
+        },
+        _awq_gemm,
+        lambda p: p.startswith("model.language_model."),
+    ),
+    "gptq": (
+        {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True, "sym": True},
+        _gptq,
+        lambda p: p.startswith("model.language_model.layers."),
+    ),
+    "bnb-nf4": (
+        {
+            "quant_method": "bitsandbytes",
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_use_double_quant": True,
+            "llm_int8_skip_modules": ["lm_head", "visual.merger"],
+        },
+        _nf4_dq,
+        lambda p: p != "lm_head" and ".merger." not in p,
+    ),
+    "ct-fp8": (
+        {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "ignore": ["lm_head", "re:visual.*"],
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": _FP8_SCHEME}},
+        },
+        _ct_fp8,
+        lambda p: p.startswith("model.language_model."),
+    ),
+    "ct-w4a16": (
+        {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "ignore": ["lm_head", "re:visual.*"],
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": _W4_SCHEME}},
+        },
+        _ct_w4a16,
+        lambda p: p.startswith("model.language_model."),
+    ),
+}
 
 
 def _checkpoint_key(path: str) -> str:
@@ -202,8 +249,12 @@ def test_skip_lists_match_as_the_transformers_that_saved_the_config(
     transformers 5 (its keys were ``visual.``); transformers 5 matches skip lists against its own
     module paths (``model.visual.``, quantizers_utils.should_convert_module: from the start or as a
     suffix), so in a config it saved, "visual" keeps nothing and the tower is quantized."""
-    qc = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
-          "llm_int8_skip_modules": ["lm_head", "visual"]}  # fmt: skip
+    qc = {
+        "quant_method": "bitsandbytes",
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "llm_int8_skip_modules": ["lm_head", "visual"],
+    }
     config = _tiny("qwen2-vl-2b-instruct", torch_dtype="float16", quantization_config=qc)
     if version is not None:
         config["transformers_version"] = version

@@ -141,8 +141,13 @@ def test_qwen2_vl_video_like_the_video_processor() -> None:
         patches = grid_t * frames_proc.get_number_of_image_patches(h, w, {})
         assert _video_tokens("qwen2-vl-2b-instruct", (w, h, frames)) == patches // 4
     # several videos and an image: one run of placeholders each
-    card = est.estimate("qwen2-vl-2b-instruct", images=[(448, 448)], videos=[(448, 448, 4), (448, 448, 2)],
-                        prompt_tokens=8, new_tokens=1)  # fmt: skip
+    card = est.estimate(
+        "qwen2-vl-2b-instruct",
+        images=[(448, 448)],
+        videos=[(448, 448, 4), (448, 448, 2)],
+        prompt_tokens=8,
+        new_tokens=1,
+    )
     assert card.tokens["vision"] == 256 + 2 * 256 + 256
 
 
@@ -184,9 +189,11 @@ def test_voxtral_audio_chunked_like_its_processor() -> None:
         card = est.estimate("voxtral-mini-3b-2507", audio_seconds=seconds, prompt_tokens=4, new_tokens=1)
         # the processor's own chunking of the same clip: windows of 3000 mel frames along the batch
         features = transformers.VoxtralProcessor._retrieve_input_features(
-            SimpleNamespace(feature_extractor=extractor), [np.zeros(int(seconds * 16000), np.float32)], window,
+            SimpleNamespace(feature_extractor=extractor),
+            [np.zeros(int(seconds * 16000), np.float32)],
+            window,
             **defaults,
-        )  # fmt: skip
+        )
         assert card.tokens["audio"] == features.shape[0] * per_window
     assert est.estimate("voxtral-mini-3b-2507", prompt_tokens=4, new_tokens=1).tokens["audio"] == 0
 

@@ -87,8 +87,9 @@ def test_an_estimate_runs_the_processor_once_per_image_size(monkeypatch: pytest.
     assert calls == []
     assert again.tokens == first.tokens
     # a different pixel limit is a different processor: run again, and fewer tokens
-    limited = est.estimate("qwen2-vl-2b-instruct", images=[(476, 364)], prompt_tokens=4, new_tokens=1,
-                           max_pixels=100_000)  # fmt: skip
+    limited = est.estimate(
+        "qwen2-vl-2b-instruct", images=[(476, 364)], prompt_tokens=4, new_tokens=1, max_pixels=100_000
+    )
     assert calls.count(((476, 364),)) == 1
     assert limited.tokens["vision"] < first.tokens["vision"]
 

@@ -83,8 +83,9 @@ def test_fit_answers_fit_by_estimate_and_the_next_step_does_not(
 
 def test_a_cuda_fit_compares_the_reserved_peak() -> None:
     """On a CUDA device the answer's reserved peak is what fits; its tensors alone are smaller."""
-    fit = _answer_fits_and_next_does_not("qwen2.5-0.5b-instruct", "rtx-4060-8gb", "batch",
-                                         {"prompt_tokens": 64, "new_tokens": 1})  # fmt: skip
+    fit = _answer_fits_and_next_does_not(
+        "qwen2.5-0.5b-instruct", "rtx-4060-8gb", "batch", {"prompt_tokens": 64, "new_tokens": 1}
+    )
     assert fit["compared"] == "reserved_peak_bytes" and fit["tensor_peak_bytes"] < fit["peak_bytes"]
 
 
@@ -96,8 +97,9 @@ def test_sweep_verdicts_are_the_plain_estimates() -> None:
     data = result.to_json()
     for i, prompt in enumerate(prompts):
         for d in devices:
-            plain = estimate("qwen2.5-0.5b-instruct", prompt_tokens=prompt, new_tokens=1, batch=64, device=d,
-                             suggest=False)  # fmt: skip
+            plain = estimate(
+                "qwen2.5-0.5b-instruct", prompt_tokens=prompt, new_tokens=1, batch=64, device=d, suggest=False
+            )
             point = data["axes"]["prompt_tokens"][i]["devices"][d.id]
             assert point == {"fits": plain.fits, "peak_bytes": plain.device_peak_bytes}
             assert result.fits("prompt_tokens", i, d) is plain.fits

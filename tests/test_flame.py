@@ -76,8 +76,12 @@ def _report(tmp_path: Path) -> tuple[Path, int, str]:
     # traced in a fresh interpreter, as `memwarden trace` runs it: tensors other tests keep alive in
     # this process would be part of the peak
     out = tmp_path / "planted.mwtrace"
-    proc = subprocess.run([sys.executable, "-m", "memwarden", "trace", "-o", str(out), str(script)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "memwarden", "trace", "-o", str(out), str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     trace = memwarden.load(out)
     peak = Analysis(trace).summary.peak_bytes
@@ -130,10 +134,21 @@ def test_flame_graph_widths_add_up_to_the_peak(tmp_path: Path) -> None:
 def test_browser_renders_the_flame_graph(tmp_path: Path) -> None:
     report, peak, _ = _report(tmp_path)
     profile = tempfile.mkdtemp(prefix="chrome-profile-", dir=tmp_path)
-    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom", "--window-size=1400,1000",
-           report.as_uri()]  # fmt: skip
+    cmd = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        "--window-size=1400,1000",
+        report.as_uri(),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stderr[-2000:]
     parser = _Boxes()

@@ -69,14 +69,29 @@ def test_trace_header_nesting_and_huge_numbers() -> None:
 
 
 plain = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=20) | st.binary(max_size=8),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
     max_leaves=30,
-)  # fmt: skip
+)
 snapshot_like = st.fixed_dictionaries(
-    {"segments": st.lists(st.dictionaries(st.sampled_from(["device", "address", "total_size", "blocks", "stream"]), plain), max_size=3),
-     "device_traces": st.lists(st.lists(st.dictionaries(st.sampled_from(["action", "addr", "size", "time_us", "frames", "stream"]), plain), max_size=4), max_size=2)}
-)  # fmt: skip
+    {
+        "segments": st.lists(
+            st.dictionaries(st.sampled_from(["device", "address", "total_size", "blocks", "stream"]), plain), max_size=3
+        ),
+        "device_traces": st.lists(
+            st.lists(
+                st.dictionaries(st.sampled_from(["action", "addr", "size", "time_us", "frames", "stream"]), plain),
+                max_size=4,
+            ),
+            max_size=2,
+        ),
+    }
+)
 
 
 @FAST
@@ -119,8 +134,9 @@ json_values = st.recursive(
 )
 config_like = st.dictionaries(
     st.sampled_from(["model_type", "text_config", "vision_config", "architectures", "image_token_index", "vocab_size"]),
-    json_values, max_size=5,
-).map(lambda d: {"model_type": "llava", **d} if len(d) % 2 else d)  # fmt: skip
+    json_values,
+    max_size=5,
+).map(lambda d: {"model_type": "llava", **d} if len(d) % 2 else d)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
@@ -134,10 +150,16 @@ def test_config_loader(data: bytes, tmp_path_factory) -> None:
         resolve_model(str(path))
 
 
-@pytest.mark.parametrize("text", [
-    b"[" * 100_000, b'{"model_type": ' + b"9" * 5000 + b"}", b'{"model_type": []}',
-    b'{"model_type": "llava", "text_config": {"num_hidden_layers": 1000000000}}',
-], ids=["deep", "digits", "list-model-type", "absurd-size"])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"[" * 100_000,
+        b'{"model_type": ' + b"9" * 5000 + b"}",
+        b'{"model_type": []}',
+        b'{"model_type": "llava", "text_config": {"num_hidden_layers": 1000000000}}',
+    ],
+    ids=["deep", "digits", "list-model-type", "absurd-size"],
+)
 def test_config_loader_known_gaps(text: bytes, tmp_path) -> None:
     from memwarden.estimation.resolve import resolve_model
 

@@ -72,8 +72,12 @@ def test_diagnose_config_refuses_a_fifo_before_opening_it(seed_trace: Path, tmp_
     fifo = tmp_path / "t.toml"
     os.mkfifo(fifo)  # opening it for reading would wait for a writer for ever
     # a subprocess, so the old code (which blocked in open()) fails the test instead of hanging it
-    proc = subprocess.run([sys.executable, "-m", "memwarden.cli", "diagnose", "--config", str(fifo), str(seed_trace)],
-                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "memwarden.cli", "diagnose", "--config", str(fifo), str(seed_trace)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "not a regular file" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -112,11 +116,15 @@ def test_every_threshold_a_detector_reads_has_a_rule() -> None:
 def test_a_fifo_given_as_a_trace_is_refused_without_blocking(seed_trace: Path, tmp_path: Path) -> None:
     fifo = tmp_path / "trace.mwtrace"
     os.mkfifo(fifo)
-    for argv in (["summary", str(fifo)], ["compare", str(fifo), str(seed_trace)], ["export", "--format", "chrome",
-                 "-o", str(tmp_path / "c.json"), str(fifo)]):  # fmt: skip
+    for argv in (
+        ["summary", str(fifo)],
+        ["compare", str(fifo), str(seed_trace)],
+        ["export", "--format", "chrome", "-o", str(tmp_path / "c.json"), str(fifo)],
+    ):
         # a subprocess, so the old code (which blocked in open()) fails the test instead of hanging it
-        proc = subprocess.run([sys.executable, "-m", "memwarden.cli", *argv], capture_output=True, text=True,
-                              timeout=240)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "memwarden.cli", *argv], capture_output=True, text=True, timeout=240
+        )
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert "not a regular file" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -149,7 +157,7 @@ def test_step_numbers_past_int64_are_dropped_at_parse(tmp_path: Path, capsys) ->
             "input_ids": ids,
             "tokens": {"text": 2**80},
             "batch": 1,
-        }  # fmt: skip
+        }
         for i in range(2)
     ] + [{"phase": "decode", "start_us": 2**70, "end_us": 2**71}]
     path = tmp_path / "steps.mwtrace"
@@ -174,8 +182,11 @@ def test_heatmap_of_a_device_without_allocations(seed_trace: Path, tmp_path: Pat
 def test_align_check_refuses_an_absurd_samples_per_frame(where: str, tmp_path: Path, capsys) -> None:
     """10^80 samples per frame passed as "positive" and the aligner asked numpy for that many."""
     header = [{"type": "header", "audio_per_frame": 10**80}] if where == "header" else []
-    records = header + [{"type": t, "t_s": i * 0.04, **({"samples": 640} if t == "audio" else {})}
-                        for i in range(10) for t in ("audio", "video")]  # fmt: skip
+    records = header + [
+        {"type": t, "t_s": i * 0.04, **({"samples": 640} if t == "audio" else {})}
+        for i in range(10)
+        for t in ("audio", "video")
+    ]
     log = tmp_path / "a.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in records))
     argv = ["align-check", str(log), *(["--audio-per-frame", "9" * 80] if where == "flag" else [])]
@@ -217,11 +228,13 @@ def test_estimate_sweep_with_infinite_audio(capsys) -> None:
 
 @pytest.mark.parametrize(
     ("argv", "expected"),
-    [(["estimate", "qwen2-vl-2b-instruct", "--batch", "1" + "0" * 400], "--batch 1000"),
-     (["trace", "--ring", "1e999", "SCRIPT"], "--ring inf: give the window in seconds"),
-     (["trace", "--ring", "nan", "SCRIPT"], "--ring nan: give the window in seconds"),
-     (["telemetry", "--json", "--count", "9" * 400], "--count 99999999999999999999...: too large")],
-)  # fmt: skip
+    [
+        (["estimate", "qwen2-vl-2b-instruct", "--batch", "1" + "0" * 400], "--batch 1000"),
+        (["trace", "--ring", "1e999", "SCRIPT"], "--ring inf: give the window in seconds"),
+        (["trace", "--ring", "nan", "SCRIPT"], "--ring nan: give the window in seconds"),
+        (["telemetry", "--json", "--count", "9" * 400], "--count 99999999999999999999...: too large"),
+    ],
+)
 def test_numbers_past_any_real_request_are_one_error(argv: list[str], expected: str, tmp_path: Path, capsys) -> None:
     """Found by the CLI fuzzer: a TypeError deep in torch.randint and an OverflowError in the ring
     supervisor; now refused where the flag is read."""
@@ -280,8 +293,14 @@ def test_a_device_past_256_tib_is_one_error_in_the_planners(tmp_path: Path, caps
     trace = loads(bench_fuzz.seed_trace())
     nbytes = trace.events["nbytes"].copy()
     nbytes[nbytes > 0] = 2**48  # the largest one event may declare
-    big = Trace(events={**trace.events, "nbytes": nbytes}, spans=trace.spans, strings=trace.strings,
-                shapes=trace.shapes, devices=trace.devices, metadata=trace.metadata)  # fmt: skip
+    big = Trace(
+        events={**trace.events, "nbytes": nbytes},
+        spans=trace.spans,
+        strings=trace.strings,
+        shapes=trace.shapes,
+        devices=trace.devices,
+        metadata=trace.metadata,
+    )
     path = tmp_path / "big.mwtrace"
     path.write_bytes(dumps(big))
     assert "more than 256 TiB" in one_error_line(["plan", str(path)], capsys)
@@ -310,8 +329,9 @@ def _zoo_config(tmp_path: Path, name: str, **vision: int) -> Path:
         ("llava", {"image_size": 32768, "patch_size": 1024}, "vision_config.image_size"),  # PIL MemoryError
     ],
 )
-def test_config_dimensions_beyond_any_real_model(name: str, vision: dict[str, int], field: str, tmp_path: Path,
-                                                 capsys) -> None:  # fmt: skip
+def test_config_dimensions_beyond_any_real_model(
+    name: str, vision: dict[str, int], field: str, tmp_path: Path, capsys
+) -> None:
     from memwarden.errors import InputError
     from memwarden.estimation.resolve import resolve_model
 
@@ -352,8 +372,13 @@ def adapter(tmp_path: Path) -> Path:
     from safetensors.numpy import save_file
 
     path = tmp_path / "adapter.safetensors"
-    save_file({"base_model.model.layers.0.q_proj.lora_A.weight": np.ones((2, 8), np.float32),
-               "base_model.model.layers.0.q_proj.lora_B.weight": np.zeros((8, 2), np.float32)}, str(path))  # fmt: skip
+    save_file(
+        {
+            "base_model.model.layers.0.q_proj.lora_A.weight": np.ones((2, 8), np.float32),
+            "base_model.model.layers.0.q_proj.lora_B.weight": np.zeros((8, 2), np.float32),
+        },
+        str(path),
+    )
     return path
 
 
@@ -361,13 +386,14 @@ def adapter(tmp_path: Path) -> Path:
 def test_lora_refuses_a_device_before_reading_it(command: str, adapter: Path, tmp_path: Path) -> None:
     """``lora diff OLD /dev/zero`` read the device until MemoryError. A subprocess under a 3 GiB
     address-space limit, so the old code fails the test instead of taking the machine's memory."""
-    argv = {"diff": ["diff", str(adapter), "/dev/zero", "-o", str(tmp_path / "d.st")],
-            "apply": ["apply", str(adapter), "/dev/zero", "-o", str(tmp_path / "n.st")],
-            "manifest": ["manifest", "/dev/zero"]}[command]  # fmt: skip
+    argv = {
+        "diff": ["diff", str(adapter), "/dev/zero", "-o", str(tmp_path / "d.st")],
+        "apply": ["apply", str(adapter), "/dev/zero", "-o", str(tmp_path / "n.st")],
+        "manifest": ["manifest", "/dev/zero"],
+    }[command]
     code = "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
     code += "from memwarden.cli import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.run([sys.executable, "-c", code, "lora", *argv], capture_output=True, text=True,
-                          timeout=240)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code, "lora", *argv], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "/dev/zero: not a regular file" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -379,8 +405,19 @@ def test_short_command_fuzz_run(tmp_path: Path, capsys) -> None:
     """A few cases of the kinds that need no model build; the full run (10,000 of each kind,
     estimate and CLI arguments included) is in docs/benchmarks.md."""
     out = tmp_path / "fuzz.json"
-    argv = ["--n", "12", "--kinds", "thresholds,trace,snapshot", "--seed", "7", "--keep", str(tmp_path / "k"),
-            "--out", str(out), "--json"]  # fmt: skip
+    argv = [
+        "--n",
+        "12",
+        "--kinds",
+        "thresholds,trace,snapshot",
+        "--seed",
+        "7",
+        "--keep",
+        str(tmp_path / "k"),
+        "--out",
+        str(out),
+        "--json",
+    ]
     status = bench_fuzz_commands.main(argv)
     results = json.loads(out.read_text())["results"]
     assert [r["kind"] for r in results] == ["thresholds", "trace", "snapshot"]

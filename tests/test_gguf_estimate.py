@@ -35,8 +35,19 @@ def _tensor(w: object, name: str, shape: tuple[int, ...], qtype: object | None) 
         w.add_tensor(name, arr.astype(np.float16) if len(shape) > 1 else arr)  # type: ignore[attr-defined]
 
 
-def write_lm(path: Path, *, arch: str = "llama", n_layer: int = 2, d: int = 64, heads: int = 2, kv_heads: int = 1,
-             ff: int = 128, vocab: int = 1000, qtype: object | None = None, sliding_window: int = 0) -> Path:  # fmt: skip
+def write_lm(
+    path: Path,
+    *,
+    arch: str = "llama",
+    n_layer: int = 2,
+    d: int = 64,
+    heads: int = 2,
+    kv_heads: int = 1,
+    ff: int = 128,
+    vocab: int = 1000,
+    qtype: object | None = None,
+    sliding_window: int = 0,
+) -> Path:
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_context_length(2048)
@@ -51,8 +62,15 @@ def write_lm(path: Path, *, arch: str = "llama", n_layer: int = 2, d: int = 64, 
     _tensor(w, "token_embd.weight", (d, vocab), qtype)
     for il in range(n_layer):
         _tensor(w, f"blk.{il}.attn_norm.weight", (d,), None)
-        for name, shape in (("attn_q", (d, d)), ("attn_k", (d, kv_dim)), ("attn_v", (d, kv_dim)),
-                            ("attn_output", (d, d)), ("ffn_gate", (d, ff)), ("ffn_up", (d, ff)), ("ffn_down", (ff, d))):  # fmt: skip
+        for name, shape in (
+            ("attn_q", (d, d)),
+            ("attn_k", (d, kv_dim)),
+            ("attn_v", (d, kv_dim)),
+            ("attn_output", (d, d)),
+            ("ffn_gate", (d, ff)),
+            ("ffn_up", (d, ff)),
+            ("ffn_down", (ff, d)),
+        ):
             _tensor(w, f"blk.{il}.{name}.weight", shape, qtype)
         _tensor(w, f"blk.{il}.ffn_norm.weight", (d,), None)
     _tensor(w, "output_norm.weight", (d,), None)
@@ -64,15 +82,28 @@ def write_lm(path: Path, *, arch: str = "llama", n_layer: int = 2, d: int = 64, 
     return path
 
 
-def write_mmproj(path: Path, proj_type: str, *, image_size: int, patch_size: int, n_embd: int = 32,
-                 extra: dict[str, int] | None = None) -> Path:  # fmt: skip
+def write_mmproj(
+    path: Path,
+    proj_type: str,
+    *,
+    image_size: int,
+    patch_size: int,
+    n_embd: int = 32,
+    extra: dict[str, int] | None = None,
+) -> Path:
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_string("clip.projector_type", proj_type)
     w.add_bool("clip.has_vision_encoder", True)
-    for key, value in {"clip.vision.image_size": image_size, "clip.vision.patch_size": patch_size,
-                       "clip.vision.embedding_length": n_embd, "clip.vision.feed_forward_length": 2 * n_embd,
-                       "clip.vision.attention.head_count": 2, "clip.vision.block_count": 1,
-                       "clip.vision.projection_dim": 64, **(extra or {})}.items():  # fmt: skip
+    for key, value in {
+        "clip.vision.image_size": image_size,
+        "clip.vision.patch_size": patch_size,
+        "clip.vision.embedding_length": n_embd,
+        "clip.vision.feed_forward_length": 2 * n_embd,
+        "clip.vision.attention.head_count": 2,
+        "clip.vision.block_count": 1,
+        "clip.vision.projection_dim": 64,
+        **(extra or {}),
+    }.items():
         w.add_uint32(key, value)
     _tensor(w, "v.patch_embd.weight", (patch_size, patch_size, 3, n_embd), None)  # f16: 2 B each
     _tensor(w, "mm.0.weight", (n_embd, 64), None)
@@ -109,7 +140,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             image_size=560,
             patch_size=14,
             extra={"clip.vision.n_wa_pattern": 8},
-        ),  # fmt: skip
+        ),
         "gemma3p": write_mmproj(d / "mmproj-gemma3.gguf", "gemma3", image_size=896, patch_size=14),
         "llava": write_mmproj(d / "mmproj-llava.gguf", "mlp", image_size=336, patch_size=14),
         "smolvlm": write_mmproj(
@@ -118,7 +149,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             image_size=512,
             patch_size=16,
             extra={"clip.vision.projector.scale_factor": 4, "clip.vision.preproc_image_size": 1536},
-        ),  # fmt: skip
+        ),
     }
 
 
@@ -128,8 +159,10 @@ def test_weights_by_stored_type(files: dict[str, Path]) -> None:
     # Q4_K: 144 B per 256 values; n_embd 256 rows are 144 B, FFN 512 rows 288 B, K/V 128 x 256 rows
     d, ff, kv, vocab = 256, 512, 128, 1000
     per_layer = 144 * d + 144 * kv * 2 + 144 * d + 144 * ff * 2 + 288 * d + 2 * 4 * d
-    assert estimate_gguf(str(files["q4k"])).weights.by_type == {"Q4_K": 2 * 144 * vocab + 2 * (per_layer - 8 * d),
-                                                                 "F32": 2 * 8 * d + 4 * d}  # fmt: skip
+    assert estimate_gguf(str(files["q4k"])).weights.by_type == {
+        "Q4_K": 2 * 144 * vocab + 2 * (per_layer - 8 * d),
+        "F32": 2 * 8 * d + 4 * d,
+    }
 
 
 def test_kv_cache_by_cache_type_and_padding(files: dict[str, Path]) -> None:
@@ -226,14 +259,34 @@ def test_mmproj_weights_and_warmup_compute(files: dict[str, Path]) -> None:
 
 
 def test_json_keys_and_budget_verdict(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["estimate", str(files["f16"]), "--mmproj", str(files["qwen2vl"]), "--image", "1000x600",
-            "--image", "20x20", "-c", "4096", "--json"]  # fmt: skip
+    args = [
+        "estimate",
+        str(files["f16"]),
+        "--mmproj",
+        str(files["qwen2vl"]),
+        "--image",
+        "1000x600",
+        "--image",
+        "20x20",
+        "-c",
+        "4096",
+        "--json",
+    ]
     assert main([*args, "--budget", "1GiB"]) == 0
     data = json.loads(capsys.readouterr().out)
     llama = data["llama_cpp"]
-    for key in ("model_buffer_bytes", "kv_buffer_bytes", "compute_buffer_bytes", "mmproj_buffer_bytes",
-                "mmproj_compute_bytes", "image_tokens", "weights_bytes", "kv_cache_bytes", "compute_bytes",
-                "mmproj_weights_bytes"):  # fmt: skip
+    for key in (
+        "model_buffer_bytes",
+        "kv_buffer_bytes",
+        "compute_buffer_bytes",
+        "mmproj_buffer_bytes",
+        "mmproj_compute_bytes",
+        "image_tokens",
+        "weights_bytes",
+        "kv_cache_bytes",
+        "compute_bytes",
+        "mmproj_weights_bytes",
+    ):
         assert isinstance(llama[key], int), key
     assert llama["image_tokens"] == 36 * 21 + 9
     assert llama["weights_bytes"] == F16_WEIGHTS and llama["kv_cache_bytes"] == 4096 * 2 * 128
@@ -280,8 +333,11 @@ HOSTILE = {
     "tensor dims": _header(n_tensors=1) + struct.pack("<Q", 1) + b"t" + struct.pack("<I", 9) + b"\0" * 64,
     "tensor type": _header(n_tensors=1) + struct.pack("<Q", 1) + b"t" + struct.pack("<IQIQ", 1, 32, 999, 0),
     "tensor past the end": _header(n_tensors=1) + struct.pack("<Q", 1) + b"t" + struct.pack("<IQIQ", 1, 1 << 30, 0, 0),
-    "tensor elements": _header(n_tensors=1) + struct.pack("<Q", 1) + b"t" + struct.pack("<IQQIQ", 2, 1 << 40, 1 << 40, 0, 0),
-}  # fmt: skip
+    "tensor elements": _header(n_tensors=1)
+    + struct.pack("<Q", 1)
+    + b"t"
+    + struct.pack("<IQQIQ", 2, 1 << 40, 1 << 40, 0, 0),
+}
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))

@@ -42,8 +42,9 @@ def test_qwen2vl_buffers_match_llama_cpp(cache: str, tmp_path_factory: pytest.Te
     image = bench._image(out / "img.png", 640, 480)  # type: ignore[attr-defined]
     real = bench.run_mtmd(BINARY, model, mmproj, image, 2048, cache, cache)  # type: ignore[attr-defined]
     assert real["rc"] == 0, real["log_tail"]
-    ours = estimate_gguf(str(model), mmproj_path=str(mmproj), images=((640, 480),), n_ctx=2048,
-                         cache_type_k=cache, cache_type_v=cache).to_json()["llama_cpp"]  # fmt: skip
+    ours = estimate_gguf(
+        str(model), mmproj_path=str(mmproj), images=((640, 480),), n_ctx=2048, cache_type_k=cache, cache_type_v=cache
+    ).to_json()["llama_cpp"]
     assert ours["image_tokens"] == real["image_tokens"]
     for key in ("model_buffer_bytes", "kv_buffer_bytes"):  # llama.cpp logs MiB with two decimals
         assert abs(ours[key] - real[key]) <= max(0.03 * real[key], 0.01 * 1024 * 1024), key

@@ -32,8 +32,10 @@ def test_thermal_event_halves_the_budget_and_nothing_fails(name):
     per_turn = len(samples) // config.turns
     budgets = []
     with torch.inference_mode():  # plain transformers' answers, computed outside the measurement
-        expected = [model.generate(**conversation_inputs(model, config, turn), max_new_tokens=config.new_tokens, **gk)
-                    for turn in range(config.turns)]  # fmt: skip
+        expected = [
+            model.generate(**conversation_inputs(model, config, turn), max_new_tokens=config.new_tokens, **gk)
+            for turn in range(config.turns)
+        ]
     with Capture() as cap, torch.inference_mode():
         session = GovernedSession(model, budget=controller)
         for turn in range(config.turns):

@@ -36,12 +36,27 @@ def test_specs_parse() -> None:
 
 @pytest.mark.parametrize(
     "spec",
-    ["", "jitter", "jitter:", "jitter:size=128MiB", "jitter:size=12XB,period=1ms", "jitter:size=1MiB,period=-1s",
-     "jitter:size=1MiB,period=1ms,size=2MiB", "jitter:size=1MiB,period=1ms,color=red", "squeeze:at=1s,to=150%",
-     "squeeze:at=1s,to=0%", "squeeze:at=forever,to=50%", "telemetry:period=0ms", "telemetry:period=1s,temp=a..b",
-     "telemetry:period=1s,temp=nan", "boom:x=1", "jitter:size=1MiB,period=1ms,hold", "x" * 5000,
-     "squeeze:at=1e400s,to=50%"],
-)  # fmt: skip
+    [
+        "",
+        "jitter",
+        "jitter:",
+        "jitter:size=128MiB",
+        "jitter:size=12XB,period=1ms",
+        "jitter:size=1MiB,period=-1s",
+        "jitter:size=1MiB,period=1ms,size=2MiB",
+        "jitter:size=1MiB,period=1ms,color=red",
+        "squeeze:at=1s,to=150%",
+        "squeeze:at=1s,to=0%",
+        "squeeze:at=forever,to=50%",
+        "telemetry:period=0ms",
+        "telemetry:period=1s,temp=a..b",
+        "telemetry:period=1s,temp=nan",
+        "boom:x=1",
+        "jitter:size=1MiB,period=1ms,hold",
+        "x" * 5000,
+        "squeeze:at=1e400s,to=50%",
+    ],
+)
 def test_bad_specs_raise_one_clear_error(spec: str) -> None:
     with pytest.raises(InputError, match="bad --inject spec") as info:
         parse_inject(spec)

@@ -70,8 +70,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     # the constraints pin torch to the CPU build on this machine's disk (never a CUDA download)
-    done = subprocess.run([*pip, "-c", str(REPO / "constraints.txt"), str(checkout)], capture_output=True,
-                          text=True, timeout=1800)  # fmt: skip
+    done = subprocess.run(
+        [*pip, "-c", str(REPO / "constraints.txt"), str(checkout)], capture_output=True, text=True, timeout=1800
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     work = root / "work"
     work.mkdir()
@@ -83,19 +84,33 @@ def _run(
     installed: tuple[Path, dict[str, str], Path], *args: str, timeout: int = 600
 ) -> subprocess.CompletedProcess[str]:
     venv, env, work = installed
-    return subprocess.run([str(venv / "bin" / "memwarden"), *args], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [str(venv / "bin" / "memwarden"), *args], cwd=work, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_the_install_is_the_runtime_only(installed: tuple[Path, dict[str, str], Path]) -> None:
     venv, env, work = installed
-    listed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=json"], env=env,
-                            capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    listed = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "list", "--format=json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     names = {p["name"].lower() for p in json.loads(listed.stdout)}
     assert {"memwarden", "torch", "transformers"} <= names
     assert not names & set(TEST_TOOLS), names & set(TEST_TOOLS)
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import memwarden; print(memwarden.__file__)"],
-                           cwd=work, env=env, capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import memwarden; print(memwarden.__file__)"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     assert Path(where.stdout.strip()).is_relative_to(venv)  # the installed copy, not the checkout
 
 

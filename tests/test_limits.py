@@ -27,8 +27,13 @@ def _files(directory: Path, **files: str) -> Path:
 
 
 def test_cgroup_v2_limits_and_usage_less_reclaimable_cache(tmp_path):
-    cg = _files(tmp_path, memory_max=str(450 * MIB), memory_high="max", memory_current=str(300 * MIB),
-                memory_stat=f"anon {200 * MIB}\ninactive_file {50 * MIB}\nactive_file 0")  # fmt: skip
+    cg = _files(
+        tmp_path,
+        memory_max=str(450 * MIB),
+        memory_high="max",
+        memory_current=str(300 * MIB),
+        memory_stat=f"anon {200 * MIB}\ninactive_file {50 * MIB}\nactive_file 0",
+    )
     limits = read_cgroup(cg)
     assert limits.cgroup_max_bytes == 450 * MIB and limits.cgroup_high_bytes is None
     assert limits.available_bytes == 200 * MIB  # 450 - (300 - 50)
@@ -43,8 +48,13 @@ def test_cgroup_v2_high_binds_below_max_and_ancestors_count(tmp_path):
 
 
 def test_cgroup_v1_names(tmp_path):
-    cg = _files(tmp_path, memory_limit_in_bytes=str(1024 * MIB), memory_soft_limit_in_bytes="9223372036854771712",
-                memory_usage_in_bytes=str(600 * MIB), memory_stat=f"total_inactive_file {100 * MIB}")  # fmt: skip
+    cg = _files(
+        tmp_path,
+        memory_limit_in_bytes=str(1024 * MIB),
+        memory_soft_limit_in_bytes="9223372036854771712",
+        memory_usage_in_bytes=str(600 * MIB),
+        memory_stat=f"total_inactive_file {100 * MIB}",
+    )
     limits = read_cgroup(cg)
     assert (limits.cgroup_max_bytes, limits.cgroup_high_bytes) == (1024 * MIB, None)  # v1's "no limit" is none
     assert limits.available_bytes == 524 * MIB
@@ -82,8 +92,7 @@ def test_telemetry_under_rlimit_as_reports_the_limit():
             sample = t.sample()
         print(sample.mem_total_bytes, sample.mem_available_bytes, t.origin["mem_available_bytes"])
     """
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     total, available, origin = proc.stdout.split()
     assert int(total) <= 1500 * MIB and int(available) < 1500 * MIB
@@ -96,8 +105,13 @@ def test_read_limits_without_a_limit_is_none(tmp_path):
     assert limits.cgroup_used_bytes == 5
 
 
-@pytest.mark.parametrize("line", ["RAM 99999999999999999999/99999999999999999999MB CPU [1%@100]",
-                                  "RAM 1/2MB SWAP 99999999999999999999/99999999999999999999MB"])  # fmt: skip
+@pytest.mark.parametrize(
+    "line",
+    [
+        "RAM 99999999999999999999/99999999999999999999MB CPU [1%@100]",
+        "RAM 1/2MB SWAP 99999999999999999999/99999999999999999999MB",
+    ],
+)
 def test_tegrastats_figures_out_of_range_are_refused(line):
     with pytest.raises(ValueError, match="out of range"):
         parse_tegrastats(line)
@@ -121,8 +135,9 @@ def test_blank_telemetry_lines_are_read_in_bounded_memory(tmp_path):
         resource.setrlimit(resource.RLIMIT_AS, (mapped + 100 * 2**20, resource.RLIM_INFINITY))
         print(len(load_log(sys.argv[1])))
     """
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script), str(log)], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), str(log)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["2"]
 
@@ -161,8 +176,9 @@ def test_campaign_config_mistakes_are_one_error(fields, problem):
 
 
 def test_a_good_campaign_config_still_parses():
-    text = _CONFIG.format(model="llava", mode="governed", workload="governed = false",
-                          serving="[serving.options]\nkv_fraction = 0.5")  # fmt: skip
+    text = _CONFIG.format(
+        model="llava", mode="governed", workload="governed = false", serving="[serving.options]\nkv_fraction = 0.5"
+    )
     config = parse_config(text.encode())
     assert config.options == {"kv_fraction": 0.5} and config.workload["governed"] is False
 
@@ -171,7 +187,11 @@ def test_stress_refuses_a_bad_config_before_running(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(_CONFIG.format(model="llava", mode="os:system", workload="", serving=""))
     good = Path(__file__).parents[1] / "examples" / "stress" / "plain.toml"
-    proc = subprocess.run([sys.executable, "-m", "memwarden.cli", "stress", "--a", str(bad), "--b", str(good),
-                           "--runs", "1"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "memwarden.cli", "stress", "--a", str(bad), "--b", str(good), "--runs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert len(proc.stderr.strip().splitlines()) == 1 and "standard library" in proc.stderr, proc.stderr

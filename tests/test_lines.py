@@ -24,8 +24,9 @@ MIB = 1 << 20
 
 
 def run_cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memwarden.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "memwarden.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 def _line_of(source: str, marker: str) -> int:
@@ -109,8 +110,12 @@ def test_torch_snapshot_frames_shown_by_memory_viz(tmp_path: Path) -> None:
     snap = tmp_path / "snap.pickle"
     assert run_cli("export", "--format", "torch-snapshot", "-o", str(snap), str(out)).returncode == 0
     html = tmp_path / "plot.html"
-    proc = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", str(snap), "-o", str(html)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", str(snap), "-o", str(html)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     # The page embeds what it shows: the snapshot, base64-encoded, whose frames the viewer prints.
     encoded = re.search(r'"base64": "([^"]+)"', html.read_text())
@@ -263,9 +268,11 @@ def test_steps_record_the_callers_line_and_top_lines_name_it(tmp_path: Path) -> 
     call, inside = _line_of(here, "# the caller keeps every output"), _line_of(here, "# inside the forward")
     steps = steps_of(cap.trace)
     assert len(steps) == 4
-    assert all(s.call_site is not None and s.call_site.endswith(f"test_lines.py:{call}:"
-                                                                "test_steps_record_the_callers_line_and_top_lines_name_it")
-               for s in steps)  # fmt: skip
+    assert all(
+        s.call_site is not None
+        and s.call_site.endswith(f"test_lines.py:{call}:test_steps_record_the_callers_line_and_top_lines_name_it")
+        for s in steps
+    )
     top = summary(cap.trace).top_lines_at_peak
     assert top[0].line == call and Path(top[0].file).name == "test_lines.py"
     assert all(x.line != inside for x in top)  # the forward's own line is the caller's here

@@ -266,8 +266,14 @@ def test_a_transformers_adapter_with_rank_patterns_and_a_module_trained_in_full_
 
     def build(seed: int) -> torch.nn.Module:
         torch.manual_seed(0)
-        config = LlamaConfig(num_hidden_layers=3, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                             num_key_value_heads=2, vocab_size=128)  # fmt: skip
+        config = LlamaConfig(
+            num_hidden_layers=3,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+        )
         lora = LoraConfig(
             r=8, target_modules="all-linear", rank_pattern={"up_proj": 4, "down_proj": 4}, modules_to_save=["lm_head"]
         )

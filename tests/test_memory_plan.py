@@ -58,24 +58,59 @@ def test_the_first_plan_from_numbers_alone() -> None:
         calls.append(1)
         return 30 * MiB
 
-    roomy = plan_memory(budget_bytes=1 << 30, weights_bytes=100 * MiB, page_size_bytes=page, block_size=block,
-                        min_kv_tokens=64, example_tokens=100, example_reserve=reserve)  # fmt: skip
+    roomy = plan_memory(
+        budget_bytes=1 << 30,
+        weights_bytes=100 * MiB,
+        page_size_bytes=page,
+        block_size=block,
+        min_kv_tokens=64,
+        example_tokens=100,
+        example_reserve=reserve,
+    )
     assert roomy.min_pool_bytes == page * 7  # 100 tokens: 7 blocks, more than min_kv_tokens' 4
     assert roomy.reserve_bytes == (1 << 30) // 10 and not roomy.stream  # a tenth of the budget, above 30 MiB
     assert roomy.needs_bytes == 100 * MiB + page * 7 + 30 * MiB
-    tight = plan_memory(budget_bytes=120 * MiB, weights_bytes=100 * MiB, page_size_bytes=page, block_size=block,
-                        min_kv_tokens=64, example_tokens=100, example_reserve=reserve)  # fmt: skip
+    tight = plan_memory(
+        budget_bytes=120 * MiB,
+        weights_bytes=100 * MiB,
+        page_size_bytes=page,
+        block_size=block,
+        min_kv_tokens=64,
+        example_tokens=100,
+        example_reserve=reserve,
+    )
     assert tight.stream and tight.reserve_bytes == 30 * MiB  # weights + KV + activations > budget: stream
-    never = plan_memory(budget_bytes=120 * MiB, weights_bytes=100 * MiB, page_size_bytes=page, block_size=block,
-                        min_kv_tokens=64, example_tokens=100, example_reserve=reserve, stream=False)  # fmt: skip
+    never = plan_memory(
+        budget_bytes=120 * MiB,
+        weights_bytes=100 * MiB,
+        page_size_bytes=page,
+        block_size=block,
+        min_kv_tokens=64,
+        example_tokens=100,
+        example_reserve=reserve,
+        stream=False,
+    )
     assert not never.stream
-    given = plan_memory(budget_bytes=120 * MiB, weights_bytes=10 * MiB, page_size_bytes=page, block_size=block,
-                        min_kv_tokens=64, reserve_bytes=5 * MiB, example_reserve=reserve)  # fmt: skip
+    given = plan_memory(
+        budget_bytes=120 * MiB,
+        weights_bytes=10 * MiB,
+        page_size_bytes=page,
+        block_size=block,
+        min_kv_tokens=64,
+        reserve_bytes=5 * MiB,
+        example_reserve=reserve,
+    )
     before = len(calls)
     assert given.reserve_bytes == 5 * MiB and given.min_pool_bytes == page * 4 and len(calls) == before
     # without an example the predictor is not asked (it runs a prediction)
-    plan_memory(budget_bytes=1 << 30, weights_bytes=0, page_size_bytes=page, block_size=block, min_kv_tokens=64,
-                example_reserve=reserve)  # fmt: skip
+    plan_memory(
+        budget_bytes=1 << 30,
+        weights_bytes=0,
+        page_size_bytes=page,
+        block_size=block,
+        min_kv_tokens=64,
+        example_reserve=reserve,
+    )
     assert len(calls) == before
 
 

@@ -25,8 +25,18 @@ def _backend(x: tuple[int, ...], w: tuple[int, ...], g: tuple[Any, ...], dtype: 
         return torch.empty((), dtype=dtype).expand(shape)
 
     stride, padding, dilation, transposed, output_padding, groups = g
-    return torch._C._select_conv_backend(stand_in(x), stand_in(w), None, list(stride), list(padding), list(dilation),
-                                         transposed, list(output_padding), groups, None)  # fmt: skip
+    return torch._C._select_conv_backend(
+        stand_in(x),
+        stand_in(w),
+        None,
+        list(stride),
+        list(padding),
+        list(dilation),
+        transposed,
+        list(output_padding),
+        groups,
+        None,
+    )
 
 
 def _shape(pattern: tuple[tuple[bool, int, str], ...]) -> list[tuple[bool, int, str]]:
@@ -39,8 +49,7 @@ def _shape(pattern: tuple[tuple[bool, int, str], ...]) -> list[tuple[bool, int, 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_a_short_probe_shows_the_blocks_of_the_full_one(x: tuple, w: tuple, g: tuple, dtype: torch.dtype) -> None:
     chosen = _backend(x, w, g, dtype)
-    short = conv._shorter(x, w, g, 2 if dtype == torch.bfloat16 else 4, chosen,
-                          lambda xs: _backend(xs, w, g, dtype))  # fmt: skip
+    short = conv._shorter(x, w, g, 2 if dtype == torch.bfloat16 else 4, chosen, lambda xs: _backend(xs, w, g, dtype))
     if "Slow" not in str(chosen):
         assert short is None  # oneDNN's reorders may follow the shape: probed at the real one
         return

@@ -45,8 +45,14 @@ def test_trace_without_a_compiler_falls_back_with_one_warning(tmp_path: Path) ->
     script.write_text(SCRIPT)
     out = tmp_path / "t.mwtrace"
     env = {**os.environ, "CXX": "/nonexistent/c++", "MEMWARDEN_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-m", "memwarden", "trace", "-o", str(out), str(script)], env=env,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "memwarden", "trace", "-o", str(out), str(script)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "done (32, 8)" in done.stdout
     lines = done.stderr.splitlines()

@@ -209,9 +209,12 @@ def _synthetic_mlp(path: Path) -> dict[str, np.ndarray]:
         helper.make_node("Softmax", ["d"], ["y"], name="/head/Softmax", axis=-1),
     ]
     graph = helper.make_graph(
-        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512, 512])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512, 512])], initializer=[w1, w2],
-    )  # fmt: skip
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512, 512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512, 512])],
+        initializer=[w1, w2],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return {"x": rng.random((512, 512), dtype=np.float32)}
 
@@ -276,8 +279,16 @@ def test_pattern_planner_best_fit() -> None:
     kib = 1024
     # a(4) b(2) c(4) at 0, 4, 6; a and c go; d(2) fits a's old place and the tail (6-10) with the
     # same waste: the first wins; e(4) then fits only the tail; f(8) goes on top: 10 + 8.
-    trace = [(True, 1, 4 * kib), (True, 2, 2 * kib), (True, 3, 4 * kib), (False, 1, 0), (False, 3, 0),
-             (True, 4, 2 * kib), (True, 5, 4 * kib), (True, 6, 8 * kib)]  # fmt: skip
+    trace = [
+        (True, 1, 4 * kib),
+        (True, 2, 2 * kib),
+        (True, 3, 4 * kib),
+        (False, 1, 0),
+        (False, 3, 0),
+        (True, 4, 2 * kib),
+        (True, 5, 4 * kib),
+        (True, 6, 8 * kib),
+    ]
     assert pattern_bytes(trace) == 18 * kib
     # sizes round up to 64 B
     assert pattern_bytes([(True, 1, 1), (True, 2, 65)]) == 64 + 128
@@ -323,14 +334,19 @@ def _rounded_scratch_graph(path: Path) -> dict[str, np.ndarray]:
         helper.make_node("ReduceSum", ["b"], ["s"], name="/sum/ReduceSum", keepdims=0),
         helper.make_node("Where", ["cond", "x", "s"], ["y"], name="/mask/Where"),
     ]
-    inputs = [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n"]),
-              helper.make_tensor_value_info("cond", TensorProto.BOOL, [1]),
-              helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m"])]  # fmt: skip
+    inputs = [
+        helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n"]),
+        helper.make_tensor_value_info("cond", TensorProto.BOOL, [1]),
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m"]),
+    ]
     graph = helper.make_graph(nodes, "where", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     rng = np.random.default_rng(0)
-    return {"a": rng.standard_normal(6 << 18, dtype=np.float32), "cond": np.array([True]),
-            "x": rng.standard_normal(1 << 20, dtype=np.float32)}  # fmt: skip
+    return {
+        "a": rng.standard_normal(6 << 18, dtype=np.float32),
+        "cond": np.array([True]),
+        "x": rng.standard_normal(1 << 20, dtype=np.float32),
+    }
 
 
 def test_arena_off_scratch_is_not_rounded_to_arena_chunks(tmp_path: Path) -> None:
@@ -349,8 +365,11 @@ def test_arena_off_scratch_is_not_rounded_to_arena_chunks(tmp_path: Path) -> Non
     settings = OrtSettings(arena=False, mem_pattern=False)
     trace = capture_onnx(path, [feeds, feeds], settings=settings)
     ev = trace.events
-    scratch = [int(n) for c, o, n in zip(ev["category"], ev["op"], ev["nbytes"], strict=True)
-               if c == Category.TEMPORARY and trace.string(int(o)) == "Where"]  # fmt: skip
+    scratch = [
+        int(n)
+        for c, o, n in zip(ev["category"], ev["op"], ev["nbytes"], strict=True)
+        if c == Category.TEMPORARY and trace.string(int(o)) == "Where"
+    ]
     assert scratch and max(scratch) <= (4 << 20) + 256, scratch  # the request, not its 8 MiB chunk
     measured = measure_run(path, feeds, settings, runs=2).malloc_peak_bytes
     assert measured is not None

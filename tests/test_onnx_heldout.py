@@ -47,8 +47,15 @@ class _Logits(torch.nn.Module):  # type: ignore[misc]
         return getattr(self.model(**dict(zip(self.names, args, strict=True))), self.output)
 
 
-def _export(path: Path, model: torch.nn.Module, feeds: dict[str, np.ndarray], dynamic: dict[str, dict[int, str]],
-            output: str, *, external: bool = False) -> dict[str, np.ndarray]:  # fmt: skip
+def _export(
+    path: Path,
+    model: torch.nn.Module,
+    feeds: dict[str, np.ndarray],
+    dynamic: dict[str, dict[int, str]],
+    output: str,
+    *,
+    external: bool = False,
+) -> dict[str, np.ndarray]:
     import onnx
 
     torch.manual_seed(0)
@@ -56,12 +63,26 @@ def _export(path: Path, model: torch.nn.Module, feeds: dict[str, np.ndarray], dy
     args = tuple(torch.from_numpy(v) for v in feeds.values())
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the tracer's warnings about Python control flow in transformers
-        torch.onnx.export(wrapper, args, str(path), input_names=list(feeds), output_names=[output],
-                          dynamic_axes=dynamic, opset_version=17, dynamo=False)  # fmt: skip
+        torch.onnx.export(
+            wrapper,
+            args,
+            str(path),
+            input_names=list(feeds),
+            output_names=[output],
+            dynamic_axes=dynamic,
+            opset_version=17,
+            dynamo=False,
+        )
     if external:
         proto = onnx.load(str(path))
-        onnx.save(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=path.name + ".data", size_threshold=0)  # fmt: skip
+        onnx.save(
+            proto,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=path.name + ".data",
+            size_threshold=0,
+        )
     np.savez(path.with_suffix(".npz"), **feeds)  # type: ignore[arg-type]
     return feeds
 
@@ -75,21 +96,57 @@ def heldout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     torch.manual_seed(0)
     paths = {name: out / f"{name}.onnx" for name in ("vit", "llama", "resnet16")}
     # ViT, batch 4: the attention probabilities are 2.4 MiB, the MLP's 1.5 MiB, several MiB live
-    vit = tf.ViTForImageClassification(tf.ViTConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                                    intermediate_size=512, image_size=224, patch_size=16, num_labels=10))  # fmt: skip
-    _export(paths["vit"], vit, {"pixel_values": rng.standard_normal((4, 3, 224, 224), dtype=np.float32)},
-            {"pixel_values": {0: "batch"}}, "logits")  # fmt: skip
-    llama = tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
-                                               num_key_value_heads=2, intermediate_size=128, vocab_size=512,
-                                               use_cache=False, attn_implementation="eager"))  # fmt: skip
-    _export(paths["llama"], llama, {"input_ids": rng.integers(0, 512, (1, 32), dtype=np.int64),
-                                    "attention_mask": np.ones((1, 32), dtype=np.int64)},
-            {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}, "logits",
-            external=True)  # fmt: skip
-    resnet = tf.ResNetForImageClassification(tf.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
-                                                             num_labels=4)).half()  # fmt: skip
-    _export(paths["resnet16"], resnet, {"pixel_values": rng.standard_normal((1, 3, 64, 64)).astype(np.float16)},
-            {"pixel_values": {0: "batch"}}, "logits")  # fmt: skip
+    vit = tf.ViTForImageClassification(
+        tf.ViTConfig(
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=512,
+            image_size=224,
+            patch_size=16,
+            num_labels=10,
+        )
+    )
+    _export(
+        paths["vit"],
+        vit,
+        {"pixel_values": rng.standard_normal((4, 3, 224, 224), dtype=np.float32)},
+        {"pixel_values": {0: "batch"}},
+        "logits",
+    )
+    llama = tf.LlamaForCausalLM(
+        tf.LlamaConfig(
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            vocab_size=512,
+            use_cache=False,
+            attn_implementation="eager",
+        )
+    )
+    _export(
+        paths["llama"],
+        llama,
+        {
+            "input_ids": rng.integers(0, 512, (1, 32), dtype=np.int64),
+            "attention_mask": np.ones((1, 32), dtype=np.int64),
+        },
+        {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}},
+        "logits",
+        external=True,
+    )
+    resnet = tf.ResNetForImageClassification(
+        tf.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=4)
+    ).half()
+    _export(
+        paths["resnet16"],
+        resnet,
+        {"pixel_values": rng.standard_normal((1, 3, 64, 64)).astype(np.float16)},
+        {"pixel_values": {0: "batch"}},
+        "logits",
+    )
     return paths
 
 
@@ -101,8 +158,9 @@ def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 
 
 @pytest.mark.parametrize("name", ["vit", "llama", "resnet16"])
-def test_trace_and_every_reader(heldout: dict[str, Path], name: str, tmp_path: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_trace_and_every_reader(
+    heldout: dict[str, Path], name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     model = heldout[name]
     out = tmp_path / "x.mwtrace"
     trace = ["trace", "--onnx", str(model), "--inputs", str(model.with_suffix(".npz")), "-o", str(out)]
@@ -134,12 +192,15 @@ def test_dynamic_axes_capture_within_5_percent_of_malloc_counter(heldout: dict[s
 
 
 @pytest.mark.parametrize("device", PROFILES)
-def test_partition_fits_and_beats_every_baseline(heldout: dict[str, Path], device: str,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_partition_fits_and_beats_every_baseline(
+    heldout: dict[str, Path], device: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     for name in ("vit", "llama"):
         model = heldout[name]
-        code, text, _ = _run(["partition", str(model), "--device-profile", device,
-                              "--inputs", str(model.with_suffix(".npz")), "--json"], capsys)  # fmt: skip
+        code, text, _ = _run(
+            ["partition", str(model), "--device-profile", device, "--inputs", str(model.with_suffix(".npz")), "--json"],
+            capsys,
+        )
         assert code == 0
         result = json.loads(text)
         best = result["solution"]
@@ -163,11 +224,22 @@ def test_partition_sizes_dynamic_axes(heldout: dict[str, Path], capsys: pytest.C
     assert sized.output_bytes.sum() > 3.9 * one.output_bytes.sum()
     code, _, err = _run(["partition", str(model), "--device-profile", "iphone-15-pro", "--json"], capsys)
     assert code == 0 and "batch taken as 1" in err
-    code, text, _ = _run(["partition", str(model), "--device-profile", "iphone-15-pro", "--dim", "batch=4", "--json"],
-                         capsys)  # fmt: skip
+    code, text, _ = _run(
+        ["partition", str(model), "--device-profile", "iphone-15-pro", "--dim", "batch=4", "--json"], capsys
+    )
     assert code == 0 and json.loads(text)["input_dims"] == {"batch": 4}
-    code, text, _ = _run(["partition", str(model), "--device-profile", "iphone-15-pro", "--json",
-                          "--inputs", str(model.with_suffix(".npz"))], capsys)  # fmt: skip
+    code, text, _ = _run(
+        [
+            "partition",
+            str(model),
+            "--device-profile",
+            "iphone-15-pro",
+            "--json",
+            "--inputs",
+            str(model.with_suffix(".npz")),
+        ],
+        capsys,
+    )
     assert code == 0 and json.loads(text)["input_dims"] == {"batch": 4}  # the static axes are not listed
 
 
@@ -199,8 +271,13 @@ def test_mixed_fp16_fp32_graph_keeps_each_width(tmp_path: Path) -> None:
         helper.make_node("Softmax", ["h32"], ["p32"], name="/attn/Softmax"),  # fp32
         helper.make_node("Cast", ["p32"], ["y"], name="/down/Cast", to=TensorProto.FLOAT16),
     ]
-    graph = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 64])], [w])  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "mixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 64])],
+        [w],
+    )
     model = tmp_path / "mixed.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
     problem = load_problem(model, load_compute_units("iphone-15-pro"), dims={"batch": 8})
@@ -210,15 +287,17 @@ def test_mixed_fp16_fp32_graph_keeps_each_width(tmp_path: Path) -> None:
     assert list(as_fp16.output_bytes) == [8 * 64 * 2] * 4
 
 
-def test_external_data_is_read_from_the_models_folder(heldout: dict[str, Path], tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_external_data_is_read_from_the_models_folder(
+    heldout: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     model = heldout["llama"]
     assert (model.parent / (model.name + ".data")).is_file()
     moved = tmp_path / model.name
     moved.write_bytes(model.read_bytes())  # the graph without its .onnx.data beside it
-    for args in (["partition", str(moved), "--device-profile", "iphone-15-pro"],
-                 ["trace", "--onnx", str(moved), "--inputs", str(model.with_suffix(".npz")), "-o",
-                  str(tmp_path / "y.mwtrace")]):  # fmt: skip
+    for args in (
+        ["partition", str(moved), "--device-profile", "iphone-15-pro"],
+        ["trace", "--onnx", str(moved), "--inputs", str(model.with_suffix(".npz")), "-o", str(tmp_path / "y.mwtrace")],
+    ):
         code, _, err = _run(args, capsys)
         assert code == 2 and len(err.strip().splitlines()) == 1 and "data" in err, err
 
@@ -231,8 +310,14 @@ def test_bad_partition_arguments_fail_with_one_line(
     np.savez(wrong, pixel_values=np.zeros((2, 3, 64, 64), np.float32))
     other = tmp_path / "other.npz"
     np.savez(other, input_ids=np.zeros((2, 8), np.int64))
-    for extra in (["--dim", "batch"], ["--dim", "nosuch=2"], ["--dim", "batch=0"], ["--inputs", str(wrong)],
-                  ["--inputs", str(other)], ["--inputs", str(tmp_path / "none.npz")]):  # fmt: skip
+    for extra in (
+        ["--dim", "batch"],
+        ["--dim", "nosuch=2"],
+        ["--dim", "batch=0"],
+        ["--inputs", str(wrong)],
+        ["--inputs", str(other)],
+        ["--inputs", str(tmp_path / "none.npz")],
+    ):
         code, _, err = _run(["partition", str(model), "--device-profile", "iphone-15-pro", *extra], capsys)
         assert code == 2 and len(err.strip().splitlines()) == 1, err
 
@@ -245,8 +330,10 @@ def test_ops_the_tables_do_not_know(tmp_path: Path, capsys: pytest.CaptureFixtur
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    init = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
-            numpy_helper.from_array(rng.standard_normal((32,)).astype(np.float32), "b")]  # fmt: skip
+    init = [
+        numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal((32,)).astype(np.float32), "b"),
+    ]
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"], name="/stem/Conv", pads=[1, 1, 1, 1]),
         helper.make_node("GridSample", ["c", "grid"], ["g"], name="/warp/GridSample"),
@@ -256,9 +343,16 @@ def test_ops_the_tables_do_not_know(tmp_path: Path, capsys: pytest.CaptureFixtur
         helper.make_node("Mul", ["a", "h"], ["m"], name="/mix/Mul"),
         helper.make_node("Celu", ["m"], ["y"], name="/out/Celu"),
     ]
-    graph = helper.make_graph(nodes, "odd", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 32, 32]),
-                                             helper.make_tensor_value_info("grid", TensorProto.FLOAT, ["batch", 32, 32, 2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 32, 32])], init)  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "odd",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 32, 32]),
+            helper.make_tensor_value_info("grid", TensorProto.FLOAT, ["batch", 32, 32, 2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 32, 32])],
+        init,
+    )
     proto = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     )
@@ -266,27 +360,39 @@ def test_ops_the_tables_do_not_know(tmp_path: Path, capsys: pytest.CaptureFixtur
     model = tmp_path / "odd.onnx"
     onnx.save(proto, str(model))
     feeds = tmp_path / "odd.npz"
-    np.savez(feeds, x=rng.standard_normal((2, 3, 32, 32)).astype(np.float32),
-             grid=rng.uniform(-1, 1, (2, 32, 32, 2)).astype(np.float32))  # fmt: skip
+    np.savez(
+        feeds,
+        x=rng.standard_normal((2, 3, 32, 32)).astype(np.float32),
+        grid=rng.uniform(-1, 1, (2, 32, 32, 2)).astype(np.float32),
+    )
     out = tmp_path / "odd.mwtrace"
     assert _run(["trace", "--onnx", str(model), "--inputs", str(feeds), "-o", str(out)], capsys)[0] == 0
     assert _run(["summary", str(out)], capsys)[0] == 0
     for device in PROFILES:
-        code, text, _ = _run(["partition", str(model), "--device-profile", device, "--inputs", str(feeds), "--json"],
-                             capsys)  # fmt: skip
+        code, text, _ = _run(
+            ["partition", str(model), "--device-profile", device, "--inputs", str(feeds), "--json"], capsys
+        )
         assert code == 0 and json.loads(text)["solution"]["feasible"]
     nodes[4] = helper.make_node("MysteryOp", ["n"], ["a"], name="/act/MysteryOp", domain="com.example")
-    proto = helper.make_model(helper.make_graph(nodes, "mystery", graph.input, graph.output, init),
-                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])  # fmt: skip
+    proto = helper.make_model(
+        helper.make_graph(nodes, "mystery", graph.input, graph.output, init),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
+    )
     proto.ir_version = 8
     onnx.save(proto, str(model))
     # in a process of its own: ORT's C++ logger writes to the real stderr, which capsys does not see
-    done = subprocess.run([sys.executable, "-m", "memwarden", "trace", "--onnx", str(model), "--inputs", str(feeds),
-                           "-o", str(out)], capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "memwarden", "trace", "--onnx", str(model), "--inputs", str(feeds), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "MysteryOp" in done.stderr
-    code, text, _ = _run(["partition", str(model), "--device-profile", "iphone-15-pro", "--inputs", str(feeds), "--json"],
-                         capsys)  # fmt: skip
+    code, text, _ = _run(
+        ["partition", str(model), "--device-profile", "iphone-15-pro", "--inputs", str(feeds), "--json"], capsys
+    )
     assert code == 0 and json.loads(text)["solution"]["feasible"]
 
 
@@ -304,8 +410,9 @@ def test_a_graph_that_fits_no_unit_exits_1_with_one_line(
     )
     model = heldout["vit"]
     feeds = str(model.with_suffix(".npz"))
-    code, text, err = _run(["partition", str(model), "--device-profile", str(profile), "--inputs", feeds, "--json"],
-                           capsys)  # fmt: skip
+    code, text, err = _run(
+        ["partition", str(model), "--device-profile", str(profile), "--inputs", feeds, "--json"], capsys
+    )
     assert code == 1
     assert not json.loads(text)["solution"]["feasible"]
     assert len(err.strip().splitlines()) == 1 and "no assignment fits" in err, err

@@ -34,7 +34,9 @@ def one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return lines[0]
 
 
-def limited_cli(args: list[str], *, mem_gib: float = 1.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def limited_cli(
+    args: list[str], *, mem_gib: float = 1.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The CLI in a subprocess under an address-space limit (what the campaign's "1 GB" means: the
     command must not need more). No time limit is asserted; the subprocess timeout only stops a hang."""
 
@@ -42,8 +44,15 @@ def limited_cli(args: list[str], *, mem_gib: float = 1.0, env: dict[str, str] | 
         cap = int(mem_gib * 1024**3) + 2 * 1024**3  # + the interpreter's, numpy's and ORT's mappings
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
-    return subprocess.run([sys.executable, "-m", "memwarden.cli", *args], capture_output=True, text=True,
-                          preexec_fn=limit, timeout=300, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "memwarden.cli", *args],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
 
 
 # -- 1. declared shapes against the machine, before inference or ORT -------------------------------
@@ -65,8 +74,9 @@ def test_constant_of_shape_bomb_never_reaches_ort(tmp_path: Path, capsys: pytest
     onnx.save(hostile.constant_of_shape_model(1 << 40), str(model))
     feeds = tmp_path / "f.npz"
     save_feeds(feeds, {})
-    line = one_error_line(["trace", "--onnx", str(model), "--inputs", str(feeds), "-o", str(tmp_path / "o.mwtrace")],
-                          capsys)  # fmt: skip
+    line = one_error_line(
+        ["trace", "--onnx", str(model), "--inputs", str(feeds), "-o", str(tmp_path / "o.mwtrace")], capsys
+    )
     assert "ConstantOfShape" in line or "holds no arrays" in line
 
 
@@ -83,8 +93,10 @@ def test_unbounded_loop_is_stopped_and_leaves_no_temp_folder(tmp_path: Path, tri
     tmp.mkdir()
     out = tmp_path / "o.mwtrace"
     env = dict(os.environ, TMPDIR=str(tmp))
-    done = limited_cli(["trace", "--onnx", str(model), "--inputs", str(tmp_path / "f.npz"), "-o", str(out),
-                        "--loop-timeout", "1"], env=env)  # fmt: skip
+    done = limited_cli(
+        ["trace", "--onnx", str(model), "--inputs", str(tmp_path / "f.npz"), "-o", str(out), "--loop-timeout", "1"],
+        env=env,
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "Loop '/loop/Loop' did not finish within 1 s" in done.stderr
     assert not out.exists()
@@ -106,8 +118,24 @@ def test_loop_with_input_trip_count_runs_under_limits_when_it_ends(tmp_path: Pat
     onnx.save(hostile.loop_model(None), str(model))
     save_feeds(tmp_path / "f.npz", {"x": np.ones(1, dtype=np.float32), "M": np.array(5, dtype=np.int64)})
     out = tmp_path / "o.mwtrace"
-    assert main(["trace", "--onnx", str(model), "--inputs", str(tmp_path / "f.npz"), "-o", str(out), "--arena", "off",
-                 "--loop-timeout", "120"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "trace",
+                "--onnx",
+                str(model),
+                "--inputs",
+                str(tmp_path / "f.npz"),
+                "-o",
+                str(out),
+                "--arena",
+                "off",
+                "--loop-timeout",
+                "120",
+            ]
+        )
+        == 0
+    )
     assert out.stat().st_size > 0
 
 
@@ -120,8 +148,10 @@ def test_npz_bomb_is_refused_from_its_header(tmp_path: Path) -> None:
     assert bomb.stat().st_size < 2 * 1024**2
     model = tmp_path / "m.onnx"
     onnx.save(hostile.tiny_model(), str(model))
-    for args in (["trace", "--onnx", str(model), "--inputs", str(bomb), "-o", str(tmp_path / "o.mwtrace")],
-                 ["partition", str(model), "--device-profile", PROFILE, "--inputs", str(bomb)]):  # fmt: skip
+    for args in (
+        ["trace", "--onnx", str(model), "--inputs", str(bomb), "-o", str(tmp_path / "o.mwtrace")],
+        ["partition", str(model), "--device-profile", PROFILE, "--inputs", str(bomb)],
+    ):
         done = limited_cli(args, mem_gib=0.5)
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1 and "over the 268,435,456-byte limit for feeds" in done.stderr
@@ -131,8 +161,9 @@ def test_npy_as_inputs_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     np.save(tmp_path / "x.npy", np.ones((2, 4), dtype=np.float32))
     model = tmp_path / "m.onnx"
     onnx.save(hostile.tiny_model(), str(model))
-    line = one_error_line(["trace", "--onnx", str(model), "--inputs", str(tmp_path / "x.npy"), "-o",
-                           str(tmp_path / "o.mwtrace")], capsys)  # fmt: skip
+    line = one_error_line(
+        ["trace", "--onnx", str(model), "--inputs", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.mwtrace")], capsys
+    )
     assert "a single .npy array" in line
 
 
@@ -144,8 +175,17 @@ def test_input_named_file(tmp_path: Path, arena: str) -> None:
     onnx.save(model, str(tmp_path / "m.onnx"))
     save_feeds(tmp_path / "f.npz", {"file": np.ones((2, 4), dtype=np.float32)})
     assert np.load(tmp_path / "f.npz")["file"].shape == (2, 4)  # numpy reads what save_feeds wrote
-    argv = ["trace", "--onnx", str(tmp_path / "m.onnx"), "--inputs", str(tmp_path / "f.npz"), "-o",
-            str(tmp_path / "o.mwtrace"), "--arena", arena]  # fmt: skip
+    argv = [
+        "trace",
+        "--onnx",
+        str(tmp_path / "m.onnx"),
+        "--inputs",
+        str(tmp_path / "f.npz"),
+        "-o",
+        str(tmp_path / "o.mwtrace"),
+        "--arena",
+        arena,
+    ]
     assert main(argv) == 0
 
 
@@ -164,22 +204,41 @@ def _no_data_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(np.lib.format, "read_array", refuse)
 
 
-@pytest.mark.parametrize(("array", "match"), [
-    (np.zeros((2, 4, 1024, 128), dtype=np.float32), "has shape (2, 4, 1024, 128); the model's input is ('batch', 4)"),
-    (np.zeros((2, 3), dtype=np.float32), "has shape (2, 3); the model's input is ('batch', 4)"),
-    (np.zeros((2, 4), dtype=np.int64), "is int64; the model's input is float32"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("array", "match"),
+    [
+        (
+            np.zeros((2, 4, 1024, 128), dtype=np.float32),
+            "has shape (2, 4, 1024, 128); the model's input is ('batch', 4)",
+        ),
+        (np.zeros((2, 3), dtype=np.float32), "has shape (2, 3); the model's input is ('batch', 4)"),
+        (np.zeros((2, 4), dtype=np.int64), "is int64; the model's input is float32"),
+    ],
+)
 def test_trace_refuses_a_feed_the_model_cannot_take_before_inflating_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, array: np.ndarray,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    array: np.ndarray,
     match: str,
-) -> None:  # fmt: skip
+) -> None:
     """trace --onnx --inputs compares each member's npy header with the model's inputs before its
     data is inflated (it inflated up to 256 MiB first, then compared)."""
     onnx.save(hostile.tiny_model(), str(tmp_path / "m.onnx"))
     (tmp_path / "f.npz").write_bytes(hostile.npz_bytes({"x.npy": hostile.npy_bytes(array)}, compress=True))
     _no_data_read(monkeypatch)
-    line = one_error_line(["trace", "--onnx", str(tmp_path / "m.onnx"), "--inputs", str(tmp_path / "f.npz"), "-o",
-                           str(tmp_path / "o.mwtrace")], capsys)  # fmt: skip
+    line = one_error_line(
+        [
+            "trace",
+            "--onnx",
+            str(tmp_path / "m.onnx"),
+            "--inputs",
+            str(tmp_path / "f.npz"),
+            "-o",
+            str(tmp_path / "o.mwtrace"),
+        ],
+        capsys,
+    )
     assert match in line and "f.npz: array 'x'" in line
     assert not (tmp_path / "o.mwtrace").exists()
 
@@ -195,8 +254,10 @@ def test_trace_refuses_an_oversized_feed_from_its_header(
     onnx.save(hostile.tiny_model(), str(tmp_path / "m.onnx"))
     (tmp_path / "f.npz").write_bytes(hostile.npz_bytes({"x.npy": head.getvalue() + bytes(64)}))
     _no_data_read(monkeypatch)
-    for argv in (["trace", "--onnx", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.mwtrace")],
-                 ["partition", str(tmp_path / "m.onnx"), "--device-profile", PROFILE]):  # fmt: skip
+    for argv in (
+        ["trace", "--onnx", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.mwtrace")],
+        ["partition", str(tmp_path / "m.onnx"), "--device-profile", PROFILE],
+    ):
         line = one_error_line([*argv, "--inputs", str(tmp_path / "f.npz")], capsys)
         assert "over the 268,435,456-byte limit for feeds" in line
 
@@ -226,14 +287,18 @@ def test_load_shaped_names_a_hostile_feed_terminal_safe(tmp_path: Path) -> None:
 # -- 4. external data ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("dims", "location", "match"), [
-    ([-1, 10**9], "w.bin", "dimension -1 is negative"),
-    ([10**9, 3], "w.bin", "holds 64 bytes; the tensor needs"),
-    ([4, 3], "../w.bin", "inside the model's folder"),
-    ([4, 3], "missing.bin", "no such file"),
-])  # fmt: skip
-def test_external_initializer_is_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str], dims: list[int],
-                                         location: str, match: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("dims", "location", "match"),
+    [
+        ([-1, 10**9], "w.bin", "dimension -1 is negative"),
+        ([10**9, 3], "w.bin", "holds 64 bytes; the tensor needs"),
+        ([4, 3], "../w.bin", "inside the model's folder"),
+        ([4, 3], "missing.bin", "no such file"),
+    ],
+)
+def test_external_initializer_is_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dims: list[int], location: str, match: str
+) -> None:
     model = hostile.external_model(tmp_path, dims, location=location, data=None if "missing" in location else bytes(64))
     line = one_error_line(["partition", str(model), "--device-profile", PROFILE, "--json"], capsys)
     assert match in line
@@ -286,14 +351,17 @@ def test_fifo_in_place_of_model_or_feeds(tmp_path: Path, capsys: pytest.CaptureF
     onnx.save(hostile.tiny_model(), str(model))
     save_feeds(tmp_path / "f.npz", hostile.tiny_feeds())
     out = str(tmp_path / "o.mwtrace")
-    for argv in (["partition", str(fifo), "--device-profile", PROFILE],
-                 ["partition", str(model), "--device-profile", PROFILE, "--inputs", str(fifo)],
-                 ["trace", "--onnx", str(fifo), "--inputs", str(tmp_path / "f.npz"), "-o", out],
-                 ["trace", "--onnx", str(model), "--inputs", str(fifo), "-o", out]):  # fmt: skip
+    for argv in (
+        ["partition", str(fifo), "--device-profile", PROFILE],
+        ["partition", str(model), "--device-profile", PROFILE, "--inputs", str(fifo)],
+        ["trace", "--onnx", str(fifo), "--inputs", str(tmp_path / "f.npz"), "-o", out],
+        ["trace", "--onnx", str(model), "--inputs", str(fifo), "-o", out],
+    ):
         assert "not a regular file" in one_error_line(argv, capsys)
     hostile.external_model(tmp_path, [4, 3], location="fifo", data=b"")  # an initializer's data in the FIFO
-    assert "not a regular file" in one_error_line(["partition", str(tmp_path / "model.onnx"), "--device-profile",
-                                                   PROFILE], capsys)  # fmt: skip
+    assert "not a regular file" in one_error_line(
+        ["partition", str(tmp_path / "model.onnx"), "--device-profile", PROFILE], capsys
+    )
 
 
 # -- the fuzzer, a bounded budget ----------------------------------------------------------------------
@@ -333,8 +401,10 @@ def test_corrupt_deflate_stream_in_feeds(tmp_path: Path, capsys: pytest.CaptureF
     data[40:48] = b"\xff" * 8  # inside the member's compressed data
     (tmp_path / "f.npz").write_bytes(bytes(data))
     onnx.save(hostile.tiny_model(), str(tmp_path / "m.onnx"))
-    line = one_error_line(["partition", str(tmp_path / "m.onnx"), "--device-profile", PROFILE, "--inputs",
-                           str(tmp_path / "f.npz")], capsys)  # fmt: skip
+    line = one_error_line(
+        ["partition", str(tmp_path / "m.onnx"), "--device-profile", PROFILE, "--inputs", str(tmp_path / "f.npz")],
+        capsys,
+    )
     assert "f.npz" in line
 
 
@@ -349,7 +419,9 @@ def test_zip_version_beyond_python_is_one_line(
     data[entry + 6] = 85  # version needed to extract: 8.5, past what zipfile reads
     (tmp_path / "f.npz").write_bytes(bytes(data))
     onnx.save(hostile.tiny_model(), str(tmp_path / "m.onnx"))
-    argv = {"partition": ["partition", str(tmp_path / "m.onnx"), "--device-profile", PROFILE],
-            "trace": ["trace", "--onnx", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.mwtrace")]}[command]  # fmt: skip
+    argv = {
+        "partition": ["partition", str(tmp_path / "m.onnx"), "--device-profile", PROFILE],
+        "trace": ["trace", "--onnx", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.mwtrace")],
+    }[command]
     line = one_error_line([*argv, "--inputs", str(tmp_path / "f.npz")], capsys)
     assert "f.npz" in line and "zip file version 8.5" in line

@@ -103,8 +103,13 @@ def test_an_oom_kill_under_a_cgroup_limit_is_named(limited_cgroup: Path, tmp_pat
     script.write_text(GROW)
     procs = limited_cgroup / "cgroup.procs"
     cli = " ".join(f"'{a}'" for a in (sys.executable, "-m", "memwarden.cli", "trace", "-o", str(out), str(script)))
-    proc = subprocess.run(["sh", "-c", f"echo $$ > '{procs}' && exec {cli}"], cwd=str(tmp_path),
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        ["sh", "-c", f"echo $$ > '{procs}' && exec {cli}"],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
     meta = memwarden.load(out).metadata
     assert meta["exit_signal"] == signal.SIGKILL

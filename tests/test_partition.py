@@ -48,12 +48,22 @@ def random_problem(seed: int, n: int, nu: int, *, chain: bool = False, tight: bo
     results = np.zeros(n)
     results[-1] = 50
     return PartitionProblem(
-        names=tuple(f"n{i}" for i in range(n)), op_types=("Op",) * n, unit_names=tuple(f"u{u}" for u in range(nu)),
-        compute_us=compute, weight_bytes=weights, output_bytes=outputs, edges=edges,
-        edge_bytes=outputs[edges[:, 0]] if len(edges) else np.zeros(0), input_bytes=inputs, result_bytes=results,
-        capacity_bytes=capacity, transfer_latency_us=lat, transfer_us_per_byte=per_byte, host=0,
+        names=tuple(f"n{i}" for i in range(n)),
+        op_types=("Op",) * n,
+        unit_names=tuple(f"u{u}" for u in range(nu)),
+        compute_us=compute,
+        weight_bytes=weights,
+        output_bytes=outputs,
+        edges=edges,
+        edge_bytes=outputs[edges[:, 0]] if len(edges) else np.zeros(0),
+        input_bytes=inputs,
+        result_bytes=results,
+        capacity_bytes=capacity,
+        transfer_latency_us=lat,
+        transfer_us_per_byte=per_byte,
+        host=0,
         priority=tuple(range(nu - 1, -1, -1)),
-    )  # fmt: skip
+    )
 
 
 def brute_force(problem: PartitionProblem) -> float:
@@ -220,13 +230,21 @@ def _fan_out() -> PartitionProblem:
     per reader (14 µs) it would not pay."""
     inf = math.inf
     return PartitionProblem(
-        names=("n0", "n1", "n2"), op_types=("Op",) * 3, unit_names=("cpu", "acc"),
-        compute_us=np.array([[1.0, inf], [10.0, 4.0], [10.0, 4.0]]), weight_bytes=np.zeros(3),
-        output_bytes=np.array([100.0, 10.0, 10.0]), edges=np.array([[0, 1], [0, 2]], dtype=np.int64),
-        edge_bytes=np.array([100.0, 100.0]), input_bytes=np.zeros(3), result_bytes=np.zeros(3),
-        capacity_bytes=np.array([1e12, 1e12]), transfer_latency_us=np.array([[0.0, 5.0], [5.0, 0.0]]),
-        transfer_us_per_byte=np.array([[0.0, 0.02], [0.02, 0.0]]), host=0,
-    )  # fmt: skip
+        names=("n0", "n1", "n2"),
+        op_types=("Op",) * 3,
+        unit_names=("cpu", "acc"),
+        compute_us=np.array([[1.0, inf], [10.0, 4.0], [10.0, 4.0]]),
+        weight_bytes=np.zeros(3),
+        output_bytes=np.array([100.0, 10.0, 10.0]),
+        edges=np.array([[0, 1], [0, 2]], dtype=np.int64),
+        edge_bytes=np.array([100.0, 100.0]),
+        input_bytes=np.zeros(3),
+        result_bytes=np.zeros(3),
+        capacity_bytes=np.array([1e12, 1e12]),
+        transfer_latency_us=np.array([[0.0, 5.0], [5.0, 0.0]]),
+        transfer_us_per_byte=np.array([[0.0, 0.02], [0.02, 0.0]]),
+        host=0,
+    )
 
 
 def test_a_tensor_is_moved_once_per_destination_unit() -> None:
@@ -270,9 +288,11 @@ def test_onnx_edges_carry_one_tensor_each(tmp_path: Path) -> None:
         helper.make_node("Add", ["b", "c"], ["y"], name="/y/Add"),
     ]
     graph = helper.make_graph(
-        nodes, "fan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+        nodes,
+        "fan",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
-    )  # fmt: skip
+    )
     path = tmp_path / "fan.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     problem = load_problem(path, load_compute_units("jetson-orin-nx-16gb"))

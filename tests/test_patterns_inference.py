@@ -253,8 +253,13 @@ def test_alignment_padding_cat_with_zeros_and_zeros_then_copy() -> None:
     zeros = tb.alloc(432 * 256 * 4, op="aten::new_zeros", shape=(1, 432, 256), written_bytes=144 * 256 * 4, **act)
     slot = tb.alloc(576 * 256 * 4, op="aten::cat", shape=(1, 576, 256), written_bytes=576 * 256 * 4, **act)
     tb.free(zeros)
-    buf = tb.alloc(576 * 256 * 4, op="aten::zeros", shape=(1, 576, 256), written_bytes=144 * 256 * 4,
-                   **{**act, "module": "collate"})  # fmt: skip
+    buf = tb.alloc(
+        576 * 256 * 4,
+        op="aten::zeros",
+        shape=(1, 576, 256),
+        written_bytes=144 * 256 * 4,
+        **{**act, "module": "collate"},
+    )
     trace = tb.build()
     found = {f.where: f for f in detect(alignment_padding, trace)}
     assert set(found) == {"projector / aten::cat", "collate / aten::zeros"}  # the zeros input is part of the cat
@@ -268,8 +273,15 @@ def test_alignment_padding_zeros_like_discounts_its_template() -> None:
     # the capture counts zeros_like's template (same size) as written: 512 rows made, 300 copied in
     tb = Blocks()
     _weights(tb)
-    tb.alloc(512 * 256, op="aten::zeros_like", shape=(512, 64), written_bytes=512 * 256 + 300 * 256,
-             category=Category.ACTIVATION, module="collate", dtype="float32")  # fmt: skip
+    tb.alloc(
+        512 * 256,
+        op="aten::zeros_like",
+        shape=(512, 64),
+        written_bytes=512 * 256 + 300 * 256,
+        category=Category.ACTIVATION,
+        module="collate",
+        dtype="float32",
+    )
     (f,) = detect(alignment_padding, tb.build())
     assert f.evidence["data_bytes"] == 300 * 256
 
@@ -277,8 +289,15 @@ def test_alignment_padding_zeros_like_discounts_its_template() -> None:
 def test_alignment_padding_expand_materialised() -> None:
     tb = Blocks()
     _weights(tb)
-    tb.alloc(8 * 1024 * 4, op="aten::contiguous", shape=(8, 1024), written_bytes=1024 * 4, category=Category.TEMPORARY,
-             module="attn", dtype="float32")  # fmt: skip
+    tb.alloc(
+        8 * 1024 * 4,
+        op="aten::contiguous",
+        shape=(8, 1024),
+        written_bytes=1024 * 4,
+        category=Category.TEMPORARY,
+        module="attn",
+        dtype="float32",
+    )
     (f,) = detect(alignment_padding, tb.build())
     assert f.evidence["ratio"] == 8.0 and "broadcast view" in f.fix
 
@@ -323,8 +342,14 @@ def _grow_kv(tb: Blocks, steps: int, layers: int, whole_cache: bool, prompt: int
         made = []
         for layer in range(layers):
             for kv in range(2):
-                kw = {"category": Category.KV_CACHE, "module": f"lm.layers.{layer}.attn", "op": "aten::cat",
-                      "dtype": "float32", "shape": (1, 2, n, 16), "written_bytes": _kv_block(n)}  # fmt: skip
+                kw = {
+                    "category": Category.KV_CACHE,
+                    "module": f"lm.layers.{layer}.attn",
+                    "op": "aten::cat",
+                    "dtype": "float32",
+                    "shape": (1, 2, n, 16),
+                    "written_bytes": _kv_block(n),
+                }
                 new = tb.alloc(_kv_block(n), **kw)
                 old = live.get((layer, kv))
                 live[(layer, kv)] = new
@@ -374,8 +399,15 @@ def test_kv_concat_growth_negatives() -> None:
     for n in range(40, 60):  # generated ids grow by cat too, but a (B, n) id tensor is not a cache
         tb.alloc(8 * n, category=Category.OTHER, op="aten::cat", dtype="int64", shape=(1, n), written_bytes=8 * n)
     for _ in range(10):  # same-length cats: nothing grows
-        tb.alloc(4096, category=Category.ACTIVATION, module="m", op="aten::cat", dtype="float32", shape=(1, 64, 16),
-                 written_bytes=4096)  # fmt: skip
+        tb.alloc(
+            4096,
+            category=Category.ACTIVATION,
+            module="m",
+            op="aten::cat",
+            dtype="float32",
+            shape=(1, 64, 16),
+            written_bytes=4096,
+        )
     assert detect(kv_concat_growth, tb.build()) == []
     assert detect(kv_concat_growth, TraceBuilder().build()) == []
     only_ids = Blocks()
@@ -390,8 +422,17 @@ def _reprefill_trace(fp_second: str, ids_second: list[int], ids_first: list[int]
     steps = []
     for fp, ids in (("img-a", ids_first), (fp_second, ids_second)):
         start = tb.tick()
-        blocks = [tb.alloc(50_000, category=Category.ACTIVATION, modality=Modality.VISION, module="model.vision_tower",
-                           op="aten::linear", written_bytes=-1) for _ in range(2)]  # fmt: skip
+        blocks = [
+            tb.alloc(
+                50_000,
+                category=Category.ACTIVATION,
+                modality=Modality.VISION,
+                module="model.vision_tower",
+                op="aten::linear",
+                written_bytes=-1,
+            )
+            for _ in range(2)
+        ]
         end = tb.tick()
         tb.b.span(start, end, SpanKind.MODULE, "model.vision_tower", modality=Modality.VISION, fingerprint=fp)
         for blk in blocks:
@@ -400,13 +441,32 @@ def _reprefill_trace(fp_second: str, ids_second: list[int], ids_first: list[int]
         kv = [tb.alloc(len(ids) * 256, category=Category.KV_CACHE, modality=Modality.TEXT, op="aten::cat",
                        module="lm.layers.0.attn") for _ in range(2)]  # fmt: skip  # 512 B of KV per token
         p_end = tb.tick()
-        steps.append({"phase": "prefill", "start_us": p_start, "end_us": p_end, "seq_len": len(ids), "module": "VLM",
-                      "tokens": {"vision": ids.count(900), "audio": 0, "text": len(ids) - ids.count(900)},
-                      "batch": 1, "input_ids": ids})  # fmt: skip
+        steps.append(
+            {
+                "phase": "prefill",
+                "start_us": p_start,
+                "end_us": p_end,
+                "seq_len": len(ids),
+                "module": "VLM",
+                "tokens": {"vision": ids.count(900), "audio": 0, "text": len(ids) - ids.count(900)},
+                "batch": 1,
+                "input_ids": ids,
+            }
+        )
         for k in range(3):
             d0 = tb.tick()
-            steps.append({"phase": "decode", "start_us": d0, "end_us": tb.tick(), "seq_len": 1, "module": "VLM",
-                          "tokens": {"vision": 0, "audio": 0, "text": 1}, "batch": 1, "input_ids": [500 + k]})  # fmt: skip
+            steps.append(
+                {
+                    "phase": "decode",
+                    "start_us": d0,
+                    "end_us": tb.tick(),
+                    "seq_len": 1,
+                    "module": "VLM",
+                    "tokens": {"vision": 0, "audio": 0, "text": 1},
+                    "batch": 1,
+                    "input_ids": [500 + k],
+                }
+            )
         for blk in kv:
             tb.free(blk)
     tb.b.metadata["steps"] = steps
@@ -447,8 +507,15 @@ def test_kv_reprefill_negatives() -> None:
     assert f.evidence["repeated_encodes"] == 0 and f.evidence["reprefilled_tokens"] == 40
 
 
-def _token_trace(vision: int, text: int, lm_bytes: int, vision_bytes: int, kv_bytes: int,
-                 module: str = "Qwen2VLForConditionalGeneration", images: int = 1) -> Trace:  # fmt: skip
+def _token_trace(
+    vision: int,
+    text: int,
+    lm_bytes: int,
+    vision_bytes: int,
+    kv_bytes: int,
+    module: str = "Qwen2VLForConditionalGeneration",
+    images: int = 1,
+) -> Trace:
     tb = Blocks()
     _weights(tb)
     tb.alloc(vision * 1176 * 4, category=Category.INPUT, dtype="float32", shape=(vision * 4, 1176), written_bytes=-1)
@@ -461,8 +528,17 @@ def _token_trace(vision: int, text: int, lm_bytes: int, vision_bytes: int, kv_by
     lm = tb.alloc(lm_bytes, category=Category.TEMPORARY, modality=Modality.TEXT, module="model.language_model.layers.0")
     tb.free(lm)
     tb.free(venc)
-    tb.b.metadata["steps"] = [{"phase": "prefill", "start_us": start, "end_us": tb.tick(), "seq_len": vision + text,
-                               "module": module, "tokens": {"vision": vision, "audio": 0, "text": text}, "batch": 1}]  # fmt: skip
+    tb.b.metadata["steps"] = [
+        {
+            "phase": "prefill",
+            "start_us": start,
+            "end_us": tb.tick(),
+            "seq_len": vision + text,
+            "module": module,
+            "tokens": {"vision": vision, "audio": 0, "text": text},
+            "batch": 1,
+        }
+    ]
     return tb.build()
 
 
@@ -489,8 +565,9 @@ def test_vision_token_dominance_says_nothing_within_the_range_or_at_a_fixed_towe
     assert detect(vision_token_dominance, within) == []
     three_images = _token_trace(vision=3600, text=20, lm_bytes=8 * mib, vision_bytes=mib, kv_bytes=mib, images=3)
     assert detect(vision_token_dominance, three_images) == []  # 1200 a image: within the range
-    llava = _token_trace(vision=2880, text=20, lm_bytes=8 * mib, vision_bytes=mib, kv_bytes=mib,
-                         module="LlavaForConditionalGeneration")  # fmt: skip
+    llava = _token_trace(
+        vision=2880, text=20, lm_bytes=8 * mib, vision_bytes=mib, kv_bytes=mib, module="LlavaForConditionalGeneration"
+    )
     assert detect(vision_token_dominance, llava) == []  # a fixed-resolution tower: nothing to cut
     no_steps = _token_trace(vision=1936, text=100, lm_bytes=8 * mib, vision_bytes=mib, kv_bytes=mib)
     no_steps.metadata["steps"] = []

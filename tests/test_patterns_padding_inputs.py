@@ -31,8 +31,15 @@ def _collate(max_length: int | None) -> dict[str, torch.Tensor]:
 def _run(max_length: int | None) -> Trace:
     with memwarden.capture() as cap:
         torch.manual_seed(0)
-        config = LlamaConfig(vocab_size=500, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024)  # fmt: skip
+        config = LlamaConfig(
+            vocab_size=500,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=1024,
+        )
         model = LlamaForCausalLM._from_config(config).eval()
         with torch.no_grad():
             model(**_collate(max_length))
@@ -44,8 +51,11 @@ def test_padding_to_max_length_is_named_with_the_longest_row() -> None:
     trace = _run(max_length=512)
     [padding] = trace.metadata["input_padding"]
     assert {k: padding[k] for k in ("length", "longest", "real", "batch")} == {
-        "length": 512, "longest": 41, "real": sum(len(r) for r in ROWS), "batch": 4
-    }  # fmt: skip
+        "length": 512,
+        "longest": 41,
+        "real": sum(len(r) for r in ROWS),
+        "batch": 4,
+    }
     found = [f for f in diagnose(trace) if f.pattern == "alignment-padding" and f.where.startswith("inputs")]
     assert len(found) == 1
     finding = found[0]

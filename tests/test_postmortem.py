@@ -22,8 +22,9 @@ from memwarden.trace.stream import STREAM_MAGIC
 
 
 def run_cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memwarden.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "memwarden.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 MIB = 1 << 20
@@ -134,8 +135,11 @@ def test_a_hand_kill_is_not_an_oom() -> None:
     from memwarden.trace.model import TraceBuilder
 
     def trace(oom: bool | None) -> memwarden.Trace:
-        meta = {"exit_signal": int(signal.SIGKILL), "oom_killed": oom,
-                "resident": {"samples": {"rss": [100 << 20, 200 << 20, 400 << 20]}}}  # fmt: skip
+        meta = {
+            "exit_signal": int(signal.SIGKILL),
+            "oom_killed": oom,
+            "resident": {"samples": {"rss": [100 << 20, 200 << 20, 400 << 20]}},
+        }
         return TraceBuilder(metadata=meta).build()
 
     assert died_of_memory(trace(False)) is None
@@ -145,8 +149,14 @@ def test_a_hand_kill_is_not_an_oom() -> None:
     ]
     assert "OOM killer" in (died_of_memory(trace(True)) or "") and killed_lines(trace(True)) == []
     # the line names where the supervisor looked, and a flat resident set
-    flat = TraceBuilder(metadata={"exit_signal": int(signal.SIGKILL), "oom_killed": False, "oom_evidence": "kernel log",
-                                  "resident": {"samples": {"rss": [100 << 20, 101 << 20, 100 << 20]}}}).build()  # fmt: skip
+    flat = TraceBuilder(
+        metadata={
+            "exit_signal": int(signal.SIGKILL),
+            "oom_killed": False,
+            "oom_evidence": "kernel log",
+            "resident": {"samples": {"rss": [100 << 20, 101 << 20, 100 << 20]}},
+        }
+    ).build()
     assert killed_lines(flat) == [
         "memwarden: the script was killed by signal 9 (SIGKILL), not by the OOM killer (no OOM kill in the kernel "
         "log; resident memory was flat)"

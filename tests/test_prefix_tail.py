@@ -122,8 +122,9 @@ def test_chat_turns_prefill_only_what_follows_the_last_cached_token(name):
         for m in [None, *messages]:
             history = history if m is None else torch.cat([history, m], 1)
             pad = {k: torch.nn.functional.pad(v, (0, history.shape[1] - v.shape[1])) for k, v in type_ids.items()}
-            out = model.generate(input_ids=history, attention_mask=torch.ones_like(history), max_new_tokens=NEW,
-                                 **other, **pad, **gk)  # fmt: skip
+            out = model.generate(
+                input_ids=history, attention_mask=torch.ones_like(history), max_new_tokens=NEW, **other, **pad, **gk
+            )
             ref.append(out[:, history.shape[1] :])
             history = out
     for got, want in zip(replies, ref, strict=True):

@@ -533,24 +533,56 @@ def test_cli_errors_are_one_line(tmp_path: Path, trace: Trace, what: str):
 
 
 def _side(name: str, ok: int, requests: int) -> dict:
-    return {"name": name, "mode": "plain", "requests": requests, "ok": ok, "oom": requests - ok, "crash": 0, "lost": 0,
-            "failure_rate": 1 - ok / requests, "p50_latency_s": 1.0, "p95_latency_s": 1.0, "p50_latency_ci_s": None,
-            "recovery_p50_s": None, "recoveries": 0, "peak_rss_p50_bytes": MiB, "peak_rss_max_bytes": MiB,
-            "worker_restarts": 0}  # fmt: skip
+    return {
+        "name": name,
+        "mode": "plain",
+        "requests": requests,
+        "ok": ok,
+        "oom": requests - ok,
+        "crash": 0,
+        "lost": 0,
+        "failure_rate": 1 - ok / requests,
+        "p50_latency_s": 1.0,
+        "p95_latency_s": 1.0,
+        "p50_latency_ci_s": None,
+        "recovery_p50_s": None,
+        "recoveries": 0,
+        "peak_rss_p50_bytes": MiB,
+        "peak_rss_max_bytes": MiB,
+        "worker_restarts": 0,
+    }
 
 
 def test_stress_latency_chart_draws_one_answer_and_has_real_axes():
     from memwarden.resilience.report import render_stress_html
 
     def rec(i: int, status: str, latency: float | None) -> dict:
-        return {"index": i, "status": status, "latency_s": latency, "recovery_s": None, "peak_rss_bytes": MiB,
-                "output_sha": None, "error": None if status == "ok" else "out of memory"}  # fmt: skip
+        return {
+            "index": i,
+            "status": status,
+            "latency_s": latency,
+            "recovery_s": None,
+            "peak_rss_bytes": MiB,
+            "output_sha": None,
+            "error": None if status == "ok" else "out of memory",
+        }
 
-    result = {"a": _side("plain", 1, 3), "b": _side("governed", 3, 3), "failure_rate_p_value": 0.4,
-              "p50_latency_diff_ci_s": None, "outputs_compared": 1, "outputs_equal": 1, "runs": 3, "seed": 0,
-              "inject": [], "executor": "local",
-              "records": {"a": [rec(0, "ok", 2.0), rec(1, "oom", None), rec(2, "oom", None)],
-                          "b": [rec(0, "ok", 1.0), rec(1, "ok", 3.0), rec(2, "ok", 8.3)]}}  # fmt: skip
+    result = {
+        "a": _side("plain", 1, 3),
+        "b": _side("governed", 3, 3),
+        "failure_rate_p_value": 0.4,
+        "p50_latency_diff_ci_s": None,
+        "outputs_compared": 1,
+        "outputs_equal": 1,
+        "runs": 3,
+        "seed": 0,
+        "inject": [],
+        "executor": "local",
+        "records": {
+            "a": [rec(0, "ok", 2.0), rec(1, "oom", None), rec(2, "oom", None)],
+            "b": [rec(0, "ok", 1.0), rec(1, "ok", 3.0), rec(2, "ok", 8.3)],
+        },
+    }
     page = render_stress_html(result)
     svg = page.split('aria-label="latency CDF">')[1].split("</svg>")[0]
     a_path = re.search(r'<path d="([^"]+)" fill="none" stroke="#4e79a7"', svg)
@@ -625,8 +657,13 @@ def _source_report(tmp_path: Path) -> Path:
     script.write_text(SOURCE_SCRIPT)
     trace, report = tmp_path / "run.mwtrace", tmp_path / "report.html"
     for args in (["trace", "-o", str(trace), str(script)], ["report", "--no-heatmap", "-o", str(report), str(trace)]):
-        proc = subprocess.run([sys.executable, "-m", "memwarden.cli", *args], capture_output=True, text=True,
-                              cwd=str(tmp_path), timeout=300)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "memwarden.cli", *args],
+            capture_output=True,
+            text=True,
+            cwd=str(tmp_path),
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
     return report
 
@@ -659,8 +696,15 @@ def test_source_lines_read_only_from_regular_python_files(tmp_path: Path):
     (tmp_path / "dir.py").mkdir()
     text = tmp_path / "notes.txt"
     text.write_text("secret\n")
-    wanted = [(str(good), 2), (str(good), 9), (str(fifo), 1), (str(tmp_path / "dir.py"), 1), (str(text), 1),
-              (str(tmp_path / "gone.py"), 1), ("/dev/zero", 1)]  # fmt: skip
+    wanted = [
+        (str(good), 2),
+        (str(good), 9),
+        (str(fifo), 1),
+        (str(tmp_path / "dir.py"), 1),
+        (str(text), 1),
+        (str(tmp_path / "gone.py"), 1),
+        ("/dev/zero", 1),
+    ]
     assert read_source_lines(wanted) == {(str(good), 2): "b = 2"}
 
 

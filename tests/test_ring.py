@@ -68,9 +68,25 @@ def test_ring_bounds_the_recorder_and_keeps_weights_at_a_failure(tmp_path: Path)
     script = tmp_path / "serve.py"
     script.write_text(SERVE)
     out, stats_file = tmp_path / "run.mwtrace", tmp_path / "stats.json"
-    proc = subprocess.run([sys.executable, "-m", "memwarden.cli", "trace", "--ring", "0.5", "-o", str(out),
-                           str(script), "fail", str(tmp_path / "unused"), str(stats_file)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memwarden.cli",
+            "trace",
+            "--ring",
+            "0.5",
+            "-o",
+            str(out),
+            str(script),
+            "fail",
+            str(tmp_path / "unused"),
+            str(stats_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "MemoryError" in proc.stderr
     stats = json.loads(stats_file.read_text())
@@ -88,8 +104,14 @@ def test_ring_bounds_the_recorder_and_keeps_weights_at_a_failure(tmp_path: Path)
     weight_rows = (trace.events["category"] == Category.WEIGHT) & (trace.events["action"] == Action.ALLOC)
     assert int(trace.events["time_us"][weight_rows].max()) < ring["window_start_us"]
     assert trace.num_events < stats["allocations"]  # only the window's events, not the run's
-    summary = json.loads(subprocess.run([sys.executable, "-m", "memwarden.cli", "summary", "--json", str(out)],
-                                        capture_output=True, text=True, timeout=300).stdout)  # fmt: skip
+    summary = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "memwarden.cli", "summary", "--json", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        ).stdout
+    )
     assert summary["peak_bytes"] >= WEIGHTS
 
 
@@ -97,8 +119,20 @@ def test_ring_window_written_on_sigusr1_and_after_sigkill(tmp_path: Path) -> Non
     script = tmp_path / "serve.py"
     script.write_text(SERVE)
     out, marker, stats_file = tmp_path / "run.mwtrace", tmp_path / "ready", tmp_path / "stats.json"
-    cmd = [sys.executable, "-m", "memwarden.cli", "trace", "--ring", "0.5", "-o", str(out), str(script), "serve",
-           str(marker), str(stats_file)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "memwarden.cli",
+        "trace",
+        "--ring",
+        "0.5",
+        "-o",
+        str(out),
+        str(script),
+        "serve",
+        str(marker),
+        str(stats_file),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     dump = tmp_path / "run.sigusr1-1.mwtrace"
     try:
@@ -176,8 +210,12 @@ def test_ring_trace_is_the_window_with_the_state_at_its_start(tmp_path: Path) ->
     script = tmp_path / "window.py"
     script.write_text(WINDOW_RUN)
     out = tmp_path / "run.mwtrace"
-    proc = subprocess.run([sys.executable, "-m", "memwarden.cli", "trace", "--ring", "3", "-o", str(out), str(script)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "memwarden.cli", "trace", "--ring", "3", "-o", str(out), str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     trace = memwarden.load(out)
     ring = trace.metadata["ring"]

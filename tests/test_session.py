@@ -40,11 +40,15 @@ def _reference_chat(model, name, turns):
     replies = []
     for t in turns:
         history = t["input_ids"] if history is None else torch.cat([history, t["input_ids"]], 1)
-        per_token = {k: torch.nn.functional.pad(v, (0, history.shape[1] - v.shape[1]))
-                     for k, v in media.items() if v.dim() == 2 and v.shape[1] == seq_len and k.endswith("type_ids")}  # fmt: skip
+        per_token = {
+            k: torch.nn.functional.pad(v, (0, history.shape[1] - v.shape[1]))
+            for k, v in media.items()
+            if v.dim() == 2 and v.shape[1] == seq_len and k.endswith("type_ids")
+        }
         other = {k: v for k, v in media.items() if k not in per_token}
-        out = model.generate(input_ids=history, attention_mask=torch.ones_like(history), max_new_tokens=NEW,
-                             **other, **per_token, **gk)  # fmt: skip
+        out = model.generate(
+            input_ids=history, attention_mask=torch.ones_like(history), max_new_tokens=NEW, **other, **per_token, **gk
+        )
         replies.append(out[:, history.shape[1] :])
         history = torch.cat([history, replies[-1]], 1)
     return replies
@@ -127,8 +131,9 @@ def test_encoder_cache_serves_the_same_image_after_another_prefix(models):
 
 
 def _profiled_peak(fn) -> int:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
-                                record_shapes=True, with_stack=True) as prof:  # fmt: skip
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
         fn()
     return profiler_peak_bytes(prof)
 
@@ -142,8 +147,10 @@ def test_profiler_peak_stays_under_the_budget_and_the_prediction(models):
     with torch.inference_mode():
         session = GovernedSession(model, budget=budget)
         assert session.predict(**turns[0], max_new_tokens=NEW) <= budget  # calibrates, outside the measurement
-        peaks = [_profiled_peak(lambda t=t: session.chat(t["input_ids"], max_new_tokens=NEW, **_media(t), **gk))
-                 for t in turns]  # fmt: skip
+        peaks = [
+            _profiled_peak(lambda t=t: session.chat(t["input_ids"], max_new_tokens=NEW, **_media(t), **gk))
+            for t in turns
+        ]
     assert all(p > weights for p in peaks)  # the measurement sees the weights and the pool
     for peak, rec in zip(peaks, session.records, strict=True):
         assert peak <= budget
@@ -173,8 +180,13 @@ def test_weights_twice_the_budget_are_streamed_and_outputs_stay_exact(tmp_path):
     turns = _chat_turns(model, n=2)
     with torch.inference_mode():
         ref = _reference_chat(model, "llava", turns)
-        session = GovernedSession(model, budget=budget, offload_dir=str(tmp_path), min_kv_tokens=256,
-                                  example_inputs=dict(turns[0], max_new_tokens=NEW))  # fmt: skip
+        session = GovernedSession(
+            model,
+            budget=budget,
+            offload_dir=str(tmp_path),
+            min_kv_tokens=256,
+            example_inputs=dict(turns[0], max_new_tokens=NEW),
+        )
         assert session.streamer is not None and session.weights_bytes < budget
         session.predict(**turns[0], max_new_tokens=NEW)  # calibrates, outside the measurement
         replies, peaks = [], []

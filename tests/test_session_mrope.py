@@ -56,8 +56,14 @@ def _careful_user(model, name, turns):
     history, replies = None, []
     for i, t in enumerate(turns):
         history = t["input_ids"] if history is None else torch.cat([history, t["input_ids"]], 1)
-        out = model.generate(input_ids=history, attention_mask=torch.ones_like(history), cache=cache,
-                             max_new_tokens=NEW, **(_media(t) if i == 0 else {}), **gk)  # fmt: skip
+        out = model.generate(
+            input_ids=history,
+            attention_mask=torch.ones_like(history),
+            cache=cache,
+            max_new_tokens=NEW,
+            **(_media(t) if i == 0 else {}),
+            **gk,
+        )
         replies.append(out[:, history.shape[1] :])
         history = out
     return replies
@@ -92,8 +98,9 @@ def test_chat_reuses_the_prefix_and_equals_generate_with_the_cache_passed_back(m
             for i in range(3):
                 for c, turns in convs.items():
                     t = turns[i]
-                    replies[c].append(session.chat(t["input_ids"], conversation=c, max_new_tokens=NEW,
-                                                   **_media(t), **gk))  # fmt: skip
+                    replies[c].append(
+                        session.chat(t["input_ids"], conversation=c, max_new_tokens=NEW, **_media(t), **gk)
+                    )
             encoder_calls = runs.calls
             refs = {c: _careful_user(model, name, turns) for c, turns in convs.items()}
     finally:
@@ -171,21 +178,33 @@ def test_a_new_image_in_a_later_turn_equals_plain_generate(models, name):
     assert patches == [first["pixel_values"].shape[0], second["pixel_values"].shape[0]]  # each image once
     with torch.inference_mode():
         history = torch.cat([first["input_ids"], r1, second["input_ids"]], 1)
-        types = torch.cat([first["mm_token_type_ids"], torch.zeros_like(r1, dtype=torch.int),
-                           second["mm_token_type_ids"]], 1)  # fmt: skip
-        out = model.generate(input_ids=history, attention_mask=torch.ones_like(history), mm_token_type_ids=types,
-                             pixel_values=torch.cat([first["pixel_values"], second["pixel_values"]]),
-                             image_grid_thw=torch.cat([first["image_grid_thw"], second["image_grid_thw"]]),
-                             max_new_tokens=NEW, **gk)  # fmt: skip
+        types = torch.cat(
+            [first["mm_token_type_ids"], torch.zeros_like(r1, dtype=torch.int), second["mm_token_type_ids"]], 1
+        )
+        out = model.generate(
+            input_ids=history,
+            attention_mask=torch.ones_like(history),
+            mm_token_type_ids=types,
+            pixel_values=torch.cat([first["pixel_values"], second["pixel_values"]]),
+            image_grid_thw=torch.cat([first["image_grid_thw"], second["image_grid_thw"]]),
+            max_new_tokens=NEW,
+            **gk,
+        )
     assert torch.equal(r2, out[:, history.shape[1] :])
     assert session.records[1].reused_tokens > 0
 
 
 # -- the positions themselves, against the model's own get_rope_index over the whole sequence ------------
 
-layouts = st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["image", "video", "text"]),
-                             st.sampled_from([(1, 4, 4), (1, 2, 8), (2, 6, 2), (1, 8, 2)])),
-                   min_size=1, max_size=4)  # fmt: skip
+layouts = st.lists(
+    st.tuples(
+        st.integers(0, 5),
+        st.sampled_from(["image", "video", "text"]),
+        st.sampled_from([(1, 4, 4), (1, 2, 8), (2, 6, 2), (1, 8, 2)]),
+    ),
+    min_size=1,
+    max_size=4,
+)
 
 
 @settings(max_examples=60, deadline=None)

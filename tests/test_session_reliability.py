@@ -46,8 +46,9 @@ def plain_peak(llava) -> int:
 
 def _run(script: str, *, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``script`` in a fresh interpreter (a hang fails the test through the timeout, never blocks it)."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                          env=env, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 # -- admission ends -------------------------------------------------------------------------
@@ -96,8 +97,7 @@ def test_resident_weights_give_way_to_a_longer_requests_cache():
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.5, 1.0])  # dense near the weights
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
-          derandomize=True)  # fmt: skip
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], derandomize=True)
 @given(
     encoder_cache=st.booleans(),
     prefix_reuse=st.booleans(),
@@ -134,10 +134,18 @@ def test_admission_gives_a_bounded_answer_for_every_budget_and_ladder(
     decisions = []
     spare = GovernedSession(smaller, budget="1GiB", encoder_cache=False) if fallback else None
     try:
-        with GovernedSession(llava, budget=budget, max_wait_s=1, encoder_cache=encoder_cache,
-                             prefix_reuse=prefix_reuse, stream=stream, ladder=ladder, fallback=spare,
-                             lower_resolution=same_size if lower_resolution else None,
-                             on_decision=decisions.append) as session:  # fmt: skip
+        with GovernedSession(
+            llava,
+            budget=budget,
+            max_wait_s=1,
+            encoder_cache=encoder_cache,
+            prefix_reuse=prefix_reuse,
+            stream=stream,
+            ladder=ladder,
+            fallback=spare,
+            lower_resolution=same_size if lower_resolution else None,
+            on_decision=decisions.append,
+        ) as session:
             session.ladder.latency.level = min(latency_level, len(session.ladder.rungs))
             out = session.generate(**inputs, max_new_tokens=NEW, **zoo.generate_kwargs("llava"))
             assert out.shape[0] == 1  # a pruned request is served with fewer prompt tokens
@@ -176,8 +184,14 @@ def test_waiting_for_the_budget_does_not_hold_the_lock(llava):
             self.budget_bytes = 2**30  # the budget comes back: admitted on the next look
 
     source = Source()
-    with GovernedSession(llava, budget=source, encoder_cache=False, stream=False, max_wait_s=30,
-                         ladder=LadderConfig(prune_keep_ratios=())) as session:  # fmt: skip
+    with GovernedSession(
+        llava,
+        budget=source,
+        encoder_cache=False,
+        stream=False,
+        max_wait_s=30,
+        ladder=LadderConfig(prune_keep_ratios=()),
+    ) as session:
         source.budget_bytes = state_bytes(llava) + 1  # no room for anything but the weights
         session.generate(**inputs, max_new_tokens=NEW, **zoo.generate_kwargs("llava"))
     assert lock_free_while_waiting == [True]
@@ -245,8 +259,9 @@ def test_streaming_folders_go_with_the_session(tmp_path):
 
     env = dict(os.environ, TMPDIR=str(tmp_path))
     ways = ["close", "with", "gc", "exit"]
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_STREAMING), *ways], capture_output=True, text=True,
-                          env=env, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_STREAMING), *ways], capture_output=True, text=True, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     left_inside = [line.split() for line in proc.stdout.splitlines()]
     # "exit": the last session is still open, its folder there until the interpreter ends
@@ -280,8 +295,12 @@ _LIMITED = """
 
 
 def _limited(headroom_mib: int, prompt_tokens: int, blocks: int = 0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(_LIMITED), str(headroom_mib), str(prompt_tokens),
-                           str(blocks)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_LIMITED), str(headroom_mib), str(prompt_tokens), str(blocks)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_an_address_space_limit_below_the_budget_refuses_instead_of_crashing():
@@ -305,8 +324,9 @@ def test_two_rows_with_one_image_are_refused(llava):
     inputs = zoo.make_inputs(llava, prompt_tokens=30)
     ids = inputs["input_ids"].repeat(2, 1)
     with GovernedSession(llava, budget="1GiB") as session, pytest.raises(ValueError, match="which row"):
-        session.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=inputs["pixel_values"],
-                         max_new_tokens=NEW)  # fmt: skip
+        session.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=inputs["pixel_values"], max_new_tokens=NEW
+        )
 
 
 def test_two_rows_with_an_image_each_get_their_own(llava):
@@ -314,9 +334,12 @@ def test_two_rows_with_an_image_each_get_their_own(llava):
     b = zoo.make_inputs(llava, prompt_tokens=30, seed=1)
     gk = zoo.generate_kwargs("llava")
     with GovernedSession(llava, budget="1GiB") as session:
-        both = session.generate(input_ids=torch.cat([a["input_ids"], b["input_ids"]]),
-                                pixel_values=torch.cat([a["pixel_values"], b["pixel_values"]]),
-                                max_new_tokens=NEW, **gk)  # fmt: skip
+        both = session.generate(
+            input_ids=torch.cat([a["input_ids"], b["input_ids"]]),
+            pixel_values=torch.cat([a["pixel_values"], b["pixel_values"]]),
+            max_new_tokens=NEW,
+            **gk,
+        )
         alone = session.generate(**b, max_new_tokens=NEW, **gk)
     assert torch.equal(both[1:], alone)
 
@@ -366,8 +389,13 @@ def test_where_the_processs_real_needs_exceed_the_plan_the_session_refuses_or_an
     serves again, or refuses with the reason — never the allocator's raw error from inside generate().
     Below the weights (176 MiB of 180) the limit leaves no room at all: the constructor refuses."""
     env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
-    proc = subprocess.run([sys.executable, "-c", _DEMO_UNDER_A_LIMIT, str(budget_mib)], capture_output=True,
-                          text=True, timeout=600, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _DEMO_UNDER_A_LIMIT, str(budget_mib)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     outcome, hits = proc.stdout.split("\n")[:2]
     assert outcome == "answered" or outcome.startswith("refused"), proc.stdout

@@ -66,8 +66,12 @@ def collector_cli(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen[
     """``memwarden collect`` on loopback port 0, in a process group of its own."""
     out = tmp_path / "collected"
     out.mkdir()
-    proc = subprocess.Popen(_cli("collect", "--listen", "127.0.0.1:0", "-o", str(out)), stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        _cli("collect", "--listen", "127.0.0.1:0", "-o", str(out)),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert proc.stderr is not None
         first = proc.stderr.readline()  # blocks until it listens
@@ -92,8 +96,13 @@ def test_a_container_kill_leaves_the_trace_at_the_collector(
     address, collected, collector = collector_cli
     script, marker, out = tmp_path / "sleeper.py", tmp_path / "ready", tmp_path / "local.mwtrace"
     script.write_text(SLEEPER)
-    traced = subprocess.Popen(_cli("trace", "--sink", address, "-o", str(out), str(script), str(marker)),
-                              cwd=str(tmp_path), stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    traced = subprocess.Popen(
+        _cli("trace", "--sink", address, "-o", str(out), str(script), str(marker)),
+        cwd=str(tmp_path),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _wait(lambda: marker.exists() or traced.poll() is not None, "the script's marker")
         assert traced.poll() is None, traced.stderr.read() if traced.stderr else ""
@@ -127,8 +136,13 @@ def test_a_normal_end_sends_the_complete_trace(tmp_path: Path) -> None:
     try:
         script = tmp_path / "quick.py"
         script.write_text(QUICK)
-        proc = subprocess.run(_cli("trace", "--sink", str(bound), "-o", str(tmp_path / "q.mwtrace"), str(script)),
-                              capture_output=True, text=True, timeout=300, cwd=str(tmp_path))  # fmt: skip
+        proc = subprocess.run(
+            _cli("trace", "--sink", str(bound), "-o", str(tmp_path / "q.mwtrace"), str(script)),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=str(tmp_path),
+        )
     finally:
         collector.shutdown()
     assert proc.returncode == 0, proc.stderr
@@ -147,8 +161,13 @@ def test_a_directory_sink_holds_the_complete_trace(tmp_path: Path) -> None:
     volume.mkdir()
     script = tmp_path / "quick.py"
     script.write_text(QUICK)
-    proc = subprocess.run(_cli("trace", "--sink", str(volume), "-o", str(tmp_path / "q.mwtrace"), str(script)),
-                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))  # fmt: skip
+    proc = subprocess.run(
+        _cli("trace", "--sink", str(volume), "-o", str(tmp_path / "q.mwtrace"), str(script)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
     (path,) = volume.glob("quick-*.mwtrace")
     assert memwarden.load(path).metadata["exit_status"] == 0
@@ -160,8 +179,12 @@ def test_an_unreachable_sink_is_one_line_before_the_script_runs(tmp_path: Path) 
     with socket.socket() as s:  # a port nobody listens on: bound, never listening
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-        proc = subprocess.run(_cli("trace", "--sink", f"127.0.0.1:{port}", "-o", str(tmp_path / "x.mwtrace"),
-                                   str(script)), capture_output=True, text=True, timeout=300)  # fmt: skip
+        proc = subprocess.run(
+            _cli("trace", "--sink", f"127.0.0.1:{port}", "-o", str(tmp_path / "x.mwtrace"), str(script)),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--sink" in proc.stderr, proc.stderr
     assert not (tmp_path / "ran").exists()
@@ -171,11 +194,16 @@ def test_an_unreachable_sink_is_one_line_before_the_script_runs(tmp_path: Path) 
 
 
 def test_collect_listens_on_loopback_unless_told(tmp_path: Path) -> None:
-    proc = subprocess.run(_cli("collect", "--listen", "0.0.0.0:0", "-o", str(tmp_path)), capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        _cli("collect", "--listen", "0.0.0.0:0", "-o", str(tmp_path)), capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "--allow-remote" in proc.stderr and proc.stderr.count("\n") == 1
-    proc = subprocess.run(_cli("collect", "--listen", "127.0.0.1:0", "-o", str(tmp_path / "none")),
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        _cli("collect", "--listen", "127.0.0.1:0", "-o", str(tmp_path / "none")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
 
 
@@ -184,8 +212,11 @@ RUN = "0123456789abcdef"
 
 
 def _header(**fields: object) -> bytes:
-    return SINK_MAGIC + json.dumps({"kind": "stream", "run": RUN, "name": "x", "part": 1, "initial": 16,
-                                    **fields}).encode() + b"\n"  # fmt: skip
+    return (
+        SINK_MAGIC
+        + json.dumps({"kind": "stream", "run": RUN, "name": "x", "part": 1, "initial": 16, **fields}).encode()
+        + b"\n"
+    )
 
 
 def _talk(address: SinkAddress, data: bytes, hold: bool = False) -> str | socket.socket:
@@ -206,8 +237,9 @@ def served(tmp_path: Path) -> Iterator[tuple[SinkAddress, Path, list[str]]]:
     out = tmp_path / "collected"
     out.mkdir()
     lines: list[str] = []
-    collector = Collector(SinkAddress.parse("127.0.0.1:0", listening=True), out, max_part_bytes=4096,
-                          max_connections=2, log=lines.append)  # fmt: skip
+    collector = Collector(
+        SinkAddress.parse("127.0.0.1:0", listening=True), out, max_part_bytes=4096, max_connections=2, log=lines.append
+    )
     bound = collector.bind()
     thread = threading.Thread(target=collector.serve_forever, daemon=True)
     thread.start()

@@ -35,11 +35,39 @@ MiB = 1 << 20
 
 # Opcodes torch/utils/viz/MemoryViz.js can unpickle; anything else breaks the viewer.
 VIEWER_OPCODES = {
-    "PROTO", "FRAME", "STOP", "MARK", "MEMOIZE", "BINPUT", "LONG_BINPUT", "BINGET", "LONG_BINGET",
-    "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE", "DICT", "LIST", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
-    "APPEND", "APPENDS", "SETITEM", "SETITEMS", "NONE", "NEWTRUE", "NEWFALSE",
-    "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT", "SHORT_BINUNICODE", "BINUNICODE",
-}  # fmt: skip
+    "PROTO",
+    "FRAME",
+    "STOP",
+    "MARK",
+    "MEMOIZE",
+    "BINPUT",
+    "LONG_BINPUT",
+    "BINGET",
+    "LONG_BINGET",
+    "EMPTY_DICT",
+    "EMPTY_LIST",
+    "EMPTY_TUPLE",
+    "DICT",
+    "LIST",
+    "TUPLE",
+    "TUPLE1",
+    "TUPLE2",
+    "TUPLE3",
+    "APPEND",
+    "APPENDS",
+    "SETITEM",
+    "SETITEMS",
+    "NONE",
+    "NEWTRUE",
+    "NEWFALSE",
+    "BININT",
+    "BININT1",
+    "BININT2",
+    "LONG1",
+    "BINFLOAT",
+    "SHORT_BINUNICODE",
+    "BINUNICODE",
+}
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -54,15 +82,24 @@ def built_trace() -> Trace:
     base = 0x7F0000000000
     weight = {"device": "cuda:0", "category": Category.WEIGHT, "module": "vision_tower"}
     act = {
-        "device": "cuda:0", "category": Category.ACTIVATION, "modality": Modality.VISION, "phase": Phase.ENCODE,
-        "module": "vision_tower.encoder.layers.0", "op": "aten::mm", "dtype": "float16", "shape": (1, 577, 1024),
-    }  # fmt: skip
+        "device": "cuda:0",
+        "category": Category.ACTIVATION,
+        "modality": Modality.VISION,
+        "phase": Phase.ENCODE,
+        "module": "vision_tower.encoder.layers.0",
+        "op": "aten::mm",
+        "dtype": "float16",
+        "shape": (1, 577, 1024),
+    }
     mapped = {"device": "cuda:0", "category": Category.WEIGHT, "module": "lm_head"}
     temp = {"device": "cuda:0", "category": Category.TEMPORARY, "op": "aten::add"}
     kv = {
-        "device": "cuda:0", "category": Category.KV_CACHE, "modality": Modality.TEXT, "phase": Phase.DECODE,
+        "device": "cuda:0",
+        "category": Category.KV_CACHE,
+        "modality": Modality.TEXT,
+        "phase": Phase.DECODE,
         "module": "language_model.layers.0.self_attn",
-    }  # fmt: skip
+    }
     b.event(0, Action.PREEXISTING, 1, base, 8 * MiB, **weight)
     b.event(10, Action.ALLOC, 2, base + 8 * MiB, 30 * MiB, **act)
     b.event(12, Action.MAP, 3, base + 64 * MiB, 3 * MiB, **mapped)
@@ -198,10 +235,19 @@ def small_snapshot_dict() -> dict[str, Any]:
         active = sum(b["size"] for b in blocks if b["state"] != "inactive")
         requested = sum(b["requested_size"] for b in blocks if b["state"] != "inactive")
         return {
-            "device": 0, "address": addr, "total_size": total, "allocated_size": allocated, "active_size": active,
-            "requested_size": requested, "stream": 0, "segment_type": kind, "segment_pool_id": (0, 0),
-            "is_expandable": False, "frames": [], "blocks": blocks,
-        }  # fmt: skip
+            "device": 0,
+            "address": addr,
+            "total_size": total,
+            "allocated_size": allocated,
+            "active_size": active,
+            "requested_size": requested,
+            "stream": 0,
+            "segment_type": kind,
+            "segment_pool_id": (0, 0),
+            "is_expandable": False,
+            "frames": [],
+            "blocks": blocks,
+        }
 
     trace0 = [
         entry("alloc", SEG_A + 8 * MiB, 4 * MiB, 100, mlp),
@@ -221,7 +267,8 @@ def small_snapshot_dict() -> dict[str, Any]:
     ]
     segments = [
         segment(
-            SEG_A, 20 * MiB,
+            SEG_A,
+            20 * MiB,
             [
                 block(SEG_A, 8 * MiB, 8_000_000, "active_allocated", weights),
                 block(SEG_A + 8 * MiB, 4 * MiB, 4 * MiB, "active_allocated", mlp),
@@ -230,11 +277,12 @@ def small_snapshot_dict() -> dict[str, Any]:
             "large",
         ),
         segment(
-            SEG_B, 2 * MiB,
+            SEG_B,
+            2 * MiB,
             [block(SEG_B, 512, 512, "active_pending_free", attn), block(SEG_B + 512, 2 * MiB - 512, 0, "inactive", [])],
             "small",
         ),
-    ]  # fmt: skip
+    ]
     settings = {
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
         "max_split_size": -1,
@@ -386,16 +434,42 @@ def test_export_uses_given_allocator_segments():
     base = 0x7F0000000000
     segments = [
         {
-            "device": 0, "address": base, "total_size": 20 * MiB, "allocated_size": 2 * MiB + 1024,
-            "active_size": 2 * MiB + 1024, "requested_size": 2 * MiB + 1000, "stream": 0, "segment_type": "large",
-            "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+            "device": 0,
+            "address": base,
+            "total_size": 20 * MiB,
+            "allocated_size": 2 * MiB + 1024,
+            "active_size": 2 * MiB + 1024,
+            "requested_size": 2 * MiB + 1000,
+            "stream": 0,
+            "segment_type": "large",
+            "segment_pool_id": (0, 0),
+            "is_expandable": False,
+            "frames": [],
             "blocks": [
-                {"address": base, "size": 2 * MiB, "requested_size": 2 * MiB, "state": "active_allocated", "frames": []},
-                {"address": base + 2 * MiB, "size": 1024, "requested_size": np.int64(1000), "state": "active_allocated", "frames": []},
-                {"address": base + 2 * MiB + 1024, "size": 18 * MiB - 1024, "requested_size": 0, "state": "inactive", "frames": []},
+                {
+                    "address": base,
+                    "size": 2 * MiB,
+                    "requested_size": 2 * MiB,
+                    "state": "active_allocated",
+                    "frames": [],
+                },
+                {
+                    "address": base + 2 * MiB,
+                    "size": 1024,
+                    "requested_size": np.int64(1000),
+                    "state": "active_allocated",
+                    "frames": [],
+                },
+                {
+                    "address": base + 2 * MiB + 1024,
+                    "size": 18 * MiB - 1024,
+                    "requested_size": 0,
+                    "state": "inactive",
+                    "frames": [],
+                },
             ],
         }
-    ]  # fmt: skip
+    ]
     snapshot = to_snapshot(trace, segments, allocator_settings={"expandable_segments": True})
     replay_viewer(snapshot)  # live blocks moved onto the given blocks, freed ones in segments of their own
     allocs = {e["addr"]: e["size"] for e in snapshot["device_traces"][0] if e["action"] == "alloc"}

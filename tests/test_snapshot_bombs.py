@@ -50,8 +50,10 @@ def test_frames_sharing_one_huge_string_are_refused():
 
 def test_the_same_entries_written_out_in_full_still_load():
     """The budget is proportional to the file: the same data without memo sharing is a normal snapshot."""
-    snapshot = {"segments": [], "device_traces": [[_entry(k, [{"name": f"f{k}", "filename": f"m{k}.py", "line": 1}])
-                                                    for k in range(2000)]]}  # fmt: skip
+    snapshot = {
+        "segments": [],
+        "device_traces": [[_entry(k, [{"name": f"f{k}", "filename": f"m{k}.py", "line": 1}]) for k in range(2000)]],
+    }
     trace = load_snapshot(pickle.dumps(snapshot, protocol=4))
     assert len(trace) == 2000
 

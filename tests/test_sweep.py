@@ -56,13 +56,43 @@ def test_wilson_interval_holds_the_rate_and_stays_in_bounds():
 def test_sweep_page_plots_both_curves():
     def side(failed, n=6):
         lo, hi = wilson_interval(failed, n)
-        return {"requests": n, "failed": failed, "rate": failed / n, "low": lo, "high": hi, "ok": n - failed,
-                "oom": failed, "crash": 0, "lost": 0, "peak_rss_max_bytes": None}  # fmt: skip
+        return {
+            "requests": n,
+            "failed": failed,
+            "rate": failed / n,
+            "low": lo,
+            "high": hi,
+            "ok": n - failed,
+            "oom": failed,
+            "crash": 0,
+            "lost": 0,
+            "peak_rss_max_bytes": None,
+        }
 
-    points = [{"value": v * 2**20, "label": f"{v} MiB", "inject": [], "rss_limit_bytes": None, "a": side(fa),
-               "b": side(0), "failure_rate_p_value": 1.0} for v, fa in ((0, 0), (128, 2), (256, 6))]  # fmt: skip
-    data = {"sweep": "jitter:size=0..256MiB:3", "kind": "jitter", "key": "size", "unit": "bytes", "runs": 6,
-            "seed": 0, "inject": [], "a_name": "plain", "b_name": "governed", "points": points}  # fmt: skip
+    points = [
+        {
+            "value": v * 2**20,
+            "label": f"{v} MiB",
+            "inject": [],
+            "rss_limit_bytes": None,
+            "a": side(fa),
+            "b": side(0),
+            "failure_rate_p_value": 1.0,
+        }
+        for v, fa in ((0, 0), (128, 2), (256, 6))
+    ]
+    data = {
+        "sweep": "jitter:size=0..256MiB:3",
+        "kind": "jitter",
+        "key": "size",
+        "unit": "bytes",
+        "runs": 6,
+        "seed": 0,
+        "inject": [],
+        "a_name": "plain",
+        "b_name": "governed",
+        "points": points,
+    }
     html = render_sweep_html(data)
     curves = dict(re.findall(r'class="curve-(a|b)" points="([^"]+)"', html))
     assert set(curves) == {"a", "b"}

@@ -55,8 +55,11 @@ def test_pull_fetches_only_the_changed_layers(tmp_path: Path) -> None:
         sent_before = server.bytes_sent
         delta = await client.pull("a", first.manifest)
         assert delta is not None and sorted(delta.tensors) == [
-            "layers.3.lora_A.weight", "layers.3.lora_B.weight", "layers.5.lora_A.weight", "layers.5.lora_B.weight",
-        ]  # fmt: skip
+            "layers.3.lora_A.weight",
+            "layers.3.lora_B.weight",
+            "layers.5.lora_A.weight",
+            "layers.5.lora_B.weight",
+        ]
         assert delta.base_digest == first.manifest.content_digest
         sent = server.bytes_sent - sent_before
         assert sent <= (2 / 8 + 0.01) * full_bytes, (sent, full_bytes)

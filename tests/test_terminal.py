@@ -25,8 +25,11 @@ def trace_file(tmp_path_factory: pytest.TempPathFactory) -> str:
 def at_80(*args: str) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "memwarden.cli", *args],
-        capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"}, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+        timeout=300,
+    )
     assert proc.returncode in (0, 1), proc.stderr
     lines = proc.stdout.splitlines()
     too_wide = [line for line in lines if cell_len(line.rstrip()) > 80]

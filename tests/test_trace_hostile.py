@@ -33,9 +33,14 @@ def _mutated(events: Any = None, spans: Any = None, metadata: Any = None, shapes
     for fn, target in ((events, ev), (spans, sp), (metadata, md)):
         if fn is not None:
             fn(target)
-    trace = Trace(events=ev, spans=sp, strings=list(base.strings),
-                  shapes=list(base.shapes) if shapes is None else shapes, devices=list(base.devices),
-                  metadata=md)  # fmt: skip
+    trace = Trace(
+        events=ev,
+        spans=sp,
+        strings=list(base.strings),
+        shapes=list(base.shapes) if shapes is None else shapes,
+        devices=list(base.devices),
+        metadata=md,
+    )
     return dumps(trace)
 
 
@@ -123,8 +128,9 @@ def test_commands_give_one_error_line_or_work(tmp_path, case):
     path.write_bytes({**REFUSED, **HARMLESS}[case]())
     for command in COMMANDS:
         args = [a.format(out=tmp_path / "out.html") for a in command]
-        proc = subprocess.run([sys.executable, "-m", "memwarden.cli", *args, str(path)], capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "memwarden.cli", *args, str(path)], capture_output=True, text=True, timeout=300
+        )
         assert "Traceback" not in proc.stderr, (command, proc.stderr[-3000:])
         if proc.returncode != 0:
             assert len(proc.stderr.strip().splitlines()) == 1, (command, proc.stderr)

@@ -27,19 +27,30 @@ def traces(draw: st.DrawFn) -> Trace:
             b.event(t, Action.FREE, tid, tid * 4096, 10)
             continue
         b.event(
-            t, draw(st.sampled_from([Action.ALLOC, Action.MAP, Action.PREEXISTING])), i, i * 4096,
+            t,
+            draw(st.sampled_from([Action.ALLOC, Action.MAP, Action.PREEXISTING])),
+            i,
+            i * 4096,
             draw(st.integers(0, 2**40)),
             device=draw(st.sampled_from(["cpu", "cuda:0"])),
-            category=draw(st.sampled_from(list(Category))), modality=draw(st.sampled_from(list(Modality))),
-            phase=draw(st.sampled_from(list(Phase))), module=draw(st.none() | names), op=draw(st.none() | names),
+            category=draw(st.sampled_from(list(Category))),
+            modality=draw(st.sampled_from(list(Modality))),
+            phase=draw(st.sampled_from(list(Phase))),
+            module=draw(st.none() | names),
+            op=draw(st.none() | names),
             dtype=draw(st.none() | st.sampled_from(["float32", "int8"])),
             shape=draw(st.none() | st.tuples(st.integers(0, 9), st.integers(0, 9))),
-        )  # fmt: skip
+        )
         live.append(i)
     for _ in range(draw(st.integers(0, 5))):
         s = draw(st.integers(0, 10_000))
-        b.span(s, s + draw(st.integers(0, 100)), draw(st.sampled_from(list(SpanKind))), draw(names),
-               fingerprint=draw(st.none() | names))  # fmt: skip
+        b.span(
+            s,
+            s + draw(st.integers(0, 100)),
+            draw(st.sampled_from(list(SpanKind))),
+            draw(names),
+            fingerprint=draw(st.none() | names),
+        )
     return b.build()
 
 

@@ -158,8 +158,13 @@ def test_estimate_names_its_device_profile_flag_as_the_others_do() -> None:
     assert "--device is deprecated here; use --device-profile" in old.stderr  # still accepted, with a warning
 
 
-@pytest.mark.parametrize(("args", "flag", "api_name"), [(["--new-tokens", "0"], "--new-tokens", "new_tokens"),
-                                                        (["--audio-seconds", "-1"], "--audio-seconds", "audio_seconds")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "flag", "api_name"),
+    [
+        (["--new-tokens", "0"], "--new-tokens", "new_tokens"),
+        (["--audio-seconds", "-1"], "--audio-seconds", "audio_seconds"),
+    ],
+)
 def test_estimate_errors_name_flags(args: list[str], flag: str, api_name: str) -> None:
     proc = run_cli("estimate", "llava", *args, "--no-suggest")
     assert proc.returncode == 2
@@ -185,15 +190,21 @@ def test_inject_help_names_every_field() -> None:
 def test_replay_oom_names_time_size_module_op_category(trace_file: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "memwarden.cli", "replay", trace_file, "--limit", "20MiB"],
-        capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     line = next(line for line in proc.stdout.splitlines() if "out of memory" in line)
     match = re.search(r"at ([\d.]+ (?:s|ms|µs)): ([\d.]+ [KMG]?i?B) for (\S+) \(([\w:]+), (\w+)\)", line)
     assert match, line
     time, size, module, op, category = match.groups()
-    assert module.startswith("model.") and op.startswith("aten::") and category in {"weight", "activation",
-                                                                                   "temporary", "kv_cache"}  # fmt: skip
+    assert (
+        module.startswith("model.")
+        and op.startswith("aten::")
+        and category in {"weight", "activation", "temporary", "kv_cache"}
+    )
 
 
 def test_summary_of_a_trace_without_events(tmp_path: Path) -> None:

@@ -20,11 +20,13 @@ def _write_fixtures(fix: Path) -> dict[str, str]:
     (fix / "script.py").write_text("x = [bytearray(1024) for _ in range(4)]\n")
     (fix / "align.jsonl").write_text(
         "".join(
-            json.dumps({"type": "audio", "t_s": i * 0.04, "samples": 640}) + "\n"
-            + json.dumps({"type": "video", "t_s": i * 0.04}) + "\n"
+            json.dumps({"type": "audio", "t_s": i * 0.04, "samples": 640})
+            + "\n"
+            + json.dumps({"type": "video", "t_s": i * 0.04})
+            + "\n"
             for i in range(25)
         )
-    )  # fmt: skip
+    )
     (fix / "grid.toml").write_text('models = ["llava"]\n[[requests]]\nprompt_tokens = 8\nnew_tokens = 2\n')
     (fix / "thresholds.toml").write_text(to_toml(seed_thresholds()))
     (fix / "a dir").mkdir(exist_ok=True)
@@ -38,50 +40,105 @@ def _write_fixtures(fix: Path) -> dict[str, str]:
         import numpy as np
         from safetensors.numpy import save_file
 
-        save_file({"base_model.model.layers.0.q_proj.lora_A.weight": np.ones((2, 8), np.float32),
-                   "base_model.model.layers.0.q_proj.lora_B.weight": np.zeros((8, 2), np.float32)},
-                  str(fix / "adapter.safetensors"))  # fmt: skip
+        save_file(
+            {
+                "base_model.model.layers.0.q_proj.lora_A.weight": np.ones((2, 8), np.float32),
+                "base_model.model.layers.0.q_proj.lora_B.weight": np.zeros((8, 2), np.float32),
+            },
+            str(fix / "adapter.safetensors"),
+        )
     except ImportError:
         (fix / "adapter.safetensors").write_bytes(b"")
-    return {k: str(fix / v) for k, v in {"trace": "seed.mwtrace", "pickle": "seed.pickle", "script": "script.py",
-            "align": "align.jsonl", "grid": "grid.toml", "thresholds": "thresholds.toml", "dir": "a dir",
-            "fifo": "fifo", "link": "link.json", "adapter": "adapter.safetensors"}.items()}  # fmt: skip
+    return {
+        k: str(fix / v)
+        for k, v in {
+            "trace": "seed.mwtrace",
+            "pickle": "seed.pickle",
+            "script": "script.py",
+            "align": "align.jsonl",
+            "grid": "grid.toml",
+            "thresholds": "thresholds.toml",
+            "dir": "a dir",
+            "fifo": "fifo",
+            "link": "link.json",
+            "adapter": "adapter.safetensors",
+        }.items()
+    }
 
 
 def argv_seeds(f: dict[str, str]) -> list[list[str]]:
     stress = str(ROOT / "examples/stress/plain.toml")
     return [
-        ["summary", f["trace"]], ["summary", "--json", f["pickle"]], ["diagnose", "--config", f["thresholds"], f["trace"]],
-        ["diagnose", "--json", "--pattern", "fragmentation", f["trace"]], ["diagnose", "--html", "d.html", f["trace"]],
+        ["summary", f["trace"]],
+        ["summary", "--json", f["pickle"]],
+        ["diagnose", "--config", f["thresholds"], f["trace"]],
+        ["diagnose", "--json", "--pattern", "fragmentation", f["trace"]],
+        ["diagnose", "--html", "d.html", f["trace"]],
         ["check", "--max-peak", "1GiB", "--max", "allocated:prefill.vision=2MiB", f["trace"]],
         ["check", "--baseline", f["trace"], "--max-growth", "5%", "--min-delta", "1KiB", f["trace"]],
-        ["report", "-o", "r.html", "--title", "t", f["trace"]], ["export", "--format", "chrome", "-o", "c.json", f["trace"]],
+        ["report", "-o", "r.html", "--title", "t", f["trace"]],
+        ["export", "--format", "chrome", "-o", "c.json", f["trace"]],
         ["export", "--format", "torch-snapshot", "--allocator", "pytorch-expandable", "-o", "s.pickle", f["trace"]],
         ["replay", "--limit", "4KiB", "--alloc-conf", "max_split_size_mb:128,roundup_power2_divisions:4", f["trace"]],
-        ["replay", "--heatmap", "h.png", "--device", "cpu", f["trace"]], ["plan", "--alignment", "512", "--json", f["trace"]],
+        ["replay", "--heatmap", "h.png", "--device", "cpu", f["trace"]],
+        ["plan", "--alignment", "512", "--json", f["trace"]],
         ["plan", "--strategy", "greedy-by-size", "--device", "0", f["trace"]],
-        ["estimate", "llava", "--no-suggest", "--json", "--image", "64x48", "--prompt-tokens", "8", "--new-tokens", "2"],
+        [
+            "estimate",
+            "llava",
+            "--no-suggest",
+            "--json",
+            "--image",
+            "64x48",
+            "--prompt-tokens",
+            "8",
+            "--new-tokens",
+            "2",
+        ],
         ["estimate", "qwen2-audio", "--no-suggest", "--audio-seconds", "1", "--batch", "2", "--dtype", "float16"],
         ["estimate", "llava", "--no-suggest", "--sweep", "--prompt-tokens", "8,16", "--new-tokens", "2", "--quiet"],
         ["estimate", "llava", "--no-suggest", "--fit", "1GiB", "--solve", "new-tokens", "--quiet", "--json"],
-        ["estimate", "llava", "--no-suggest", "--weights-dtype", "int4", "--kv-dtype", "int8", "--max-pixels", "4096",
-         "--device-profile", "raspberry-pi-5-8gb", "--format", "md", "--logits", "full"],
-        ["devices", "--json"], ["telemetry", "--json", "--count", "1"],
+        [
+            "estimate",
+            "llava",
+            "--no-suggest",
+            "--weights-dtype",
+            "int4",
+            "--kv-dtype",
+            "int8",
+            "--max-pixels",
+            "4096",
+            "--device-profile",
+            "raspberry-pi-5-8gb",
+            "--format",
+            "md",
+            "--logits",
+            "full",
+        ],
+        ["devices", "--json"],
+        ["telemetry", "--json", "--count", "1"],
         ["telemetry", "--replay", str(ROOT / "examples/telemetry/cold.jsonl"), "--json", "--set", "hysteresis_s=10"],
         ["telemetry", "--replay", str(ROOT / "examples/telemetry/tegrastats_orin_nano.log"), "--budget", "6GiB"],
-        ["top", "127.0.0.1:9", "--once"], ["sweep", f["grid"], "--json", "--jobs", "1", "--quiet"],
-        ["doctor", "--no-probe", "--json"], ["doctor", "--collect", "--no-probe", "-o", "facts.json"],
+        ["top", "127.0.0.1:9", "--once"],
+        ["sweep", f["grid"], "--json", "--jobs", "1", "--quiet"],
+        ["doctor", "--no-probe", "--json"],
+        ["doctor", "--collect", "--no-probe", "-o", "facts.json"],
         ["align-check", f["align"], "--json", "--audio-rate", "16000", "--video-fps", "25"],
         ["align-check", f["align"], "--audio-per-frame", "640"],
-        ["lora", "manifest", f["adapter"], "--version", "3"], ["lora", "diff", f["adapter"], f["adapter"], "-o", "d.st"],
+        ["lora", "manifest", f["adapter"], "--version", "3"],
+        ["lora", "diff", f["adapter"], f["adapter"], "-o", "d.st"],
         ["lora", "apply", f["adapter"], f["adapter"], "-o", "n.st"],
-        ["compare", "--json", f["trace"], f["pickle"]], ["compare", "--html", "c.html", "--module-depth", "2", f["trace"], f["trace"]],
+        ["compare", "--json", f["trace"], f["pickle"]],
+        ["compare", "--html", "c.html", "--module-depth", "2", f["trace"], f["trace"]],
         ["partition", "missing.onnx", "--device-profile", "jetson-orin-nano-8gb", "--json", "--time-limit", "1"],
-        ["trace", "-o", "t.mwtrace", f["script"]], ["trace", "-o", "t.mwtrace", "--ring", "1", "--stacks", f["script"]],
+        ["trace", "-o", "t.mwtrace", f["script"]],
+        ["trace", "-o", "t.mwtrace", "--ring", "1", "--stacks", f["script"]],
         ["stress", "--a", stress, "--b", stress, "--runs", "0", "--json", "--quiet"],
         ["demo", "--size", "tiny", "--naive-only", "--turns", "1", "--quiet", "--json", "-o", "demo-out"],
-        [], ["--version"], ["summary", "--help"],
-    ]  # fmt: skip
+        [],
+        ["--version"],
+        ["summary", "--help"],
+    ]
 
 
 def _flags() -> list[str]:
@@ -97,12 +154,58 @@ def _flags() -> list[str]:
 
 
 def argv_values(f: dict[str, str]) -> list[str]:
-    return ["-1", "0", "1e999", "inf", "-inf", "nan", "NaN", "9" * 400, "1e20", "2**63", "18446744073709551616",
-            "100000000", "200000000", "x" * 5000, "", " ", "\u202e", "日本語", "-", "--", "=", "1,2,,3", "0x10",
-            "1.5", "-0", "1GiB", "1e300GiB", "-5MiB", "448x-3", "0x0", "99999x99999", "a=b", "allocated:=1",
-            "/nonexistent/dir/x", "/dev/zero", "/proc/self/status", "/", f["dir"], f["fifo"], f["link"],
-            f["trace"], f["pickle"], f["script"], f["align"], "llava:huge", "llava", "qwen2-vl:small",
-            "max_split_size_mb:-1", "roundup_power2_divisions:0", "expandable_segments:maybe"]  # fmt: skip
+    return [
+        "-1",
+        "0",
+        "1e999",
+        "inf",
+        "-inf",
+        "nan",
+        "NaN",
+        "9" * 400,
+        "1e20",
+        "2**63",
+        "18446744073709551616",
+        "100000000",
+        "200000000",
+        "x" * 5000,
+        "",
+        " ",
+        "\u202e",
+        "日本語",
+        "-",
+        "--",
+        "=",
+        "1,2,,3",
+        "0x10",
+        "1.5",
+        "-0",
+        "1GiB",
+        "1e300GiB",
+        "-5MiB",
+        "448x-3",
+        "0x0",
+        "99999x99999",
+        "a=b",
+        "allocated:=1",
+        "/nonexistent/dir/x",
+        "/dev/zero",
+        "/proc/self/status",
+        "/",
+        f["dir"],
+        f["fifo"],
+        f["link"],
+        f["trace"],
+        f["pickle"],
+        f["script"],
+        f["align"],
+        "llava:huge",
+        "llava",
+        "qwen2-vl:small",
+        "max_split_size_mb:-1",
+        "roundup_power2_divisions:0",
+        "expandable_segments:maybe",
+    ]
 
 
 def make_argv(seeds: list[list[str]], flags: list[str], values: list[str], rng: random.Random) -> list[str]:

@@ -16,9 +16,28 @@ def seed_configs() -> list[dict[str, Any]]:
     return [json.loads(json.dumps(s, default=str)) for s in seeds]
 
 
-_CONFIG_VALUES = ["pipeline", "Trainer", "__spec__", "AutoModel", "LlavaForConditionalGeneration", "gelu_new", "nope",
-                  "llava", "qwen2_vl", "mllama", "bert", "float64", "int8", "auto", ["pipeline"], ["__spec__"], -1000,
-                  -5, 0, 1e-30]  # fmt: skip
+_CONFIG_VALUES = [
+    "pipeline",
+    "Trainer",
+    "__spec__",
+    "AutoModel",
+    "LlavaForConditionalGeneration",
+    "gelu_new",
+    "nope",
+    "llava",
+    "qwen2_vl",
+    "mllama",
+    "bert",
+    "float64",
+    "int8",
+    "auto",
+    ["pipeline"],
+    ["__spec__"],
+    -1000,
+    -5,
+    0,
+    1e-30,
+]
 
 
 def make_config(seeds: list[dict[str, Any]], rng: random.Random) -> tuple[bytes, list[str]]:

@@ -11,8 +11,23 @@ from typing import Any
 
 HUGE_INTS = [-1, 0, 1, -(2**31), 2**31 - 1, 2**32, 2**53 + 1, 2**62, 2**63 - 1, -(2**63), 2**64, 2**64 - 1, 10**30]
 FLOATS = [float("nan"), float("inf"), float("-inf"), -0.0, 1e308, -1e308, 5e-324, 0.5, -0.5, 1e20]
-TEXTS = ["", " ", "x" * 10_000, "\u202e\u0000evil", "日本語", "<script>alert(1)</script>", "${HOME}", "%s%n",
-         "../../../../etc/passwd", "\ud800" * 0 + "\U0001f600" * 50, "\n\r\t", "None", "null", "NaN", "-1"]  # fmt: skip
+TEXTS = [
+    "",
+    " ",
+    "x" * 10_000,
+    "\u202e\u0000evil",
+    "日本語",
+    "<script>alert(1)</script>",
+    "${HOME}",
+    "%s%n",
+    "../../../../etc/passwd",
+    "\ud800" * 0 + "\U0001f600" * 50,
+    "\n\r\t",
+    "None",
+    "null",
+    "NaN",
+    "-1",
+]
 
 
 def hostile_scalar(rng: random.Random) -> Any:
@@ -133,8 +148,21 @@ def mutate_tree(obj: Any, rng: random.Random, extra_values: list[Any] | None = N
     return obj
 
 
-_INTERESTING_BYTES = [b"\xff" * 8, b"\x00" * 8, b"-1", b"1e999", b"9" * 5000, b"NaN", b"[" * 2000, b"{" * 2000,
-                      b'"', b"\\", b"\x80", struct.pack("<Q", 1 << 63), struct.pack("<I", 0xFFFFFFFF)]  # fmt: skip
+_INTERESTING_BYTES = [
+    b"\xff" * 8,
+    b"\x00" * 8,
+    b"-1",
+    b"1e999",
+    b"9" * 5000,
+    b"NaN",
+    b"[" * 2000,
+    b"{" * 2000,
+    b'"',
+    b"\\",
+    b"\x80",
+    struct.pack("<Q", 1 << 63),
+    struct.pack("<I", 0xFFFFFFFF),
+]
 
 
 def mutate_bytes(data: bytes, rng: random.Random, start: int = 0) -> bytes:

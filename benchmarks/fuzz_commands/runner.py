@@ -36,17 +36,24 @@ def _preload(kinds: list[str], fix: dict[str, str], work: Path) -> None:
     # child gets its own copy with the fork, so nothing a run does to it reaches another case.
     parser = memwarden.cli.build_parser()
     memwarden.cli.build_parser = lambda: parser  # type: ignore[assignment]
-    warm = [["summary", fix["trace"]], ["diagnose", "--json", fix["trace"]], ["report", "-o", "w.html", fix["trace"]],
-            ["replay", "--heatmap", "w.png", fix["trace"]], ["plan", fix["trace"]], ["compare", fix["trace"], fix["pickle"]],
-            ["export", "--format", "torch-snapshot", "-o", "w.pickle", fix["trace"]]]  # fmt: skip
+    warm = [
+        ["summary", fix["trace"]],
+        ["diagnose", "--json", fix["trace"]],
+        ["report", "-o", "w.html", fix["trace"]],
+        ["replay", "--heatmap", "w.png", fix["trace"]],
+        ["plan", fix["trace"]],
+        ["compare", fix["trace"], fix["pickle"]],
+        ["export", "--format", "torch-snapshot", "-o", "w.pickle", fix["trace"]],
+    ]
     if "config" in kinds or "cli" in kinds:
         from memwarden.models import zoo
 
         # every family's modeling and processor modules, imported once here instead of once per case
         for name in zoo.NAMES:
             for media in (["--image", "32x32"], ["--audio-seconds", "1"]):
-                warm.append(["estimate", name, "--no-suggest", "--quiet", "--prompt-tokens", "8", "--new-tokens", "2",
-                             *media])  # fmt: skip
+                warm.append(
+                    ["estimate", name, "--no-suggest", "--quiet", "--prompt-tokens", "8", "--new-tokens", "2", *media]
+                )
     cwd = os.getcwd()
     os.chdir(work)
     try:
@@ -113,8 +120,20 @@ class KindRun:
         self.marker = base / f"canary-{kind}"
         self.work = base / f"{kind}-work"
         self.make = _case_maker(kind, random.Random(f"{kind}:{seed}"), fix, self.marker)
-        self.counts = {"cases": 0, "runs": 0, "exit_0": 0, "clear_errors": 0, "tracebacks": 0, "executions": 0,
-                       "over_time": 0, "over_time_cpu": 0, "asked_long": 0, "over_memory": 0, "crashes": 0, "bad_json": 0}  # fmt: skip
+        self.counts = {
+            "cases": 0,
+            "runs": 0,
+            "exit_0": 0,
+            "clear_errors": 0,
+            "tracebacks": 0,
+            "executions": 0,
+            "over_time": 0,
+            "over_time_cpu": 0,
+            "asked_long": 0,
+            "over_memory": 0,
+            "crashes": 0,
+            "bad_json": 0,
+        }
         self.findings: dict[str, Any] = {}
         self.max_s, self.max_cpu_s, self.max_rss, self.seconds = 0.0, 0.0, 0, 0.0
 
@@ -178,18 +197,36 @@ class KindRun:
             if p.is_file() and p.stat().st_size < 50 << 20 and not p.name.startswith(("out", "err")):
                 (kept / p.name).write_bytes(p.read_bytes())
         (kept / "argv.json").write_text(json.dumps(argv))
-        self.findings[sig] = {"argv": argv[:12], "detail": (rec.get("where") or rec.get("stderr_tb") or "")[-600:],
-                              "exc": rec.get("exc"), "kept": str(kept)}  # fmt: skip
+        self.findings[sig] = {
+            "argv": argv[:12],
+            "detail": (rec.get("where") or rec.get("stderr_tb") or "")[-600:],
+            "exc": rec.get("exc"),
+            "kept": str(kept),
+        }
 
     def result(self) -> dict[str, Any]:
-        return {"kind": self.kind, **self.counts, "max_run_s": round(self.max_s, 2),
-                "max_run_cpu_s": round(self.max_cpu_s, 2),
-                "max_rss_mib": round(self.max_rss / 2**20), "seconds": round(self.seconds, 1),
-                "findings": self.findings}  # fmt: skip
+        return {
+            "kind": self.kind,
+            **self.counts,
+            "max_run_s": round(self.max_s, 2),
+            "max_run_cpu_s": round(self.max_cpu_s, 2),
+            "max_rss_mib": round(self.max_rss / 2**20),
+            "seconds": round(self.seconds, 1),
+            "findings": self.findings,
+        }
 
 
-def fuzz(kinds: list[str], n: int, seed: int, timeout_s: float, mem_cap: int, base: Path, fix: dict[str, str],
-         keep: Path, progress: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def fuzz(
+    kinds: list[str],
+    n: int,
+    seed: int,
+    timeout_s: float,
+    mem_cap: int,
+    base: Path,
+    fix: dict[str, str],
+    keep: Path,
+    progress: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
     """``n`` cases of each kind, taken in turn (one of each, then the next of each), so a run
     stopped early has covered every kind alike."""
     states = [KindRun(kind, seed, base, fix, keep) for kind in kinds]
@@ -223,8 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mem-cap-gib", type=float, default=6.0, help="RLIMIT_AS of each case's process")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", help="also write the results (updated as they come) to this JSON file")
-    parser.add_argument("--keep", default=str(Path(tempfile.gettempdir()) / "memwarden-fuzzcmd-findings"),
-                        help="folder that keeps the inputs of each distinct finding")  # fmt: skip
+    parser.add_argument(
+        "--keep",
+        default=str(Path(tempfile.gettempdir()) / "memwarden-fuzzcmd-findings"),
+        help="folder that keeps the inputs of each distinct finding",
+    )
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     if unknown := set(kinds) - set(KINDS):
@@ -239,15 +279,19 @@ def main(argv: list[str] | None = None) -> int:
             if args.out:
                 Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "results": partial}, indent=1))
 
-        results = fuzz(kinds, args.n, args.seed, args.timeout_s, int(args.mem_cap_gib * 2**30), base, fix,
-                       Path(args.keep), save)  # fmt: skip
+        results = fuzz(
+            kinds, args.n, args.seed, args.timeout_s, int(args.mem_cap_gib * 2**30), base, fix, Path(args.keep), save
+        )
         save(results)
         for result in [] if args.json else results:
-            print(f"{result['kind']:10s} {result['cases']:6d} cases {result['runs']:7d} runs  {result['clear_errors']:6d} "
-                  f"clear errors  {result['exit_0']:6d} ok  {result['tracebacks']} tracebacks  {result['executions']} "
-                  f"executions  {result['over_time']} over {args.timeout_s:g} s  {result['over_memory']} over 2 GiB  "
-                  f"{result['crashes']} crashes  {result['bad_json']} bad JSON  max {result['max_run_s']} s "
-                  f"{result['max_rss_mib']} MiB  {result['seconds']} s", flush=True)  # fmt: skip
+            print(
+                f"{result['kind']:10s} {result['cases']:6d} cases {result['runs']:7d} runs  {result['clear_errors']:6d} "
+                f"clear errors  {result['exit_0']:6d} ok  {result['tracebacks']} tracebacks  {result['executions']} "
+                f"executions  {result['over_time']} over {args.timeout_s:g} s  {result['over_memory']} over 2 GiB  "
+                f"{result['crashes']} crashes  {result['bad_json']} bad JSON  max {result['max_run_s']} s "
+                f"{result['max_rss_mib']} MiB  {result['seconds']} s",
+                flush=True,
+            )
             for sig, ex in result["findings"].items():
                 print(f"    {sig}\n      argv {ex['argv']}\n      kept {ex['kept']}")
         if args.json:

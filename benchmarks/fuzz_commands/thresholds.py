@@ -11,11 +11,15 @@ from fuzz_commands.mutate import mutate_bytes, mutate_tree
 
 
 def seed_thresholds() -> dict[str, Any]:
-    return {"thresholds": {"all": {"min_waste_fraction": 0.01},
-                           "fragmentation": {"min_overhead_fraction": 0.3, "min_unused_bytes": 1 << 25},
-                           "kv-reprefill": {"min_prefix_tokens": 16, "high": 0.5, "medium": 0.05},
-                           "unbounded-growth": {"bins": 4, "min_bins": 3},
-                           "load-spike": {"min_ratio": 1.5}}}  # fmt: skip
+    return {
+        "thresholds": {
+            "all": {"min_waste_fraction": 0.01},
+            "fragmentation": {"min_overhead_fraction": 0.3, "min_unused_bytes": 1 << 25},
+            "kv-reprefill": {"min_prefix_tokens": 16, "high": 0.5, "medium": 0.05},
+            "unbounded-growth": {"bins": 4, "min_bins": 3},
+            "load-spike": {"min_ratio": 1.5},
+        }
+    }
 
 
 def to_toml(doc: Any) -> str:

@@ -70,13 +70,27 @@ def _column_mutation(trace: Any, rng: random.Random) -> Any:
             strings = mutate_tree(strings, rng) if strings else [hostile_scalar(rng)]
             strings = [str(s) for s in strings] if isinstance(strings, list) else strings
         elif op < 0.87:
-            shapes = [tuple(rng.choice([0, -1, 1, 2**31, 2**62, 2**63 - 1]) for _ in range(rng.randint(0, 8)))
-                      for _ in range(max(1, len(shapes)))]  # fmt: skip
+            shapes = [
+                tuple(rng.choice([0, -1, 1, 2**31, 2**62, 2**63 - 1]) for _ in range(rng.randint(0, 8)))
+                for _ in range(max(1, len(shapes)))
+            ]
         elif op < 0.92:
             devices = rng.choice([[], ["cpu"] * 3, ["x" * 5000], ["cuda:0", "cuda:0"], ["\u202e"], ["cpu", "cuda:99"]])
         else:
-            key = rng.choice(["steps", "annotations", "started_at", "device", "model", "exit_signal", "oom_killed",
-                              "resident", "ring", "x"])  # fmt: skip
+            key = rng.choice(
+                [
+                    "steps",
+                    "annotations",
+                    "started_at",
+                    "device",
+                    "model",
+                    "exit_signal",
+                    "oom_killed",
+                    "resident",
+                    "ring",
+                    "x",
+                ]
+            )
             metadata[key] = (
                 hostile_value(rng)
                 if key not in metadata or rng.random() < 0.5
@@ -100,15 +114,27 @@ def _header_mutation(data: bytes, rng: random.Random) -> bytes:
                 "length": [0, -1, 2**40, column["length"] + 1],
                 "dtype": ["<f8", ">i8", "|O", "<U8", "|b1", "<i2"],
                 "name": ["events.x", "spans.start_us", "events.time_us"],
-            }[field]  # fmt: skip
+            }[field]
         )
     elif op < 0.7 and len(payload) > 8:  # payload bytes (the checksum fixed up below)
         payload = mutate_bytes(payload, rng)
         header["payload_bytes"] = len(payload)
     text = json.dumps(header, separators=(",", ":")).encode()
     if op >= 0.7:  # the header's text: duplicated keys, non-JSON constants, nesting
-        literal = rng.choice([b"NaN", b"Infinity", b"-Infinity", b"1e999", b"9" * 5000, b'"x"', b"[]", b"null",
-                              b"[" * 3000 + b"]" * 3000, b'{"a":' * 3000 + b"1" + b"}" * 3000])  # fmt: skip
+        literal = rng.choice(
+            [
+                b"NaN",
+                b"Infinity",
+                b"-Infinity",
+                b"1e999",
+                b"9" * 5000,
+                b'"x"',
+                b"[]",
+                b"null",
+                b"[" * 3000 + b"]" * 3000,
+                b'{"a":' * 3000 + b"1" + b"}" * 3000,
+            ]
+        )
         key = rng.choice([b'"num_events"', b'"metadata"', b'"strings"', b'"devices"', b'"payload_bytes"', b'"shapes"'])
         pos = text.find(key)
         if pos > 0:
@@ -145,11 +171,19 @@ TRACE_COMMANDS = [
     [["summary", "--json", "{f}"], ["summary", "{f}"]],
     [["diagnose", "--json", "{f}"], ["diagnose", "{f}"]],
     [["report", "-o", "out.html", "{f}"]],
-    [["replay", "--json", "--limit", "1MiB", "{f}"], ["replay", "{f}"], ["replay", "--allocator", "arena", "--json", "{f}"]],
+    [
+        ["replay", "--json", "--limit", "1MiB", "{f}"],
+        ["replay", "{f}"],
+        ["replay", "--allocator", "arena", "--json", "{f}"],
+    ],
     [["plan", "--json", "{f}"], ["plan", "{f}"]],
-    [["export", "--format", "chrome", "-o", "out.json", "{f}"],
-     ["export", "--format", "torch-snapshot", "--allocator", "pytorch", "-o", "out.pickle", "{f}"]],
-    [["check", "--max-peak", "1GiB", "--max", "prefill=1MiB", "--json", "{f}"],
-     ["check", "--baseline", "{seed}", "--max-growth", "5%", "{f}"]],
+    [
+        ["export", "--format", "chrome", "-o", "out.json", "{f}"],
+        ["export", "--format", "torch-snapshot", "--allocator", "pytorch", "-o", "out.pickle", "{f}"],
+    ],
+    [
+        ["check", "--max-peak", "1GiB", "--max", "prefill=1MiB", "--json", "{f}"],
+        ["check", "--baseline", "{seed}", "--max-growth", "5%", "{f}"],
+    ],
     [["compare", "--json", "{seed}", "{f}"], ["compare", "{f}", "{seed}"]],
-]  # fmt: skip
+]

@@ -17,10 +17,17 @@ VOCAB = 1000
 
 def llama_config(layers: int = 2, hidden: int = 256) -> LlamaConfig:
     return LlamaConfig(
-        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024, pad_token_id=0,
-        bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
 
 
 def tiny_llama(dtype: torch.dtype = torch.float32, layers: int = 2, hidden: int = 256) -> LlamaForCausalLM:

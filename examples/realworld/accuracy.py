@@ -112,8 +112,13 @@ def diagnose_case_cli(case: Case) -> list[dict[str, Any]]:
     memwarden_cli = [sys.executable, "-m", "memwarden"]
     with tempfile.TemporaryDirectory(prefix="mw-accuracy-") as tmp:
         out = Path(tmp) / f"{case.name}.mwtrace"
-        subprocess.run([*memwarden_cli, "trace", "-o", str(out), case.path.name], cwd=case.path.parent,
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run(
+            [*memwarden_cli, "trace", "-o", str(out), case.path.name],
+            cwd=case.path.parent,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         done = subprocess.run(
             [*memwarden_cli, "diagnose", "--json", str(out)], check=True, capture_output=True, text=True
         )
@@ -122,8 +127,12 @@ def diagnose_case_cli(case: Case) -> list[dict[str, Any]]:
 
 def verdict(case: Case, findings: list[dict[str, Any]]) -> dict[str, Any]:
     loud = [f["pattern"] for f in findings if f["severity"] in ("high", "medium")]
-    out: dict[str, Any] = {"case": case.name, "expect": case.expect, "loud": loud,
-                           "found": [f"{f['pattern']}:{f['severity']}" for f in findings]}  # fmt: skip
+    out: dict[str, Any] = {
+        "case": case.name,
+        "expect": case.expect,
+        "loud": loud,
+        "found": [f"{f['pattern']}:{f['severity']}" for f in findings],
+    }
     if case.expect is None:
         out["ok"] = not loud
     else:
@@ -171,8 +180,12 @@ def main() -> None:
             for f in findings:
                 first = f["lines"][0] if f["lines"] else {}
                 where = f"{Path(first.get('file', '?')).name}:{first.get('line', '?')}"
-                print(f"    {f['pattern']}:{f['severity']} at {where} saves {f['saving_peak_bytes']} B "
-                      f"| {f['fix'][:160]}", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"    {f['pattern']}:{f['severity']} at {where} saves {f['saving_peak_bytes']} B "
+                    f"| {f['fix'][:160]}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     table = score(results)
     if "--json" in sys.argv:
         print(json.dumps({"cases": results, "patterns": table}, indent=2))
@@ -188,9 +201,11 @@ def main() -> None:
     planted = [r for r in results if r["expect"]]
     clean = [r for r in results if not r["expect"]]
     marked = [r for r in planted if "line_ok" in r]
-    print(f"\nrecall {sum(r['ok'] for r in planted)}/{len(planted)}; "
-          f"clean cases without a medium/high finding {sum(r['ok'] for r in clean)}/{len(clean)}; "
-          f"line to change named first {sum(r['line_ok'] for r in marked)}/{len(marked)} of the found marked cases")  # fmt: skip
+    print(
+        f"\nrecall {sum(r['ok'] for r in planted)}/{len(planted)}; "
+        f"clean cases without a medium/high finding {sum(r['ok'] for r in clean)}/{len(clean)}; "
+        f"line to change named first {sum(r['line_ok'] for r in marked)}/{len(marked)} of the found marked cases"
+    )
 
 
 if __name__ == "__main__":

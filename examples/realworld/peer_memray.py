@@ -45,8 +45,13 @@ def heaviest_line(case: Case) -> tuple[str, int, int] | None:
 
     with tempfile.TemporaryDirectory(prefix="mw-memray-") as tmp:
         out = Path(tmp) / "run.bin"
-        subprocess.run([sys.executable, "-m", "memray", "run", "-q", "--aggregate", "-o", str(out), case.path.name],
-                       cwd=case.path.parent, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "memray", "run", "-q", "--aggregate", "-o", str(out), case.path.name],
+            cwd=case.path.parent,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         reader = FileReader(str(out))
         folder = str(case.path.parent)
         per_line: Counter[tuple[str, int]] = Counter()
@@ -72,14 +77,23 @@ def main() -> None:
         top = heaviest_line(case)
         lo, hi = case.mistake_lines
         named = top is not None and Path(top[0]).resolve() == case.path.resolve() and lo <= top[1] <= hi
-        results.append({"case": case.name, "expect": case.expect, "memray_line": top[:2] if top else None,
-                        "mistake": [lo, hi], "line_ok": named})  # fmt: skip
+        results.append(
+            {
+                "case": case.name,
+                "expect": case.expect,
+                "memray_line": top[:2] if top else None,
+                "mistake": [lo, hi],
+                "line_ok": named,
+            }
+        )
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     if "--json" in sys.argv:
         print(json.dumps(results, indent=2))
         return
-    print(f"memray's heaviest line at the high-water mark is the line to change in "
-          f"{sum(r['line_ok'] for r in results)}/{len(results)} marked planted cases")  # fmt: skip
+    print(
+        f"memray's heaviest line at the high-water mark is the line to change in "
+        f"{sum(r['line_ok'] for r in results)}/{len(results)} marked planted cases"
+    )
 
 
 if __name__ == "__main__":

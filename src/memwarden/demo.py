@@ -93,18 +93,26 @@ class LimitedResult:
         if self.plain_error is not None and self.governed_error is None:
             same = ", the tokens plain gives without a limit" if self.outputs_equal else ", but NOT plain's tokens"
             if self.governed_degraded:
-                same = (f" ({self.governed_degraded} with fewer visual tokens or a smaller image to fit: "
-                        f"{'still' if self.outputs_equal else 'not'} the tokens plain gives without a limit)")  # fmt: skip
-            return (f"under {limit} plain generate() failed at turn {self.plain_answered + 1} ({self.plain_error}); "
-                    f"the GovernedSession answered all {self.turns}{same}")  # fmt: skip
+                same = (
+                    f" ({self.governed_degraded} with fewer visual tokens or a smaller image to fit: "
+                    f"{'still' if self.outputs_equal else 'not'} the tokens plain gives without a limit)"
+                )
+            return (
+                f"under {limit} plain generate() failed at turn {self.plain_answered + 1} ({self.plain_error}); "
+                f"the GovernedSession answered all {self.turns}{same}"
+            )
         if self.plain_error is not None and self.int4_ran and self.int4_error is None:
-            return (f"under {limit} plain generate() failed at turn {self.plain_answered + 1} ({self.plain_error}); "
-                    f"a GovernedSession with the same fp32 weights {self._fp32()}; with int4 weights "
-                    f"(quantize=4) it answered all {self.turns}")  # fmt: skip
+            return (
+                f"under {limit} plain generate() failed at turn {self.plain_answered + 1} ({self.plain_error}); "
+                f"a GovernedSession with the same fp32 weights {self._fp32()}; with int4 weights "
+                f"(quantize=4) it answered all {self.turns}"
+            )
         if self.plain_error is None and self.governed_error is None:
-            return (f"both fit {limit}; the GovernedSession reserves its KV pool up front "
-                    f"({format_bytes(self.pool_bytes)}, at most {format_bytes(self.pool_used_bytes)} used by one "
-                    "request), which plain generate() grows only as it goes")  # fmt: skip
+            return (
+                f"both fit {limit}; the GovernedSession reserves its KV pool up front "
+                f"({format_bytes(self.pool_bytes)}, at most {format_bytes(self.pool_used_bytes)} used by one "
+                "request), which plain generate() grows only as it goes"
+            )
         int4 = f"; with int4 weights {self.int4_error or 'answered'}" if self.int4_ran else ""
         return f"under {limit}: plain {self.plain_error or 'answered'}; GovernedSession {self._fp32()}{int4}"
 
@@ -154,13 +162,21 @@ def run_demo(
     out = Path(out_dir)
     step(f"building {config.model} ({config.size}) with random weights", 0.02)
     model, turn_inputs, gen_kwargs = build_deployment(config)
-    cap = Capture(metadata={"model": f"{config.model} ({config.size})", "workload": "demo chat",
-                            "budget_bytes": config.budget_bytes})  # fmt: skip
+    cap = Capture(
+        metadata={
+            "model": f"{config.model} ({config.size})",
+            "workload": "demo chat",
+            "budget_bytes": config.budget_bytes,
+        }
+    )
     with cap:
         outputs = run_chat(
-            model, turn_inputs, gen_kwargs, config,
+            model,
+            turn_inputs,
+            gen_kwargs,
+            config,
             on_turn=lambda t: step(f"turn {t + 1}/{config.turns} answered", 0.05 + 0.55 * (t + 1) / config.turns),
-        )  # fmt: skip
+        )
     trace = _trace_of(cap)
     step("summarising", 0.62)
     result = summary(trace)
@@ -206,8 +222,11 @@ def run_limited(config: DemoConfig, timeout_s: float = 600.0, arms: tuple[str, .
     empty: dict[str, Any] = {"limit_bytes": 0, "answers": [], "error": None, "pool_bytes": 0, "pool_used_bytes": 0}
     ran: dict[str, dict[str, Any]] = {}
     for arm in arms:
-        if arm == "governed-int4" and "governed" in ran and (ran["plain"]["error"] is None or ran["governed"]["error"]
-                                                             is None):  # fmt: skip
+        if (
+            arm == "governed-int4"
+            and "governed" in ran
+            and (ran["plain"]["error"] is None or ran["governed"]["error"] is None)
+        ):
             continue  # nothing left to show
         ran[arm] = limited_child_run(code, config, arm, timeout_s, env)
     plain, governed = ran["plain"], ran.get("governed", {**empty, "error": "not run"})
@@ -216,14 +235,22 @@ def run_limited(config: DemoConfig, timeout_s: float = 600.0, arms: tuple[str, .
     if len(reference) < len(governed["answers"]):  # the limit stopped plain: its answers from a run without one
         reference = limited_child_run(code, config, "reference", timeout_s, env)["answers"]
     both = min(len(reference), len(governed["answers"]))
-    return LimitedResult(budget_bytes=config.budget_bytes, limit_bytes=plain["limit_bytes"], turns=config.turns,
-                         plain_answered=len(plain["answers"]), plain_error=plain["error"],
-                         governed_answered=len(governed["answers"]), governed_error=governed["error"],
-                         outputs_equal=both > 0 and reference[:both] == governed["answers"][:both],
-                         pool_bytes=governed["pool_bytes"], pool_used_bytes=governed["pool_used_bytes"],
-                         governed_degraded=governed.get("degraded", 0),
-                         int4_answered=len(int4["answers"]) if int4 else 0, int4_error=int4["error"] if int4 else None,
-                         int4_ran=int4 is not None)  # fmt: skip
+    return LimitedResult(
+        budget_bytes=config.budget_bytes,
+        limit_bytes=plain["limit_bytes"],
+        turns=config.turns,
+        plain_answered=len(plain["answers"]),
+        plain_error=plain["error"],
+        governed_answered=len(governed["answers"]),
+        governed_error=governed["error"],
+        outputs_equal=both > 0 and reference[:both] == governed["answers"][:both],
+        pool_bytes=governed["pool_bytes"],
+        pool_used_bytes=governed["pool_used_bytes"],
+        governed_degraded=governed.get("degraded", 0),
+        int4_answered=len(int4["answers"]) if int4 else 0,
+        int4_error=int4["error"] if int4 else None,
+        int4_ran=int4 is not None,
+    )
 
 
 def limited_child_run(code: str, config: DemoConfig, arm: str, timeout_s: float, env: dict[str, str]) -> dict[str, Any]:
@@ -233,13 +260,24 @@ def limited_child_run(code: str, config: DemoConfig, arm: str, timeout_s: float,
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(dataclasses.asdict(config)), arm],
-                          capture_output=True, text=True, timeout=timeout_s, check=False, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(dataclasses.asdict(config)), arm],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        env=env,
+    )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:  # died under the limit (native code aborting on a refused mapping)
         tail = proc.stderr.strip().splitlines()[-1:] or [""]
-        return {"limit_bytes": 0, "answers": [], "error": f"the process died (exit {proc.returncode}): {tail[0][:160]}",
-                "pool_bytes": 0, "pool_used_bytes": 0}  # fmt: skip
+        return {
+            "limit_bytes": 0,
+            "answers": [],
+            "error": f"the process died (exit {proc.returncode}): {tail[0][:160]}",
+            "pool_bytes": 0,
+            "pool_used_bytes": 0,
+        }
     result: dict[str, Any] = json.loads(lines[-1])
     return result
 
@@ -304,8 +342,14 @@ def limited_child(config_json: str, arm: str) -> dict[str, Any]:
             first = str(exc).splitlines()[0] if str(exc) else ""
             first = re.sub(r"^\[enforce fail at [^\]]*\]\s*(err == 0\.\s*)?", "", first)  # c10's assertion prefix
             error = f"{type(exc).__name__}: {first[:160]}"
-    return {"limit_bytes": limit, "answers": answers, "error": error, "pool_bytes": pool_bytes,
-            "pool_used_bytes": used_bytes, "degraded": degraded}  # fmt: skip
+    return {
+        "limit_bytes": limit,
+        "answers": answers,
+        "error": error,
+        "pool_bytes": pool_bytes,
+        "pool_used_bytes": used_bytes,
+        "degraded": degraded,
+    }
 
 
 THERMAL_LOG = Path(__file__).resolve().parent / "data" / "thermal_event.jsonl"
@@ -361,14 +405,28 @@ def run_thermal(
             del inputs
         decisions = [e for e in session.events if e["kind"] in ("budget", "kv-pool", "degrade", "stream")]
         session.close()
-    return ThermalResult(log=THERMAL_LOG.name, requests=turns.turns, failed=failed, outputs_equal=equal,
-                         start_budget_bytes=budgets[0], min_budget_bytes=min(budgets), end_budget_bytes=budgets[-1],
-                         check=check_budget(_trace_of(cap), model_state_bytes=state_bytes(model)), decisions=decisions)  # fmt: skip
+    return ThermalResult(
+        log=THERMAL_LOG.name,
+        requests=turns.turns,
+        failed=failed,
+        outputs_equal=equal,
+        start_budget_bytes=budgets[0],
+        min_budget_bytes=min(budgets),
+        end_budget_bytes=budgets[-1],
+        check=check_budget(_trace_of(cap), model_state_bytes=state_bytes(model)),
+        decisions=decisions,
+    )
 
 
-def run_governed(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_kwargs: dict[str, Any],
-                 config: DemoConfig, naive_outputs: list[list[int]], out: Path,
-                 on_step: Callable[[str, float], None] | None = None) -> GovernedResult:  # fmt: skip
+def run_governed(
+    model: Any,
+    turn_inputs: Callable[[int], dict[str, Any]],
+    gen_kwargs: dict[str, Any],
+    config: DemoConfig,
+    naive_outputs: list[list[int]],
+    out: Path,
+    on_step: Callable[[str, float], None] | None = None,
+) -> GovernedResult:
     """Serve the demo's turns through a GovernedSession under ``config.budget_bytes``, captured the
     same way as the naive run (the session, its KV pool included, is created inside the capture)."""
     import torch
@@ -380,8 +438,13 @@ def run_governed(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_k
     from memwarden.runtime.session import GovernedSession
     from memwarden.trace.io import save
 
-    cap = Capture(metadata={"model": f"{config.model} ({config.size})", "workload": "demo chat, GovernedSession",
-                            "budget_bytes": config.budget_bytes})  # fmt: skip
+    cap = Capture(
+        metadata={
+            "model": f"{config.model} ({config.size})",
+            "workload": "demo chat, GovernedSession",
+            "budget_bytes": config.budget_bytes,
+        }
+    )
     outputs = []
     with cap, torch.inference_mode():
         session = GovernedSession(model, config.budget_bytes)

@@ -7,11 +7,21 @@ import numbers
 import re
 
 _UNITS = {
-    "": 1, "b": 1,
-    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-    "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4,
-}  # fmt: skip
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+    "k": 1024,
+    "m": 1024**2,
+    "g": 1024**3,
+    "t": 1024**4,
+}
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -73,19 +83,73 @@ def format_us(us: float) -> str:
 # ``ONNX_DTYPES``).
 DTYPE_BYTES: dict[str, int] = {
     # torch
-    "bool": 1, "uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8,
-    "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "float8_e4m3fn": 1,
-    "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "qint8": 1, "quint8": 1, "quint4x2": 1,
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "int16": 2,
+    "uint16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "qint8": 1,
+    "quint8": 1,
+    "quint4x2": 1,
     # safetensors
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
     # ONNX / ONNX Runtime (lower-cased TensorProto names and the profile's)
-    "float": 4, "double": 8, "float8e4m3fn": 1, "float8e5m2": 1, "int4": 1, "uint4": 1,
-}  # fmt: skip
+    "float": 4,
+    "double": 8,
+    "float8e4m3fn": 1,
+    "float8e5m2": 1,
+    "int4": 1,
+    "uint4": 1,
+}
 SAFETENSORS_DTYPES = frozenset(
     ("BOOL", "U8", "I8", "F8_E4M3", "F8_E5M2", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "I64", "U64", "F64")
 )
-ONNX_DTYPES = frozenset((
-    "float", "float32", "double", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "uint16", "int32",
-    "uint32", "int64", "uint64", "bool", "float8e4m3fn", "float8e5m2", "int4", "uint4",
-))  # fmt: skip
+ONNX_DTYPES = frozenset(
+    (
+        "float",
+        "float32",
+        "double",
+        "float64",
+        "float16",
+        "bfloat16",
+        "int8",
+        "uint8",
+        "int16",
+        "uint16",
+        "int32",
+        "uint32",
+        "int64",
+        "uint64",
+        "bool",
+        "float8e4m3fn",
+        "float8e5m2",
+        "int4",
+        "uint4",
+    )
+)

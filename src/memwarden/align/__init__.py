@@ -145,9 +145,19 @@ class StreamAligner:
         self._last_payload: Any = None
         self._next_start: float | None = None
         self._c = dict.fromkeys(
-            ("frames_in", "frames_duplicate", "frames_filled", "audio_chunks_in", "audio_samples_in",
-             "audio_gaps", "audio_gap_samples_filled", "units_emitted", "units_padded"), 0,
-        )  # fmt: skip
+            (
+                "frames_in",
+                "frames_duplicate",
+                "frames_filled",
+                "audio_chunks_in",
+                "audio_samples_in",
+                "audio_gaps",
+                "audio_gap_samples_filled",
+                "units_emitted",
+                "units_padded",
+            ),
+            0,
+        )
         self._max_correction_s = 0.0
         self._last_audio_t: float | None = None
         self._last_video_t: float | None = None

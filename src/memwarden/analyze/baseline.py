@@ -194,10 +194,18 @@ def figures_at_peak(trace: Trace, analysis: Analysis | None = None, module_depth
     """The trace reduced to ``{(kind, key): bytes}`` at its peak (see the module docstring)."""
     analysis = analysis or Analysis(trace)
     s = analysis.summary
-    out: Figures = dict(zip((("total", t) for t in _TOTALS),
-                            (s.peak_bytes, s.weights_bytes, s.peak_bytes - s.weights_bytes), strict=True))  # fmt: skip
-    for kind, values in (("category", s.by_category_at_peak), ("modality", s.by_modality_at_peak),
-                         ("phase", s.by_phase_peak)):  # fmt: skip
+    out: Figures = dict(
+        zip(
+            (("total", t) for t in _TOTALS),
+            (s.peak_bytes, s.weights_bytes, s.peak_bytes - s.weights_bytes),
+            strict=True,
+        )
+    )
+    for kind, values in (
+        ("category", s.by_category_at_peak),
+        ("modality", s.by_modality_at_peak),
+        ("phase", s.by_phase_peak),
+    ):
         out.update({(kind, k): int(v) for k, v in values.items()})
     out.update({("module", k): v for k, v in _module_at_peak(trace, analysis, module_depth).items()})
     return out

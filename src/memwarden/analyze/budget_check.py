@@ -47,8 +47,11 @@ def session_live_bytes(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 
 
 def budget_in_force(annotations: list[dict], times_us: np.ndarray) -> np.ndarray:
-    points = sorted((int(a["time_us"]), int(a["budget_bytes"])) for a in annotations
-                    if isinstance(a, dict) and a.get("kind") in _CONFORMED and "budget_bytes" in a)  # fmt: skip
+    points = sorted(
+        (int(a["time_us"]), int(a["budget_bytes"]))
+        for a in annotations
+        if isinstance(a, dict) and a.get("kind") in _CONFORMED and "budget_bytes" in a
+    )
     if not points:
         return np.full(len(times_us), np.iinfo(np.int64).max)
     t = np.array([p[0] for p in points], dtype=np.int64)

@@ -122,8 +122,13 @@ def _in_the_script(ctx: Context, findings: list[Finding]) -> list[Finding]:
 
 def rank(f: Finding) -> tuple[int, int, int, int, str]:
     """Findings that lower the peak first, by how much; those that only save work after them."""
-    return (f.saving_peak_bytes <= 0, -f.saving_peak_bytes, SEVERITIES.index(f.severity), -f.saving_allocated_bytes,
-            f.pattern)  # fmt: skip
+    return (
+        f.saving_peak_bytes <= 0,
+        -f.saving_peak_bytes,
+        SEVERITIES.index(f.severity),
+        -f.saving_allocated_bytes,
+        f.pattern,
+    )
 
 
 def _with_saving(ctx: Context, f: Finding, budget_bytes: int | None) -> Finding:
@@ -141,9 +146,14 @@ def _with_saving(ctx: Context, f: Finding, budget_bytes: int | None) -> Finding:
     if budget_bytes is not None and peak > budget_bytes >= peak - peak_saving and peak_saving > 0:
         severity = "high"  # the fix turns "does not fit" into "fits": nothing matters more
     return replace(
-        f, severity=severity, saving_peak_bytes=int(peak_saving), saving_allocated_bytes=int(allocated),
-        peak_added_bytes=int(peak_saving), allocated_bytes=int(allocated), change=None,
-    )  # fmt: skip
+        f,
+        severity=severity,
+        saving_peak_bytes=int(peak_saving),
+        saving_allocated_bytes=int(allocated),
+        peak_added_bytes=int(peak_saving),
+        allocated_bytes=int(allocated),
+        change=None,
+    )
 
 
 def _live_at_peak(ctx: Context) -> np.ndarray:

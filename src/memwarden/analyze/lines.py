@@ -237,9 +237,14 @@ def input_lines(trace: Trace, at_us: int, free_rows: np.ndarray, limit: int = 3)
 
 
 def script_input_lines(
-    trace: Trace, rows: np.ndarray, call_sites: set[str], *, floating: bool = False, varying: bool = False,
+    trace: Trace,
+    rows: np.ndarray,
+    call_sites: set[str],
+    *,
+    floating: bool = False,
+    varying: bool = False,
     limit: int = 3,
-) -> list[LineBytes]:  # fmt: skip
+) -> list[LineBytes]:
     """The lines that made the input blocks ``rows``, heaviest first, in the files of ``call_sites``
     (the script's lines that call the model, ``file:line:function``).
 

@@ -21,10 +21,22 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 __all__ = [
-    "SourceLine", "bound_names", "call_lines", "callable_name", "entry_files", "function_node", "handler_line",
-    "holding_line", "keeper_line", "read_from", "rebinding_line", "script_files", "script_line", "statement_at",
+    "SourceLine",
+    "bound_names",
+    "call_lines",
+    "callable_name",
+    "entry_files",
+    "function_node",
+    "handler_line",
+    "holding_line",
+    "keeper_line",
+    "read_from",
+    "rebinding_line",
+    "script_files",
+    "script_line",
+    "statement_at",
     "tree_of",
-]  # fmt: skip
+]
 
 _MAX_SOURCE_BYTES = 4 << 20
 _STORE_METHODS = frozenset({"append", "extend", "insert", "add", "update", "setdefault", "appendleft", "put"})
@@ -112,10 +124,30 @@ def _uses(node: ast.AST, names: set[str]) -> bool:
 # Methods whose result is the value itself or a same-size copy of it (a view, a detached or moved
 # tensor): storing ``out.logits.detach().cpu()`` keeps the logits; ``.item()``, ``.argmax()`` or a
 # call of the user's (``align(out)``) make something else.
-_KEEPING_METHODS = frozenset({
-    "detach", "cpu", "to", "clone", "contiguous", "float", "half", "bfloat16", "double", "view", "reshape",
-    "squeeze", "unsqueeze", "permute", "transpose", "flatten", "numpy", "copy", "values", "items",
-})  # fmt: skip
+_KEEPING_METHODS = frozenset(
+    {
+        "detach",
+        "cpu",
+        "to",
+        "clone",
+        "contiguous",
+        "float",
+        "half",
+        "bfloat16",
+        "double",
+        "view",
+        "reshape",
+        "squeeze",
+        "unsqueeze",
+        "permute",
+        "transpose",
+        "flatten",
+        "numpy",
+        "copy",
+        "values",
+        "items",
+    }
+)
 _KEEPING_FUNCTIONS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack", "list", "tuple", "dict"})
 
 

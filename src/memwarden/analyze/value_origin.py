@@ -22,7 +22,7 @@ from memwarden.analyze.source_lines import (
     function_node,
     statement_at,
     tree_of,
-)  # fmt: skip
+)
 
 __all__ = ["Knob", "argument_line", "origin_line", "tiling_knob"]
 
@@ -79,8 +79,9 @@ def origin_line(file: str, line: int, keywords: tuple[str, ...], depth: int = 4)
     stmt = statement_at(tree, line) if tree is not None else None
     if tree is None or stmt is None:
         return None
-    values = [k.value for node in ast.walk(stmt) if isinstance(node, ast.Call) for k in node.keywords
-              if k.arg in keywords]  # fmt: skip
+    values = [
+        k.value for node in ast.walk(stmt) if isinstance(node, ast.Call) for k in node.keywords if k.arg in keywords
+    ]
     # the first keyword whose value the user chose (one left at a parameter's default was not chosen)
     return next((found for v in values if (found := _follow(tree, file, stmt, v, depth)) is not None), None)
 

@@ -107,6 +107,12 @@ def window_read(file: str, line: int) -> Window | None:
                 bound = _binding_line(scope, container, line)
                 if bound is None and container.startswith("self."):
                     bound = _binding_line(tree, container, 1 << 30)  # set in __init__
-                return Window(file, container, size, _value(tree, size), bound or stmt.lineno,
-                              read.lineno if read else node.lineno)  # fmt: skip
+                return Window(
+                    file,
+                    container,
+                    size,
+                    _value(tree, size),
+                    bound or stmt.lineno,
+                    read.lineno if read else node.lineno,
+                )
     return None

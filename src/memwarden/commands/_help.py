@@ -111,11 +111,17 @@ def renamed(base: type[argparse.Action], old: str, new: str) -> type[argparse.Ac
 
 # Names the estimate API uses in its messages, and the flags a command-line user typed.
 _FLAG_OF = {
-    "new_tokens": "--new-tokens", "prompt_tokens": "--prompt-tokens", "audio_seconds": "--audio-seconds",
-    "weights_dtype": "--weights-dtype", "kv_dtype": "--kv-dtype", "max_pixels": "--max-pixels",
-    "an image size is": "--image takes", "image_size": "--image",
-    "dtype must": "--dtype must", "batch must": "--batch must",  # plain words: only as the subject of an error
-}  # fmt: skip
+    "new_tokens": "--new-tokens",
+    "prompt_tokens": "--prompt-tokens",
+    "audio_seconds": "--audio-seconds",
+    "weights_dtype": "--weights-dtype",
+    "kv_dtype": "--kv-dtype",
+    "max_pixels": "--max-pixels",
+    "an image size is": "--image takes",
+    "image_size": "--image",
+    "dtype must": "--dtype must",
+    "batch must": "--batch must",  # plain words: only as the subject of an error
+}
 _API_NAME = re.compile(r"(?<![-\w.])(" + "|".join(map(re.escape, sorted(_FLAG_OF, key=len, reverse=True))) + r")\b")
 
 

@@ -28,15 +28,28 @@ def add_arguments(p: Any) -> None:
     group.add_argument(
         "--arena", default="on", choices=["on", "off"], help="ORT's CPU memory arena (default: %(default)s)"
     )
-    group.add_argument("--mem-pattern", default="on", choices=["on", "off"],
-                       help="ORT's memory pattern planning (default: %(default)s)")  # fmt: skip
-    group.add_argument("--loop-timeout", type=float, default=None, metavar="S",
-                       help="seconds a model with control flow that has no bound (a Loop whose trip count is an input) "
-                       "may run, in a child process (default 4)")  # fmt: skip
-    group.add_argument("--loop-memory", type=float, default=None, metavar="MIB",
-                       help="MiB such a run may allocate (default 512)")  # fmt: skip
-    group.add_argument("--phase", choices=["encode", "prefill", "decode"],
-                       help="phase of the run (default: from the model's metadata and input names)")  # fmt: skip
+    group.add_argument(
+        "--mem-pattern",
+        default="on",
+        choices=["on", "off"],
+        help="ORT's memory pattern planning (default: %(default)s)",
+    )
+    group.add_argument(
+        "--loop-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a model with control flow that has no bound (a Loop whose trip count is an input) "
+        "may run, in a child process (default 4)",
+    )
+    group.add_argument(
+        "--loop-memory", type=float, default=None, metavar="MIB", help="MiB such a run may allocate (default 512)"
+    )
+    group.add_argument(
+        "--phase",
+        choices=["encode", "prefill", "decode"],
+        help="phase of the run (default: from the model's metadata and input names)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,8 +78,13 @@ def run(args: argparse.Namespace) -> int:
     settings = OrtSettings(ep=args.ep, arena=args.arena == "on", mem_pattern=args.mem_pattern == "on")
     previous = signal.signal(signal.SIGTERM, _terminated)  # so that temporary folders are removed on the way out
     try:
-        trace = capture_onnx(Path(args.onnx), Path(args.inputs), settings=settings, phase=args.phase,
-                             loop_limits=RunLimits(seconds, memory))  # fmt: skip
+        trace = capture_onnx(
+            Path(args.onnx),
+            Path(args.inputs),
+            settings=settings,
+            phase=args.phase,
+            loop_limits=RunLimits(seconds, memory),
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)
     out = save(trace, args.output)

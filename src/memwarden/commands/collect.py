@@ -52,8 +52,13 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--max-bytes {args.max_bytes}: {exc}") from None
     if max_bytes < 4096 or not 1 <= args.max_connections <= 10_000:
         raise InputError("--max-bytes must be at least 4096 and --max-connections 1..10000")
-    collector = Collector(address, out, max_part_bytes=max_bytes, max_connections=args.max_connections,
-                          log=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
+    collector = Collector(
+        address,
+        out,
+        max_part_bytes=max_bytes,
+        max_connections=args.max_connections,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     try:
         bound = collector.bind()
     except OSError as exc:

@@ -21,8 +21,13 @@ def register(sub: Any) -> None:
     )
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON")
-    out.add_argument("--html", nargs="?", const="compare.html", metavar="OUT.html",
-                     help="write an HTML page (default file: compare.html)")  # fmt: skip
+    out.add_argument(
+        "--html",
+        nargs="?",
+        const="compare.html",
+        metavar="OUT.html",
+        help="write an HTML page (default file: compare.html)",
+    )
     p.set_defaults(func=run)
 
 
@@ -39,8 +44,13 @@ def run(args: argparse.Namespace) -> int:
 
         check_output(args.html, flag="--html", allow_stdout=False)
     a, b = load_trace(args.a), load_trace(args.b)
-    result = compare(a, b, a_name=f"{Path(args.a).name}: {describe(a, 'A')}", b_name=f"{Path(args.b).name}: {describe(b, 'B')}",
-                     module_depth=args.module_depth)  # fmt: skip
+    result = compare(
+        a,
+        b,
+        a_name=f"{Path(args.a).name}: {describe(a, 'A')}",
+        b_name=f"{Path(args.b).name}: {describe(b, 'B')}",
+        module_depth=args.module_depth,
+    )
     # names come from the traces (module paths, ONNX node names, metadata): untrusted text. The page
     # HTML-escapes them; here every control character is made visible, for the page and the terminal
     result = _shown(result, terminal_safe)
@@ -65,5 +75,9 @@ def run(args: argparse.Namespace) -> int:
 def _shown(result: Any, safe: Callable[[object], str]) -> Any:
     """``result`` (a ``SideBySide``) with its names and row labels passed through ``safe``."""
     rows = tuple(replace(d, kind=safe(d.kind)[:200], key=safe(d.key)[:300]) for d in result.comparison.deltas)
-    return replace(result, a_name=safe(result.a_name)[:300], b_name=safe(result.b_name)[:300],
-                   comparison=replace(result.comparison, deltas=rows))  # fmt: skip
+    return replace(
+        result,
+        a_name=safe(result.a_name)[:300],
+        b_name=safe(result.b_name)[:300],
+        comparison=replace(result.comparison, deltas=rows),
+    )

@@ -14,13 +14,20 @@ def register(sub: Any) -> None:
     p.add_argument("--model", default=None, help="zoo model (default: the built-in deployment, llava)")
     p.add_argument("--size", default="small", choices=["tiny", "small"], help="zoo size (default: small)")
     p.add_argument("--turns", type=int, default=None, help="chat turns (default: 4)")
-    p.add_argument("--budget", default=None,
-                   help="device budget, e.g. 320MiB (default: 196MiB for the built-in deployment, where plain "
-                        "generate() fails under the real limit and the GovernedSession answers; 320MiB otherwise)")  # fmt: skip
+    p.add_argument(
+        "--budget",
+        default=None,
+        help="device budget, e.g. 320MiB (default: 196MiB for the built-in deployment, where plain "
+        "generate() fails under the real limit and the GovernedSession answers; 320MiB otherwise)",
+    )
     p.add_argument("--naive-only", action="store_true", help="skip the GovernedSession part (before only)")
-    p.add_argument("--real-limit", action=argparse.BooleanOptionalAction, default=True,
-                   help="also run plain generate() and the GovernedSession in child processes under a real "
-                        "address-space limit of the budget, and show which one fails (default: on)")  # fmt: skip
+    p.add_argument(
+        "--real-limit",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run plain generate() and the GovernedSession in child processes under a real "
+        "address-space limit of the budget, and show which one fails (default: on)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
@@ -72,21 +79,39 @@ def _run(args: argparse.Namespace) -> int:
         from memwarden.commands._common import print_json
 
         result = run_demo(config, out, real_limit=args.real_limit and not args.naive_only)
-        doc = {"summary": result.summary.to_json(), "fits_budget": result.fits, "budget_bytes": config.budget_bytes,
-               "findings": [f.to_json() for f in result.findings],
-               "report": str(result.report_path), "trace": str(result.trace_path)}  # fmt: skip
+        doc = {
+            "summary": result.summary.to_json(),
+            "fits_budget": result.fits,
+            "budget_bytes": config.budget_bytes,
+            "findings": [f.to_json() for f in result.findings],
+            "report": str(result.report_path),
+            "trace": str(result.trace_path),
+        }
         if result.governed is not None:
             g = result.governed
-            doc["governed"] = {"summary": g.summary.to_json(), "fits_budget": g.summary.peak_bytes <= config.budget_bytes,
-                               "findings": [f.to_json() for f in g.findings], "outputs_equal": g.outputs_equal,
-                               "stats": g.stats, "report": str(g.report_path), "trace": str(g.trace_path)}  # fmt: skip
+            doc["governed"] = {
+                "summary": g.summary.to_json(),
+                "fits_budget": g.summary.peak_bytes <= config.budget_bytes,
+                "findings": [f.to_json() for f in g.findings],
+                "outputs_equal": g.outputs_equal,
+                "stats": g.stats,
+                "report": str(g.report_path),
+                "trace": str(g.trace_path),
+            }
         if result.thermal is not None:
             th = result.thermal
-            doc["thermal"] = {"log": th.log, "requests": th.requests, "failed": th.failed,
-                              "outputs_equal": th.outputs_equal, "start_budget_bytes": th.start_budget_bytes,
-                              "min_budget_bytes": th.min_budget_bytes, "end_budget_bytes": th.end_budget_bytes,
-                              "budget_violations": th.check.violations, "worst_over_bytes": th.check.worst_over_bytes,
-                              "decisions": th.decisions}  # fmt: skip
+            doc["thermal"] = {
+                "log": th.log,
+                "requests": th.requests,
+                "failed": th.failed,
+                "outputs_equal": th.outputs_equal,
+                "start_budget_bytes": th.start_budget_bytes,
+                "min_budget_bytes": th.min_budget_bytes,
+                "end_budget_bytes": th.end_budget_bytes,
+                "budget_violations": th.check.violations,
+                "worst_over_bytes": th.check.worst_over_bytes,
+                "decisions": th.decisions,
+            }
         if result.limited is not None:
             import dataclasses
 
@@ -129,15 +154,17 @@ def _run(args: argparse.Namespace) -> int:
                 f"{th.failed} failed, outputs {'exact' if th.outputs_equal else 'changed'}, live memory "
                 f"{'always under' if th.check.ok else 'OVER'} the budget in force "
                 f"({len([d for d in th.decisions if d['kind'] == 'kv-pool'])} KV-pool resizes).[/]"
-            )  # fmt: skip
+            )
         if result.limited is not None:
             lim = result.limited
             ok = lim.governed_error is None or (lim.int4_ran and lim.int4_error is None)
             from rich.markup import escape
 
             out_console.print(f"[{'green' if ok else 'bold red'}]Real limit: {escape(lim.story)}.[/]", highlight=False)
-        out_console.print(f"wrote {result.report_path}, {result.trace_path} (before) and "
-                          f"{result.governed.report_path}, {result.governed.trace_path} (after)")  # fmt: skip
+        out_console.print(
+            f"wrote {result.report_path}, {result.trace_path} (before) and "
+            f"{result.governed.report_path}, {result.governed.trace_path} (after)"
+        )
     else:
         out_console.print(f"wrote {result.report_path} and {result.trace_path}")
     out_console.print(what_next(result.report_path, result.trace_path))

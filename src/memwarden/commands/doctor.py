@@ -107,16 +107,28 @@ def _summary(facts: dict[str, Any]) -> list[tuple[str, str]]:
 
     rows = {
         "python": lambda: str(get("platform", "python") or "?"),
-        "torch": lambda: str(get("torch", "version") or "not present") + (f", CUDA {get('torch', 'cuda')}" if get("torch", "cuda") else ""),
-        "onnxruntime": lambda: ", ".join(f"{n} {v}" for n, v in (get("onnxruntime", "packages") or {}).items()) or "not present",
+        "torch": lambda: (
+            str(get("torch", "version") or "not present")
+            + (f", CUDA {get('torch', 'cuda')}" if get("torch", "cuda") else "")
+        ),
+        "onnxruntime": lambda: (
+            ", ".join(f"{n} {v}" for n, v in (get("onnxruntime", "packages") or {}).items()) or "not present"
+        ),
         "ORT providers": providers,
-        "NVIDIA driver": lambda: f"{get('nvidia', 'driver')} (CUDA {get('nvidia', 'cuda_driver')})" if get("nvidia", "driver") else "not present",
+        "NVIDIA driver": lambda: (
+            f"{get('nvidia', 'driver')} (CUDA {get('nvidia', 'cuda_driver')})"
+            if get("nvidia", "driver")
+            else "not present"
+        ),
         "Jetson L4T": lambda: str(get("jetson", "l4t") or "not present"),
         "memory": memory,
-        "audio": lambda: ", ".join(f"{d['id']} {d['rate_hz']} Hz" for d in get("audio", "devices") or [] if d.get("rate_hz")) or "none open",
+        "audio": lambda: (
+            ", ".join(f"{d['id']} {d['rate_hz']} Hz" for d in get("audio", "devices") or [] if d.get("rate_hz"))
+            or "none open"
+        ),
         "thermal zones": lambda: str(len(get("thermal", "zones") or [])),
         "caches": lambda: str(len(facts.get("caches") or [])),
-    }  # fmt: skip
+    }
     if facts.get("pipeline"):
         rows["pipeline"] = lambda: (
             f"{get('pipeline', 'audio_rate_hz') or '-'} Hz, {get('pipeline', 'video_fps') or '-'} fps"

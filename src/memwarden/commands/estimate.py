@@ -28,67 +28,95 @@ def register(sub: Any) -> None:
     )
     p.add_argument("model", metavar="MODEL", help="zoo name, named real model, config.json or its folder")
     p.add_argument(
-        "--image", action="append", default=[], metavar="WxH",
+        "--image",
+        action="append",
+        default=[],
+        metavar="WxH",
         help="an image of W x H px, resized, tiled or pixel-limited as the model's own processor does; repeat for "
         "several images (with --sweep: sizes to compare)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--video", action="append", default=[], metavar="WxHxFRAMES",
+        "--video",
+        action="append",
+        default=[],
+        metavar="WxHxFRAMES",
         help="a video of FRAMES frames of W x H px, framed as the model's own video processor does; repeatable",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--max-pixels", default=None, metavar="N",
+        "--max-pixels",
+        default=None,
+        metavar="N",
         help="pixel limit per image of a dynamic-resolution processor (Qwen2-VL's max_pixels; default the processor's)",
-    )  # fmt: skip
+    )
     p.add_argument("--audio-seconds", default=None, metavar="S", help="audio length in seconds (mel frames at 100/s)")
     p.add_argument(
-        "--prompt-tokens", default="128", metavar="N",
+        "--prompt-tokens",
+        default="128",
+        metavar="N",
         help="text tokens, markers included; image/audio placeholders come on top (default 128; with --sweep a "
         "comma-separated list)",
-    )  # fmt: skip
+    )
     p.add_argument("--new-tokens", default="16", metavar="N", help="tokens generated greedily (default 16)")
     p.add_argument(
-        "--batch", "-b", default=None, metavar="B",
+        "--batch",
+        "-b",
+        default=None,
+        metavar="B",
         help="sequences per request (default 1); for a .gguf MODEL llama.cpp's logical batch -b (default 2048)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--dtype", default=None, metavar="D",
+        "--dtype",
+        default=None,
+        metavar="D",
         help="weights and activations: float32, float16, bfloat16 (or fp32, fp16, bf16; default: the checkpoint's dtype, torch_dtype in "
         "config.json; float32 when it states none)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--logits", choices=("last", "full"), default="last",
+        "--logits",
+        choices=("last", "full"),
+        default="last",
         help="prefill logits: last position only (transformers >= 4.45, default) or every prompt position in float32 "
         "(older transformers, as many published tables were measured)",
-    )  # fmt: skip
+    )
     p.add_argument("--weights-dtype", default=None, metavar="D", help="quantized weights: int8 or int4 (nf4)")
     p.add_argument("--kv-dtype", default=None, metavar="D", help="quantized KV cache: float8 (fp8), int8 or int4")
     p.add_argument(
-        "--device-profile", "--device", dest="device", default=[], metavar="PROFILE",
+        "--device-profile",
+        "--device",
+        dest="device",
+        default=[],
+        metavar="PROFILE",
         action=renamed(argparse._AppendAction, "--device", "--device-profile"),
         help="device profile id or TOML path (repeatable; the first one gets the suggestions)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--device-state", default=None, metavar="FILE",
+        "--device-state",
+        default=None,
+        metavar="FILE",
         help="judge the peak against the memory the device has now, as FILE shows it (tegrastats, /proc/meminfo, "
         "free, mem_get_info, llama.cpp device lines, L4T version; see telemetry --replay --request)",
-    )  # fmt: skip
+    )
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print the memory card as JSON")
     fmt.add_argument("--format", choices=("text", "md", "json"), default="text", help="output format (default text)")
     p.add_argument(
-        "--sweep", action="store_true",
+        "--sweep",
+        action="store_true",
         help="estimate over image sizes, prompt lengths (or audio lengths) and print where the model stops fitting",
-    )  # fmt: skip
+    )
     p.add_argument("--no-suggest", action="store_true", help="skip the re-runs that price the suggested changes")
     p.add_argument(
-        "--fit", default=None, metavar="BUDGET|DEVICE",
+        "--fit",
+        default=None,
+        metavar="BUDGET|DEVICE",
         help="solve the request backwards: a byte budget (6GiB) or a device profile whose limit the peak must fit",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--solve", default=None, choices=("image", "images", "frames", "prompt-tokens", "new-tokens", "batch"),
+        "--solve",
+        default=None,
+        choices=("image", "images", "frames", "prompt-tokens", "new-tokens", "batch"),
         help="with --fit: the setting to make as large as fits (the others as given)",
-    )  # fmt: skip
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _register_gguf(p)
     p.set_defaults(func=run)
@@ -102,9 +130,14 @@ def _register_gguf(p: Any) -> None:
     g.add_argument("--cache-type-k", "-ctk", default="f16", metavar="T", help="K cache type (f16, q8_0, q4_0, ...)")
     g.add_argument("--cache-type-v", "-ctv", default="f16", metavar="T", help="V cache type (quantized needs -fa)")
     g.add_argument(
-        "--flash-attn", "-fa", nargs="?", const="on", default="auto", choices=("on", "off", "auto"),
+        "--flash-attn",
+        "-fa",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=("on", "off", "auto"),
         help="flash attention (default auto: on for the CPU and CUDA backends)",
-    )  # fmt: skip
+    )
     g.add_argument("--n-gpu-layers", "-ngl", default="0", metavar="N", help="layers offloaded to the GPU (default 0)")
     g.add_argument("--ubatch", "-ub", default="512", metavar="N", help="physical batch (default 512)")
     g.add_argument("--parallel", "-np", default="1", metavar="N", help="parallel sequences (default 1)")
@@ -143,8 +176,18 @@ def _float(value: str, flag: str) -> float:
 
 # The short names PyTorch users type (``torch.bfloat16`` prints as ``bfloat16``; bitsandbytes says
 # nf4, transformers' configs fp8): each means the estimator's own name.
-_DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "float": "float32", "fp16": "float16", "f16": "float16",
-                  "half": "float16", "bf16": "bfloat16", "fp8": "float8", "nf4": "int4", "fp4": "int4"}  # fmt: skip
+_DTYPE_ALIASES = {
+    "fp32": "float32",
+    "f32": "float32",
+    "float": "float32",
+    "fp16": "float16",
+    "f16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp8": "float8",
+    "nf4": "int4",
+    "fp4": "int4",
+}
 
 
 def _dtype(value: str | None) -> str | None:
@@ -179,8 +222,13 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--batch {batch}: give 1 to {MAX_BATCH} sequences per request")
     fmt = "json" if args.json else args.format
     devices = [load_device(d) for d in args.device]
-    common: dict[str, Any] = dict(new_tokens=new_tokens, batch=batch, dtype=_dtype(args.dtype), weights_dtype=_dtype(args.weights_dtype),
-                  kv_dtype=_dtype(args.kv_dtype))  # fmt: skip
+    common: dict[str, Any] = dict(
+        new_tokens=new_tokens,
+        batch=batch,
+        dtype=_dtype(args.dtype),
+        weights_dtype=_dtype(args.weights_dtype),
+        kv_dtype=_dtype(args.kv_dtype),
+    )
     if args.sweep:
         result = sweep(args.model, images=images, prompt_tokens=prompts, audio_seconds=audio, devices=devices, **common)
         if fmt == "json":
@@ -219,8 +267,10 @@ def run(args: argparse.Namespace) -> int:
         print(card_text(card, devices[1:]), end="")
     if state is not None:
         if fmt != "json":
-            print(f"against the device state in {terminal_safe(args.device_state)}: {state.verdict} "
-                  f"({terminal_safe(state.reason)})")  # fmt: skip
+            print(
+                f"against the device state in {terminal_safe(args.device_state)}: {state.verdict} "
+                f"({terminal_safe(state.reason)})"
+            )
         return 1 if state.verdict == "fails" else 0
     # like partition and check: a device that the request does not fit is a failure a script can see
     return 1 if devices and card.fits is False else 0

@@ -72,9 +72,12 @@ def register(sub: Any) -> None:
     a.add_argument("base", metavar="BASE", help="the adapter the delta applies to (file or PEFT folder)")
     a.add_argument("delta", metavar="DELTA", help="the delta file")
     a.add_argument(
-        "-o", "--output", metavar="NEW", required=True,
+        "-o",
+        "--output",
+        metavar="NEW",
+        required=True,
         help="write the new adapter here (a PEFT folder when BASE is one, or NEW ends in '/')",
-    )  # fmt: skip
+    )
     a.add_argument("--publisher-key", metavar="PUB", help="refuse a delta not signed by this public key")
     a.set_defaults(func=run_apply)
 

@@ -20,14 +20,27 @@ def register(sub: Any) -> None:
         "unit, 1 no assignment fits (the least bad one is still shown), 2 bad input.",
     )
     p.add_argument("model", metavar="MODEL.onnx", help="the ONNX graph")
-    p.add_argument("--device-profile", required=True, metavar="P",
-                   help="built-in device id or profile TOML with [[compute_units]]")  # fmt: skip
-    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16", "int8"],
-                   help="deployment dtype of float tensors (default: the graph's own)")  # fmt: skip
-    p.add_argument("--inputs", metavar="FEEDS.npz",
-                   help="size the graph's dynamic axes from these feeds (the .npz given to trace --onnx)")  # fmt: skip
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
-                   help="size a symbolic input dimension, e.g. --dim batch=4 (repeatable; unsized ones are 1)")  # fmt: skip
+    p.add_argument(
+        "--device-profile", required=True, metavar="P", help="built-in device id or profile TOML with [[compute_units]]"
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "fp32", "fp16", "bf16", "int8"],
+        help="deployment dtype of float tensors (default: the graph's own)",
+    )
+    p.add_argument(
+        "--inputs",
+        metavar="FEEDS.npz",
+        help="size the graph's dynamic axes from these feeds (the .npz given to trace --onnx)",
+    )
+    p.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="size a symbolic input dimension, e.g. --dim batch=4 (repeatable; unsized ones are 1)",
+    )
     p.add_argument(
         "--time-limit", type=float, default=30.0, metavar="S", help="solver time limit in seconds (default 30)"
     )
@@ -66,13 +79,22 @@ def run(args: argparse.Namespace) -> int:
         shaped = load_shaped(args.model, dims=dims, input_shapes=shapes)
     _note(shaped.assumed_dims, shaped.unsized_values)
     if checked.unbounded:
-        print(f"memwarden: {', '.join(checked.unbounded[:3])}: control flow without a bound is costed as one pass",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"memwarden: {', '.join(checked.unbounded[:3])}: control flow without a bound is costed as one pass",
+            file=sys.stderr,
+        )
     problem = problem_of(shaped.model, units, dtype=args.dtype)
     result = partition_result(problem, time_limit_s=args.time_limit)
-    result = {"model": terminal_safe(Path(args.model).name), "device": args.device_profile, "dtype": args.dtype,
-              "input_dims": dict(shaped.dims), "assumed_dims": list(shaped.assumed_dims),
-              "shape_inference": shaped.inference, "unsized_values": shaped.unsized_values, **result}  # fmt: skip
+    result = {
+        "model": terminal_safe(Path(args.model).name),
+        "device": args.device_profile,
+        "dtype": args.dtype,
+        "input_dims": dict(shaped.dims),
+        "assumed_dims": list(shaped.assumed_dims),
+        "shape_inference": shaped.inference,
+        "unsized_values": shaped.unsized_values,
+        **result,
+    }
     title = f"{terminal_safe(Path(args.model).name)} on {terminal_safe(args.device_profile)}"
     if args.json:
         print_json(result)
@@ -133,9 +155,11 @@ def _check_feed_names(model: Any, shapes: dict[str, tuple[int, ...]] | None) -> 
     inputs = [v.name for v in model.graph.input if v.name not in initializers]
     unknown = sorted(set(shapes) - set(inputs))
     if unknown:
-        raise InputError(terminal_safe(
-            f"feeds name no model input: {', '.join(unknown[:10])} (inputs: {', '.join(inputs[:20])})"
-        )[:600])  # fmt: skip
+        raise InputError(
+            terminal_safe(f"feeds name no model input: {', '.join(unknown[:10])} (inputs: {', '.join(inputs[:20])})")[
+                :600
+            ]
+        )
     for name, shape in shapes.items():
         if any(d > _MAX_DIM for d in shape):
             raise InputError(f"feed {terminal_safe(name)[:80]!r}: shape {shape} has an axis over {_MAX_DIM}")
@@ -162,7 +186,9 @@ def _note(assumed: tuple[str, ...], unsized: int) -> None:
     from memwarden.untrusted import terminal_safe
 
     if assumed:
-        print(f"memwarden: dynamic axes {terminal_safe(', '.join(assumed[:20]))[:400]} taken as 1 (size them with --inputs or --dim NAME=N)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"memwarden: dynamic axes {terminal_safe(', '.join(assumed[:20]))[:400]} taken as 1 (size them with --inputs or --dim NAME=N)",
+            file=sys.stderr,
+        )
     if unsized:
         print(f"memwarden: {unsized} node outputs have no inferable shape and count 0 bytes", file=sys.stderr)

@@ -28,14 +28,19 @@ def register(sub: Any) -> None:
     p.add_argument("--b", required=True, metavar="CONFIG_B", help="campaign config of side B")
     p.add_argument("--runs", required=True, metavar="N", help="requests per side")
     p.add_argument(
-        "--inject", action="append", default=[], metavar="SPEC",
+        "--inject",
+        action="append",
+        default=[],
+        metavar="SPEC",
         help="fault to inject on both sides (repeatable): " + GRAMMAR.replace("%", "%%"),
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--sweep", default=None, metavar="KIND:KEY=LO..HI:POINTS",
+        "--sweep",
+        default=None,
+        metavar="KIND:KEY=LO..HI:POINTS",
         help="run the campaign at each point of one injection parameter and plot both failure-rate curves, "
-             "e.g. jitter:size=0..256MiB:5, squeeze:to=100%%..40%%:4, limits:rss=800MiB..500MiB:4",
-    )  # fmt: skip
+        "e.g. jitter:size=0..256MiB:5, squeeze:to=100%%..40%%:4, limits:rss=800MiB..500MiB:4",
+    )
     p.add_argument("--seed", default="0", metavar="S", help="seed of the request inputs and the bootstrap (default 0)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -126,8 +131,18 @@ def _sweep(args: argparse.Namespace, config_a: Any, config_b: Any, *, runs: int,
 
     sweep = parse_sweep(args.sweep)
     with make_executor(args.executor, jobs=jobs, address=args.ray_address) as executor:
-        data = run_sweep(config_a, config_b, sweep, runs=runs, inject=args.inject, seed=seed, executor=executor,
-                         progress=not args.quiet, text=args.sweep, records=args.records and args.json)  # fmt: skip
+        data = run_sweep(
+            config_a,
+            config_b,
+            sweep,
+            runs=runs,
+            inject=args.inject,
+            seed=seed,
+            executor=executor,
+            progress=not args.quiet,
+            text=args.sweep,
+            records=args.records and args.json,
+        )
     if args.html:
         from memwarden.resilience.report import write_sweep_html
 
@@ -145,8 +160,10 @@ def _sweep(args: argparse.Namespace, config_a: Any, config_b: Any, *, runs: int,
     print(f"{'point':>12}  {'A failed (95% CI)':>24}  {'B failed (95% CI)':>24}")
     for p in data["points"]:
         a, b = p["a"], p["b"]
-        print(f"{p['label']:>12}  {a['failed']:>3}/{a['requests']:<3} {a['rate']:5.0%} ({a['low']:.0%}-{a['high']:.0%})"
-              f"  {b['failed']:>3}/{b['requests']:<3} {b['rate']:5.0%} ({b['low']:.0%}-{b['high']:.0%})")  # fmt: skip
+        print(
+            f"{p['label']:>12}  {a['failed']:>3}/{a['requests']:<3} {a['rate']:5.0%} ({a['low']:.0%}-{a['high']:.0%})"
+            f"  {b['failed']:>3}/{b['requests']:<3} {b['rate']:5.0%} ({b['low']:.0%}-{b['high']:.0%})"
+        )
     if args.html:
         wrote(args.html)
     return 0

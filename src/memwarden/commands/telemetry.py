@@ -22,25 +22,32 @@ def register(sub: Any) -> None:
     p.add_argument("--replay", metavar="LOG", help="a recorded telemetry log to play back instead of live signals")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument(
-        "--request", metavar="BYTES",
+        "--request",
+        metavar="BYTES",
         help="with --replay: does one allocation of BYTES fit the device state the file shows (tegrastats, "
         "/proc/meminfo, free, PSI, mem_get_info, llama.cpp device lines, L4T version, a person's own lines)?",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--largest-buffer", metavar="BYTES",
+        "--largest-buffer",
+        metavar="BYTES",
         help="with --request: the request's single largest buffer; judged against the largest free contiguous "
         "block (tegrastats lfb, jtop) where the state shows one",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--kind", choices=("cuda", "host", "mmap", "contiguous"), default="cuda",
+        "--kind",
+        choices=("cuda", "host", "mmap", "contiguous"),
+        default="cuda",
         help="the allocation --request makes: cuda (device memory; unified on Jetson), host (anonymous), mmap "
         "(file-backed weights), contiguous (physically contiguous buffers) (default: %(default)s)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--device-profile", "--device", dest="device", metavar="PROFILE",
+        "--device-profile",
+        "--device",
+        dest="device",
+        metavar="PROFILE",
         action=renamed(argparse._StoreAction, "--device", "--device-profile"),
         help="device profile id or TOML: caps the budget at its usable memory",
-    )  # fmt: skip
+    )
     p.add_argument("--budget", metavar="BYTES", help="a fixed upper bound on the budget, e.g. 6GiB")
     p.add_argument("--policy", default="default", help="budget policy (default: %(default)s)")
     p.add_argument(
@@ -52,8 +59,13 @@ def register(sub: Any) -> None:
         help="a policy parameter, e.g. --set min_headroom_bytes=1GiB --set hysteresis_s=10 (repeatable)",
     )
     p.add_argument("--count", type=int, default=1, help="live: number of samples (default: %(default)s)")
-    p.add_argument("--interval", type=float, default=1.0, help="live: seconds between samples; replay: "
-                   "seconds between tegrastats lines without timestamps (default: %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="live: seconds between samples; replay: "
+        "seconds between tegrastats lines without timestamps (default: %(default)s)",
+    )
     p.set_defaults(func=run)
 
 
@@ -70,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
     if args.count < 1 or not 0 < args.interval <= 86400:  # inf and NaN fail too: time.sleep(inf) overflows
         raise InputError("--count must be at least 1 and --interval more than 0 and at most 86400 seconds")
     if args.count > 10**9:  # 31 years of samples a second: a number past that is a mistake, not a request
-        raise InputError(f"--count {str(args.count)[:20]}{'...' if len(str(args.count)) > 20 else ''}: too large "
-                         "(at most 10^9)")  # fmt: skip
+        raise InputError(
+            f"--count {str(args.count)[:20]}{'...' if len(str(args.count)) > 20 else ''}: too large (at most 10^9)"
+        )
     policy = make_policy(args.policy, params)
     cap = _bytes(args.budget)
     if args.device:
@@ -112,8 +125,9 @@ def _state_verdict(args: argparse.Namespace) -> int:
     read = load_state(args.replay)
     judged = [s for s in read.samples if any(k in s.figures for k in _MEMORY_FIELDS)]
     if not judged:
-        raise InputError(f"{terminal_safe(args.replay)}: no memory figure in {read.lines} lines "
-                         f"({read.skipped} not recognised)")  # fmt: skip
+        raise InputError(
+            f"{terminal_safe(args.replay)}: no memory figure in {read.lines} lines ({read.skipped} not recognised)"
+        )
     verdict = judge(judged[-1], request, args.kind, largest_buffer_bytes=largest)  # the state now: the last sample
     if args.json:
         from memwarden.commands._common import print_json
@@ -123,14 +137,24 @@ def _state_verdict(args: argparse.Namespace) -> int:
         print(f"{verdict.verdict}: {terminal_safe(verdict.reason)}")
         for name, comp in verdict.components.items():
             mark = "*" if comp.counts else " "
-            print(f" {mark} {name:<22} {comp.bytes / (1 << 20):>12.1f} MiB  line {comp.line_no}: "
-                  f"{terminal_safe(comp.line)[:60]}")  # fmt: skip
+            print(
+                f" {mark} {name:<22} {comp.bytes / (1 << 20):>12.1f} MiB  line {comp.line_no}: "
+                f"{terminal_safe(comp.line)[:60]}"
+            )
         print(f"({read.recognised} lines read, {read.skipped} skipped; * = counts for --kind {args.kind})")
     return 0 if verdict.verdict == "fits" else 1
 
 
-_MEMORY_FIELDS = ("mem_available", "mem_free", "device_free", "lfb_block", "cma_free", "android_free_ram",
-                  "os_proc_available", "jetsam_limit")  # fmt: skip
+_MEMORY_FIELDS = (
+    "mem_available",
+    "mem_free",
+    "device_free",
+    "lfb_block",
+    "cma_free",
+    "android_free_ram",
+    "os_proc_available",
+    "jetsam_limit",
+)
 
 
 def _is_own_log(path: str) -> bool:
@@ -161,13 +185,21 @@ def _state_samples(args: argparse.Namespace) -> int:
     read = load_state(args.replay)
     samples = [s for s in read.samples if any(k in s.figures for k in _MEMORY_FIELDS)]
     if not samples:
-        raise InputError(f"{terminal_safe(args.replay)}: neither a telemetry log (JSON lines, tegrastats) nor a "
-                         f"device state (no memory figure in {read.lines} lines)")  # fmt: skip
+        raise InputError(
+            f"{terminal_safe(args.replay)}: neither a telemetry log (JSON lines, tegrastats) nor a "
+            f"device state (no memory figure in {read.lines} lines)"
+        )
     rows = []
     for sample in samples:
         ob = obtainable(sample, args.kind)
-        rows.append({"obtainable_bytes": ob.bytes, "basis": ob.basis, "kind": args.kind,
-                     "components": {k: c.to_json() for k, c in ob.components.items()}})  # fmt: skip
+        rows.append(
+            {
+                "obtainable_bytes": ob.bytes,
+                "basis": ob.basis,
+                "kind": args.kind,
+                "components": {k: c.to_json() for k, c in ob.components.items()},
+            }
+        )
     if args.json:
         from memwarden.commands._common import print_json
 

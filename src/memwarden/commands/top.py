@@ -73,8 +73,10 @@ def _http_get(url: str, timeout_s: float) -> bytes:
         if secure:
             sock.settimeout(left())
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
-        request = (f"GET {target} HTTP/1.0\r\nHost: {parts.netloc.rpartition('@')[2]}\r\n"
-                   "Accept: text/plain\r\nUser-Agent: memwarden-top\r\nConnection: close\r\n\r\n")  # fmt: skip
+        request = (
+            f"GET {target} HTTP/1.0\r\nHost: {parts.netloc.rpartition('@')[2]}\r\n"
+            "Accept: text/plain\r\nUser-Agent: memwarden-top\r\nConnection: close\r\n\r\n"
+        )
         sock.settimeout(left())
         sock.sendall(request.encode("utf-8"))
         data = bytearray()
@@ -103,9 +105,8 @@ def _body(data: bytes) -> bytes:
     if status[1] != b"200":
         raise _Refused(f"HTTP {terminal_safe(status[1].decode('ascii', 'replace'))[:20]}")
     headers = {
-        k.strip().lower(): v.strip().lower()
-        for k, _, v in (line.partition(b":") for line in head.split(b"\r\n")[1:])
-    }  # fmt: skip
+        k.strip().lower(): v.strip().lower() for k, _, v in (line.partition(b":") for line in head.split(b"\r\n")[1:])
+    }
     if headers.get(b"content-encoding", b"identity") != b"identity":
         raise _Refused("an encoded answer (asked for identity)")
     if headers.get(b"transfer-encoding") == b"chunked":

@@ -75,8 +75,10 @@ def _tokens(trace: Trace) -> dict[str, int]:
     fed = trace.metadata.get("input_tokens")
     found = [step.tokens for step in steps_of(trace) if step.phase == "prefill" and step.tokens]
     t = counted if isinstance(counted, dict) else found[0] if found else fed if isinstance(fed, dict) else {}
-    return {k: int(v) if isinstance(v, int) and not isinstance(v, bool) else 0
-            for k, v in ((k, t.get(k, 0)) for k in ("vision", "audio", "text"))}  # fmt: skip
+    return {
+        k: int(v) if isinstance(v, int) and not isinstance(v, bool) else 0
+        for k, v in ((k, t.get(k, 0)) for k in ("vision", "audio", "text"))
+    }
 
 
 def card_from_trace(
@@ -147,10 +149,22 @@ def limit_verdict(peak_bytes: int, device: Device) -> dict[str, Any] | None:
     limit = getattr(device, "limit", None)
     ram = int(getattr(device, "ram_bytes", device.usable_bytes))
     if limit is None:
-        return {"kind": "memory the OS leaves", "bytes": ram, "source": "device profile", "ram_bytes": ram,
-                "binding": True, "killed_below_ram": False}  # fmt: skip
+        return {
+            "kind": "memory the OS leaves",
+            "bytes": ram,
+            "source": "device profile",
+            "ram_bytes": ram,
+            "binding": True,
+            "killed_below_ram": False,
+        }
     binding = limit.bytes <= ram
     killed = binding and limit.bytes < peak_bytes <= ram
     kind = limit.describe() if binding else "memory the OS leaves (below the kill limit)"
-    return {"kind": kind, "bytes": int(min(limit.bytes, ram)), "source": limit.source, "ram_bytes": ram,
-            "binding": binding, "killed_below_ram": killed}  # fmt: skip
+    return {
+        "kind": kind,
+        "bytes": int(min(limit.bytes, ram)),
+        "source": limit.source,
+        "ram_bytes": ram,
+        "binding": binding,
+        "killed_below_ram": killed,
+    }

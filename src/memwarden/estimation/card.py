@@ -209,8 +209,10 @@ class MemoryCard:
 
     def to_text(self) -> str:
         """Plain lines for a terminal: peak, phases, verdict, changes."""
-        lines = [f"{self.model or 'model'}: peak {format_bytes(self.peak_bytes)} (weights {format_bytes(self.weights_bytes)}, "
-                 f"KV cache at the end {format_bytes(self.kv_cache_bytes)})"]  # fmt: skip
+        lines = [
+            f"{self.model or 'model'}: peak {format_bytes(self.peak_bytes)} (weights {format_bytes(self.weights_bytes)}, "
+            f"KV cache at the end {format_bytes(self.kv_cache_bytes)})"
+        ]
         if self.request is not None:
             lines.append(f"  request: {self.request.describe()}")
         tokens = ", ".join(f"{v} {k}" for k, v in self.tokens.items() if v)
@@ -228,11 +230,15 @@ class MemoryCard:
                 f"  {self.device}: usable {format_bytes(self.usable_bytes)}, {self.verdict(self.usable_bytes)}"
             )
             if self.limit:
-                lines.append(f"  limit compared: {self.limit['kind']}, {format_bytes(self.limit['bytes'])} "
-                             f"({self.limit['source']})")  # fmt: skip
+                lines.append(
+                    f"  limit compared: {self.limit['kind']}, {format_bytes(self.limit['bytes'])} "
+                    f"({self.limit['source']})"
+                )
                 if self.limit.get("killed_below_ram"):
-                    lines.append(f"  fits the {format_bytes(self.limit['ram_bytes'])} the OS leaves, but the OS kills "
-                                 "the app at its limit first")  # fmt: skip
+                    lines.append(
+                        f"  fits the {format_bytes(self.limit['ram_bytes'])} the OS leaves, but the OS kills "
+                        "the app at its limit first"
+                    )
         if self.fit:
             lines += [f"  {line}" for line in fit_lines(self.fit)]
         for s in self.suggestions:
@@ -246,17 +252,21 @@ class MemoryCard:
         out = []
         gen = self.generation
         if gen.get("extrapolated"):
-            out.append(f"decode: {gen['steps_run']} of {gen['new_tokens']} steps run, the rest extrapolated "
-                       "(steady-state steps; KV growth per token exact)")  # fmt: skip
+            out.append(
+                f"decode: {gen['steps_run']} of {gen['new_tokens']} steps run, the rest extrapolated "
+                "(steady-state steps; KV growth per token exact)"
+            )
         out.append(
-            "logits: every prompt position, float32 (older transformers)" if self.logits == "full"
+            "logits: every prompt position, float32 (older transformers)"
+            if self.logits == "full"
             else "logits: last position only in prefill"
-        )  # fmt: skip
+        )
         if self.processor is not None:
             out.append(
-                "image processor: the checkpoint's preprocessor_config.json" if self.processor == "checkpoint"
+                "image processor: the checkpoint's preprocessor_config.json"
+                if self.processor == "checkpoint"
                 else "image processor: the class's defaults, sized by the config (no preprocessor_config.json)"
-            )  # fmt: skip
+            )
         if self.versions:
             out.append("code run: " + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
         return out + self.quantization_lines()
@@ -341,8 +351,10 @@ class MemoryCard:
 def fit_lines(fit: dict[str, Any]) -> list[str]:
     """The answer of ``--fit``: the largest value, its peak against the budget, the settings to type."""
     peak = "reserved peak" if fit.get("compared") == "reserved_peak_bytes" else "peak"
-    out = [f"largest {fit['solve']} that fits: {fit['value']} ({peak} {format_bytes(fit['peak_bytes'])} of "
-           f"{format_bytes(fit['budget_bytes'])})"]  # fmt: skip
+    out = [
+        f"largest {fit['solve']} that fits: {fit['value']} ({peak} {format_bytes(fit['peak_bytes'])} of "
+        f"{format_bytes(fit['budget_bytes'])})"
+    ]
     if fit.get("next_refused"):
         out.append(f"next step {fit['next_value']}: refused ({fit['next_refused']})")
     elif fit.get("next_value") is not None:

@@ -36,11 +36,23 @@ MAX_TOTAL_TENSORS = 300_000  # per folder
 _MAX_FILES = 4096
 # safetensors dtype -> (torch dtype name, bits per element)
 _DTYPES = {
-    "F64": ("float64", 64), "F32": ("float32", 32), "F16": ("float16", 16), "BF16": ("bfloat16", 16),
-    "F8_E4M3": ("float8_e4m3fn", 8), "F8_E5M2": ("float8_e5m2", 8), "F8_E8M0": ("float8_e8m0fnu", 8),
-    "I64": ("int64", 64), "I32": ("int32", 32), "I16": ("int16", 16), "I8": ("int8", 8),
-    "U64": ("uint64", 64), "U32": ("uint32", 32), "U16": ("uint16", 16), "U8": ("uint8", 8), "BOOL": ("bool", 8),
-}  # fmt: skip
+    "F64": ("float64", 64),
+    "F32": ("float32", 32),
+    "F16": ("float16", 16),
+    "BF16": ("bfloat16", 16),
+    "F8_E4M3": ("float8_e4m3fn", 8),
+    "F8_E5M2": ("float8_e5m2", 8),
+    "F8_E8M0": ("float8_e8m0fnu", 8),
+    "I64": ("int64", 64),
+    "I32": ("int32", 32),
+    "I16": ("int16", 16),
+    "I8": ("int8", 8),
+    "U64": ("uint64", 64),
+    "U32": ("uint32", 32),
+    "U16": ("uint16", 16),
+    "U8": ("uint8", 8),
+    "BOOL": ("bool", 8),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,10 +158,12 @@ def read_header(path: Path) -> dict[str, tuple[tuple[int, ...], str, int]]:
             numel *= d
         nbytes = numel * bits // 8
         if (
-            not isinstance(offsets, list) or len(offsets) != 2
+            not isinstance(offsets, list)
+            or len(offsets) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1] or offsets[1] - offsets[0] != nbytes
-        ):  # fmt: skip
+            or not 0 <= offsets[0] <= offsets[1]
+            or offsets[1] - offsets[0] != nbytes
+        ):
             raise InputError(
                 f"{_shown(path)}: tensor {name!r}: data_offsets {_shown(offsets, 60)} do not hold its {nbytes} bytes "
                 f"({dtype} x {shape})"

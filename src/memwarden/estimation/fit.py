@@ -89,19 +89,27 @@ def settings(solve: str, value: int, req: Request, card: MemoryCard) -> dict[str
             "vllm": f"--mm-processor-kwargs '{json.dumps({'max_pixels': pixels})}' --max-model-len {context}",
         }
     if solve == "images":
-        return {"vllm": f"--limit-mm-per-prompt '{json.dumps({'image': value})}' --max-model-len {context}",
-                "transformers": f"at most {value} images per prompt"}  # fmt: skip
+        return {
+            "vllm": f"--limit-mm-per-prompt '{json.dumps({'image': value})}' --max-model-len {context}",
+            "transformers": f"at most {value} images per prompt",
+        }
     if solve == "frames":
         videos = max(1, len(req.videos))
-        return {"transformers": f"video processor num_frames={value} (frames sampled per video)",
-                "vllm": f"--media-io-kwargs '{json.dumps({'video': {'num_frames': value}})}' "
-                        f"--limit-mm-per-prompt '{json.dumps({'video': videos})}' --max-model-len {context}"}  # fmt: skip
+        return {
+            "transformers": f"video processor num_frames={value} (frames sampled per video)",
+            "vllm": f"--media-io-kwargs '{json.dumps({'video': {'num_frames': value}})}' "
+            f"--limit-mm-per-prompt '{json.dumps({'video': videos})}' --max-model-len {context}",
+        }
     if solve == "prompt-tokens":
-        return {"transformers": f"tokenizer(..., truncation=True, max_length={value})",
-                "vllm": f"--max-model-len {context}"}  # fmt: skip
+        return {
+            "transformers": f"tokenizer(..., truncation=True, max_length={value})",
+            "vllm": f"--max-model-len {context}",
+        }
     if solve == "new-tokens":
-        return {"transformers": f"generate(..., max_new_tokens={value})",
-                "vllm": f"SamplingParams(max_tokens={value}) --max-model-len {context}"}  # fmt: skip
+        return {
+            "transformers": f"generate(..., max_new_tokens={value})",
+            "vllm": f"SamplingParams(max_tokens={value}) --max-model-len {context}",
+        }
     return {"transformers": f"batch size {value}", "vllm": f"--max-num-seqs {value}"}
 
 
@@ -109,8 +117,9 @@ class _Probes:
     """The estimates a search has run: step count -> peak bytes, or the reason the model refused
     that value (past its context). Pure: ``peak`` is the estimator, called once per step count."""
 
-    def __init__(self, peak: Callable[[int], int | None], budget: int,
-                 accepts: Callable[[int], bool] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, peak: Callable[[int], int | None], budget: int, accepts: Callable[[int], bool] | None = None
+    ) -> None:
         self._peak, self.budget, self._accepts = peak, budget, accepts
         self.peaks: dict[int, int] = {}
         self.refused: set[int] = set()
@@ -339,12 +348,18 @@ def solve_fit(
     next_peak = cards[hi].device_peak_bytes if hi is not None and hi in cards else None
     req = card.request or base
     block = {
-        "solve": solve, "value": lo * step, "peak_bytes": card.device_peak_bytes, "budget_bytes": int(budget_bytes),
-        "next_value": hi * step if hi is not None else None, "next_peak_bytes": next_peak,
-        "compared": _compared(card), "tensor_peak_bytes": card.peak_bytes,
+        "solve": solve,
+        "value": lo * step,
+        "peak_bytes": card.device_peak_bytes,
+        "budget_bytes": int(budget_bytes),
+        "next_value": hi * step if hi is not None else None,
+        "next_peak_bytes": next_peak,
+        "compared": _compared(card),
+        "tensor_peak_bytes": card.peak_bytes,
         "settings": settings(solve, lo * step, req, card),
-        "estimates_run": len(cards) + len(set(refused) - probes.checked), "acceptance_checks": len(probes.checked),
-    }  # fmt: skip
+        "estimates_run": len(cards) + len(set(refused) - probes.checked),
+        "acceptance_checks": len(probes.checked),
+    }
     if hi is not None and hi in refused:
         block["next_refused"] = refused[hi]
     return card, block

@@ -125,18 +125,26 @@ def _inputs(resolved: ResolvedModel, req: Request, model: Any) -> tuple[dict[str
         zoo_request = zoo_family(resolved) and len(req.images) <= 1 and req.max_pixels is None and not req.videos
     if not zoo_request or (not req.images and req.audio_seconds is None):
         return build_request(
-            model, resolved.config, images=req.images, prompt_tokens=req.prompt_tokens,
-            new_tokens=req.new_tokens, batch=req.batch, max_pixels=req.max_pixels, videos=req.videos,
-            audio_seconds=req.audio_seconds, processor_settings=resolved.processor_settings,
-        )  # fmt: skip
+            model,
+            resolved.config,
+            images=req.images,
+            prompt_tokens=req.prompt_tokens,
+            new_tokens=req.new_tokens,
+            batch=req.batch,
+            max_pixels=req.max_pixels,
+            videos=req.videos,
+            audio_seconds=req.audio_seconds,
+            processor_settings=resolved.processor_settings,
+        )
     config = resolved.config
     if not resolved.source.startswith("zoo:"):
         # Prompt text is drawn below the lowest special id, so that no random word is a placeholder.
         config = copy.deepcopy(config)
         specials = [
-            v for k, v in vars(resolved.config).items()
+            v
+            for k, v in vars(resolved.config).items()
             if k.endswith(("token_id", "token_index")) and isinstance(v, int) and v > 1000
-        ]  # fmt: skip
+        ]
         text = config.get_text_config()
         if specials:
             text.vocab_size = min(min(specials), text.vocab_size)
@@ -180,8 +188,13 @@ def _check_media_given(resolved: ResolvedModel, model: Any, inputs: dict[str, An
     import inspect
 
     params = inspect.signature(type(model).generate).parameters.values()
-    needed = [p.name for p in params if p.default is inspect.Parameter.empty and p.name != "self"
-              and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
+    needed = [
+        p.name
+        for p in params
+        if p.default is inspect.Parameter.empty
+        and p.name != "self"
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
     main_input = str(getattr(model, "main_input_name", ""))
     if getattr(resolved.config, "is_encoder_decoder", False) and main_input in _MEDIA_FLAGS:
         needed.append(main_input)  # Whisper's encoder reads audio; Florence-2's reads the prompt's ids
@@ -321,8 +334,9 @@ def card_for(
     trace, meta_model, decode = measure(resolved, req, progress)
     progress("reading the trace", 0.8)
     model_facts_ = model_facts(resolved, meta_model, req) if facts else None
-    card = card_from_trace(trace, model=resolved.name, request=req, facts=model_facts_, device=device,
-                           decode=decode, versions=versions())  # fmt: skip
+    card = card_from_trace(
+        trace, model=resolved.name, request=req, facts=model_facts_, device=device, decode=decode, versions=versions()
+    )
     card.quantization = quantization_block(resolved, meta_model, req, card)
     if (req.images or req.videos) and not resolved.source.startswith("zoo:"):
         card.processor = "checkpoint" if resolved.processor_settings is not None else "defaults"

@@ -113,10 +113,13 @@ def decoding_part(model: Any) -> Any:
     except (OSError, TypeError):
         return None
     parts = [
-        child for name, child in model.named_children()
-        if isinstance(child, GenerationMixin) and isinstance(child, PreTrainedModel)
-        and child.can_generate() and f"self.{name}.generate(" in source
-    ]  # fmt: skip
+        child
+        for name, child in model.named_children()
+        if isinstance(child, GenerationMixin)
+        and isinstance(child, PreTrainedModel)
+        and child.can_generate()
+        and f"self.{name}.generate(" in source
+    ]
     return parts[0] if len(parts) == 1 else None
 
 
@@ -186,9 +189,10 @@ def model_facts(resolved: ResolvedModel, model: Any, req: Request) -> ModelFacts
     largest = max((_dense_bytes(m, req.dtype) for m in linears), default=0)
     rules = ModalityRules()
     stacks = [
-        (path, m) for path, m in model.named_modules()
+        (path, m)
+        for path, m in model.named_modules()
         if isinstance(m, torch.nn.ModuleList) and len(m) > 1 and rules.modality_of(path) == Modality.TEXT
-    ]  # fmt: skip
+    ]
     layers: Any = max(stacks, key=lambda pm: nbytes(pm[1]))[1] if stacks else []
     vc = getattr(resolved.config, "vision_config", None)
     merge = getattr(vc, "spatial_merge_size", None)

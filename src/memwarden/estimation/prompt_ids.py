@@ -11,9 +11,15 @@ from typing import Any
 from memwarden.errors import InputError
 
 __all__ = [
-    "FIRST_TEXT_ID", "context_of", "encoder_prompt", "image_token_id", "media_markers", "placeholder_id",
-    "special_ids", "takes_position_mask",
-]  # fmt: skip
+    "FIRST_TEXT_ID",
+    "context_of",
+    "encoder_prompt",
+    "image_token_id",
+    "media_markers",
+    "placeholder_id",
+    "special_ids",
+    "takes_position_mask",
+]
 
 FIRST_TEXT_ID = 3  # 0 pad, 1 BOS, 2 EOS in most vocabularies
 

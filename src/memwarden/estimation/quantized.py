@@ -82,13 +82,15 @@ class Scheme:
     def describe(self) -> str:
         if self.more is not None:
             return self.more.label
-        parts = {"awq": f"AWQ {self.bits}-bit {self.variant}, group {self.group_size}",
-                 "gptq": f"GPTQ {self.bits}-bit, group {self.group_size}{', desc_act' if self.desc_act else ''}"
-                         f"{'' if self.zero_point else ', sym'}",
-                 "bitsandbytes-4bit": f"bitsandbytes {self.variant.upper()}{' + double quant' if self.double_quant else ''}",
-                 "bitsandbytes-8bit": "bitsandbytes LLM.int8",
-                 "compressed-tensors": f"compressed-tensors {self.variant} ({self.bits}-bit weights, {self.strategy})",
-                 "fp8": f"FP8 {'block ' + 'x'.join(map(str, self.block)) if self.block else 'per tensor'}"}  # fmt: skip
+        parts = {
+            "awq": f"AWQ {self.bits}-bit {self.variant}, group {self.group_size}",
+            "gptq": f"GPTQ {self.bits}-bit, group {self.group_size}{', desc_act' if self.desc_act else ''}"
+            f"{'' if self.zero_point else ', sym'}",
+            "bitsandbytes-4bit": f"bitsandbytes {self.variant.upper()}{' + double quant' if self.double_quant else ''}",
+            "bitsandbytes-8bit": "bitsandbytes LLM.int8",
+            "compressed-tensors": f"compressed-tensors {self.variant} ({self.bits}-bit weights, {self.strategy})",
+            "fp8": f"FP8 {'block ' + 'x'.join(map(str, self.block)) if self.block else 'per tensor'}",
+        }
         return parts[self.method]
 
 
@@ -97,8 +99,10 @@ def _int(q: dict[str, Any], key: str, default: int, allowed: tuple[int, ...] | N
     if value is None:
         value = default
     if isinstance(value, bool) or not isinstance(value, int) or (allowed is not None and value not in allowed):
-        raise InputError(f"quantization_config.{key} = {str(value)[:40]!r} is not one this tool accepts"
-                         + (f" ({', '.join(map(str, allowed))})" if allowed else ""))  # fmt: skip
+        raise InputError(
+            f"quantization_config.{key} = {str(value)[:40]!r} is not one this tool accepts"
+            + (f" ({', '.join(map(str, allowed))})" if allowed else "")
+        )
     if allowed is None and not (value == -1 or 1 <= value <= 1 << 16):
         raise InputError(f"quantization_config.{key} = {value} is not a group size (-1 or 1..65536)")
     return value
@@ -133,43 +137,80 @@ def parse_scheme(q: Any) -> Scheme | None:
         if variant not in ("gemm", "gemv"):
             raise InputError(f"AWQ version {variant[:20]!r} is not emulated (gemm, gemv)")
         skip = _names(q.get("modules_to_not_convert"), "modules_to_not_convert")
-        return Scheme(method="awq", bits=_int(q, "bits", 4, (4,)), group_size=_int(q, "group_size", 128),
-                      variant=variant, zero_point=bool(q.get("zero_point", True)), skip=skip)  # fmt: skip
+        return Scheme(
+            method="awq",
+            bits=_int(q, "bits", 4, (4,)),
+            group_size=_int(q, "group_size", 128),
+            variant=variant,
+            zero_point=bool(q.get("zero_point", True)),
+            skip=skip,
+        )
     if method in ("gptq", "auto-round", "intel/auto-round"):
         packing = str(q.get("packing_format", "gptq"))
         if method != "gptq" and "gptq" not in packing and "auto_round" not in packing:
             raise InputError(f"AutoRound packing_format {packing[:40]!r} is not emulated (its GPTQ-style export is)")
         blocks = _names(q.get("block_name_to_quantize"), "block_name_to_quantize")
-        return Scheme(method="gptq", bits=_int(q, "bits", 4, (2, 3, 4, 8)), group_size=_int(q, "group_size", 128),
-                      variant="gptq", zero_point=not bool(q.get("sym", True)), desc_act=bool(q.get("desc_act", False)),
-                      skip=_names(q.get("modules_to_not_convert"), "modules_to_not_convert"), only_blocks=blocks)  # fmt: skip
+        return Scheme(
+            method="gptq",
+            bits=_int(q, "bits", 4, (2, 3, 4, 8)),
+            group_size=_int(q, "group_size", 128),
+            variant="gptq",
+            zero_point=not bool(q.get("sym", True)),
+            desc_act=bool(q.get("desc_act", False)),
+            skip=_names(q.get("modules_to_not_convert"), "modules_to_not_convert"),
+            only_blocks=blocks,
+        )
     if method == "bitsandbytes-4bit":
         variant = str(q.get("bnb_4bit_quant_type", "fp4")).lower()
         if variant not in ("nf4", "fp4"):
             raise InputError(f"bnb_4bit_quant_type {variant[:20]!r} is not nf4 or fp4")
-        return Scheme(method=method, bits=4, group_size=64, variant=variant,
-                      double_quant=bool(q.get("bnb_4bit_use_double_quant", False)),
-                      skip=_names(q.get("llm_int8_skip_modules"), "llm_int8_skip_modules"))  # fmt: skip
+        return Scheme(
+            method=method,
+            bits=4,
+            group_size=64,
+            variant=variant,
+            double_quant=bool(q.get("bnb_4bit_use_double_quant", False)),
+            skip=_names(q.get("llm_int8_skip_modules"), "llm_int8_skip_modules"),
+        )
     if method == "bitsandbytes-8bit":
-        return Scheme(method=method, bits=8, group_size=-1, variant="int8",
-                      skip=_names(q.get("llm_int8_skip_modules"), "llm_int8_skip_modules"))  # fmt: skip
+        return Scheme(
+            method=method,
+            bits=8,
+            group_size=-1,
+            variant="int8",
+            skip=_names(q.get("llm_int8_skip_modules"), "llm_int8_skip_modules"),
+        )
     if method == "fp8":
         block = q.get("weight_block_size")
-        if block is not None and (not isinstance(block, list) or len(block) != 2
-                                  or not all(isinstance(b, int) and 1 <= b <= 1 << 16 for b in block)):  # fmt: skip
+        if block is not None and (
+            not isinstance(block, list)
+            or len(block) != 2
+            or not all(isinstance(b, int) and 1 <= b <= 1 << 16 for b in block)
+        ):
             raise InputError("quantization_config.weight_block_size must be two positive integers")
-        return Scheme(method="fp8", bits=8, group_size=-1, variant="block" if block else "tensor",
-                      block=(block[0], block[1]) if block else None,
-                      static_input=q.get("activation_scheme") == "static",
-                      skip=_names(q.get("modules_to_not_convert"), "modules_to_not_convert"))  # fmt: skip
+        return Scheme(
+            method="fp8",
+            bits=8,
+            group_size=-1,
+            variant="block" if block else "tensor",
+            block=(block[0], block[1]) if block else None,
+            static_input=q.get("activation_scheme") == "static",
+            skip=_names(q.get("modules_to_not_convert"), "modules_to_not_convert"),
+        )
     if method == "compressed-tensors":
         return _compressed_tensors(q)
     if method in ("hqq", "torchao"):
         more = parse_hqq(q) if method == "hqq" else parse_torchao(q)
         # HqqConfig: skip_modules defaults to ["lm_head"]; TorchAoConfig: modules_to_not_convert to None
         key, default = ("skip_modules", ["lm_head"]) if method == "hqq" else ("modules_to_not_convert", None)
-        return Scheme(method=method, bits=more.bits, group_size=more.group_size, variant=more.layout,
-                      skip=_names(q.get(key, default), key), more=more)  # fmt: skip
+        return Scheme(
+            method=method,
+            bits=more.bits,
+            group_size=more.group_size,
+            variant=more.layout,
+            skip=_names(q.get(key, default), key),
+            more=more,
+        )
     raise InputError(
         f"quantization_config.quant_method {method[:40]!r} is not emulated yet (supported: {', '.join(METHODS)}); "
         "estimating it as unquantized would overstate the weights"
@@ -192,12 +233,17 @@ def _compressed_tensors(q: dict[str, Any]) -> Scheme:
     block = w.get("block_structure")
     targets = _names(group.get("targets"), "targets") or ("Linear",)
     return Scheme(
-        method="compressed-tensors", bits=bits, group_size=_int(w, "group_size", -1) if strategy == "group" else -1,
-        variant=fmt if fmt != "dense" else f"{kind}-quantized", zero_point=not bool(w.get("symmetric", True)),
-        strategy=strategy, block=(int(block[0]), int(block[1])) if isinstance(block, list) and len(block) == 2 else None,
+        method="compressed-tensors",
+        bits=bits,
+        group_size=_int(w, "group_size", -1) if strategy == "group" else -1,
+        variant=fmt if fmt != "dense" else f"{kind}-quantized",
+        zero_point=not bool(w.get("symmetric", True)),
+        strategy=strategy,
+        block=(int(block[0]), int(block[1])) if isinstance(block, list) and len(block) == 2 else None,
         static_input=inputs is not None and not inputs.get("dynamic", False),
-        skip=_names(q.get("ignore"), "ignore") or (), targets=targets,
-    )  # fmt: skip
+        skip=_names(q.get("ignore"), "ignore") or (),
+        targets=targets,
+    )
 
 
 # -- the tensors of one Linear --------------------------------------------------------------------
@@ -214,32 +260,48 @@ def linear_tensors(scheme: Scheme, in_f: int, out_f: int, bias: bool, dtype: str
     if m == "awq":
         pack = 32 // scheme.bits
         if scheme.variant == "gemm":
-            out = {"qweight": ((in_f, out_f // pack), "int32"), "qzeros": ((groups, out_f // pack), "int32"),
-                   "scales": ((groups, out_f), "float16")}  # fmt: skip
+            out = {
+                "qweight": ((in_f, out_f // pack), "int32"),
+                "qzeros": ((groups, out_f // pack), "int32"),
+                "scales": ((groups, out_f), "float16"),
+            }
         else:  # AutoAWQ utils/module.py calculate_zeros_width
             mult = 1 if scheme.group_size >= 128 else 2 if scheme.group_size == 64 else 4
             width = math.ceil(math.ceil(in_f / scheme.group_size / pack) / mult) * mult
-            out = {"qweight": ((out_f, in_f // pack), "int32"), "qzeros": ((out_f, width), "int32"),
-                   "scales": ((out_f, width * pack), "float16")}  # fmt: skip
+            out = {
+                "qweight": ((out_f, in_f // pack), "int32"),
+                "qzeros": ((out_f, width), "int32"),
+                "scales": ((out_f, width * pack), "float16"),
+            }
         return {**out, **({"bias": ((out_f,), "float16")} if bias else {})}
     if m == "gptq":
         b = scheme.bits
-        out = {"qweight": ((in_f // 32 * b, out_f), "int32"), "qzeros": ((groups, out_f // 32 * b), "int32"),
-               "scales": ((groups, out_f), "float16"), "g_idx": ((in_f,), "int32")}  # fmt: skip
+        out = {
+            "qweight": ((in_f // 32 * b, out_f), "int32"),
+            "qzeros": ((groups, out_f // 32 * b), "int32"),
+            "scales": ((groups, out_f), "float16"),
+            "g_idx": ((in_f,), "int32"),
+        }
         return {**out, **({"bias": ((out_f,), "float16")} if bias else {})}
     if m == "bitsandbytes-4bit":
         n = in_f * out_f
         blocks = math.ceil(n / scheme.blocksize)
         out = {"weight": ((math.ceil(n / 2), 1), "uint8"), "weight.quant_map": ((16,), "float32")}
         if scheme.double_quant:
-            out |= {"weight.absmax": ((blocks,), "uint8"), "weight.nested_absmax": ((math.ceil(blocks / 256),), "float32"),
-                    "weight.nested_quant_map": ((256,), "float32")}  # fmt: skip
+            out |= {
+                "weight.absmax": ((blocks,), "uint8"),
+                "weight.nested_absmax": ((math.ceil(blocks / 256),), "float32"),
+                "weight.nested_quant_map": ((256,), "float32"),
+            }
         else:
             out["weight.absmax"] = ((blocks,), "float32")
         return {**out, **({"bias": ((out_f,), dtype)} if bias else {})}
     if m == "bitsandbytes-8bit":
-        return {"weight": ((out_f, in_f), "int8"), "SCB": ((out_f,), "float32"),
-                **({"bias": ((out_f,), dtype)} if bias else {})}  # fmt: skip
+        return {
+            "weight": ((out_f, in_f), "int8"),
+            "SCB": ((out_f,), "float32"),
+            **({"bias": ((out_f,), dtype)} if bias else {}),
+        }
     if m == "fp8":
         if scheme.block:
             scale: TensorSpec = ((math.ceil(out_f / scheme.block[0]), math.ceil(in_f / scheme.block[1])), "float32")
@@ -316,8 +378,9 @@ def _ct_match(names: tuple[str, ...], cls: str, patterns: tuple[str, ...]) -> bo
     return False
 
 
-def converted(scheme: Scheme, path: str, checkpoint_names: tuple[str, ...], defaults: tuple[str, ...],
-              decoder_stack: str | None) -> tuple[bool, str]:  # fmt: skip
+def converted(
+    scheme: Scheme, path: str, checkpoint_names: tuple[str, ...], defaults: tuple[str, ...], decoder_stack: str | None
+) -> tuple[bool, str]:
     """(whether the loader replaces the Linear at ``path``, why not). ``checkpoint_names``: the
     names the checkpoint may use for it (pre-transformers-5 paths: ``visual.`` for ``model.visual.``);
     ``defaults``: transformers' ``get_keys_to_not_convert`` plus ``_keep_in_fp32_modules``;
@@ -360,8 +423,14 @@ def _hqq_converted(scheme: Scheme, names: tuple[str, ...]) -> tuple[bool, str]:
         return False, "skip_modules"
     tags = scheme.more.tags if scheme.more else None
     if tags is not None:
-        own = {t for n in names for t in (".".join(n.split(".")[-2:]),
-               ".".join(p for p in n.split(".") if p not in ("model", "layers") and not p.isnumeric()))}  # fmt: skip
+        own = {
+            t
+            for n in names
+            for t in (
+                ".".join(n.split(".")[-2:]),
+                ".".join(p for p in n.split(".") if p not in ("model", "layers") and not p.isnumeric()),
+            )
+        }
         if not own & set(tags):
             return False, "not in the dynamic_config tags"
     return True, ""

@@ -113,8 +113,16 @@ def parse_hqq(q: dict[str, Any]) -> MoreSpec:
         one, tags = next(iter(chosen.values())), tuple(chosen)
     bits, group, axis, as_float = one
     label = f"HQQ {bits}-bit, group {group if group > 0 else 'whole axis'}, axis {axis}"
-    return MoreSpec(method="hqq", layout=f"axis{axis}", label=label, bits=bits, group_size=group, axis=axis,
-                    view_as_float=as_float, tags=tags)  # fmt: skip
+    return MoreSpec(
+        method="hqq",
+        layout=f"axis{axis}",
+        label=label,
+        bits=bits,
+        group_size=group,
+        axis=axis,
+        view_as_float=as_float,
+        tags=tags,
+    )
 
 
 def _hqq_tensors(spec: MoreSpec, in_f: int, out_f: int, bias: bool, dtype: str) -> dict[str, _Spec]:
@@ -131,13 +139,25 @@ def _hqq_tensors(spec: MoreSpec, in_f: int, out_f: int, bias: bool, dtype: str) 
     qparam = (other, 1) if spec.axis == 1 else (1, other)
     packing = _HQQ_PACKING[spec.bits]
     meta: dict[str, _Spec] = {
-        "nbits": ((), "int32"), "group_size": ((), "int32"), "axis": ((), "int32"), "shape": ((2,), "int64"),
+        "nbits": ((), "int32"),
+        "group_size": ((), "int32"),
+        "axis": ((), "int32"),
+        "shape": ((2,), "int64"),
         "packing": ((len(packing),), "uint8"),
         "unpack_view_dtype": ((len("torch.int32" if spec.bits == 3 else "torch.uint8"),), "uint8"),
         "compute_dtype": ((len(f"torch.{dtype}"),), "uint8"),
-    }  # fmt: skip
-    for flag in ("view_as_float", "quant_scale", "quant_zero", "offload_meta", "encoded_state_dict",
-                 "stores_quant_config", "channel_wise", "optimize", "round_zero"):  # fmt: skip
+    }
+    for flag in (
+        "view_as_float",
+        "quant_scale",
+        "quant_zero",
+        "offload_meta",
+        "encoded_state_dict",
+        "stores_quant_config",
+        "channel_wise",
+        "optimize",
+        "round_zero",
+    ):
         meta[flag] = ((), "uint8")
     out = {"W_q": w_q, "scale": (qparam, dtype), "zero": (qparam, dtype), **meta}
     return {**out, **({"bias": ((out_f,), dtype)} if bias else {})}
@@ -195,8 +215,15 @@ def parse_torchao(q: dict[str, Any]) -> MoreSpec:
     act = "Dynamic" in kind
     if kind in _AO_INT8:
         group, per_tensor = _granularity(data.get("granularity"))
-        return MoreSpec(method="torchao", layout="int8", bits=8, group_size=group, per_tensor=per_tensor, act_quant=act,
-                        label=f"torchao {kind} (int8, {_gran_text(group, per_tensor)})")  # fmt: skip
+        return MoreSpec(
+            method="torchao",
+            layout="int8",
+            bits=8,
+            group_size=group,
+            per_tensor=per_tensor,
+            act_quant=act,
+            label=f"torchao {kind} (int8, {_gran_text(group, per_tensor)})",
+        )
     if kind in _AO_FP8:
         group, per_tensor = _granularity(data.get("granularity"))
         if group != -1:
@@ -204,9 +231,16 @@ def parse_torchao(q: dict[str, Any]) -> MoreSpec:
         wdt = str(_value(data.get("weight_dtype")) or "float8_e4m3fn").removeprefix("torch.")
         if wdt not in ("float8_e4m3fn", "float8_e5m2"):
             raise InputError(f"torchao float8 weight_dtype {wdt[:20]!r} is not emulated")
-        return MoreSpec(method="torchao", layout="float8", bits=8, group_size=-1, per_tensor=per_tensor,
-                        weight_dtype=wdt, act_quant=act,
-                        label=f"torchao {kind} ({wdt}, {_gran_text(-1, per_tensor)})")  # fmt: skip
+        return MoreSpec(
+            method="torchao",
+            layout="float8",
+            bits=8,
+            group_size=-1,
+            per_tensor=per_tensor,
+            weight_dtype=wdt,
+            act_quant=act,
+            label=f"torchao {kind} ({wdt}, {_gran_text(-1, per_tensor)})",
+        )
     if kind == "Int4WeightOnlyConfig":
         fmt = str(_value(data.get("int4_packing_format")) or "plain").lower()
         if fmt not in ("plain", "tile_packed_to_4d"):
@@ -218,8 +252,14 @@ def parse_torchao(q: dict[str, Any]) -> MoreSpec:
                 "torchao Int4WeightOnlyConfig group_size / int4_tile_packed_ntile must be positive integers"
             )
         layout = "int4-plain" if fmt == "plain" else "int4-tile"
-        return MoreSpec(method="torchao", layout=layout, bits=4, group_size=group, ntile=ntile,
-                        label=f"torchao {kind} (int4 {fmt}, group {group})")  # fmt: skip
+        return MoreSpec(
+            method="torchao",
+            layout=layout,
+            bits=4,
+            group_size=group,
+            ntile=ntile,
+            label=f"torchao {kind} (int4 {fmt}, group {group})",
+        )
     fmt = str(_value(data.get("intx_packing_format")) or "unpacked_to_int8").lower()
     if fmt != "unpacked_to_int8":
         raise InputError(f"torchao intx_packing_format {fmt[:30]!r} is not emulated (unpacked_to_int8)")
@@ -228,9 +268,16 @@ def parse_torchao(q: dict[str, Any]) -> MoreSpec:
     wdt = str(_value(data.get("weight_dtype")) or "int8").removeprefix("torch.")
     sdt = _value(data.get("weight_scale_dtype" if act else "scale_dtype"))
     bits = int(wdt.removeprefix("int")) if wdt.removeprefix("int").isdigit() else 8
-    return MoreSpec(method="torchao", layout="intx", bits=bits, group_size=group, per_tensor=per_tensor, act_quant=act,
-                    scale_dtype=str(sdt).removeprefix("torch.") if sdt else "",
-                    label=f"torchao {kind} ({wdt} in int8, {_gran_text(group, per_tensor)})")  # fmt: skip
+    return MoreSpec(
+        method="torchao",
+        layout="intx",
+        bits=bits,
+        group_size=group,
+        per_tensor=per_tensor,
+        act_quant=act,
+        scale_dtype=str(sdt).removeprefix("torch.") if sdt else "",
+        label=f"torchao {kind} ({wdt} in int8, {_gran_text(group, per_tensor)})",
+    )
 
 
 def _gran_text(group: int, per_tensor: bool) -> str:
@@ -242,21 +289,32 @@ def _ao_tensors(spec: MoreSpec, in_f: int, out_f: int, bias: bool, dtype: str) -
     qparam = (1, 1) if spec.per_tensor else (out_f, groups)
     out: dict[str, _Spec]
     if spec.layout == "int8":
-        out = {"_weight_qdata": ((out_f, in_f), "int8"), "_weight_scale": (qparam, "float32"),
-               "_weight_zero_point": (qparam, "int8")}  # fmt: skip
+        out = {
+            "_weight_qdata": ((out_f, in_f), "int8"),
+            "_weight_scale": (qparam, "float32"),
+            "_weight_zero_point": (qparam, "int8"),
+        }
     elif spec.layout == "float8":
         out = {"_weight_qdata": ((out_f, in_f), spec.weight_dtype), "_weight_scale": (qparam, "float32")}
     elif spec.layout == "int4-plain":
-        out = {"_weight_qdata": ((out_f, math.ceil(in_f / 2)), "int8"), "_weight_scale": ((groups, out_f), dtype),
-               "_weight_zero_point": ((groups, out_f), dtype)}  # fmt: skip
+        out = {
+            "_weight_qdata": ((out_f, math.ceil(in_f / 2)), "int8"),
+            "_weight_scale": ((groups, out_f), dtype),
+            "_weight_zero_point": ((groups, out_f), dtype),
+        }
     elif spec.layout == "int4-tile":
         k = math.ceil(in_f / 1024) * 1024  # padded for the tinygemm kernel
         n = math.ceil(out_f / spec.ntile) * spec.ntile
-        out = {"_weight_qdata": ((n // 8, k // 128, 32, 4), "int32"),
-               "_weight_scale_and_zero": ((k // spec.group_size, n, 2), "bfloat16")}  # fmt: skip
+        out = {
+            "_weight_qdata": ((n // 8, k // 128, 32, 4), "int32"),
+            "_weight_scale_and_zero": ((k // spec.group_size, n, 2), "bfloat16"),
+        }
     else:  # intx unpacked to int8
-        out = {"_weight_qdata": ((out_f, in_f), "int8"), "_weight_scale": (qparam, spec.scale_dtype or dtype),
-               "_weight_zero_point": (qparam, "int8")}  # fmt: skip
+        out = {
+            "_weight_qdata": ((out_f, in_f), "int8"),
+            "_weight_scale": (qparam, spec.scale_dtype or dtype),
+            "_weight_zero_point": (qparam, "int8"),
+        }
     return {**out, **({"bias": ((out_f,), dtype)} if bias else {})}
 
 

@@ -446,8 +446,10 @@ def build_request(
     if speech and "decoder_input_ids" in accepted:
         # the prompt is the decoder's (Whisper's task tokens and text); the encoder takes the media, and
         # generate() reads ``attention_mask`` as the media's mask
-        inputs = {"decoder_input_ids": inputs["input_ids"], **{k: v for k, v in inputs.items() if k not in
-                  ("input_ids", "attention_mask")}}  # fmt: skip
+        inputs = {
+            "decoder_input_ids": inputs["input_ids"],
+            **{k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")},
+        }
     if runs and "mm_token_type_ids" in accepted:
         kinds = {"image": 1, "video": 2, "audio": 3}
         type_ids = torch.zeros_like(input_ids, dtype=torch.int)

@@ -184,10 +184,12 @@ def _shape_dtypes(processor: Any, key: tuple[str, str]) -> dict[str, Any] | None
         full = fast = {}
     if full and full.keys() == fast.keys():
         same = all(
-            isinstance(a, torch.Tensor) and isinstance(fast[k], torch.Tensor) and a.shape == fast[k].shape
+            isinstance(a, torch.Tensor)
+            and isinstance(fast[k], torch.Tensor)
+            and a.shape == fast[k].shape
             and (a.is_floating_point() or (a.dtype == fast[k].dtype and torch.equal(a, fast[k])))
             for k, a in full.items()
-        )  # fmt: skip
+        )
         dtypes = {k: a.dtype for k, a in full.items()} if same else None
     if len(_DTYPES) >= _PROCESSED_KEPT:
         _DTYPES.clear()

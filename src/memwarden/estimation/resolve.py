@@ -182,10 +182,19 @@ _MAX_CONFIG_BYTES = 4 * 1024**2  # real config.json files are a few KiB
 # image processor allocate gigabytes (an image is resized to the tower's image_size before it is
 # measured; the largest real one is 1540, Mistral 3's).
 _SIZE_LIMITS = {
-    "num_hidden_layers": 1024, "num_layers": 1024, "hidden_size": 1 << 17, "intermediate_size": 1 << 19,
-    "vocab_size": 1 << 24, "num_attention_heads": 4096, "num_key_value_heads": 4096, "image_size": 1 << 11,
-    "head_dim": 1 << 14, "num_mel_bins": 1 << 12, "mm_tokens_per_image": 1 << 16, "max_position_embeddings": 1 << 23,
-}  # fmt: skip
+    "num_hidden_layers": 1024,
+    "num_layers": 1024,
+    "hidden_size": 1 << 17,
+    "intermediate_size": 1 << 19,
+    "vocab_size": 1 << 24,
+    "num_attention_heads": 4096,
+    "num_key_value_heads": 4096,
+    "image_size": 1 << 11,
+    "head_dim": 1 << 14,
+    "num_mel_bins": 1 << 12,
+    "mm_tokens_per_image": 1 << 16,
+    "max_position_embeddings": 1 << 23,
+}
 _SIZE_FLOORS = {"patch_size": 2}  # a 1-pixel patch makes an image hundreds of thousands of tokens
 # Integer fields the table does not name, by what their names say they count (checked when they are
 # integers; other types are transformers' to judge). Layers and depths are loops the meta run goes
@@ -296,8 +305,13 @@ def _saved_by_transformers_5(data: dict[str, Any]) -> bool:
     return major.isdigit() and int(major) >= 5
 
 
-_DTYPE_NAMES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16",
-                "bfloat16": "bfloat16"}  # fmt: skip
+_DTYPE_NAMES = {
+    "float32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+}
 
 
 def _checkpoint_dtype(data: dict[str, Any]) -> str | None:

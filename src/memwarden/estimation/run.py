@@ -152,8 +152,25 @@ def estimate(
         kept = load_card(key)
         if kept is not None:
             return kept
-    card = _estimate(model, images, videos, audio_seconds, prompt_tokens, new_tokens, batch, dtype, weights_dtype,
-                     kv_dtype, max_pixels, logits, device, suggest, progress, fit, solve)  # fmt: skip
+    card = _estimate(
+        model,
+        images,
+        videos,
+        audio_seconds,
+        prompt_tokens,
+        new_tokens,
+        batch,
+        dtype,
+        weights_dtype,
+        kv_dtype,
+        max_pixels,
+        logits,
+        device,
+        suggest,
+        progress,
+        fit,
+        solve,
+    )
     if key is not None:
         from memwarden.estimation.card_store import save_card
 
@@ -161,8 +178,20 @@ def estimate(
     return card
 
 
-_STORE_SETTINGS = ("images", "videos", "audio_seconds", "prompt_tokens", "new_tokens", "batch", "dtype",
-                   "weights_dtype", "kv_dtype", "max_pixels", "logits", "suggest")  # fmt: skip
+_STORE_SETTINGS = (
+    "images",
+    "videos",
+    "audio_seconds",
+    "prompt_tokens",
+    "new_tokens",
+    "batch",
+    "dtype",
+    "weights_dtype",
+    "kv_dtype",
+    "max_pixels",
+    "logits",
+    "suggest",
+)
 
 
 def _store_key(model: str, given: dict[str, Any]) -> str | None:
@@ -424,8 +453,16 @@ def _judged(resolved: Any, req: Request, devices: list[Any]) -> tuple[MemoryCard
     if first is None:
         card = card_for(resolved, req)[0]
     else:  # the same run's card without the device (the tensors' peak does not depend on it)
-        card = dataclasses.replace(first, runtime=None, usable_bytes=None, fits=None, headroom_bytes=None,
-                                   limit=None, device=None, device_id=None)  # fmt: skip
+        card = dataclasses.replace(
+            first,
+            runtime=None,
+            usable_bytes=None,
+            fits=None,
+            headroom_bytes=None,
+            limit=None,
+            device=None,
+            device_id=None,
+        )
     for d in devices:
         if not is_cuda(d):
             judged[d.id] = dataclasses.replace(card)

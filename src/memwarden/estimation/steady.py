@@ -135,13 +135,17 @@ def extrapolate_decode(short: Trace, long: Trace, new_tokens: int) -> Extrapolat
             **{
                 f"by_{by}": _grown(
                     breakdown_at(now[0], now[1], by, dev), breakdown_at(before[0], before[1], by, dev), ahead
-                )  # fmt: skip
+                )
                 for by in ("category", "modality")
             },
         }
     kv_long, kv_short = kv_at_end(long, dev), kv_at_end(short, dev)
-    return Extrapolated(decode=decode, kv_cache_bytes=kv_long + ahead * (kv_long - kv_short),
-                        measured_new_tokens=measured, new_tokens=new_tokens)  # fmt: skip
+    return Extrapolated(
+        decode=decode,
+        kv_cache_bytes=kv_long + ahead * (kv_long - kv_short),
+        measured_new_tokens=measured,
+        new_tokens=new_tokens,
+    )
 
 
 def _measured_decode_peak(trace: Trace, windows: list[tuple[int, int]], live: np.ndarray) -> tuple[int, int]:

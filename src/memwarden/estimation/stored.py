@@ -36,10 +36,12 @@ class StoredLayout:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "method": self.method, "description": self.description, "converted_linears": self.converted,
+            "method": self.method,
+            "description": self.description,
+            "converted_linears": self.converted,
             "unquantized": {why: sorted(paths)[:64] for why, paths in self.kept.items()},
             "unquantized_count": sum(len(p) for p in self.kept.values()),
-        }  # fmt: skip
+        }
 
 
 class StoredLinear(torch.nn.Module):
@@ -54,8 +56,15 @@ class StoredLinear(torch.nn.Module):
     bytes per input element a kernel quantizes activations into (FP8: 1; LLM.int8: 1, and an
     int32 product)."""
 
-    def __init__(self, in_f: int, out_f: int, tensors: dict[str, TensorSpec], dequant_above: int | None,
-                 act_bytes: int = 0, int32_product: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        in_f: int,
+        out_f: int,
+        tensors: dict[str, TensorSpec],
+        dequant_above: int | None,
+        act_bytes: int = 0,
+        int32_product: bool = False,
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_f, out_f
         self.tensor_names = tuple(tensors)
@@ -144,8 +153,11 @@ def _decoder_stack(model: Any) -> str | None:
     from memwarden.trace.model import Modality
 
     rules = ModalityRules()
-    stacks = [(path, len(m)) for path, m in model.named_modules()
-              if isinstance(m, torch.nn.ModuleList) and len(m) > 1 and rules.modality_of(path) == Modality.TEXT]  # fmt: skip
+    stacks = [
+        (path, len(m))
+        for path, m in model.named_modules()
+        if isinstance(m, torch.nn.ModuleList) and len(m) > 1 and rules.modality_of(path) == Modality.TEXT
+    ]
     return max(stacks, key=lambda s: s[1])[0] if stacks else None
 
 

@@ -79,12 +79,16 @@ def arithmetic_suggestions(
 
         out.append(
             _suggestion(
-                "weights_dtype", f"{qdtype} weights (weight-only quantization of every linear layer)",
-                {"weights_dtype": qdtype}, _phase_peak(card, adjust), usable_bytes, "arithmetic",
+                "weights_dtype",
+                f"{qdtype} weights (weight-only quantization of every linear layer)",
+                {"weights_dtype": qdtype},
+                _phase_peak(card, adjust),
+                usable_bytes,
+                "arithmetic",
                 f"linear weights {format_bytes(facts.linear_weight_bytes)} -> x{q / current_w:.2f}; "
                 f"+{format_bytes(dequant)} for one dequantized weight during prefill",
             )
-        )  # fmt: skip
+        )
     kv_elem = DTYPE_BYTES.get(request.kv_dtype or "", elem)
     if card.kv_cache_bytes and kv_elem > 1:
         layers = max(facts.decoder_layers, 1)
@@ -95,10 +99,15 @@ def arithmetic_suggestions(
 
         out.append(
             _suggestion(
-                "kv_dtype", "int8 KV cache", {"kv_dtype": "int8"}, _phase_peak(card, adjust_kv), usable_bytes,
-                "arithmetic", f"KV bytes x{1 / kv_elem:.2f}; + one layer's keys and values dequantized for attention",
+                "kv_dtype",
+                "int8 KV cache",
+                {"kv_dtype": "int8"},
+                _phase_peak(card, adjust_kv),
+                usable_bytes,
+                "arithmetic",
+                f"KV bytes x{1 / kv_elem:.2f}; + one layer's keys and values dequantized for attention",
             )
-        )  # fmt: skip
+        )
     vision = card.tokens.get("vision", 0)
     total = max(sum(card.tokens.values()) + request.new_tokens, 1)
     if vision:
@@ -114,11 +123,15 @@ def arithmetic_suggestions(
 
             out.append(
                 _suggestion(
-                    "prune_visual_tokens", f"prune {ratio:.0%} of the {vision} visual tokens in the language model",
-                    {"prune_visual_tokens": ratio}, _phase_peak(card, adjust_prune), usable_bytes, "arithmetic",
+                    "prune_visual_tokens",
+                    f"prune {ratio:.0%} of the {vision} visual tokens in the language model",
+                    {"prune_visual_tokens": ratio},
+                    _phase_peak(card, adjust_prune),
+                    usable_bytes,
+                    "arithmetic",
                     f"KV cache and activations x(1 - {share:.2f}) at the prefill and decode peaks",
                 )
-            )  # fmt: skip
+            )
     over = card.peak_bytes - usable_bytes
     if over > 0 and facts.decoder_layer_bytes > 0 and facts.decoder_layers > 1:
         n = min(facts.decoder_layers, math.ceil(over / facts.decoder_layer_bytes) + 1)
@@ -128,11 +141,15 @@ def arithmetic_suggestions(
                 "offload_layers",
                 # On unified memory "host" is the same memory: the layers must come from disk instead.
                 f"stream {n} of {facts.decoder_layers} decoder layers from disk (memory-mapped safetensors)"
-                if unified_memory else f"offload {n} of {facts.decoder_layers} decoder layers to host memory",
-                {"offload_layers": n}, card.peak_bytes - saved, usable_bytes, "arithmetic",
+                if unified_memory
+                else f"offload {n} of {facts.decoder_layers} decoder layers to host memory",
+                {"offload_layers": n},
+                card.peak_bytes - saved,
+                usable_bytes,
+                "arithmetic",
                 f"{n} x {format_bytes(facts.decoder_layer_bytes)} streamed one layer at a time",
             )
-        )  # fmt: skip
+        )
     return out
 
 

@@ -33,8 +33,17 @@ __all__ = ["Grid", "estimate_point", "load_grid", "run_sweep"]
 
 MAX_GRID_BYTES = 1 << 20
 MAX_POINTS = 10_000
-_REQUEST_KEYS = {"name", "image", "audio_seconds", "prompt_tokens", "new_tokens", "batch", "dtype", "weights_dtype",
-                 "kv_dtype"}  # fmt: skip
+_REQUEST_KEYS = {
+    "name",
+    "image",
+    "audio_seconds",
+    "prompt_tokens",
+    "new_tokens",
+    "batch",
+    "dtype",
+    "weights_dtype",
+    "kv_dtype",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,8 +118,12 @@ def _parse_image(label: str, where: str, text: str) -> list[int]:
 
 
 def _describe(raw: dict[str, Any]) -> str:
-    parts = [f"{raw['image']}" if "image" in raw else "", f"{raw['audio_seconds']}s audio" if "audio_seconds" in raw else "",
-             f"{raw.get('prompt_tokens', 128)} prompt", f"{raw.get('new_tokens', 16)} new"]  # fmt: skip
+    parts = [
+        f"{raw['image']}" if "image" in raw else "",
+        f"{raw['audio_seconds']}s audio" if "audio_seconds" in raw else "",
+        f"{raw.get('prompt_tokens', 128)} prompt",
+        f"{raw.get('new_tokens', 16)} new",
+    ]
     return ", ".join(p for p in parts if p)
 
 
@@ -132,9 +145,13 @@ def estimate_point(spec: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - one point's failure is that point's row, never a traceback
         what = " ".join(str(exc).split())[:200]
         return {**out, "error": f"this point failed ({type(exc).__name__}: {what})"}
-    return {**out, "peak_bytes": card.peak_bytes, "weights_bytes": card.weights_bytes,
-            "kv_cache_bytes": card.kv_cache_bytes,
-            "phases": {name: info["peak_bytes"] for name, info in card.phases.items()}}  # fmt: skip
+    return {
+        **out,
+        "peak_bytes": card.peak_bytes,
+        "weights_bytes": card.weights_bytes,
+        "kv_cache_bytes": card.kv_cache_bytes,
+        "phases": {name: info["peak_bytes"] for name, info in card.phases.items()},
+    }
 
 
 def run_sweep(grid: Grid, executor: Any) -> list[dict[str, Any]]:
@@ -145,10 +162,13 @@ def run_sweep(grid: Grid, executor: Any) -> list[dict[str, Any]]:
         if "error" in row:
             raise InputError(f"model {row['model']!r}, request {row['request']!r}: {row['error']}")
         row["devices"] = {
-            d.id: {"usable_bytes": d.usable_bytes, "fits": row["peak_bytes"] <= d.usable_bytes,
-                   "headroom_bytes": d.usable_bytes - row["peak_bytes"]}
+            d.id: {
+                "usable_bytes": d.usable_bytes,
+                "fits": row["peak_bytes"] <= d.usable_bytes,
+                "headroom_bytes": d.usable_bytes - row["peak_bytes"],
+            }
             for d in grid.devices
-        }  # fmt: skip
+        }
     return list(rows)
 
 
@@ -157,11 +177,18 @@ def render_table(grid: Grid, rows: list[dict[str, Any]]) -> str:
 
     header = ["model", "request", "peak", *[d.id for d in grid.devices]]
     body = [
-        [r["model"], r["request"], format_bytes(r["peak_bytes"]),
-         *[("fits" if r["devices"][d.id]["fits"] else "no") + f" ({format_bytes(r['devices'][d.id]['headroom_bytes'])})"
-           for d in grid.devices]]
+        [
+            r["model"],
+            r["request"],
+            format_bytes(r["peak_bytes"]),
+            *[
+                ("fits" if r["devices"][d.id]["fits"] else "no")
+                + f" ({format_bytes(r['devices'][d.id]['headroom_bytes'])})"
+                for d in grid.devices
+            ],
+        ]
         for r in rows
-    ]  # fmt: skip
+    ]
     widths = [max(len(str(c)) for c in col) for col in zip(header, *body, strict=True)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in body]

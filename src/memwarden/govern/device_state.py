@@ -37,8 +37,19 @@ from memwarden.govern.device_state_lines import Figure, parse_line
 from memwarden.govern.platform_facts import facts_for
 from memwarden.untrusted import open_regular
 
-__all__ = ["KINDS", "Component", "DeviceState", "Obtainable", "StateRead", "Verdict", "judge", "load_state",
-           "obtainable", "read_state", "state_lines"]  # fmt: skip
+__all__ = [
+    "KINDS",
+    "Component",
+    "DeviceState",
+    "Obtainable",
+    "StateRead",
+    "Verdict",
+    "judge",
+    "load_state",
+    "obtainable",
+    "read_state",
+    "state_lines",
+]
 
 KINDS = ("cuda", "host", "mmap", "contiguous")
 MAX_STATE_BYTES = 128 << 20  # the telemetry log's limit: a paste past this is no paste
@@ -61,8 +72,13 @@ class Component:
     line_no: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"bytes": self.bytes, "counts": self.counts, "note": self.note, "line": self.line,
-                "line_no": self.line_no}  # fmt: skip
+        return {
+            "bytes": self.bytes,
+            "counts": self.counts,
+            "note": self.note,
+            "line": self.line,
+            "line_no": self.line_no,
+        }
 
 
 @dataclass(frozen=True)
@@ -103,8 +119,13 @@ class StateRead:
     by_format: dict[str, int]
 
     def to_json(self) -> dict[str, Any]:
-        return {"lines": self.lines, "recognised": self.recognised, "skipped": self.skipped,
-                "by_format": dict(sorted(self.by_format.items())), "samples": len(self.samples)}  # fmt: skip
+        return {
+            "lines": self.lines,
+            "recognised": self.recognised,
+            "skipped": self.skipped,
+            "by_format": dict(sorted(self.by_format.items())),
+            "samples": len(self.samples),
+        }
 
 
 def read_state(lines: Iterable[str]) -> StateRead:
@@ -189,13 +210,17 @@ def obtainable(state: DeviceState, kind: str) -> Obtainable:
     add("mem_free", "mem_free", False, "MemFree: leaves the reclaimable cache out, so it understates")
     free_note = (
         "cuMemGetInfo on an integrated GPU reports MemFree, not MemAvailable (ollama #12283): shown, bounds nothing"
-        if integrated is not False else "the device's own free memory"
-    )  # fmt: skip
+        if integrated is not False
+        else "the device's own free memory"
+    )
     add("device_free", "reported_device_free", on_device, free_note)
     add("device_total", "device_total", False, "the device's total")
     add("mem_total", "total", False, "the spec-sheet figure: what the naive reading compares with")
-    swap_note = ("free swap: the kernel can page anonymous memory out" if kind == "host" else
-                 "free swap: does not back GPU memory (pinned) or file pages")  # fmt: skip
+    swap_note = (
+        "free swap: the kernel can page anonymous memory out"
+        if kind == "host"
+        else "free swap: does not back GPU memory (pinned) or file pages"
+    )
     add("swap_free", "swap_free", kind == "host", swap_note)
     add("cma_free", "cma_free", kind == "contiguous", "CmaFree: the contiguous-memory area still free")
     add("nvmap_used", "gpu_clients_hold", False, "NvMapMemUsed: what GPU clients (all processes) hold now")
@@ -203,25 +228,45 @@ def obtainable(state: DeviceState, kind: str) -> Obtainable:
         top_note = f"; the largest: {top}, {int(state.value('nvmap_top_client_bytes') or 0) >> 20} MiB"
     else:
         top_note = ""
-    add("nvmap_clients_total", "gpu_clients_hold_nvmap", False, "NvMap iovmm clients: GPU buffers every process "
-        f"holds, already outside MemAvailable (not subtracted twice){top_note}")  # fmt: skip
-    add("lmkd_killed_rss", "lmkd_killed", False, f"lmkd killed {state.value('lmkd_kill')}: the device is under "
-        "pressure; a process at that oom_score_adj or above is next")  # fmt: skip
-    add("android_free_ram", "android_free_ram", False, "dumpsys Free RAM: free + cached kernel + cached processes "
-        "lmkd kills first")  # fmt: skip
+    add(
+        "nvmap_clients_total",
+        "gpu_clients_hold_nvmap",
+        False,
+        "NvMap iovmm clients: GPU buffers every process "
+        f"holds, already outside MemAvailable (not subtracted twice){top_note}",
+    )
+    add(
+        "lmkd_killed_rss",
+        "lmkd_killed",
+        False,
+        f"lmkd killed {state.value('lmkd_kill')}: the device is under "
+        "pressure; a process at that oom_score_adj or above is next",
+    )
+    add(
+        "android_free_ram",
+        "android_free_ram",
+        False,
+        "dumpsys Free RAM: free + cached kernel + cached processes lmkd kills first",
+    )
     if (lfb := state.value("lfb_block")) is not None and (count := state.value("lfb_count")) is not None:
         fig = state.figures["lfb_block"]
         comps["largest_free_block"] = Component(
-            name="largest_free_block", bytes=int(lfb), counts=kind == "contiguous", line=fig.line,
+            name="largest_free_block",
+            bytes=int(lfb),
+            counts=kind == "contiguous",
+            line=fig.line,
             line_no=fig.line_no,
-            note=(f"tegrastats lfb {count}x{int(lfb) >> 20}MB: largest physically contiguous free block (at most "
-                  "4 MB by design); bounds contiguous buffers, not cudaMalloc (SMMU-mapped pages)"),
-        )  # fmt: skip
+            note=(
+                f"tegrastats lfb {count}x{int(lfb) >> 20}MB: largest physically contiguous free block (at most "
+                "4 MB by design); bounds contiguous buffers, not cudaMalloc (SMMU-mapped pages)"
+            ),
+        )
 
     if kind == "contiguous":
         terms = [c.bytes for n, c in comps.items() if n in ("largest_free_block", "cma_free")]
-        return Obtainable(bytes=max(terms) if terms else None, components=comps,
-                          basis="the largest of the lfb block and CmaFree")  # fmt: skip
+        return Obtainable(
+            bytes=max(terms) if terms else None, components=comps, basis="the largest of the lfb block and CmaFree"
+        )
     if on_device:
         dev = state.value("device_free")
         return Obtainable(bytes=dev, components=comps, basis="the discrete device's free memory")
@@ -260,13 +305,20 @@ def _phone_caps(state: DeviceState, base: int | None, basis: str, comps: dict[st
     and the jetsam per-process limit a report shows (the app's whole footprint must stay under it,
     so one allocation gets at most that, less what the app already holds)."""
     caps = [
-        ("os_proc_available", "os_proc_available", "os_proc_available_memory(): what this app may still allocate "
-         "before jetsam kills it"),
-        ("jetsam_limit", "jetsam_per_process_limit", "jetsam per-process-limit: rpages x pageSize of the app killed "
-         f"at its limit ({state.value('jetsam_killed') or 'name not in the paste'}"
-         f"{', pageSize assumed 16 KiB' if state.value('jetsam_page_size_assumed') else ''}); the app's whole "
-         "footprint must stay under it"),
-    ]  # fmt: skip
+        (
+            "os_proc_available",
+            "os_proc_available",
+            "os_proc_available_memory(): what this app may still allocate before jetsam kills it",
+        ),
+        (
+            "jetsam_limit",
+            "jetsam_per_process_limit",
+            "jetsam per-process-limit: rpages x pageSize of the app killed "
+            f"at its limit ({state.value('jetsam_killed') or 'name not in the paste'}"
+            f"{', pageSize assumed 16 KiB' if state.value('jetsam_page_size_assumed') else ''}); the app's whole "
+            "footprint must stay under it",
+        ),
+    ]
     for field_name, name, note in caps:
         value = state.value(field_name)
         if not isinstance(value, int):
@@ -275,8 +327,10 @@ def _phone_caps(state: DeviceState, base: int | None, basis: str, comps: dict[st
         binds = base is None or value < base
         comps[name] = Component(name=name, bytes=value, counts=binds, note=note, line=fig.line, line_no=fig.line_no)
         if binds:
-            base, basis = value, (f"{name.replace('_', ' ')} (below {basis})" if base is not None else name.replace(
-                "_", " "))  # fmt: skip
+            base, basis = (
+                value,
+                (f"{name.replace('_', ' ')} (below {basis})" if base is not None else name.replace("_", " ")),
+            )
     if base is None:
         return Obtainable(bytes=None, components=comps, basis="no memory figure")
     return Obtainable(bytes=base, components=comps, basis=basis)
@@ -323,22 +377,33 @@ def _contiguous(state: DeviceState, kind: str, largest_buffer_bytes: int) -> tup
     fig = state.figures["lfb_block"]
     cma = state.value("cma_free")
     fits_cma = isinstance(cma, int) and largest_buffer_bytes <= cma
-    note = (f"the request's largest buffer ({largest_buffer_bytes >> 20} MiB) is larger than the largest free "
-            f"contiguous block (lfb {count}x{block >> 20}MB)")  # fmt: skip
+    note = (
+        f"the request's largest buffer ({largest_buffer_bytes >> 20} MiB) is larger than the largest free "
+        f"contiguous block (lfb {count}x{block >> 20}MB)"
+    )
     if kind == "contiguous":
         note += "; CmaFree can still hold it" if fits_cma else "; no free block or CMA area holds it: it fails"
     else:
-        note += ("; cudaMalloc on Tegra maps scattered pages through the SMMU, so this matters only for buffers "
-                 "that must be physically contiguous (camera, codec, NvBufSurface)")  # fmt: skip
-    comp = Component(name="does_not_fit_contiguously", bytes=largest_buffer_bytes, counts=kind == "contiguous",
-                     note=note, line=fig.line, line_no=fig.line_no)  # fmt: skip
+        note += (
+            "; cudaMalloc on Tegra maps scattered pages through the SMMU, so this matters only for buffers "
+            "that must be physically contiguous (camera, codec, NvBufSurface)"
+        )
+    comp = Component(
+        name="does_not_fit_contiguously",
+        bytes=largest_buffer_bytes,
+        counts=kind == "contiguous",
+        note=note,
+        line=fig.line,
+        line_no=fig.line_no,
+    )
     if kind != "contiguous":
         return comp, None
     return comp, int(cma) if fits_cma and isinstance(cma, int) else 0
 
 
-def judge(state: DeviceState, request_bytes: int, kind: str = "cuda", *,
-          largest_buffer_bytes: int | None = None) -> Verdict:  # fmt: skip
+def judge(
+    state: DeviceState, request_bytes: int, kind: str = "cuda", *, largest_buffer_bytes: int | None = None
+) -> Verdict:
     """Does one allocation of ``request_bytes`` of ``kind`` succeed in ``state``? Beside it, the
     naive readings: request <= MemAvailable, <= the total, <= the reported device free figure.
     With ``largest_buffer_bytes`` (the request's single largest buffer) it is also judged buffer by
@@ -365,18 +430,28 @@ def judge(state: DeviceState, request_bytes: int, kind: str = "cuda", *,
         "request_le_mem_free": None if (mem_free := state.value("mem_free")) is None else request_bytes <= mem_free,
     }
     issues = facts_for(state.value("l4t"), kind)
-    issues_json = [{"id": f.id, "effect": f.effect, "fix": f.fix, "sources": list(f.sources),
-                    "verified": f.verified} for f in issues]  # fmt: skip
+    issues_json = [
+        {"id": f.id, "effect": f.effect, "fix": f.fix, "sources": list(f.sources), "verified": f.verified}
+        for f in issues
+    ]
     if ob.bytes is None:
         raise ValueError("no memory figure in the state: nothing to judge the request against")
-    common = dict(obtainable_bytes=ob.bytes, components=ob.components, request_bytes=request_bytes, kind=kind,
-                  naive=naive, platform_issues=issues_json)  # fmt: skip
+    common = dict(
+        obtainable_bytes=ob.bytes,
+        components=ob.components,
+        request_bytes=request_bytes,
+        kind=kind,
+        naive=naive,
+        platform_issues=issues_json,
+    )
     verified = [f for f in issues if f.verified]
     if verified:
         f = verified[0]
         return Verdict(verdict="fails", reason=f"L4T {state.value('l4t')}: {f.effect}; fix: {f.fix}", **common)  # type: ignore[arg-type]
     if request_bytes <= ob.bytes:
-        return Verdict(verdict="fits", reason=f"{_gib(request_bytes)} <= {_gib(ob.bytes)} obtainable ({ob.basis})",
-                       **common)  # type: ignore[arg-type]  # fmt: skip
-    return Verdict(verdict="fails", reason=f"{_gib(request_bytes)} > {_gib(ob.bytes)} obtainable ({ob.basis})",
-                   **common)  # type: ignore[arg-type]  # fmt: skip
+        return Verdict(
+            verdict="fits", reason=f"{_gib(request_bytes)} <= {_gib(ob.bytes)} obtainable ({ob.basis})", **common
+        )  # type: ignore[arg-type]
+    return Verdict(
+        verdict="fails", reason=f"{_gib(request_bytes)} > {_gib(ob.bytes)} obtainable ({ob.basis})", **common
+    )  # type: ignore[arg-type]

@@ -44,10 +44,25 @@ _KIB, _MIB, _GIB, _TIB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 _MAX_BYTES = 1 << 62
 _MAX_LINE_CHARS = 4096  # a state line is short; a longer one is read only up to here (work stays linear)
 _UNITS = {
-    "b": 1, "": 1, "k": _KIB, "kb": _KIB, "kib": _KIB, "ki": _KIB, "m": _MIB, "mb": _MIB, "mib": _MIB,
-    "mi": _MIB, "g": _GIB, "gb": _GIB, "gib": _GIB, "gi": _GIB, "t": _TIB, "tb": _TIB, "tib": _TIB,
+    "b": 1,
+    "": 1,
+    "k": _KIB,
+    "kb": _KIB,
+    "kib": _KIB,
+    "ki": _KIB,
+    "m": _MIB,
+    "mb": _MIB,
+    "mib": _MIB,
+    "mi": _MIB,
+    "g": _GIB,
+    "gb": _GIB,
+    "gib": _GIB,
+    "gi": _GIB,
+    "t": _TIB,
+    "tb": _TIB,
+    "tib": _TIB,
     "ti": _TIB,
-}  # fmt: skip
+}
 _NUM = r"(\d{1,15}(?:\.\d{1,6})?)"
 
 
@@ -102,11 +117,19 @@ def _tegrastats(line: str, ctx: ParseContext) -> list[tuple[str, int | float | s
 # --- /proc/meminfo -----------------------------------------------------------------------------
 
 _MEMINFO_KEYS = {
-    "MemTotal": "mem_total", "MemFree": "mem_free", "MemAvailable": "mem_available", "Buffers": "buffers",
-    "Cached": "cached", "SwapTotal": "swap_total", "SwapFree": "swap_free", "CmaTotal": "cma_total",
-    "CmaFree": "cma_free", "NvMapMemUsed": "nvmap_used", "NvMapMemFree": "nvmap_free",
+    "MemTotal": "mem_total",
+    "MemFree": "mem_free",
+    "MemAvailable": "mem_available",
+    "Buffers": "buffers",
+    "Cached": "cached",
+    "SwapTotal": "swap_total",
+    "SwapFree": "swap_free",
+    "CmaTotal": "cma_total",
+    "CmaFree": "cma_free",
+    "NvMapMemUsed": "nvmap_used",
+    "NvMapMemFree": "nvmap_free",
     "SReclaimable": "slab_reclaimable",
-}  # fmt: skip
+}
 _MEMINFO = re.compile(r"\b(" + "|".join(_MEMINFO_KEYS) + r")\s*[:=]\s*(\d{1,15})\s*(kB|KB)?\b")
 
 
@@ -253,10 +276,12 @@ def _platform(line: str, ctx: ParseContext) -> list[tuple[str, int | float | str
 # --- a person's own words ------------------------------------------------------------------------------
 
 _PERSON_KEYS = (
-    ("swap", r"swap(?: used)?"), ("mem_available", r"(?:mem)?available(?: for gpu)?|avail"),
-    ("cached", r"buff(?:er)?s?/cache|cache[sd]?"), ("mem_free", r"(?:mem)?free"),
+    ("swap", r"swap(?: used)?"),
+    ("mem_available", r"(?:mem)?available(?: for gpu)?|avail"),
+    ("cached", r"buff(?:er)?s?/cache|cache[sd]?"),
+    ("mem_free", r"(?:mem)?free"),
     ("mem_total", r"total(?: ram)?|(?:mem)?total|ram total"),
-)  # fmt: skip
+)
 _QTY = r"~?\s*" + _NUM + r"\s*([KMGT]i?B?)\b"
 _PERSON_PAIR = re.compile(r"\bswap\b[^0-9\n]{0,12}" + _QTY + r"\s*(?:/|of)\s*" + _QTY, re.IGNORECASE)
 _PERSON = re.compile(

@@ -36,10 +36,14 @@ Found = list[tuple[str, int | float | str]]
 
 # android.content.ComponentCallbacks2's constants (the levels are clues, not a linear scale).
 TRIM_LEVELS = {
-    "TRIM_MEMORY_RUNNING_MODERATE": 5, "TRIM_MEMORY_RUNNING_LOW": 10, "TRIM_MEMORY_RUNNING_CRITICAL": 15,
-    "TRIM_MEMORY_UI_HIDDEN": 20, "TRIM_MEMORY_BACKGROUND": 40, "TRIM_MEMORY_MODERATE": 60,
+    "TRIM_MEMORY_RUNNING_MODERATE": 5,
+    "TRIM_MEMORY_RUNNING_LOW": 10,
+    "TRIM_MEMORY_RUNNING_CRITICAL": 15,
+    "TRIM_MEMORY_UI_HIDDEN": 20,
+    "TRIM_MEMORY_BACKGROUND": 40,
+    "TRIM_MEMORY_MODERATE": 60,
     "TRIM_MEMORY_COMPLETE": 80,
-}  # fmt: skip
+}
 
 
 _JETSAM_START = re.compile(r'"bug_type"\s*:\s*"298"|"memoryStatus"\s*:|"largestProcess"\s*:|"rpages"\s*:')

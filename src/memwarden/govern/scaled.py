@@ -32,8 +32,9 @@ def scale_policy(policy: BudgetPolicy, factor: float) -> BudgetPolicy:
     return dataclasses.replace(policy, **changes)
 
 
-def scaled_replay(samples: Sequence[TelemetrySample], start_budget_bytes: int,
-                  policy: BudgetPolicy | None = None) -> tuple[list[TelemetrySample], BudgetController]:  # fmt: skip
+def scaled_replay(
+    samples: Sequence[TelemetrySample], start_budget_bytes: int, policy: BudgetPolicy | None = None
+) -> tuple[list[TelemetrySample], BudgetController]:
     """(scaled samples, a fresh controller with the scaled policy) whose first budget is
     ``start_budget_bytes`` (to within the policy's granularity)."""
     if not samples:

@@ -22,8 +22,16 @@ from memwarden.errors import InputError
 from memwarden.govern.telemetry import Reading, TelemetrySample, parse_tegrastats
 from memwarden.untrusted import open_regular, terminal_safe
 
-__all__ = ["MAX_LINES", "MAX_LINE_BYTES", "MAX_LOG_BYTES", "MAX_SAMPLES", "ReplaySource", "load_log", "parse_jsonl",
-           "parse_tegrastats_log"]  # fmt: skip
+__all__ = [
+    "MAX_LINES",
+    "MAX_LINE_BYTES",
+    "MAX_LOG_BYTES",
+    "MAX_SAMPLES",
+    "ReplaySource",
+    "load_log",
+    "parse_jsonl",
+    "parse_tegrastats_log",
+]
 # Five days of 1 Hz samples (14 h at 10 Hz) is 432k lines of ~150 bytes (65 MB). Past these a log is
 # not a recording: a replay costs ~0.15 ms and ~1 KiB a sample (--json), so 500k samples stay under
 # 1 GB, and a file of blank lines is cut at 2M lines instead of read for minutes.

@@ -154,8 +154,11 @@ class _Work:
     def spend(self, units: int, what: str) -> None:
         self.left -= units
         if self.left < 0:
-            raise _bad("snapshot", f"{what} take more work than a {self.data_bytes}-byte file can hold "
-                       "(objects shared by reference many times over: a pickle bomb): refused")  # fmt: skip
+            raise _bad(
+                "snapshot",
+                f"{what} take more work than a {self.data_bytes}-byte file can hold "
+                "(objects shared by reference many times over: a pickle bomb): refused",
+            )
 
 
 def _string_work(*values: Any) -> int:
@@ -279,9 +282,14 @@ class _Importer:
         interned: dict[_Attribution, tuple[int, ...]] = {}
         for a in {row[6] for row in self.rows} | {row[6] for row in self.early}:
             interned[a] = (
-                int(a.category), int(a.modality), int(a.phase),
-                b.intern(a.module), b.intern(a.op), b.intern(a.dtype), b.intern_shape(a.shape),
-            )  # fmt: skip
+                int(a.category),
+                int(a.modality),
+                int(a.phase),
+                b.intern(a.module),
+                b.intern(a.op),
+                b.intern(a.dtype),
+                b.intern_shape(a.shape),
+            )
         device_ids = {name: b.device(name) for name in {row[5] for row in self.rows} | {row[5] for row in self.early}}
         rows = [
             (t, int(act), tensor, addr, n, device_ids[dev], *interned[a])
@@ -296,9 +304,13 @@ class _Importer:
         order = np.argsort(events["time_us"], kind="stable")  # as TraceBuilder.build does
         events = {k: v[order] for k, v in events.items()}
         return Trace(
-            events=events, spans=skeleton.spans, strings=skeleton.strings, shapes=skeleton.shapes,
-            devices=skeleton.devices, metadata=skeleton.metadata,
-        )  # fmt: skip
+            events=events,
+            spans=skeleton.spans,
+            strings=skeleton.strings,
+            shapes=skeleton.shapes,
+            devices=skeleton.devices,
+            metadata=skeleton.metadata,
+        )
 
     def device_trace(self, index: int, entries: list[Any]) -> tuple[set[int], dict[int, int]]:
         """Convert one device's ring buffer.

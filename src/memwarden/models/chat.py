@@ -79,8 +79,13 @@ def build_deployment(config: DemoConfig) -> tuple[Any, Callable[[int], dict[str,
     return model, (lambda turn: conversation_inputs(model, config, turn)), zoo.generate_kwargs(config.model)
 
 
-def run_chat(model: Any, turn_inputs: Callable[[int], dict[str, Any]], gen_kwargs: dict[str, Any], config: DemoConfig,
-             on_turn: Callable[[int], None] | None = None) -> list[list[int]]:  # fmt: skip
+def run_chat(
+    model: Any,
+    turn_inputs: Callable[[int], dict[str, Any]],
+    gen_kwargs: dict[str, Any],
+    config: DemoConfig,
+    on_turn: Callable[[int], None] | None = None,
+) -> list[list[int]]:
     import torch
 
     outputs = []

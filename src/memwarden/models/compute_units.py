@@ -45,8 +45,18 @@ __all__ = ["OP_CLASSES", "UNIT_KINDS", "ComputeUnitSpec", "load_compute_units", 
 
 UNIT_KINDS = ("cpu", "gpu", "npu", "dsp", "dla", "ane")
 OP_CLASSES = ("matmul", "conv", "elementwise", "reduce", "data", "other")
-_REQUIRED = ("name", "kind", "priority", "memory_bytes", "dtypes", "ops", "launch_us", "transfer_bandwidth_gbps",
-             "transfer_latency_us", "throughput_gops")  # fmt: skip
+_REQUIRED = (
+    "name",
+    "kind",
+    "priority",
+    "memory_bytes",
+    "dtypes",
+    "ops",
+    "launch_us",
+    "transfer_bandwidth_gbps",
+    "transfer_latency_us",
+    "throughput_gops",
+)
 _MAX_UNITS = 16
 
 
@@ -78,10 +88,18 @@ class ComputeUnitSpec:
         return math.inf if rate <= 0 else self.launch_us + ops / (rate * 1e3)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "priority": self.priority, "memory_bytes": self.memory_bytes,
-                "dtypes": sorted(self.dtypes), "ops": sorted(self.ops), "launch_us": self.launch_us,
-                "transfer_bandwidth_gbps": self.transfer_bandwidth_gbps,
-                "transfer_latency_us": self.transfer_latency_us, "throughput_gops": dict(self.throughput_gops)}  # fmt: skip
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "priority": self.priority,
+            "memory_bytes": self.memory_bytes,
+            "dtypes": sorted(self.dtypes),
+            "ops": sorted(self.ops),
+            "launch_us": self.launch_us,
+            "transfer_bandwidth_gbps": self.transfer_bandwidth_gbps,
+            "transfer_latency_us": self.transfer_latency_us,
+            "throughput_gops": dict(self.throughput_gops),
+        }
 
 
 def transfer_us(a: ComputeUnitSpec, b: ComputeUnitSpec, nbytes: int) -> float:
@@ -183,7 +201,10 @@ def load_compute_units(path_or_id: str | os.PathLike[str]) -> tuple[ComputeUnitS
         raise InputError(f"{label}: not valid TOML ({exc})") from None
     units = parse_compute_units(doc, label=label)
     if not units:
-        with_units = [i for i in builtin_ids() if "[[compute_units]]" in
-                      resources.files("memwarden.models").joinpath("devices", f"{i}.toml").read_text()]  # fmt: skip
+        with_units = [
+            i
+            for i in builtin_ids()
+            if "[[compute_units]]" in resources.files("memwarden.models").joinpath("devices", f"{i}.toml").read_text()
+        ]
         raise InputError(f"{label}: has no [[compute_units]]; profiles with them: {', '.join(with_units) or 'none'}")
     return units

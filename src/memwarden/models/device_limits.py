@@ -32,15 +32,24 @@ class KillLimit:
         return self.entitled_bytes if self.entitled and self.entitled_bytes is not None else self.app_bytes
 
     def describe(self) -> str:
-        what = {"ios-jetsam": "iOS per-app memory limit (jetsam)", "android-lmkd": "Android low-memory-killer threshold",
-                "jetson-gpu-share": "GPU share of the Jetson's unified memory"}[self.kind]  # fmt: skip
+        what = {
+            "ios-jetsam": "iOS per-app memory limit (jetsam)",
+            "android-lmkd": "Android low-memory-killer threshold",
+            "jetson-gpu-share": "GPU share of the Jetson's unified memory",
+        }[self.kind]
         if self.kind == "ios-jetsam":
             what += ", with the increased-memory-limit entitlement" if self.entitled else ", without entitlements"
         return what
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "bytes": self.bytes, "app_bytes": self.app_bytes,
-                "entitled_bytes": self.entitled_bytes, "entitled": self.entitled, "source": self.source}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "bytes": self.bytes,
+            "app_bytes": self.app_bytes,
+            "entitled_bytes": self.entitled_bytes,
+            "entitled": self.entitled,
+            "source": self.source,
+        }
 
 
 def entitled_profile(profile: Any) -> Any:
@@ -48,5 +57,9 @@ def entitled_profile(profile: Any) -> Any:
     limit = profile.limit
     if limit is None or limit.entitled_bytes is None:
         raise InputError(f"{profile.id} has no entitled memory limit (only iOS profiles with limit.entitled_bytes)")
-    return replace(profile, id=f"{profile.id}-entitled", name=f"{profile.name}, increased-memory-limit entitlement",
-                   limit=replace(limit, entitled=True))  # fmt: skip
+    return replace(
+        profile,
+        id=f"{profile.id}-entitled",
+        name=f"{profile.name}, increased-memory-limit entitlement",
+        limit=replace(limit, entitled=True),
+    )

@@ -56,15 +56,41 @@ KINDS = ("phone", "sbc", "jetson", "laptop", "gpu", "datacenter")
 TIER_NAMES = ("device", "host", "disk")
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
 ACCELERATORS = (
-    "cpu", "neon", "sve", "avx2", "avx512", "amx",
-    "gpu", "cuda", "tensor_cores", "dla", "pva", "metal", "mps", "vulkan", "opencl",
-    "npu", "ane", "hexagon", "nnapi", "coreml",
-)  # fmt: skip
+    "cpu",
+    "neon",
+    "sve",
+    "avx2",
+    "avx512",
+    "amx",
+    "gpu",
+    "cuda",
+    "tensor_cores",
+    "dla",
+    "pva",
+    "metal",
+    "mps",
+    "vulkan",
+    "opencl",
+    "npu",
+    "ane",
+    "hexagon",
+    "nnapi",
+    "coreml",
+)
 TELEMETRY_SOURCES = (
-    "nvml", "dcgm", "tegrastats", "thermal_zone", "psutil", "vcgencmd", "powermetrics",
-    "macos_thermal_state", "ios_thermal_state", "os_proc_available_memory",
-    "android_thermal_status", "android_memory_info",
-)  # fmt: skip
+    "nvml",
+    "dcgm",
+    "tegrastats",
+    "thermal_zone",
+    "psutil",
+    "vcgencmd",
+    "powermetrics",
+    "macos_thermal_state",
+    "ios_thermal_state",
+    "os_proc_available_memory",
+    "android_thermal_status",
+    "android_memory_info",
+)
 
 # Bounds reject typos by orders of magnitude (a size in KB, a bandwidth in bit/s), not unusual hardware.
 MIN_MEMORY_BYTES = 1 << 20  # 1 MiB
@@ -302,8 +328,16 @@ def _load_path(path: Path) -> DeviceProfile:
 # Validation: one method per table; every message is "<file>: <field>: <problem>".
 
 _TOP_REQUIRED = (
-    "name", "id", "kind", "total_memory_bytes", "os_reserved_bytes", "unified_memory", "tiers", "compute", "telemetry",
-)  # fmt: skip
+    "name",
+    "id",
+    "kind",
+    "total_memory_bytes",
+    "os_reserved_bytes",
+    "unified_memory",
+    "tiers",
+    "compute",
+    "telemetry",
+)
 
 
 class _Reader:
@@ -346,8 +380,12 @@ class _Reader:
         entitled = t.get("entitled_bytes")
         if entitled is not None:
             entitled = self.integer("limit.entitled_bytes", entitled, app, total)
-        return KillLimit(kind=self.choice("limit.kind", t["kind"], LIMIT_KINDS), app_bytes=app, entitled_bytes=entitled,
-                         source=self.string("limit.source", t["source"]))  # fmt: skip
+        return KillLimit(
+            kind=self.choice("limit.kind", t["kind"], LIMIT_KINDS),
+            app_bytes=app,
+            entitled_bytes=entitled,
+            source=self.string("limit.source", t["source"]),
+        )
 
     def tiers(self, value: Any, *, total: int, unified: bool) -> tuple[MemoryTier, ...]:
         if not isinstance(value, list) or not value:

@@ -166,8 +166,11 @@ def evaluate(problem: PartitionProblem, assign: np.ndarray) -> Evaluation:
         np.sum(problem.transfer_cost(assign[writes], host, problem.result_bytes[writes]) * (assign[writes] != host))
     )
     peaks = memory_peaks(problem, assign)
-    violations = [f"{problem.unit_names[u]}: {int(peaks[u]):,} B > limit {int(problem.capacity_bytes[u]):,} B"
-                  for u in range(problem.num_units) if peaks[u] > problem.capacity_bytes[u]]  # fmt: skip
+    violations = [
+        f"{problem.unit_names[u]}: {int(peaks[u]):,} B > limit {int(problem.capacity_bytes[u]):,} B"
+        for u in range(problem.num_units)
+        if peaks[u] > problem.capacity_bytes[u]
+    ]
     unsupported = int(np.sum(~np.isfinite(problem.compute_us[np.arange(n), assign])))
     if unsupported:
         violations.append(f"{unsupported} node(s) on a unit that cannot run them")

@@ -31,10 +31,16 @@ def solve_milp(problem: PartitionProblem, *, time_limit_s: float = 30.0) -> tupl
     host = problem.host
     # -- objective on x: compute + moving graph inputs in / outputs out
     cx = np.where(supported, problem.compute_us, 0.0)
-    cx = cx + np.where(problem.input_bytes[:, None] > 0,
-                       problem.transfer_cost(host, units[None, :], problem.input_bytes[:, None]) * (units[None, :] != host), 0.0)  # fmt: skip
-    cx = cx + np.where(problem.result_bytes[:, None] > 0,
-                       problem.transfer_cost(units[None, :], host, problem.result_bytes[:, None]) * (units[None, :] != host), 0.0)  # fmt: skip
+    cx = cx + np.where(
+        problem.input_bytes[:, None] > 0,
+        problem.transfer_cost(host, units[None, :], problem.input_bytes[:, None]) * (units[None, :] != host),
+        0.0,
+    )
+    cx = cx + np.where(
+        problem.result_bytes[:, None] > 0,
+        problem.transfer_cost(units[None, :], host, problem.result_bytes[:, None]) * (units[None, :] != host),
+        0.0,
+    )
     pairs = [(u, w) for u in range(nu) for w in range(nu) if u != w]
     group, _, group_bytes = problem.edge_groups()
     ne, npairs = len(problem.edges), len(pairs)
@@ -69,23 +75,41 @@ def solve_milp(problem: PartitionProblem, *, time_limit_s: float = 30.0) -> tupl
     add(np.repeat(np.arange(n), nu), xi.ravel(), np.ones(nx), np.ones(n), np.ones(n), n)
     # r[v,u] >= x[v,u]  ->  x - r <= 0
     k = np.arange(nx)
-    add(np.concatenate([k, k]), np.concatenate([xi.ravel(), ri.ravel()]), np.concatenate([np.ones(nx), -np.ones(nx)]),
-        np.full(nx, -np.inf), np.zeros(nx), nx)  # fmt: skip
+    add(
+        np.concatenate([k, k]),
+        np.concatenate([xi.ravel(), ri.ravel()]),
+        np.concatenate([np.ones(nx), -np.ones(nx)]),
+        np.full(nx, -np.inf),
+        np.zeros(nx),
+        nx,
+    )
     if ne:
         a, b = problem.edges[:, 0], problem.edges[:, 1]
         # r[a,u] >= x[b,u]
         m = ne * nu
         k = np.arange(m)
-        add(np.concatenate([k, k]), np.concatenate([xi[b].ravel(), ri[a].ravel()]),
-            np.concatenate([np.ones(m), -np.ones(m)]), np.full(m, -np.inf), np.zeros(m), m)  # fmt: skip
+        add(
+            np.concatenate([k, k]),
+            np.concatenate([xi[b].ravel(), ri[a].ravel()]),
+            np.concatenate([np.ones(m), -np.ones(m)]),
+            np.full(m, -np.inf),
+            np.zeros(m),
+            m,
+        )
         # x[a,u] + x[b,w] - z[g(e),u,w] <= 1
         m = ne * npairs
         k = np.arange(m)
         zi = (nx + nr + group[:, None] * npairs + np.arange(npairs)[None, :]).ravel()
         xa = xi[a][:, pu].ravel()
         xb = xi[b][:, pw].ravel()
-        add(np.concatenate([k, k, k]), np.concatenate([xa, xb, zi]),
-            np.concatenate([np.ones(m), np.ones(m), -np.ones(m)]), np.full(m, -np.inf), np.ones(m), m)  # fmt: skip
+        add(
+            np.concatenate([k, k, k]),
+            np.concatenate([xa, xb, zi]),
+            np.concatenate([np.ones(m), np.ones(m), -np.ones(m)]),
+            np.full(m, -np.inf),
+            np.ones(m),
+            m,
+        )
     # memory rows
     live = _live_steps(problem)
     weights = problem.weight_bytes
@@ -95,9 +119,14 @@ def solve_milp(problem: PartitionProblem, *, time_limit_s: float = 30.0) -> tupl
             continue
         for s in live:
             cnt = len(s) + n
-            add(np.zeros(cnt, dtype=np.int64), np.concatenate([ri[s, u], xi[:, u]]),
+            add(
+                np.zeros(cnt, dtype=np.int64),
+                np.concatenate([ri[s, u], xi[:, u]]),
                 np.concatenate([problem.output_bytes[s].astype(float), weights.astype(float)]),
-                np.array([-np.inf]), np.array([float(problem.capacity_bytes[u])]), 1)  # fmt: skip
+                np.array([-np.inf]),
+                np.array([float(problem.capacity_bytes[u])]),
+                1,
+            )
     matrix = coo_matrix(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(row, total)
     ).tocsr()

@@ -29,23 +29,130 @@ from memwarden.plan.partition_shapes import load_shaped
 __all__ = ["OP_CLASS", "load_problem", "op_class", "problem_of"]
 
 OP_CLASS: dict[str, str] = {
-    **dict.fromkeys(["MatMul", "Gemm", "FusedMatMul", "MatMulInteger", "QLinearMatMul", "Attention", "MultiHeadAttention",
-                     "Einsum"], "matmul"),
+    **dict.fromkeys(
+        [
+            "MatMul",
+            "Gemm",
+            "FusedMatMul",
+            "MatMulInteger",
+            "QLinearMatMul",
+            "Attention",
+            "MultiHeadAttention",
+            "Einsum",
+        ],
+        "matmul",
+    ),
     **dict.fromkeys(["Conv", "ConvTranspose", "QLinearConv", "ConvInteger"], "conv"),
-    **dict.fromkeys(["Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
-                     "ReduceL2", "LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
-                     "BatchNormalization", "InstanceNormalization", "GroupNormalization", "RMSNormalization",
-                     "ArgMax", "ArgMin", "CumSum", "TopK", "MaxPool", "AveragePool", "GlobalAveragePool"], "reduce"),
-    **dict.fromkeys(["Reshape", "Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND",
-                     "Expand", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "ConstantOfShape",
-                     "Range", "Tile", "Pad", "Resize", "ScatterND", "ScatterElements", "Trilu", "NonZero"], "data"),
-}  # fmt: skip
-_ELEMENTWISE = frozenset([
-    "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Relu", "Sigmoid", "Tanh",
-    "Gelu", "FastGelu", "QuickGelu", "Erf", "Where", "Cast", "Equal", "Less", "Greater", "LessOrEqual",
-    "GreaterOrEqual", "And", "Or", "Not", "Xor", "IsNaN", "IsInf", "Max", "Min", "Clip", "LeakyRelu", "HardSigmoid",
-    "Softplus", "Sin", "Cos", "Floor", "Ceil", "Round", "Mod", "BitShift", "Sign", "Elu", "Selu", "PRelu", "Mish",
-])  # fmt: skip
+    **dict.fromkeys(
+        [
+            "Softmax",
+            "LogSoftmax",
+            "ReduceMean",
+            "ReduceSum",
+            "ReduceMax",
+            "ReduceMin",
+            "ReduceProd",
+            "ReduceL2",
+            "LayerNormalization",
+            "SimplifiedLayerNormalization",
+            "SkipLayerNormalization",
+            "BatchNormalization",
+            "InstanceNormalization",
+            "GroupNormalization",
+            "RMSNormalization",
+            "ArgMax",
+            "ArgMin",
+            "CumSum",
+            "TopK",
+            "MaxPool",
+            "AveragePool",
+            "GlobalAveragePool",
+        ],
+        "reduce",
+    ),
+    **dict.fromkeys(
+        [
+            "Reshape",
+            "Transpose",
+            "Concat",
+            "Split",
+            "Slice",
+            "Gather",
+            "GatherElements",
+            "GatherND",
+            "Expand",
+            "Squeeze",
+            "Unsqueeze",
+            "Flatten",
+            "Identity",
+            "Shape",
+            "Size",
+            "ConstantOfShape",
+            "Range",
+            "Tile",
+            "Pad",
+            "Resize",
+            "ScatterND",
+            "ScatterElements",
+            "Trilu",
+            "NonZero",
+        ],
+        "data",
+    ),
+}
+_ELEMENTWISE = frozenset(
+    [
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Sqrt",
+        "Exp",
+        "Log",
+        "Neg",
+        "Abs",
+        "Reciprocal",
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "Gelu",
+        "FastGelu",
+        "QuickGelu",
+        "Erf",
+        "Where",
+        "Cast",
+        "Equal",
+        "Less",
+        "Greater",
+        "LessOrEqual",
+        "GreaterOrEqual",
+        "And",
+        "Or",
+        "Not",
+        "Xor",
+        "IsNaN",
+        "IsInf",
+        "Max",
+        "Min",
+        "Clip",
+        "LeakyRelu",
+        "HardSigmoid",
+        "Softplus",
+        "Sin",
+        "Cos",
+        "Floor",
+        "Ceil",
+        "Round",
+        "Mod",
+        "BitShift",
+        "Sign",
+        "Elu",
+        "Selu",
+        "PRelu",
+        "Mish",
+    ]
+)
 _FLOAT_BYTES = {1: 4, 10: 2, 16: 2, 11: 8}  # TensorProto FLOAT, FLOAT16, BFLOAT16, DOUBLE
 _DTYPE_NAME = {1: "fp32", 10: "fp16", 16: "bf16", 11: "fp64", 3: "int8", 2: "int8"}
 _DEPLOY_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
@@ -73,9 +180,14 @@ def _elements(shape: tuple[int, ...] | None) -> int:
     return int(math.prod(shape)) if shape is not None else 0
 
 
-def load_problem(path: str | Path, units: tuple[ComputeUnitSpec, ...], *, dtype: str = "auto",
-                 dims: Mapping[str, int] | None = None,
-                 input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> PartitionProblem:  # fmt: skip
+def load_problem(
+    path: str | Path,
+    units: tuple[ComputeUnitSpec, ...],
+    *,
+    dtype: str = "auto",
+    dims: Mapping[str, int] | None = None,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> PartitionProblem:
     """Read ``path``, bind its symbolic input dimensions (``partition_shapes``) and cost every node
     on every unit."""
     return problem_of(load_shaped(path, dims=dims, input_shapes=input_shapes).model, units, dtype=dtype)
@@ -114,8 +226,14 @@ def problem_of(model: Any, units: tuple[ComputeUnitSpec, ...], *, dtype: str = "
     return _build(nodes, graph, info, weights, units, dtype)
 
 
-def _build(nodes: list[Any], graph: Any, info: dict[str, tuple[int, tuple[int, ...] | None]], weights: dict[str, int],
-           units: tuple[ComputeUnitSpec, ...], dtype: str) -> PartitionProblem:  # fmt: skip
+def _build(
+    nodes: list[Any],
+    graph: Any,
+    info: dict[str, tuple[int, tuple[int, ...] | None]],
+    weights: dict[str, int],
+    units: tuple[ComputeUnitSpec, ...],
+    dtype: str,
+) -> PartitionProblem:
     n, nu = len(nodes), len(units)
     float_types = {t for t, s in info.values() if t in _FLOAT_BYTES}
     native = next((_DTYPE_NAME[t] for t in (1, 10, 16, 11) if t in float_types), "fp32")
@@ -187,10 +305,21 @@ def _build(nodes: list[Any], graph: Any, info: dict[str, tuple[int, tuple[int, .
         for u, unit in enumerate(units):
             compute[i, u] = unit.compute_us(ops, cls) if unit.supports(node.op_type, deploy, cls) else math.inf
     host = next(u for u, unit in enumerate(units) if unit.kind == "cpu" and "*" in unit.ops)
-    lat = np.array([[0.0 if a == b else max(units[a].transfer_latency_us, units[b].transfer_latency_us)
-                     for b in range(nu)] for a in range(nu)])  # fmt: skip
-    per_byte = np.array([[0.0 if a == b else 1.0 / (min(units[a].transfer_bandwidth_gbps, units[b].transfer_bandwidth_gbps) * 1e3)
-                          for b in range(nu)] for a in range(nu)])  # fmt: skip
+    lat = np.array(
+        [
+            [0.0 if a == b else max(units[a].transfer_latency_us, units[b].transfer_latency_us) for b in range(nu)]
+            for a in range(nu)
+        ]
+    )
+    per_byte = np.array(
+        [
+            [
+                0.0 if a == b else 1.0 / (min(units[a].transfer_bandwidth_gbps, units[b].transfer_bandwidth_gbps) * 1e3)
+                for b in range(nu)
+            ]
+            for a in range(nu)
+        ]
+    )
     edge_keys = sorted(edges)
     edge_list = np.array([(a, b) for a, b, _ in edge_keys], dtype=np.int64).reshape(-1, 2)
     return PartitionProblem(

@@ -41,8 +41,12 @@ class ShapedGraph:
     unsized_values: int  # node outputs whose shape is still unknown (costed as 0 bytes)
 
 
-def load_shaped(path: str | Path, *, dims: Mapping[str, int] | None = None,
-                input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> ShapedGraph:  # fmt: skip
+def load_shaped(
+    path: str | Path,
+    *,
+    dims: Mapping[str, int] | None = None,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> ShapedGraph:
     """Read ``path``, bind its symbolic input dimensions and infer every value's shape."""
     import onnx
     from google.protobuf.message import DecodeError
@@ -59,8 +63,9 @@ def load_shaped(path: str | Path, *, dims: Mapping[str, int] | None = None,
     _detach_external_data(model, p)
     bound, assumed = _bind_inputs(model, dict(dims or {}), dict(input_shapes or {}))
     shaped, how = _infer(model, path)
-    return ShapedGraph(model=shaped, dims=bound, assumed_dims=tuple(assumed), inference=how,
-                       unsized_values=_count_unsized(shaped))  # fmt: skip
+    return ShapedGraph(
+        model=shaped, dims=bound, assumed_dims=tuple(assumed), inference=how, unsized_values=_count_unsized(shaped)
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -84,22 +89,28 @@ def _detach_external_data(model: Any, path: Path) -> None:
                 continue
             except (OSError, ValueError, onnx.checker.ValidationError) as exc:  # missing, short, outside the folder
                 location = next((e.value for e in tensor.external_data if e.key == "location"), "?")
-                raise InputError(terminal_safe(
-                    f"{path}: cannot read external data {location!r} of initializer {tensor.name!r} "
-                    f"(it must sit next to the model): {_first_line(exc)}"
-                )) from None  # fmt: skip
+                raise InputError(
+                    terminal_safe(
+                        f"{path}: cannot read external data {location!r} of initializer {tensor.name!r} "
+                        f"(it must sit next to the model): {_first_line(exc)}"
+                    )
+                ) from None
         tensor.data_location = onnx.TensorProto.DEFAULT
         del tensor.external_data[:]
 
 
-def _bind_inputs(model: Any, dims: dict[str, int], input_shapes: dict[str, tuple[int, ...]]) -> tuple[dict[str, int], list[str]]:  # fmt: skip
+def _bind_inputs(
+    model: Any, dims: dict[str, int], input_shapes: dict[str, tuple[int, ...]]
+) -> tuple[dict[str, int], list[str]]:
     initializers = {t.name for t in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in initializers]
     unknown = sorted(set(input_shapes) - {v.name for v in inputs})
     if unknown:
-        raise InputError(terminal_safe(
-            f"feeds name no model input: {', '.join(unknown[:10])} (inputs: {', '.join(v.name for v in inputs[:20])})"
-        )[:600])  # fmt: skip
+        raise InputError(
+            terminal_safe(
+                f"feeds name no model input: {', '.join(unknown[:10])} (inputs: {', '.join(v.name for v in inputs[:20])})"
+            )[:600]
+        )
     bound: dict[str, int] = {}
     assumed: list[str] = []
     for value in inputs:

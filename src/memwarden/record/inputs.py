@@ -16,10 +16,18 @@ _FINGERPRINT_FULL_BYTES = 64 * 1024 * 1024  # hash every byte up to this; sample
 
 # Dtypes numpy can view as they are (bfloat16 and the float8s it cannot).
 _NUMPY_DTYPES = {
-    torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16,
-    torch.int32: np.int32, torch.int64: np.int64, torch.float16: np.float16, torch.float32: np.float32,
-    torch.float64: np.float64, torch.complex64: np.complex64, torch.complex128: np.complex128,
-}  # fmt: skip
+    torch.bool: np.bool_,
+    torch.uint8: np.uint8,
+    torch.int8: np.int8,
+    torch.int16: np.int16,
+    torch.int32: np.int32,
+    torch.int64: np.int64,
+    torch.float16: np.float16,
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.complex64: np.complex64,
+    torch.complex128: np.complex128,
+}
 
 
 def _memory(address: int, nbytes: int) -> Any:

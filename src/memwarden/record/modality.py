@@ -66,8 +66,12 @@ INPUT_RULES: dict[str, Modality] = {
     "input_values": Modality.AUDIO,
     "feature_attention_mask": Modality.AUDIO,
 }
-_INPUT_PREFIXES = (("pixel", Modality.VISION), ("image", Modality.VISION), ("video", Modality.VISION),
-                   ("audio", Modality.AUDIO))  # fmt: skip
+_INPUT_PREFIXES = (
+    ("pixel", Modality.VISION),
+    ("image", Modality.VISION),
+    ("video", Modality.VISION),
+    ("audio", Modality.AUDIO),
+)
 
 
 def input_modality(name: str) -> Modality:

@@ -32,8 +32,20 @@ __all__ = ["PythonRecorder", "recorder"]
 
 PYTHON_CAPTURE = "memwarden-python-cpu"  # metadata["capture"] of a trace the stand-in recorded
 # Interned first, so a stream's header (written before the first op) names the dtypes its rows use.
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
-           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)  # fmt: skip
+_DTYPES = (
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+)
 _warned: list[str] = []
 # The columns of a recorder row tuple, in order (the raw row's first 11: all but ``site`` and ``written``).
 _ROW_COLUMNS = ("t_ns", "ptr", "nbytes", "id", "ctx", "op_outer", "op_inner", "shape_off", "ndim", "dtype", "action")
@@ -48,8 +60,11 @@ def recorder(metadata: dict[str, Any]) -> Any:
         reason = " ".join(str(exc).split())[:300]
         if not _warned:
             _warned.append(reason)
-            print(f"memwarden: warning: {native.short_reason(exc)}; capturing with the pure-Python recorder "
-                  "(slower; no kernel workspaces, numpy data or source lines)", file=sys.stderr)  # fmt: skip
+            print(
+                f"memwarden: warning: {native.short_reason(exc)}; capturing with the pure-Python recorder "
+                "(slower; no kernel workspaces, numpy data or source lines)",
+                file=sys.stderr,
+            )
         metadata["capture"] = PYTHON_CAPTURE
         metadata["native_unavailable"] = reason
         return PythonRecorder()

@@ -31,9 +31,20 @@ class SideBySide:
         return self.comparison.deltas
 
     def to_json(self) -> dict[str, Any]:
-        return {"a": self.a_name, "b": self.b_name,
-                "rows": [{"section": r.kind, "label": r.key, "a_bytes": r.old_bytes, "b_bytes": r.new_bytes,
-                          "delta_bytes": r.delta_bytes} for r in self.rows]}  # fmt: skip
+        return {
+            "a": self.a_name,
+            "b": self.b_name,
+            "rows": [
+                {
+                    "section": r.kind,
+                    "label": r.key,
+                    "a_bytes": r.old_bytes,
+                    "b_bytes": r.new_bytes,
+                    "delta_bytes": r.delta_bytes,
+                }
+                for r in self.rows
+            ],
+        }
 
 
 def describe(trace: Trace, fallback: str) -> str:
@@ -75,8 +86,14 @@ def comparison_table(comparison: SideBySide) -> Any:
         shown = row.kind if row.kind != section else ""
         section = row.kind
         sign = "+" if row.delta_bytes > 0 else "-" if row.delta_bytes < 0 else ""
-        table.add_row(shown, row.key, format_bytes(row.old_bytes), format_bytes(row.new_bytes),
-                      f"{sign}{format_bytes(abs(row.delta_bytes))}", _ratio(row))  # fmt: skip
+        table.add_row(
+            shown,
+            row.key,
+            format_bytes(row.old_bytes),
+            format_bytes(row.new_bytes),
+            f"{sign}{format_bytes(abs(row.delta_bytes))}",
+            _ratio(row),
+        )
     return table
 
 
@@ -85,17 +102,23 @@ def comparison_html(comparison: SideBySide, *, title: str | None = None) -> str:
     body = []
     for row in comparison.rows:
         sign = "+" if row.delta_bytes > 0 else "-" if row.delta_bytes < 0 else ""
-        body.append(f"<tr><td>{escape(row.kind)}</td><td>{escape(row.key)}</td>"
-                    f"<td>{escape(format_bytes(row.old_bytes))}</td><td>{escape(format_bytes(row.new_bytes))}</td>"
-                    f"<td>{sign}{escape(format_bytes(abs(row.delta_bytes)))}</td><td>{_ratio(row)}</td></tr>")  # fmt: skip
+        body.append(
+            f"<tr><td>{escape(row.kind)}</td><td>{escape(row.key)}</td>"
+            f"<td>{escape(format_bytes(row.old_bytes))}</td><td>{escape(format_bytes(row.new_bytes))}</td>"
+            f"<td>{sign}{escape(format_bytes(abs(row.delta_bytes)))}</td><td>{_ratio(row)}</td></tr>"
+        )
     style = (
         "body{font-family:system-ui,sans-serif;margin:2em}"
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
         "td:nth-child(-n+2){text-align:left}"
     )
-    return html_page(page_title, style=style, body=(
-        f"<h1>{escape(page_title)}</h1><p>A = {escape(comparison.a_name)}; B = {escape(comparison.b_name)}. "
-        "Category, modality and module rows are bytes live at each trace's own peak; phase rows are each phase's peak.</p>"
-        "<table><tr><th>section</th><th>what</th><th>A</th><th>B</th><th>B - A</th><th>B / A</th></tr>"
-        f"{''.join(body)}</table>"
-    ))  # fmt: skip
+    return html_page(
+        page_title,
+        style=style,
+        body=(
+            f"<h1>{escape(page_title)}</h1><p>A = {escape(comparison.a_name)}; B = {escape(comparison.b_name)}. "
+            "Category, modality and module rows are bytes live at each trace's own peak; phase rows are each phase's peak.</p>"
+            "<table><tr><th>section</th><th>what</th><th>A</th><th>B</th><th>B - A</th><th>B / A</th></tr>"
+            f"{''.join(body)}</table>"
+        ),
+    )

@@ -36,7 +36,7 @@ def render_summary(s: Summary, source: str = "") -> Group:
             ("peak ", "bold"),
             (format_bytes(s.peak_bytes), "bold red"),
             f" at {format_us(s.peak_time_us)} on {s.device}",
-        )  # fmt: skip
+        )
     )
     parts.append(
         Text.assemble(
@@ -46,7 +46,7 @@ def render_summary(s: Summary, source: str = "") -> Group:
             f"{s.events:,}",
             ("   duration ", "bold"),
             format_us(s.duration_us),
-        )  # fmt: skip
+        )
     )
     if not s.events:
         parts.append(
@@ -54,7 +54,7 @@ def render_summary(s: Summary, source: str = "") -> Group:
                 "No allocations were recorded: nothing was allocated under capture (was the model built and "
                 "run inside the traced script?).",
                 style="yellow",
-            )  # fmt: skip
+            )
         )
         return Group(*parts)  # type: ignore[arg-type]
     if s.file_backed_bytes_at_peak:
@@ -69,7 +69,7 @@ def render_summary(s: Summary, source: str = "") -> Group:
                 ", not traced ",
                 (format_bytes(r["not_traced_bytes"]), "yellow"),
                 " (native libraries, caches, interpreter)",
-            )  # fmt: skip
+            )
         )
     for title, values, total in (
         ("At peak, by category", s.by_category_at_peak, s.peak_bytes),
@@ -90,17 +90,25 @@ def render_summary(s: Summary, source: str = "") -> Group:
     non_weight_sites = [x for x in s.top_sites_at_peak if x.category not in ("weight", "buffer")]
     if non_weight_sites:
         columns = [
-            Col("module", elide=True, min_width=28), Col("op", drop=3), Col("category", drop=4),
-            Col("modality", drop=1), Col("bytes", justify="right"), Col("blocks", justify="right", drop=2),
-        ]  # fmt: skip
+            Col("module", elide=True, min_width=28),
+            Col("op", drop=3),
+            Col("category", drop=4),
+            Col("modality", drop=1),
+            Col("bytes", justify="right"),
+            Col("blocks", justify="right", drop=2),
+        ]
         rows = [
             [site.module, site.op, site.category, site.modality, format_bytes(site.nbytes), str(site.count)]
             for site in non_weight_sites[:10]
         ]
         parts.append(FitTable(columns, rows, title="Top allocation sites at peak (weights aside)"))
     if s.top_lines_at_peak:
-        columns = [Col("line", elide=True, min_width=30), Col("function", drop=2), Col("bytes", justify="right"),
-                   Col("blocks", justify="right", drop=1)]  # fmt: skip
+        columns = [
+            Col("line", elide=True, min_width=30),
+            Col("function", drop=2),
+            Col("bytes", justify="right"),
+            Col("blocks", justify="right", drop=1),
+        ]
         rows = [
             [_where(x.file, x.line), x.function, format_bytes(x.nbytes), str(x.count)] for x in s.top_lines_at_peak[:10]
         ]

@@ -18,10 +18,14 @@ def profiles_table(profiles: list[DeviceProfile]) -> FitTable:
     """One row per profile: memory, the share a model can use, the fastest tier's bandwidth.
     In a narrow terminal the name goes first (``devices PROFILE`` shows it), then the kind."""
     columns = [
-        Col("id"), Col("name", drop=1, elide=True, min_width=14), Col("total", justify="right"),
-        Col("usable", justify="right"), Col("unified", drop=3), Col("bandwidth", justify="right"),
+        Col("id"),
+        Col("name", drop=1, elide=True, min_width=14),
+        Col("total", justify="right"),
+        Col("usable", justify="right"),
+        Col("unified", drop=3),
+        Col("bandwidth", justify="right"),
         Col("kind", drop=2),
-    ]  # fmt: skip
+    ]
     rows = [
         [
             p.id,
@@ -31,7 +35,7 @@ def profiles_table(profiles: list[DeviceProfile]) -> FitTable:
             "yes" if p.unified_memory else "no",
             f"{p.fastest_tier.bandwidth_gbps:g} GB/s",
             p.kind,
-        ]  # fmt: skip
+        ]
         for p in profiles
     ]
     return FitTable(columns, rows, title="Device profiles" if len(profiles) > 1 else None)
@@ -45,8 +49,11 @@ def profile_header(p: DeviceProfile) -> Table:
     grid.add_row("id", p.id)
     grid.add_row("name", p.name)
     grid.add_row("kind", p.kind)
-    grid.add_row("memory", f"{format_bytes(p.total_memory_bytes)} total, {format_bytes(p.usable_bytes)} usable by a "
-                 f"model ({'unified with the CPU' if p.unified_memory else 'dedicated'})")  # fmt: skip
+    grid.add_row(
+        "memory",
+        f"{format_bytes(p.total_memory_bytes)} total, {format_bytes(p.usable_bytes)} usable by a "
+        f"model ({'unified with the CPU' if p.unified_memory else 'dedicated'})",
+    )
     grid.add_row("bandwidth", f"{p.fastest_tier.bandwidth_gbps:g} GB/s (fastest tier)")
     return grid
 

@@ -116,7 +116,7 @@ def render_findings(findings: list[Finding], peak_bytes: int) -> Group:
                 (f.pattern, "bold"),
                 (" in ", "dim"),
                 f.where,
-            )  # fmt: skip
+            )
         )
         parts.append(Text("   " + headline(f)))
         fix = Table.grid(padding=(0, 1))
@@ -172,8 +172,10 @@ def finding_markers(findings: list[Finding], peak_time_us: int, trace: Trace | N
         base = {"severity": f.severity, "anchor": f"finding-{i}", "finding": i}
         places = _evidence_places(f, trace) if trace is not None else []
         if places:
-            markers += [{**base, "time_us": t, "label": f"{i}: {f.pattern} · {short}", "detail": detail}
-                        for t, short, detail in places]  # fmt: skip
+            markers += [
+                {**base, "time_us": t, "label": f"{i}: {f.pattern} · {short}", "detail": detail}
+                for t, short, detail in places
+            ]
             continue
         t = f.evidence.get("time_us", peak_time_us)
         t = int(t) if isinstance(t, (int, float)) else peak_time_us

@@ -130,6 +130,13 @@ def write_report(
     markers += _annotation_markers(trace)
     extra = [s for s in (_source_section(analysis), _flame_section(analysis)) if s is not None]
     return write_html(
-        trace, path, title=title, lead_sections=sections, markers=markers, heatmap_png=png, analysis=analysis,
-        answer=answer_sentence(analysis, findings), extra_sections=extra,
-    )  # fmt: skip
+        trace,
+        path,
+        title=title,
+        lead_sections=sections,
+        markers=markers,
+        heatmap_png=png,
+        analysis=analysis,
+        answer=answer_sentence(analysis, findings),
+        extra_sections=extra,
+    )

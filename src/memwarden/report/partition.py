@@ -30,8 +30,12 @@ def partition_table(result: dict[str, Any], *, title: str) -> Any:
         table.add_column(f"{unit} mem / nodes", justify="right")
     table.add_column("fits")
     for row in _rows(result):
-        cells = [row["label"], f"{row['latency_us'] / 1e3:.3f} ms", f"{row['compute_us'] / 1e3:.3f} ms",
-                 f"{row['transfer_us'] / 1e3:.3f} ms"]  # fmt: skip
+        cells = [
+            row["label"],
+            f"{row['latency_us'] / 1e3:.3f} ms",
+            f"{row['compute_us'] / 1e3:.3f} ms",
+            f"{row['transfer_us'] / 1e3:.3f} ms",
+        ]
         for unit in result["units"]:
             cells.append(f"{format_bytes(row['memory_bytes'][unit])} / {row['nodes_per_unit'][unit]}")
         cells.append("yes" if row["feasible"] else "NO: " + "; ".join(row["violations"]))
@@ -48,8 +52,10 @@ def partition_html(result: dict[str, Any], *, title: str) -> str:
             f"<td>{escape(format_bytes(row['memory_bytes'][u]))}</td><td>{row['nodes_per_unit'][u]}</td>" for u in units
         )
         fits = "yes" if row["feasible"] else "NO: " + escape("; ".join(row["violations"]))
-        body.append(f"<tr><td>{escape(row['label'])}</td><td>{row['latency_us'] / 1e3:.3f} ms</td>"
-                    f"<td>{row['transfer_us'] / 1e3:.3f} ms</td>{cells}<td>{fits}</td></tr>")  # fmt: skip
+        body.append(
+            f"<tr><td>{escape(row['label'])}</td><td>{row['latency_us'] / 1e3:.3f} ms</td>"
+            f"<td>{row['transfer_us'] / 1e3:.3f} ms</td>{cells}<td>{fits}</td></tr>"
+        )
     per_module: Counter[tuple[str, str]] = Counter()
     for node in result["solution"].get("nodes", []):
         module = ".".join(node["module"].split(".")[:3]) or "(graph)"
@@ -64,9 +70,13 @@ def partition_html(result: dict[str, Any], *, title: str) -> str:
         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
         "td:first-child{text-align:left}"
     )
-    return html_page(title, style=style, body=(
-        f"<h1>{escape(title)}</h1><p>{result['nodes']} nodes, {result['edges']} edges; unit limits: {limits}. "
-        "Latency is simulated (compute + transfers, nodes one at a time); memory is weights + live outputs.</p>"
-        f"<table><tr><th>method</th><th>latency</th><th>transfers</th>{head}<th>fits</th></tr>{''.join(body)}</table>"
-        f"<h2>Where the solution puts each module</h2><table><tr><th>module</th><th>unit</th><th>nodes</th></tr>{modules}</table>"
-    ))  # fmt: skip
+    return html_page(
+        title,
+        style=style,
+        body=(
+            f"<h1>{escape(title)}</h1><p>{result['nodes']} nodes, {result['edges']} edges; unit limits: {limits}. "
+            "Latency is simulated (compute + transfers, nodes one at a time); memory is weights + live outputs.</p>"
+            f"<table><tr><th>method</th><th>latency</th><th>transfers</th>{head}<th>fits</th></tr>{''.join(body)}</table>"
+            f"<h2>Where the solution puts each module</h2><table><tr><th>module</th><th>unit</th><th>nodes</th></tr>{modules}</table>"
+        ),
+    )

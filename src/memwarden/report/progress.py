@@ -27,8 +27,13 @@ def progress(label: str, *, enabled: bool = True, known_total: bool = True) -> I
     if not enabled or not console.is_terminal:
         yield _quiet
         return
-    columns = [SpinnerColumn(), TextColumn(f"[bold]{label}[/]"), BarColumn(), TextColumn("{task.description}"),
-               TimeElapsedColumn()]  # fmt: skip
+    columns = [
+        SpinnerColumn(),
+        TextColumn(f"[bold]{label}[/]"),
+        BarColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+    ]
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("starting", total=1.0 if known_total else None)
 

@@ -41,20 +41,28 @@ def resident_section_html(metadata: dict[str, Any], summary: dict[str, Any] | No
     lines, legend = [], []
     for key, label, colour in _SERIES:
         pts = " ".join(point(times[k], series[key][k]) for k in range(n))
-        lines.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{pts}">'
-                     f"<title>{html.escape(label)}</title></polyline>")  # fmt: skip
+        lines.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{pts}">'
+            f"<title>{html.escape(label)}</title></polyline>"
+        )
         if n == 1:  # a single sample: a dot, not an invisible line
             x, y = point(times[0], series[key][0]).split(",")
             lines.append(
                 f'<circle cx="{x}" cy="{y}" r="4" fill="{colour}"><title>{html.escape(label)}</title></circle>'
             )
         legend.append(f'<span style="color:{colour}">■</span> {html.escape(label)}')
-    axis = (f'<text x="{_PAD}" y="{_PAD - 10}" font-size="11">{html.escape(format_bytes(top))}</text>'
-            f'<text x="{_W - _PAD}" y="{_H - 10}" font-size="11" text-anchor="end">{html.escape(format_us(t_end))}</text>'
-            f'<line x1="{_PAD}" y1="{_H - _PAD}" x2="{_W - _PAD}" y2="{_H - _PAD}" stroke="#999"/>')  # fmt: skip
-    note = (f"At the resident peak ({format_bytes(summary['peak_rss_bytes'])}) the trace accounts for "
-            f"{format_bytes(summary['traced_at_rss_peak_bytes'])}; {format_bytes(summary['not_traced_bytes'])} is "
-            "not traced (native libraries such as numpy or BLAS, allocator caches, the interpreter).")  # fmt: skip
-    return (f'<p class="mw-note">{html.escape(note)}</p><div class="mw-legend">{" ".join(legend)}</div>'
-            f'<svg role="img" aria-label="traced vs resident memory over time" viewBox="0 0 {_W} {_H}" '
-            f'width="100%" style="max-width:{_W}px">{axis}{"".join(lines)}</svg>')  # fmt: skip
+    axis = (
+        f'<text x="{_PAD}" y="{_PAD - 10}" font-size="11">{html.escape(format_bytes(top))}</text>'
+        f'<text x="{_W - _PAD}" y="{_H - 10}" font-size="11" text-anchor="end">{html.escape(format_us(t_end))}</text>'
+        f'<line x1="{_PAD}" y1="{_H - _PAD}" x2="{_W - _PAD}" y2="{_H - _PAD}" stroke="#999"/>'
+    )
+    note = (
+        f"At the resident peak ({format_bytes(summary['peak_rss_bytes'])}) the trace accounts for "
+        f"{format_bytes(summary['traced_at_rss_peak_bytes'])}; {format_bytes(summary['not_traced_bytes'])} is "
+        "not traced (native libraries such as numpy or BLAS, allocator caches, the interpreter)."
+    )
+    return (
+        f'<p class="mw-note">{html.escape(note)}</p><div class="mw-legend">{" ".join(legend)}</div>'
+        f'<svg role="img" aria-label="traced vs resident memory over time" viewBox="0 0 {_W} {_H}" '
+        f'width="100%" style="max-width:{_W}px">{axis}{"".join(lines)}</svg>'
+    )

@@ -101,7 +101,7 @@ def render_top(
             ("temp", "telemetry_temp_celsius", " °C"),
             ("power", "telemetry_power_watts", " W"),
             ("fps", "telemetry_fps", ""),
-        )  # fmt: skip
+        )
         if (value := _value(samples, name)) is not None
     ]
     parts.append(

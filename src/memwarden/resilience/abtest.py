@@ -59,8 +59,9 @@ class ConfidenceInterval:
         return {"estimate": self.estimate, "low": self.low, "high": self.high, "confidence": self.confidence}
 
 
-def _resampled(values: np.ndarray, resamples: int, rng: np.random.Generator,
-               stat: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:  # fmt: skip
+def _resampled(
+    values: np.ndarray, resamples: int, rng: np.random.Generator, stat: Callable[[np.ndarray], np.ndarray]
+) -> np.ndarray:
     # (resamples, n) indices drawn in chunks so that 10k resamples of 10k values stay ~100 MiB
     out = np.empty(resamples)
     chunk = max(1, 2_000_000 // max(len(values), 1))
@@ -75,8 +76,9 @@ def _q_stat(q: float) -> Callable[[np.ndarray], np.ndarray]:
     return lambda rows: np.percentile(rows, q, axis=-1)
 
 
-def bootstrap_ci(values: Sequence[float], *, q: float = 50.0, confidence: float = 0.95, resamples: int = 2000,
-                 seed: int = 0) -> ConfidenceInterval | None:  # fmt: skip
+def bootstrap_ci(
+    values: Sequence[float], *, q: float = 50.0, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> ConfidenceInterval | None:
     """Percentile-bootstrap CI of the q-th percentile of ``values``; same seed, same interval."""
     data = np.asarray(values, dtype=np.float64)
     if not len(data):
@@ -85,13 +87,23 @@ def bootstrap_ci(values: Sequence[float], *, q: float = 50.0, confidence: float 
     stats = _resampled(data, resamples, rng, _q_stat(q))
     alpha = (1 - confidence) / 2
     return ConfidenceInterval(
-        estimate=float(np.percentile(data, q)), low=float(np.quantile(stats, alpha)),
-        high=float(np.quantile(stats, 1 - alpha)), confidence=confidence, resamples=resamples,
-    )  # fmt: skip
+        estimate=float(np.percentile(data, q)),
+        low=float(np.quantile(stats, alpha)),
+        high=float(np.quantile(stats, 1 - alpha)),
+        confidence=confidence,
+        resamples=resamples,
+    )
 
 
-def bootstrap_diff_ci(a: Sequence[float], b: Sequence[float], *, q: float = 50.0, confidence: float = 0.95,
-                      resamples: int = 2000, seed: int = 0) -> ConfidenceInterval | None:  # fmt: skip
+def bootstrap_diff_ci(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    q: float = 50.0,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> ConfidenceInterval | None:
     """CI of (q-th percentile of b) - (q-th percentile of a), resampling each side independently."""
     xa, xb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if not len(xa) or not len(xb):
@@ -100,6 +112,9 @@ def bootstrap_diff_ci(a: Sequence[float], b: Sequence[float], *, q: float = 50.0
     diff = _resampled(xb, resamples, rng, _q_stat(q)) - _resampled(xa, resamples, rng, _q_stat(q))
     alpha = (1 - confidence) / 2
     return ConfidenceInterval(
-        estimate=float(np.percentile(xb, q) - np.percentile(xa, q)), low=float(np.quantile(diff, alpha)),
-        high=float(np.quantile(diff, 1 - alpha)), confidence=confidence, resamples=resamples,
-    )  # fmt: skip
+        estimate=float(np.percentile(xb, q) - np.percentile(xa, q)),
+        low=float(np.quantile(diff, alpha)),
+        high=float(np.quantile(diff, 1 - alpha)),
+        confidence=confidence,
+        resamples=resamples,
+    )

@@ -39,8 +39,9 @@ def request_seed(seed: int, conversation: int) -> int:
     return (seed * _SEED_STRIDE + conversation) % (2**31)
 
 
-def plan_shards(config: CampaignConfig, *, side: str, runs: int, seed: int,
-                inject: tuple[str, ...] | list[str] = ()) -> list[dict[str, Any]]:  # fmt: skip
+def plan_shards(
+    config: CampaignConfig, *, side: str, runs: int, seed: int, inject: tuple[str, ...] | list[str] = ()
+) -> list[dict[str, Any]]:
     """Task specs (JSON-able) for ``run_shard``: whole conversations dealt to ``config.workers`` slots."""
     turns = config.turns
     conversations = -(-runs // turns)
@@ -48,16 +49,28 @@ def plan_shards(config: CampaignConfig, *, side: str, runs: int, seed: int,
     for slot in range(min(config.workers, conversations)):
         convs = range(slot, conversations, config.workers)
         indices = [c * turns + t for c in convs for t in range(turns) if c * turns + t < runs]
-        shards.append({
-            "side": side, "slot": slot, "config": config.to_json(), "inject": [*config.inject, *inject],
-            "requests": [{"index": i, "seed": request_seed(seed, i // turns)} for i in indices],
-        })  # fmt: skip
+        shards.append(
+            {
+                "side": side,
+                "slot": slot,
+                "config": config.to_json(),
+                "inject": [*config.inject, *inject],
+                "requests": [{"index": i, "seed": request_seed(seed, i // turns)} for i in indices],
+            }
+        )
     return shards
 
 
 def _record(index: int, status: str, **extra: Any) -> dict[str, Any]:
-    rec: dict[str, Any] = {"index": index, "status": status, "latency_s": None, "recovery_s": None,
-                           "peak_rss_bytes": None, "output_sha": None, "error": None}  # fmt: skip
+    rec: dict[str, Any] = {
+        "index": index,
+        "status": status,
+        "latency_s": None,
+        "recovery_s": None,
+        "peak_rss_bytes": None,
+        "output_sha": None,
+        "error": None,
+    }
     rec.update(extra)
     return rec
 
@@ -81,8 +94,11 @@ def _progress(spec: dict[str, Any], config: CampaignConfig, records: list[dict[s
         return
     counts = ", ".join(f"{s} {sum(1 for r in records if r['status'] == s)}" for s in STATUSES)
     slot = f" slot {spec['slot']}" if spec.get("slots", 1) > 1 else ""
-    print(f"stress: {spec['side'].upper()} ({config.name}){slot}: {done}/{total} requests ({counts})",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"stress: {spec['side'].upper()} ({config.name}){slot}: {done}/{total} requests ({counts})",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def run_shard(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -103,11 +119,16 @@ def _script_shard(config: CampaignConfig, spec: dict[str, Any], work_dir: Path) 
         env = {"MEMWARDEN_REQUEST_INDEX": str(req["index"]), "MEMWARDEN_REQUEST_SEED": str(req["seed"])}
         begin = time.monotonic()
         outcome: RunOutcome = run_limited(
-            config.workload["script"], args=config.workload.get("args", []), limits=config.limits,
-            inject=spec["inject"], log_path=work_dir / f"run-{req['index']}.log", env=env,
-        )  # fmt: skip
-        rec = _record(req["index"], outcome.status, latency_s=outcome.wall_s,
-                      peak_rss_bytes=outcome.exit.peak_rss_bytes)  # fmt: skip
+            config.workload["script"],
+            args=config.workload.get("args", []),
+            limits=config.limits,
+            inject=spec["inject"],
+            log_path=work_dir / f"run-{req['index']}.log",
+            env=env,
+        )
+        rec = _record(
+            req["index"], outcome.status, latency_s=outcome.wall_s, peak_rss_bytes=outcome.exit.peak_rss_bytes
+        )
         if outcome.status != "ok":
             rec["error"] = _death_error(outcome.exit)
             failed_at = failed_at if failed_at is not None else begin + outcome.wall_s
@@ -119,11 +140,19 @@ def _script_shard(config: CampaignConfig, spec: dict[str, Any], work_dir: Path) 
 
 
 def _serve_shard(config: CampaignConfig, spec: dict[str, Any], work_dir: Path) -> list[dict[str, Any]]:
-    job = {"workload": config.workload, "serving": {"mode": config.mode, "options": config.options},
-           "budget_bytes": config.budget_bytes, "limit_bytes": config.limits.address_space_bytes,
-           "gpu_limit_bytes": config.limits.gpu_bytes, "inject": spec["inject"], "threads": config.threads,
-           "fit_to_limits": config.fit_to_limits, "rss_limit_bytes": config.limits.rss_bytes,
-           "rss_counts": config.limits.rss_counts, "request_timeout_s": config.limits.request_timeout_s}  # fmt: skip
+    job = {
+        "workload": config.workload,
+        "serving": {"mode": config.mode, "options": config.options},
+        "budget_bytes": config.budget_bytes,
+        "limit_bytes": config.limits.address_space_bytes,
+        "gpu_limit_bytes": config.limits.gpu_bytes,
+        "inject": spec["inject"],
+        "threads": config.threads,
+        "fit_to_limits": config.fit_to_limits,
+        "rss_limit_bytes": config.limits.rss_bytes,
+        "rss_counts": config.limits.rss_counts,
+        "request_timeout_s": config.limits.request_timeout_s,
+    }
     records: list[dict[str, Any]] = []
     worker: ServeWorker | None = None
     starts = 0
@@ -145,19 +174,32 @@ def _serve_shard(config: CampaignConfig, spec: dict[str, Any], work_dir: Path) -
             except WorkerDied as died:
                 status = classify_exit(died.info)
                 status = "crash" if status == "ok" else status  # exited 0 without answering
-                records.append(_record(index, status, latency_s=time.monotonic() - begin,
-                                       peak_rss_bytes=died.info.peak_rss_bytes, error=_death_error(died.info)))  # fmt: skip
+                records.append(
+                    _record(
+                        index,
+                        status,
+                        latency_s=time.monotonic() - begin,
+                        peak_rss_bytes=died.info.peak_rss_bytes,
+                        error=_death_error(died.info),
+                    )
+                )
                 failed_at = failed_at if failed_at is not None else time.monotonic()
                 if worker is not None:
                     worker.close()
                 worker = None
                 _progress(spec, config, records)
                 continue
-            rec = _record(index, answer["status"], latency_s=answer.get("latency_s"),
-                          peak_rss_bytes=answer.get("peak_rss_bytes"), output_sha=answer.get("output_sha"),
-                          error=answer.get("error"), injected=answer.get("injected"),
-                          address_space_bytes=answer.get("address_space_bytes"),
-                          server_stats=answer.get("server_stats"))  # fmt: skip
+            rec = _record(
+                index,
+                answer["status"],
+                latency_s=answer.get("latency_s"),
+                peak_rss_bytes=answer.get("peak_rss_bytes"),
+                output_sha=answer.get("output_sha"),
+                error=answer.get("error"),
+                injected=answer.get("injected"),
+                address_space_bytes=answer.get("address_space_bytes"),
+                server_stats=answer.get("server_stats"),
+            )
             if rec["status"] == "ok":
                 if failed_at is not None:
                     rec["recovery_s"], failed_at = time.monotonic() - failed_at, None
@@ -235,9 +277,12 @@ class CampaignResult:
             "p50_latency_diff_ci_s": self.p50_latency_diff_ci_s,
             "outputs_compared": self.outputs_compared,
             "outputs_equal": self.outputs_equal,
-            "runs": self.runs, "seed": self.seed, "inject": self.inject, "executor": self.executor,
+            "runs": self.runs,
+            "seed": self.seed,
+            "inject": self.inject,
+            "executor": self.executor,
             "wall_s": self.wall_s,
-        }  # fmt: skip
+        }
         if records:
             out["records"] = {"a": self.records_a, "b": self.records_b}
         return out
@@ -260,9 +305,17 @@ def compare(result: CampaignResult, resamples: int = 2000) -> CampaignResult:
     return result
 
 
-def run_campaign(config_a: CampaignConfig, config_b: CampaignConfig, *, runs: int, inject: list[str] | None = None,
-                 seed: int = 0, executor: Any = None, resamples: int = 2000,
-                 progress: bool = False) -> CampaignResult:  # fmt: skip
+def run_campaign(
+    config_a: CampaignConfig,
+    config_b: CampaignConfig,
+    *,
+    runs: int,
+    inject: list[str] | None = None,
+    seed: int = 0,
+    executor: Any = None,
+    resamples: int = 2000,
+    progress: bool = False,
+) -> CampaignResult:
     """Run both sides through ``executor`` (default: a one-process local pool) and compare them.
 
     ``progress``: each shard prints a line on stderr every few requests."""
@@ -292,8 +345,14 @@ def run_campaign(config_a: CampaignConfig, config_b: CampaignConfig, *, runs: in
     for shard, records in zip(shards, results, strict=True):
         by_side[shard["side"]] += [{**r, "slot": shard["slot"]} for r in records]
     result = CampaignResult(
-        config_a=config_a, config_b=config_b, runs=runs, seed=seed, inject=inject, executor=executor.name,
+        config_a=config_a,
+        config_b=config_b,
+        runs=runs,
+        seed=seed,
+        inject=inject,
+        executor=executor.name,
         records_a=sorted(by_side["a"], key=lambda r: r["index"]),
-        records_b=sorted(by_side["b"], key=lambda r: r["index"]), wall_s=time.monotonic() - begin,
-    )  # fmt: skip
+        records_b=sorted(by_side["b"], key=lambda r: r["index"]),
+        wall_s=time.monotonic() - begin,
+    )
     return compare(result, resamples)

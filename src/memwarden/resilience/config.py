@@ -88,11 +88,19 @@ class CampaignConfig:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name, "workload": self.workload, "mode": self.mode, "budget_bytes": self.budget_bytes,
-            "fit_to_limits": self.fit_to_limits, "options": self.options, "limits": self.limits.to_json(), "workers": self.workers,
-            "max_restarts": self.max_restarts, "restart_after_oom": self.restart_after_oom, "threads": self.threads,
+            "name": self.name,
+            "workload": self.workload,
+            "mode": self.mode,
+            "budget_bytes": self.budget_bytes,
+            "fit_to_limits": self.fit_to_limits,
+            "options": self.options,
+            "limits": self.limits.to_json(),
+            "workers": self.workers,
+            "max_restarts": self.max_restarts,
+            "restart_after_oom": self.restart_after_oom,
+            "threads": self.threads,
             "inject": list(self.inject),
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CampaignConfig:
@@ -115,8 +123,9 @@ def load_config(path: str | os.PathLike[str]) -> CampaignConfig:
     return parse_config(data, label=str(path), base_dir=p.parent, default_name=p.stem)
 
 
-def parse_config(data: bytes, *, label: str = "<config>", base_dir: Path = Path("."),
-                 default_name: str = "campaign") -> CampaignConfig:  # fmt: skip
+def parse_config(
+    data: bytes, *, label: str = "<config>", base_dir: Path = Path("."), default_name: str = "campaign"
+) -> CampaignConfig:
     try:
         doc = tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError:

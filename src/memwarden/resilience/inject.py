@@ -150,8 +150,9 @@ class Telemetry:
         def at(r: tuple[float, float] | None) -> float | None:
             return None if r is None else r[0] + (r[1] - r[0]) * w
 
-        return TelemetrySample(time_s=time_s, temperature_c=at(self.temperature_c), power_w=at(self.power_w),
-                               fps=at(self.fps))  # fmt: skip
+        return TelemetrySample(
+            time_s=time_s, temperature_c=at(self.temperature_c), power_w=at(self.power_w), fps=at(self.fps)
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,8 +226,9 @@ def _parse(text: str) -> Injection:
         raise ValueError("period must be at least 1ms")
     ranges = {k: _range(fields[k]) if k in fields else None for k in ("temp", "power", "fps")}
     over_s = parse_duration_s(fields["over"]) if "over" in fields else 10.0
-    return Telemetry(period_s=period_s, temperature_c=ranges["temp"], power_w=ranges["power"], fps=ranges["fps"],
-                     over_s=over_s)  # fmt: skip
+    return Telemetry(
+        period_s=period_s, temperature_c=ranges["temp"], power_w=ranges["power"], fps=ranges["fps"], over_s=over_s
+    )
 
 
 # -- child side: limits ---------------------------------------------------------------
@@ -256,8 +258,13 @@ def is_oom_error(exc: BaseException) -> bool:
 
 # torch's DefaultCPUAllocator and CUDA caching allocator, numpy and the C library phrase it these ways; a thread
 # whose stack cannot be mapped under the limit is the same failure.
-_OOM_PHRASES = ("can't allocate memory", "out of memory", "Cannot allocate memory", "Unable to allocate",
-                "can't start new thread")  # fmt: skip
+_OOM_PHRASES = (
+    "can't allocate memory",
+    "out of memory",
+    "Cannot allocate memory",
+    "Unable to allocate",
+    "can't start new thread",
+)
 
 
 # -- child side: jitter thread --------------------------------------------------------

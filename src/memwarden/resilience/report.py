@@ -46,8 +46,10 @@ def _status_bars(side: dict[str, Any]) -> str:
     for status in ("ok", "oom", "crash", "lost"):
         w = 400 * side[status] / total
         if w:
-            parts.append(f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="18" fill="{_COLORS[status]}">'
-                         f"<title>{status}: {side[status]}</title></rect>")  # fmt: skip
+            parts.append(
+                f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="18" fill="{_COLORS[status]}">'
+                f"<title>{status}: {side[status]}</title></rect>"
+            )
         x += w
     return f'<svg width="400" height="18" role="img" aria-label="requests by status">{"".join(parts)}</svg>'
 
@@ -55,8 +57,10 @@ def _status_bars(side: dict[str, Any]) -> str:
 def _cdf(result: dict[str, Any], records: dict[str, list[dict[str, Any]]]) -> str:
     """Latency CDF of ok requests, both sides on one linear axis, drawn as steps (one answered
     request is one visible step and dot) with ticks and titles on both axes."""
-    lat = {k: sorted(r["latency_s"] for r in rs if r["status"] == "ok" and r["latency_s"] is not None)
-           for k, rs in records.items()}  # fmt: skip
+    lat = {
+        k: sorted(r["latency_s"] for r in rs if r["status"] == "ok" and r["latency_s"] is not None)
+        for k, rs in records.items()
+    }
     top = max((v[-1] for v in lat.values() if v), default=0.0)
     if top <= 0:
         return '<p class="mw-empty">no successful requests</p>'
@@ -84,30 +88,37 @@ def _cdf(result: dict[str, Any], records: dict[str, list[dict[str, Any]]]) -> st
             f"<title>{side.upper()}: request answered in {_s(v)} ({i + 1} of {n})</title></circle>"
             for i, v in enumerate(values[:400])
         )
-        paths.append(f'<path d="{d}" fill="none" stroke="{_COLORS[side]}" stroke-width="2">'
-                     f"<title>{side.upper()}: {name}</title></path>{dots}")  # fmt: skip
+        paths.append(
+            f'<path d="{d}" fill="none" stroke="{_COLORS[side]}" stroke-width="2">'
+            f"<title>{side.upper()}: {name}</title></path>{dots}"
+        )
     ticks = []
     for k in range(5):
         v, share = top * k / 4, k / 4
-        ticks.append(f'<line x1="{x_of(v):.1f}" y1="{y_of(0):.1f}" x2="{x_of(v):.1f}" y2="{y_of(1):.1f}" stroke="#eee"/>'
-                     f'<text x="{x_of(v):.1f}" y="{y_of(0) + 14:.1f}" text-anchor="middle" font-size="11">'
-                     f"{'0' if k == 0 else _s(v)}</text>"
-                     f'<line x1="{left}" y1="{y_of(share):.1f}" x2="{width - right}" y2="{y_of(share):.1f}" stroke="#eee"/>'
-                     f'<text x="{left - 6}" y="{y_of(share) + 4:.1f}" text-anchor="end" font-size="11">{share:.0%}</text>')  # fmt: skip
-    axis = ("".join(ticks)
-            + f'<line x1="{left}" y1="{y_of(0)}" x2="{width - right}" y2="{y_of(0)}" stroke="#999"/>'
-            f'<line x1="{left}" y1="{y_of(1)}" x2="{left}" y2="{y_of(0)}" stroke="#999"/>'
-            f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle" font-size="12">'
-            "latency of answered requests</text>"
-            f'<text x="12" y="{pad + plot_h / 2:.1f}" text-anchor="middle" font-size="12" '
-            f'transform="rotate(-90 12 {pad + plot_h / 2:.1f})">share answered within</text>')  # fmt: skip
+        ticks.append(
+            f'<line x1="{x_of(v):.1f}" y1="{y_of(0):.1f}" x2="{x_of(v):.1f}" y2="{y_of(1):.1f}" stroke="#eee"/>'
+            f'<text x="{x_of(v):.1f}" y="{y_of(0) + 14:.1f}" text-anchor="middle" font-size="11">'
+            f"{'0' if k == 0 else _s(v)}</text>"
+            f'<line x1="{left}" y1="{y_of(share):.1f}" x2="{width - right}" y2="{y_of(share):.1f}" stroke="#eee"/>'
+            f'<text x="{left - 6}" y="{y_of(share) + 4:.1f}" text-anchor="end" font-size="11">{share:.0%}</text>'
+        )
+    axis = (
+        "".join(ticks) + f'<line x1="{left}" y1="{y_of(0)}" x2="{width - right}" y2="{y_of(0)}" stroke="#999"/>'
+        f'<line x1="{left}" y1="{y_of(1)}" x2="{left}" y2="{y_of(0)}" stroke="#999"/>'
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle" font-size="12">'
+        "latency of answered requests</text>"
+        f'<text x="12" y="{pad + plot_h / 2:.1f}" text-anchor="middle" font-size="12" '
+        f'transform="rotate(-90 12 {pad + plot_h / 2:.1f})">share answered within</text>'
+    )
     legend = "".join(
         f'<span class="mw-legend-item"><span style="display:inline-block;width:12px;height:3px;background:{_COLORS[k]}"></span>'
         f"{k.upper()}: {_esc(result[k]['name'])} ({len(lat.get(k, []))} answered)</span>"
         for k in ("a", "b")
     )
-    return (f'<div class="mw-legend">{legend}</div><svg width="{width}" height="{height}" role="img" '
-            f'aria-label="latency CDF">{axis}{"".join(paths)}</svg>')  # fmt: skip
+    return (
+        f'<div class="mw-legend">{legend}</div><svg width="{width}" height="{height}" role="img" '
+        f'aria-label="latency CDF">{axis}{"".join(paths)}</svg>'
+    )
 
 
 def _table(result: dict[str, Any]) -> str:
@@ -126,7 +137,7 @@ def _table(result: dict[str, Any]) -> str:
             lambda s: (
                 "–" if not s["p50_latency_ci_s"] else f"{_s(s['p50_latency_ci_s'][0])} – {_s(s['p50_latency_ci_s'][1])}"
             ),
-        ),  # fmt: skip
+        ),
         ("p95 latency", lambda s: _s(s["p95_latency_s"])),
         ("recovery p50", lambda s: _s(s["recovery_p50_s"])),
         ("peak RSS p50", lambda s: _b(s["peak_rss_p50_bytes"])),
@@ -150,8 +161,10 @@ def _failures(records: dict[str, list[dict[str, Any]]]) -> str:
         f'<td class="num">{_s(r["latency_s"])}</td><td>{_esc((r.get("error") or "")[:300])}</td></tr>'
         for side, r in rows
     )
-    return ('<table class="mw-table"><thead><tr><th>side</th><th class="num">request</th><th>status</th>'
-            f'<th class="num">after</th><th>error</th></tr></thead><tbody>{body}</tbody></table>')  # fmt: skip
+    return (
+        '<table class="mw-table"><thead><tr><th>side</th><th class="num">request</th><th>status</th>'
+        f'<th class="num">after</th><th>error</th></tr></thead><tbody>{body}</tbody></table>'
+    )
 
 
 def render_stress_html(result: dict[str, Any], records: dict[str, list[dict[str, Any]]] | None = None) -> str:
@@ -162,10 +175,15 @@ def render_stress_html(result: dict[str, Any], records: dict[str, list[dict[str,
     verdict = "the failure rates differ (p < 0.05)" if p < 0.05 else "no significant difference in failure rate"
     title = f"memwarden stress: {result['a']['name']} vs {result['b']['name']}"
     inject = ", ".join(result.get("inject") or []) or "none"
-    facts = [("runs per side", result["runs"]), ("seed", result["seed"]), ("injected", inject),
-             ("executor", result.get("executor", "local")), ("Fisher exact p (failure rate)", f"{p:.4g}"),
-             ("p50 latency B − A, 95% CI", "–" if not diff else f"{_signed(diff[0])} … {_signed(diff[1])}"),
-             ("answers equal (ok on both sides)", f"{result['outputs_equal']} / {result['outputs_compared']}")]  # fmt: skip
+    facts = [
+        ("runs per side", result["runs"]),
+        ("seed", result["seed"]),
+        ("injected", inject),
+        ("executor", result.get("executor", "local")),
+        ("Fisher exact p (failure rate)", f"{p:.4g}"),
+        ("p50 latency B − A, 95% CI", "–" if not diff else f"{_signed(diff[0])} … {_signed(diff[1])}"),
+        ("answers equal (ok on both sides)", f"{result['outputs_equal']} / {result['outputs_compared']}"),
+    ]
     facts_html = "".join(f"<div><dt>{_esc(k)}</dt><dd>{_esc(v)}</dd></div>" for k, v in facts)
     return _page(
         title,
@@ -204,28 +222,36 @@ def _curves(data: dict[str, Any]) -> str:
     def y(r: float) -> float:
         return top + (h - top - bottom) * (1 - r)
 
-    parts = [f'<line x1="{left}" y1="{y(0)}" x2="{w - right}" y2="{y(0)}" stroke="#888"/>',
-             f'<line x1="{left}" y1="{y(0)}" x2="{left}" y2="{y(1)}" stroke="#888"/>']  # fmt: skip
+    parts = [
+        f'<line x1="{left}" y1="{y(0)}" x2="{w - right}" y2="{y(0)}" stroke="#888"/>',
+        f'<line x1="{left}" y1="{y(0)}" x2="{left}" y2="{y(1)}" stroke="#888"/>',
+    ]
     for r in (0, 0.25, 0.5, 0.75, 1):
         parts.append(f'<text x="{left - 6}" y="{y(r) + 4:.1f}" text-anchor="end" font-size="11">{r:.0%}</text>')
     for p in points:
-        parts.append(f'<text x="{x(p["value"]):.1f}" y="{h - bottom + 16}" text-anchor="middle" '
-                     f'font-size="11">{_esc(p["label"])}</text>')  # fmt: skip
+        parts.append(
+            f'<text x="{x(p["value"]):.1f}" y="{h - bottom + 16}" text-anchor="middle" '
+            f'font-size="11">{_esc(p["label"])}</text>'
+        )
     for side, shift in (("a", -3), ("b", 3)):
         color = _COLORS[side]
         line = " ".join(f"{x(p['value']) + shift:.1f},{y(p[side]['rate']):.1f}" for p in points)
         parts.append(f'<polyline class="curve-{side}" points="{line}" fill="none" stroke="{color}" stroke-width="2"/>')
         for p in points:
             cx = x(p["value"]) + shift
-            parts.append(f'<line x1="{cx:.1f}" y1="{y(p[side]["low"]):.1f}" x2="{cx:.1f}" y2="{y(p[side]["high"]):.1f}" '
-                         f'stroke="{color}" stroke-width="1"/><circle cx="{cx:.1f}" cy="{y(p[side]["rate"]):.1f}" r="3" '
-                         f'fill="{color}"><title>{_esc(data[side + "_name"])} at {_esc(p["label"])}: '
-                         f'{p[side]["failed"]}/{p[side]["requests"]} failed</title></circle>')  # fmt: skip
+            parts.append(
+                f'<line x1="{cx:.1f}" y1="{y(p[side]["low"]):.1f}" x2="{cx:.1f}" y2="{y(p[side]["high"]):.1f}" '
+                f'stroke="{color}" stroke-width="1"/><circle cx="{cx:.1f}" cy="{y(p[side]["rate"]):.1f}" r="3" '
+                f'fill="{color}"><title>{_esc(data[side + "_name"])} at {_esc(p["label"])}: '
+                f"{p[side]['failed']}/{p[side]['requests']} failed</title></circle>"
+            )
     axis = f"{data['kind']}:{data['key']}"
     parts.append(f'<text x="{(w + left) / 2}" y="{h - 6}" text-anchor="middle" font-size="12">{_esc(axis)}</text>')
     legend = "".join(f'<span style="color:{_COLORS[s]}">&#9632; {_esc(data[s + "_name"])}</span> ' for s in ("a", "b"))
-    return (f'<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="failure rate curves">'
-            f'{"".join(parts)}</svg><p>{legend}</p>')  # fmt: skip
+    return (
+        f'<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="failure rate curves">'
+        f"{''.join(parts)}</svg><p>{legend}</p>"
+    )
 
 
 def render_sweep_html(data: dict[str, Any]) -> str:
@@ -233,16 +259,24 @@ def render_sweep_html(data: dict[str, Any]) -> str:
     title = f"memwarden stress sweep: {data['a_name']} vs {data['b_name']} over {data['kind']}:{data['key']}"
     rows = "".join(
         f"<tr><td>{_esc(p['label'])}</td>"
-        + "".join(f"<td class=\"num\">{p[s]['failed']}/{p[s]['requests']} ({p[s]['rate']:.0%}, "
-                  f"{p[s]['low']:.0%}–{p[s]['high']:.0%})</td><td class=\"num\">{p[s]['oom']}/{p[s]['crash']}/"
-                  f"{p[s]['lost']}</td>" for s in ("a", "b"))
-        + f"<td class=\"num\">{p['failure_rate_p_value']:.3g}</td></tr>"
+        + "".join(
+            f'<td class="num">{p[s]["failed"]}/{p[s]["requests"]} ({p[s]["rate"]:.0%}, '
+            f'{p[s]["low"]:.0%}–{p[s]["high"]:.0%})</td><td class="num">{p[s]["oom"]}/{p[s]["crash"]}/'
+            f"{p[s]['lost']}</td>"
+            for s in ("a", "b")
+        )
+        + f'<td class="num">{p["failure_rate_p_value"]:.3g}</td></tr>'
         for p in data["points"]
-    )  # fmt: skip
-    head = (f"<tr><th>{_esc(data['kind'])}:{_esc(data['key'])}</th><th>A failed (95% CI)</th><th>A oom/crash/lost</th>"
-            "<th>B failed (95% CI)</th><th>B oom/crash/lost</th><th>Fisher p</th></tr>")  # fmt: skip
-    facts = [("requests per side and point", data["runs"]), ("seed", data["seed"]),
-             ("also injected", ", ".join(data.get("inject") or []) or "none")]  # fmt: skip
+    )
+    head = (
+        f"<tr><th>{_esc(data['kind'])}:{_esc(data['key'])}</th><th>A failed (95% CI)</th><th>A oom/crash/lost</th>"
+        "<th>B failed (95% CI)</th><th>B oom/crash/lost</th><th>Fisher p</th></tr>"
+    )
+    facts = [
+        ("requests per side and point", data["runs"]),
+        ("seed", data["seed"]),
+        ("also injected", ", ".join(data.get("inject") or []) or "none"),
+    ]
     facts_html = "".join(f"<div><dt>{_esc(k)}</dt><dd>{_esc(v)}</dd></div>" for k, v in facts)
     return _page(
         title,

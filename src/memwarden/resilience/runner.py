@@ -99,9 +99,17 @@ def _tail(path: Path, limit_bytes: int = 2000) -> str:
 class _Child:
     """One spawned worker process with the watchdog and reaping that both kinds of run need."""
 
-    def __init__(self, job: dict[str, Any], limits: Limits, log_path: Path, *, threads: int = 1,
-                 pass_fds: tuple[int, ...] = (), stdin: Any = subprocess.DEVNULL,
-                 extra_env: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        job: dict[str, Any],
+        limits: Limits,
+        log_path: Path,
+        *,
+        threads: int = 1,
+        pass_fds: tuple[int, ...] = (),
+        stdin: Any = subprocess.DEVNULL,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         env = dict(os.environ)
         env.update(extra_env or {})
         env[JOB_ENV] = json.dumps(job)
@@ -114,9 +122,14 @@ class _Child:
         self.log_path = log_path
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT], stdin=stdin, stdout=self._log,
-            stderr=subprocess.STDOUT, pass_fds=pass_fds, env=env, start_new_session=True,
-        )  # fmt: skip
+            [sys.executable, "-c", _BOOT],
+            stdin=stdin,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            pass_fds=pass_fds,
+            env=env,
+            start_new_session=True,
+        )
         self.info: ExitInfo | None = None
 
     def poll(self) -> ExitInfo | None:
@@ -154,9 +167,12 @@ class _Child:
             except OSError:  # a write the child never read: nothing to flush to
                 pass
         self.info = ExitInfo(
-            returncode=code if code >= 0 else None, signal=-code if code < 0 else None,
-            peak_rss_bytes=int(rusage.ru_maxrss) * 1024, killed_by=killed_by, stderr_tail=_tail(self.log_path),
-        )  # fmt: skip
+            returncode=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            peak_rss_bytes=int(rusage.ru_maxrss) * 1024,
+            killed_by=killed_by,
+            stderr_tail=_tail(self.log_path),
+        )
         return self.info
 
 
@@ -167,9 +183,16 @@ class RunOutcome:
     exit: ExitInfo
 
 
-def run_limited(script: str | os.PathLike[str], *, args: list[str] | tuple[str, ...] = (), limits: Limits = Limits(),
-                inject: list[str] | tuple[str, ...] = (), log_path: str | os.PathLike[str] | None = None,
-                env: dict[str, str] | None = None, timeout_s: float | None = None) -> RunOutcome:  # fmt: skip
+def run_limited(
+    script: str | os.PathLike[str],
+    *,
+    args: list[str] | tuple[str, ...] = (),
+    limits: Limits = Limits(),
+    inject: list[str] | tuple[str, ...] = (),
+    log_path: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+) -> RunOutcome:
     """Run a Python script in a child under ``limits`` and ``inject`` specs; how it ended."""
     from memwarden.resilience.inject import parse_inject
 
@@ -178,8 +201,13 @@ def run_limited(script: str | os.PathLike[str], *, args: list[str] | tuple[str, 
         raise InputError(f"{script}: no such script")
     for spec in inject:
         parse_inject(spec)  # one clear error here rather than a crashed child
-    job = {"kind": "script", "script": str(path), "args": list(args), "limit_bytes": limits.address_space_bytes,
-           "inject": list(inject)}  # fmt: skip
+    job = {
+        "kind": "script",
+        "script": str(path),
+        "args": list(args),
+        "limit_bytes": limits.address_space_bytes,
+        "inject": list(inject),
+    }
     if log_path is None:  # keep the output only for the tail of the outcome
         fd, tmp = tempfile.mkstemp(prefix="memwarden-run-", suffix=".log")
         os.close(fd)

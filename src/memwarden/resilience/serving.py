@@ -150,8 +150,9 @@ def governed_server(
     return GovernedServer(GovernedSession(model, budget, config=SessionConfig(**options)), gen_kwargs)
 
 
-def make_server(mode: str, model: Any, *, budget_bytes: int | None, options: dict[str, Any],
-                gen_kwargs: dict[str, Any]) -> Any:  # fmt: skip
+def make_server(
+    mode: str, model: Any, *, budget_bytes: int | None, options: dict[str, Any], gen_kwargs: dict[str, Any]
+) -> Any:
     """The server of a mode name (``plain``, ``governed``) or of ``package.module:factory``."""
     target = MODES.get(mode, mode)
     module_name, sep, attr = target.partition(":")

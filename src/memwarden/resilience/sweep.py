@@ -76,8 +76,7 @@ def parse_sweep(text: str) -> Sweep:
     kind, key, lo, hi, count = match.groups()
     unit = _SWEPT.get((kind, key))
     if unit is None:
-        raise InputError(f"--sweep: {kind}:{key} cannot be swept; one of "
-                         f"{', '.join(f'{k}:{v}' for k, v in _SWEPT)}")  # fmt: skip
+        raise InputError(f"--sweep: {kind}:{key} cannot be swept; one of {', '.join(f'{k}:{v}' for k, v in _SWEPT)}")
     points = int(count)
     if not 2 <= points <= 100:
         raise InputError(f"--sweep: POINTS must be in [2, 100]; got {points}")
@@ -106,13 +105,29 @@ def _side(summary: dict[str, Any]) -> dict[str, Any]:
     n = int(summary["requests"])
     failed = n - int(summary["ok"])
     low, high = wilson_interval(failed, n)
-    return {"requests": n, "failed": failed, "rate": failed / n if n else 0.0, "low": low, "high": high,
-            **{k: summary[k] for k in ("ok", "oom", "crash", "lost", "peak_rss_max_bytes")}}  # fmt: skip
+    return {
+        "requests": n,
+        "failed": failed,
+        "rate": failed / n if n else 0.0,
+        "low": low,
+        "high": high,
+        **{k: summary[k] for k in ("ok", "oom", "crash", "lost", "peak_rss_max_bytes")},
+    }
 
 
-def run_sweep(config_a: Any, config_b: Any, sweep: Sweep, *, runs: int, inject: list[str], seed: int = 0,
-              executor: Any = None, progress: bool = False, text: str = "",
-              records: bool = False) -> dict[str, Any]:  # fmt: skip
+def run_sweep(
+    config_a: Any,
+    config_b: Any,
+    sweep: Sweep,
+    *,
+    runs: int,
+    inject: list[str],
+    seed: int = 0,
+    executor: Any = None,
+    progress: bool = False,
+    text: str = "",
+    records: bool = False,
+) -> dict[str, Any]:
     """One A/B campaign per point (the same requests, the same seed); the two failure-rate curves.
     With ``records`` each point also carries every request's record (``points[i]["records"]``)."""
     from memwarden.resilience.campaign import run_campaign
@@ -123,10 +138,27 @@ def run_sweep(config_a: Any, config_b: Any, sweep: Sweep, *, runs: int, inject: 
         specs = sweep.injections(value, inject)
         result = run_campaign(a, b, runs=runs, inject=specs, seed=seed, executor=executor, progress=progress)
         data = result.to_json(records=records)
-        points.append({"value": value, "label": sweep.label(value), "inject": specs,
-                       "rss_limit_bytes": a.limits.rss_bytes, "a": _side(data["a"]), "b": _side(data["b"]),
-                       "failure_rate_p_value": data["failure_rate_p_value"],
-                       **({"records": data["records"]} if records else {})})  # fmt: skip
-    return {"sweep": text or f"{sweep.kind}:{sweep.key}", "kind": sweep.kind, "key": sweep.key, "unit": sweep.unit,
-            "runs": runs, "seed": seed, "inject": list(inject), "a_name": config_a.name, "b_name": config_b.name,
-            "points": points}  # fmt: skip
+        points.append(
+            {
+                "value": value,
+                "label": sweep.label(value),
+                "inject": specs,
+                "rss_limit_bytes": a.limits.rss_bytes,
+                "a": _side(data["a"]),
+                "b": _side(data["b"]),
+                "failure_rate_p_value": data["failure_rate_p_value"],
+                **({"records": data["records"]} if records else {}),
+            }
+        )
+    return {
+        "sweep": text or f"{sweep.kind}:{sweep.key}",
+        "kind": sweep.kind,
+        "key": sweep.key,
+        "unit": sweep.unit,
+        "runs": runs,
+        "seed": seed,
+        "inject": list(inject),
+        "a_name": config_a.name,
+        "b_name": config_b.name,
+        "points": points,
+    }

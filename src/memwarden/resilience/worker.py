@@ -99,8 +99,10 @@ class _Injected:
         self.schedule = Schedule(
             squeezes=[s for s in specs if isinstance(s, Squeeze)],
             telemetry=[s for s in specs if isinstance(s, Telemetry)],
-            base_limit_bytes=base, on_limit=self._on_limit, on_telemetry=self._on_telemetry,
-        )  # fmt: skip
+            base_limit_bytes=base,
+            on_limit=self._on_limit,
+            on_telemetry=self._on_telemetry,
+        )
         self._base = base
         self.fraction = 1.0  # of the budget a squeeze leaves now
 
@@ -175,8 +177,13 @@ def _serve(job: dict[str, Any], injected: _Injected, out: Any) -> int:
     if job.get("fit_to_limits") and job.get("rss_limit_bytes"):
         fit = fit_budget(scenario.model, injected, int(job["rss_limit_bytes"]), job.get("rss_counts", "resident"))
         injected.budget_bytes = fit["budget_bytes"]  # squeezes scale the fitted budget
-    server = make_server(serving.get("mode", "plain"), scenario.model, budget_bytes=injected.budget_bytes,
-                         options=serving.get("options", {}), gen_kwargs=scenario.gen_kwargs)  # fmt: skip
+    server = make_server(
+        serving.get("mode", "plain"),
+        scenario.model,
+        budget_bytes=injected.budget_bytes,
+        options=serving.get("options", {}),
+        gen_kwargs=scenario.gen_kwargs,
+    )
     injected.server = server
     injected.start()
     _send(out, {"ready": True, "load_s": time.monotonic() - begin, "fit": fit})
@@ -244,9 +251,18 @@ def fit_budget(model: Any, injected: _Injected, limit_bytes: int, counts: str = 
     budget = limit_bytes - other - pressure - _FIT_MARGIN_BYTES
     if injected.budget_bytes is not None:
         budget = min(budget, injected.budget_bytes)
-    return {"budget_bytes": max(1, budget), "limit_bytes": limit_bytes, "counts": counts, "other_bytes": other,
-            "pressure_bytes": pressure, "margin_bytes": _FIT_MARGIN_BYTES, "configured_bytes": injected.budget_bytes,
-            "shmem_bytes": _status_kib("RssShmem") * 1024, "other_at_fit_bytes": other, "refits": 0}  # fmt: skip
+    return {
+        "budget_bytes": max(1, budget),
+        "limit_bytes": limit_bytes,
+        "counts": counts,
+        "other_bytes": other,
+        "pressure_bytes": pressure,
+        "margin_bytes": _FIT_MARGIN_BYTES,
+        "configured_bytes": injected.budget_bytes,
+        "shmem_bytes": _status_kib("RssShmem") * 1024,
+        "other_at_fit_bytes": other,
+        "refits": 0,
+    }
 
 
 def refit_budget(fit: dict[str, Any], server: Any, injected: _Injected) -> dict[str, Any]:

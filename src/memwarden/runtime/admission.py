@@ -71,8 +71,11 @@ def _least_squares(rows: list[list[float]], ys: list[float]) -> list[float]:
     scale = [max(abs(r[j]) for r in rows) or 1.0 for j in range(cols)]
     x_rows = [[r[j] / scale[j] for j in range(cols)] for r in rows]
     # (AᵀA | Aᵀy)
-    m = [[sum(r[i] * r[j] for r in x_rows) for j in range(cols)] + [sum(r[i] * y for r, y in zip(x_rows, ys, strict=True))]
-         for i in range(cols)]  # fmt: skip
+    m = [
+        [sum(r[i] * r[j] for r in x_rows) for j in range(cols)]
+        + [sum(r[i] * y for r, y in zip(x_rows, ys, strict=True))]
+        for i in range(cols)
+    ]
     for i in range(cols):
         pivot = max(range(i, cols), key=lambda k: abs(m[k][i]))
         m[i], m[pivot] = m[pivot], m[i]

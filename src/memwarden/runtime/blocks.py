@@ -172,8 +172,9 @@ class BlockPool:
             n += 1
         return n
 
-    def cached_prefix_tokens(self, tokens: Sequence[int], extra: Sequence[Sequence[str]] = (),
-                             max_tokens: int | None = None) -> int:  # fmt: skip
+    def cached_prefix_tokens(
+        self, tokens: Sequence[int], extra: Sequence[Sequence[str]] = (), max_tokens: int | None = None
+    ) -> int:
         """How many leading tokens of ``tokens`` (at most ``max_tokens``) have their KV in the pool: the
         cached full blocks, then a free partial block that continues them (a lookup, nothing changes)."""
         limit = len(tokens) if max_tokens is None else min(max_tokens, len(tokens))
@@ -187,8 +188,9 @@ class BlockPool:
         hit = self._partial_hit(hashes[full - 1] if full else None, tokens, full, extra)
         return start + min(hit[1], limit - start) if hit is not None else start
 
-    def _partial_hit(self, parent: BlockHash | None, tokens: Sequence[int], index: int,
-                     extra: Sequence[Sequence[str]]) -> tuple[Block, int] | None:  # fmt: skip
+    def _partial_hit(
+        self, parent: BlockHash | None, tokens: Sequence[int], index: int, extra: Sequence[Sequence[str]]
+    ) -> tuple[Block, int] | None:
         """The free cached partial block that holds the longest run of ``tokens`` from block ``index`` on,
         and how many tokens it holds. One hash per candidate length: fewer than ``block_size`` each."""
         start = index * self.block_size

@@ -76,8 +76,13 @@ class ReserveCap:
         """Cap the reserve at the process's allocations outside the session plus ``budget``; the limit."""
         if self.released:
             return self.limit_bytes
-        fraction = reserve_fraction(allocated=torch.cuda.memory_allocated(self.device), held=held, budget=budget,
-                                    total=self.total_bytes, prior=self.prior)  # fmt: skip
+        fraction = reserve_fraction(
+            allocated=torch.cuda.memory_allocated(self.device),
+            held=held,
+            budget=budget,
+            total=self.total_bytes,
+            prior=self.prior,
+        )
         torch.cuda.set_per_process_memory_fraction(fraction, self.index)  # another session may have set its own
         self.fraction = fraction
         return self.limit_bytes

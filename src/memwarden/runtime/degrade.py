@@ -87,16 +87,22 @@ class LatencyController:
         if weighted > target and self.level < self.max_level:
             self.level += 1
             self.calm = 0
-            return Step(rung="level", setting=self.level,
-                        reason=f"weighted latency {weighted:.3f} s over the {target:.3f} s target")  # fmt: skip
+            return Step(
+                rung="level",
+                setting=self.level,
+                reason=f"weighted latency {weighted:.3f} s over the {target:.3f} s target",
+            )
         if weighted < self.config.calm_fraction * target:
             self.calm += 1
             if self.calm >= self.config.recover_after and self.level > 0:
                 self.level -= 1
                 self.calm = 0
-                return Step(rung="level", setting=self.level,
-                            reason=f"{self.config.recover_after} requests under {self.config.calm_fraction:.0%} "
-                                   "of the latency target: pressure passed")  # fmt: skip
+                return Step(
+                    rung="level",
+                    setting=self.level,
+                    reason=f"{self.config.recover_after} requests under {self.config.calm_fraction:.0%} "
+                    "of the latency target: pressure passed",
+                )
         else:
             self.calm = 0
         return None
@@ -105,8 +111,12 @@ class LatencyController:
 class Ladder:
     """The rungs a session can apply to one request, from the cheapest; see the module docstring."""
 
-    def __init__(self, model: Any, config: LadderConfig | None = None,
-                 lower_resolution: Callable[[dict[str, Any], float], dict[str, Any]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        config: LadderConfig | None = None,
+        lower_resolution: Callable[[dict[str, Any], float], dict[str, Any]] | None = None,
+    ) -> None:
         self.model = model
         self.config = config or LadderConfig()
         self.lower_resolution = lower_resolution

@@ -228,8 +228,9 @@ class PagedLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         return None
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-               ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # key_states: (1, kv_heads, n, head_dim)
         if key_states.shape[0] != 1:
             raise ValueError("a PagedCache holds one sequence (batch size 1)")

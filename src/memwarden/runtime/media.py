@@ -25,11 +25,18 @@ _PLACEHOLDER_KEYS = {
 }
 # Processor outputs that carry each modality's content (first dim = items where splittable).
 MEDIA_KEYS = {
-    "image": ("pixel_values", "image_sizes", "image_grid_thw", "pixel_attention_mask", "spatial_shapes",
-              "pixel_position_ids", "image_attention_mask"),
+    "image": (
+        "pixel_values",
+        "image_sizes",
+        "image_grid_thw",
+        "pixel_attention_mask",
+        "spatial_shapes",
+        "pixel_position_ids",
+        "image_attention_mask",
+    ),
     "video": ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts"),
     "audio": ("input_features", "feature_attention_mask", "input_features_mask", "audio_values"),
-}  # fmt: skip
+}
 # Models whose positions depend on where the media sit (multimodal rope): their cached text after a
 # media item is only valid with the position deltas of the call that computed it. For the families
 # in _MROPE_CONTINUED the session passes those positions itself (runtime/mrope.py); for the others
@@ -114,8 +121,12 @@ def _fingerprints(tensors: list[torch.Tensor], count: int, bounds: list[list[int
     if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors, strict=True)):
         return hit[1]
     if bounds is not None:  # one row per item: the row itself (as before patch rows were split)
-        prints = [_digest([t[i] if len(b) == t.shape[0] + 1 else t[b[i] : b[i + 1]]
-                           for t, b in zip(tensors, bounds, strict=True)]) for i in range(count)]  # fmt: skip
+        prints = [
+            _digest(
+                [t[i] if len(b) == t.shape[0] + 1 else t[b[i] : b[i + 1]] for t, b in zip(tensors, bounds, strict=True)]
+            )
+            for i in range(count)
+        ]
     else:  # one fingerprint for all of the modality's items: coarser, still correct
         whole = _digest(tensors) if tensors else "no-content"
         prints = [f"{whole}:{i}" for i in range(count)]
@@ -193,8 +204,9 @@ def block_extras(items: list[MediaItem], num_tokens: int, block_size: int) -> li
     return extras
 
 
-def reuse_boundary(items: list[MediaItem], cached_tokens: int, block_size: int, config: Any,
-                   inputs: dict[str, Any]) -> int:  # fmt: skip
+def reuse_boundary(
+    items: list[MediaItem], cached_tokens: int, block_size: int, config: Any, inputs: dict[str, Any]
+) -> int:
     """Largest reusable prefix (a multiple of ``block_size``, ≤ ``cached_tokens``) that cuts no item
     in half and leaves the media after it passable to the model."""
     h = cached_tokens

@@ -58,5 +58,6 @@ def plan_memory(
     streams = stream is True or (stream == "auto" and needs > budget_bytes)
     if streams and reserve_bytes is None:  # room for a request like the example, or a 512-token prefill
         reserve = max(reserve, example_reserve())
-    return MemoryPlan(budget_bytes=budget_bytes, min_pool_bytes=min_pool, reserve_bytes=reserve, stream=streams,
-                      needs_bytes=needs)  # fmt: skip
+    return MemoryPlan(
+        budget_bytes=budget_bytes, min_pool_bytes=min_pool, reserve_bytes=reserve, stream=streams, needs_bytes=needs
+    )

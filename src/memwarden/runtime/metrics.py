@@ -61,9 +61,11 @@ from prometheus_client.registry import Collector, CollectorRegistry
 __all__ = ["PREFIX", "BoundedServer", "SessionMetrics", "families", "serve_metrics", "streamed_weight_bytes"]
 
 PREFIX = "memwarden_"
-_TELEMETRY = (("temp_c", "telemetry_temp_celsius", "device temperature"),
-              ("power_w", "telemetry_power_watts", "device power draw"),
-              ("fps", "telemetry_fps", "frames per second the app runs at"))  # fmt: skip
+_TELEMETRY = (
+    ("temp_c", "telemetry_temp_celsius", "device temperature"),
+    ("power_w", "telemetry_power_watts", "device power draw"),
+    ("fps", "telemetry_fps", "frames per second the app runs at"),
+)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -74,8 +76,9 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(PREFIX + name, doc, value=value)
 
 
-def _labelled(kind: type[GaugeMetricFamily] | type[CounterMetricFamily], name: str, doc: str, label: str,
-              values: dict[str, float]) -> Metric:  # fmt: skip
+def _labelled(
+    kind: type[GaugeMetricFamily] | type[CounterMetricFamily], name: str, doc: str, label: str, values: dict[str, float]
+) -> Metric:
     family = kind(PREFIX + name, doc, labels=[label])
     for key, value in sorted(values.items()):
         family.add_metric([key], value)
@@ -102,7 +105,7 @@ def families(stats: dict[str, Any], streamed_bytes: int = 0) -> list[Metric]:
             "bytes the session holds between requests, by category",
             "category",
             {"weight": stats["weights_bytes"], "kv_cache": stats["kv_pool_bytes"]},
-        ),  # fmt: skip
+        ),
         _gauge("weights_resident_bytes", "weight bytes held in memory", stats["weights_bytes"]),
         _gauge("weights_streamed_bytes", "weight bytes streamed from disk per use", streamed_bytes),
         _gauge("kv_pool_bytes", "bytes of the paged KV pool", stats["kv_pool_bytes"]),
@@ -122,7 +125,7 @@ def families(stats: dict[str, Any], streamed_bytes: int = 0) -> list[Metric]:
             "admitted requests by admission's action",
             "action",
             stats["decisions"],
-        ),  # fmt: skip
+        ),
         _labelled(
             CounterMetricFamily, "admission_refusals", "requests refused, by reason", "reason", stats["refusals"]
         ),
@@ -135,7 +138,7 @@ def families(stats: dict[str, Any], streamed_bytes: int = 0) -> list[Metric]:
             "the session's log entries, by kind",
             "kind",
             stats["event_counts"],
-        ),  # fmt: skip
+        ),
     ]
     reading = stats["telemetry"]
     for key, name, doc in _TELEMETRY:
@@ -161,8 +164,17 @@ class BoundedServer:
     later ones are closed. So scrapes keep being answered while hundreds of half-open connections
     are held open (``tests/test_top_metrics_security.py``)."""
 
-    def __init__(self, addr: str, port: int, app: Callable[..., Iterable[bytes]], *, workers: int = 4,
-                 max_pending: int = 256, max_queued: int = 64, idle_timeout_s: float = 10.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        addr: str,
+        port: int,
+        app: Callable[..., Iterable[bytes]],
+        *,
+        workers: int = 4,
+        max_pending: int = 256,
+        max_queued: int = 64,
+        idle_timeout_s: float = 10.0,
+    ) -> None:
         family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         server_class = type("_Server", (WSGIServer,), {"address_family": family})
         self._wsgi: WSGIServer = make_server(addr, port, app, server_class, handler_class=_QuietHandler)
@@ -298,8 +310,10 @@ class SessionMetrics(Collector):
     def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         """The WSGI application: prometheus_client's, run again only when the session or the request
         (method, path, query, accepted formats and encodings) differs from the last one's."""
-        request = tuple(environ.get(k) for k in ("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "HTTP_ACCEPT",
-                                                 "HTTP_ACCEPT_ENCODING"))  # fmt: skip
+        request = tuple(
+            environ.get(k)
+            for k in ("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING")
+        )
         with self._lock:
             snapshot = self.snapshot()
             key = (snapshot, request)

@@ -43,9 +43,11 @@ def reuse_limit_reason(config: Any, prefix_reuse: bool) -> str | None:
         return "prefix_reuse=False: every request is prefilled and its media encoded in full"
     model_type = str(getattr(config, "model_type", ""))
     if media_mod.positions_are_media_dependent(config) and not media_mod.positions_continued(config):
-        return (f"{model_type} places tokens with multimodal rotary positions (M-RoPE) that the session does not "
-                "continue after a cached prefix: reuse stops before the first image, video or audio item, which "
-                "is encoded and prefilled again every turn")  # fmt: skip
+        return (
+            f"{model_type} places tokens with multimodal rotary positions (M-RoPE) that the session does not "
+            "continue after a cached prefix: reuse stops before the first image, video or audio item, which "
+            "is encoded and prefilled again every turn"
+        )
     return None
 
 
@@ -57,8 +59,9 @@ class MRopePositions:
         self.get_rope_index = inner.get_rope_index
         self.merge = int(model.config.vision_config.spatial_merge_size)
 
-    def position_ids(self, input_ids: torch.Tensor, inputs: dict[str, Any], items: list[MediaItem],
-                     reuse: int) -> torch.Tensor | None:  # fmt: skip
+    def position_ids(
+        self, input_ids: torch.Tensor, inputs: dict[str, Any], items: list[MediaItem], reuse: int
+    ) -> torch.Tensor | None:
         """``(4, 1, T)``: row 0 the text positions ``generate`` builds from the attention mask, rows 1-3
         the M-RoPE positions; only ``[..., reuse:]`` is read (generate slices off the cached part).
 

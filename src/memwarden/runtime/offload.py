@@ -230,8 +230,12 @@ class WeightStreamer:
             released += self._add(modules, streamable, larger)
         return released
 
-    def _add(self, modules: dict[str, torch.nn.Module], streamable: dict[str, list[tuple[str, torch.nn.Parameter]]],
-             names: list[str]) -> int:  # fmt: skip
+    def _add(
+        self,
+        modules: dict[str, torch.nn.Module],
+        streamable: dict[str, list[tuple[str, torch.nn.Parameter]]],
+        names: list[str],
+    ) -> int:
         released = 0
         for name in names:
             group = self._write(name, streamable[name])

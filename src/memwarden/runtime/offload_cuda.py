@@ -35,9 +35,13 @@ __all__ = ["CudaWeightStreamer", "repack_resident", "stream_weights_cuda"]
 
 
 def stream_weights_cuda(
-    model: torch.nn.Module, budget_bytes: int, *, kv_cache_bytes: int = 0, activation_bytes: int = 0,
+    model: torch.nn.Module,
+    budget_bytes: int,
+    *,
+    kv_cache_bytes: int = 0,
+    activation_bytes: int = 0,
     prefetch: bool = True,
-) -> CudaWeightStreamer:  # fmt: skip
+) -> CudaWeightStreamer:
     """``offload.stream_weights`` for a model on a GPU: the same placement, streamed from pinned host
     memory (no files). Raises ``PlacementError`` when the budget cannot hold even two staging slots."""
     placement = plan_streaming(model, budget_bytes, kv_cache_bytes=kv_cache_bytes, activation_bytes=activation_bytes)
@@ -87,8 +91,13 @@ def _to_host(tensors: dict[int, torch.Tensor], device: torch.device) -> dict[int
     staged = {}
     for key, t in tensors.items():
         st = t.untyped_storage()
-        if (t.device == device and t.is_contiguous() and t.storage_offset() == 0 and st.nbytes() == t.nbytes
-                and len(users[st.data_ptr()]) == 1):  # fmt: skip
+        if (
+            t.device == device
+            and t.is_contiguous()
+            and t.storage_offset() == 0
+            and st.nbytes() == t.nbytes
+            and len(users[st.data_ptr()]) == 1
+        ):
             staged[key] = t.detach().to("cpu", copy=True)
     return staged
 

@@ -85,8 +85,13 @@ def write_group(directory: Path, stem: str, tensors: dict[str, torch.Tensor], ke
     os.close(fd)
     start = 8 + len(text)
     extents = {name: (start + begin, start + begin + nbytes) for name, _, begin, nbytes in flat}
-    return GroupFile(path=path, extents=extents, identity=(st.st_dev, st.st_ino, st.st_size), digest=h.digest(),
-                     stamp=(st.st_mtime_ns, st.st_ctime_ns))  # fmt: skip
+    return GroupFile(
+        path=path,
+        extents=extents,
+        identity=(st.st_dev, st.st_ino, st.st_size),
+        digest=h.digest(),
+        stamp=(st.st_mtime_ns, st.st_ctime_ns),
+    )
 
 
 def _create(directory: Path, stem: str) -> tuple[Path, int]:

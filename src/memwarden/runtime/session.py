@@ -115,8 +115,9 @@ class GovernedSession:
         if self.prefix_reuse_off_reason is not None and config.prefix_reuse:
             warnings.warn(f"GovernedSession: {self.prefix_reuse_off_reason}", UserWarning, stacklevel=2)
         # Qwen2-VL / Qwen2.5-VL: the session passes the M-RoPE positions of what follows a cached prefix
-        self._mrope = (MRopePositions(model) if config.prefix_reuse and media_mod.positions_continued(model.config)
-                       else None)  # fmt: skip
+        self._mrope = (
+            MRopePositions(model) if config.prefix_reuse and media_mod.positions_continued(model.config) else None
+        )
 
         # before touching the model: the old one restores it
         if claim(model, self, take_over=config.take_over) is not None:
@@ -136,18 +137,30 @@ class GovernedSession:
             self.device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
             self.spec = KVSpec.from_config(model.config, dtype=dtype, block_size=config.block_size)
             self.predictor = PeakPredictor(model, self.spec)
-            self.memory = SessionMemory(model, self.spec, self.predictor, config, self.log, device=self.device,
-                                        budget=parsed, example_inputs=example_inputs,
-                                        encoder_store=hooks.encoder_store, processor=processor)  # fmt: skip
+            self.memory = SessionMemory(
+                model,
+                self.spec,
+                self.predictor,
+                config,
+                self.log,
+                device=self.device,
+                budget=parsed,
+                example_inputs=example_inputs,
+                encoder_store=hooks.encoder_store,
+                processor=processor,
+            )
         except BaseException as exc:  # a session that failed to start governs nothing
             self.closed = True
             release(model, self)
             if isinstance(exc, RuntimeError | MemoryError) and allocation_failed(exc):
-                raise BudgetError(f"this process's memory limit left no room to set the session up ({first_line(exc)}):"
-                                  " raise the limit, or quantize the weights (memwarden.quantize)") from exc  # fmt: skip
+                raise BudgetError(
+                    f"this process's memory limit left no room to set the session up ({first_line(exc)}):"
+                    " raise the limit, or quantize the weights (memwarden.quantize)"
+                ) from exc
             raise
-        self.admission = Admission(self.predictor, self.memory, self.ladder, has_fallback=fallback is not None,
-                                   max_wait_s=config.max_wait_s)  # fmt: skip
+        self.admission = Admission(
+            self.predictor, self.memory, self.ladder, has_fallback=fallback is not None, max_wait_s=config.max_wait_s
+        )
 
     def close(self, reason: str = "closed") -> Restored:
         """Restore the model — streamed weights brought back, hooks and encoder wrappers removed — and
@@ -268,8 +281,9 @@ class GovernedSession:
         pad = self.model.generation_config.pad_token_id or 0
         return torch.cat([torch.nn.functional.pad(r, (width - r.shape[1], 0), value=pad) for r in rows])
 
-    def chat(self, input_ids: torch.Tensor, conversation: str = "default", max_new_tokens: int = 20,
-             **inputs: Any) -> torch.Tensor:  # fmt: skip
+    def chat(
+        self, input_ids: torch.Tensor, conversation: str = "default", max_new_tokens: int = 20, **inputs: Any
+    ) -> torch.Tensor:
         """One turn: ``input_ids`` (and media) of the new message only; returns the reply's ids.
 
         The session keeps the conversation (earlier messages, replies and media) and sends it
@@ -315,8 +329,15 @@ class GovernedSession:
             cached = self.pool.blocks.cached_prefix_tokens(ids, extras, max_tokens=len(ids) - 1)  # ≥ 1 to prefill
             reuse = media_mod.reuse_boundary(items, cached, bs, config, inputs)
         media_in = media_mod.inputs_after(inputs, items, reuse) if items else {}
-        return RequestPlan(input_ids=input_ids, inputs=inputs, items=items, reuse_tokens=reuse, media_in=media_in,
-                           pruned=pruned, unpruned=unpruned)  # fmt: skip
+        return RequestPlan(
+            input_ids=input_ids,
+            inputs=inputs,
+            items=items,
+            reuse_tokens=reuse,
+            media_in=media_in,
+            pruned=pruned,
+            unpruned=unpruned,
+        )
 
     def _serve(self, input_ids: torch.Tensor, inputs: dict[str, Any], max_new_tokens: int) -> torch.Tensor:
         self._check_open()
@@ -374,9 +395,14 @@ class GovernedSession:
                 assert decision.record is not None
                 request.plan, request.decision = plan, decision.record
                 record, changes = decision.record, request.changes
-                self.log.note("admit", f"{record.action}: predicted {format_bytes(record.predicted_peak_bytes)} of "
-                              f"{format_bytes(record.budget_bytes)}", budget_bytes=record.budget_bytes,
-                              predicted_peak_bytes=record.predicted_peak_bytes, changes=list(changes))  # fmt: skip
+                self.log.note(
+                    "admit",
+                    f"{record.action}: predicted {format_bytes(record.predicted_peak_bytes)} of "
+                    f"{format_bytes(record.budget_bytes)}",
+                    budget_bytes=record.budget_bytes,
+                    predicted_peak_bytes=record.predicted_peak_bytes,
+                    changes=list(changes),
+                )
                 if self.hooks.on_decision is not None:
                     self.hooks.on_decision(record)
                 if changes:
@@ -437,13 +463,22 @@ class GovernedSession:
             self.memory.after_request()
         t0, t1 = request.start_s, time.perf_counter()
         encoder_s = (encoder.encoder_s if encoder is not None else 0.0) - encoder_before
-        self.records.append(RequestRecord(
-            prompt_tokens=len(ids), reused_tokens=reuse, new_tokens=out.shape[1] - len(ids), media_items=len(items),
-            media_reencoded=bool(plan.media_in), decision=decision,
-            prefill_s=(streamer.first_token_at or t1) - t0, total_s=t1 - t0, rung=request.rung,
-            encoder_s=encoder_s, overhead_s=t1 - serve_start - generate_s,
-            overhead_cpu_s=time.thread_time() - serve_cpu - generate_cpu,
-        ))  # fmt: skip
+        self.records.append(
+            RequestRecord(
+                prompt_tokens=len(ids),
+                reused_tokens=reuse,
+                new_tokens=out.shape[1] - len(ids),
+                media_items=len(items),
+                media_reencoded=bool(plan.media_in),
+                decision=decision,
+                prefill_s=(streamer.first_token_at or t1) - t0,
+                total_s=t1 - t0,
+                rung=request.rung,
+                encoder_s=encoder_s,
+                overhead_s=t1 - serve_start - generate_s,
+                overhead_cpu_s=time.thread_time() - serve_cpu - generate_cpu,
+            )
+        )
         step = self.ladder.latency.observe(encoder_s, max(0.0, t1 - t0 - encoder_s))
         if step is not None:
             self.log.note("degrade", f"latency level {step.setting}: {step.reason}", rung=step.setting)

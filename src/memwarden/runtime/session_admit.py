@@ -71,8 +71,9 @@ class AdmissionDecision:
 class Admission:
     """Peak prediction and the admission ladder of one session; see the module docstring."""
 
-    def __init__(self, predictor: PeakPredictor, memory: SessionMemory, ladder: Ladder, *, has_fallback: bool,
-                 max_wait_s: float) -> None:  # fmt: skip
+    def __init__(
+        self, predictor: PeakPredictor, memory: SessionMemory, ladder: Ladder, *, has_fallback: bool, max_wait_s: float
+    ) -> None:
         self.predictor = predictor
         self.memory = memory
         self.ladder = ladder
@@ -99,31 +100,51 @@ class Admission:
         need_blocks = pool.blocks.blocks_needed(total_tokens)
         budget = memory.budget_bytes
         if need_blocks > pool.num_blocks and memory.config.num_kv_blocks is not None:
-            return AdmissionDecision(kind="refuse", refusal="kv_pool_fixed", budget_bytes=budget, reason=(
-                f"the request needs {total_tokens} tokens of KV cache, the pool holds "
-                f"{pool.num_blocks * spec.block_size}: shorten it or give the session more KV blocks"
-            ))  # fmt: skip
+            return AdmissionDecision(
+                kind="refuse",
+                refusal="kv_pool_fixed",
+                budget_bytes=budget,
+                reason=(
+                    f"the request needs {total_tokens} tokens of KV cache, the pool holds "
+                    f"{pool.num_blocks * spec.block_size}: shorten it or give the session more KV blocks"
+                ),
+            )
         predicted = self.predict(plan, request.max_new_tokens)
         if need_blocks > pool.num_blocks:  # a long request on a pool sized for less: grow it if the budget allows
             grown = predicted + (need_blocks - pool.num_blocks) * spec.page_size_bytes
             if grown <= budget:
-                return AdmissionDecision(kind="change", change="resize_pool", pool_blocks=need_blocks,
-                                         reason="grow the KV pool to hold the request",
-                                         label=f"grew the KV pool to {need_blocks} blocks",
-                                         budget_bytes=budget, predicted_peak_bytes=predicted)  # fmt: skip
+                return AdmissionDecision(
+                    kind="change",
+                    change="resize_pool",
+                    pool_blocks=need_blocks,
+                    reason="grow the KV pool to hold the request",
+                    label=f"grew the KV pool to {need_blocks} blocks",
+                    budget_bytes=budget,
+                    predicted_peak_bytes=predicted,
+                )
             if memory.stream_allowed and memory.streamer is None and not request.streaming_failed:
                 # Resident weights give way to the cache the request needs (stream="auto" kept them resident
                 # while they fitted beside one block): stream them, planned for this request, then grow.
                 reserve = max(memory.activation_reserve_bytes, grown - memory.held_bytes)
-                return AdmissionDecision(kind="change", change="stream_weights", reserve_bytes=reserve,
-                                         reason="the KV pool cannot grow beside resident weights",
-                                         label=f"streamed weights to leave {format_bytes(reserve)} for the request",
-                                         budget_bytes=budget, predicted_peak_bytes=predicted)  # fmt: skip
-            return AdmissionDecision(kind="refuse", refusal="kv_pool_budget", budget_bytes=budget,
-                                     predicted_peak_bytes=predicted, reason=(
-                f"the request needs {total_tokens} tokens of KV cache ({format_bytes(grown - predicted)} more than the "
-                f"pool holds) and the budget {format_bytes(budget)} has no room for them"
-            ))  # fmt: skip
+                return AdmissionDecision(
+                    kind="change",
+                    change="stream_weights",
+                    reserve_bytes=reserve,
+                    reason="the KV pool cannot grow beside resident weights",
+                    label=f"streamed weights to leave {format_bytes(reserve)} for the request",
+                    budget_bytes=budget,
+                    predicted_peak_bytes=predicted,
+                )
+            return AdmissionDecision(
+                kind="refuse",
+                refusal="kv_pool_budget",
+                budget_bytes=budget,
+                predicted_peak_bytes=predicted,
+                reason=(
+                    f"the request needs {total_tokens} tokens of KV cache ({format_bytes(grown - predicted)} more than the "
+                    f"pool holds) and the budget {format_bytes(budget)} has no room for them"
+                ),
+            )
         # Admission keeps a safety margin: the session's own bookkeeping (fingerprints, slot tables) and
         # the allocator's rounding are not in the prediction.
         admissible = memory.admissible(budget)
@@ -131,46 +152,81 @@ class Admission:
             return self._admit(request, predicted, budget)
         over = predicted - admissible
 
-        def change(what: Change, label: str, *, pool_blocks: int | None = None, reserve_bytes: int | None = None,
-                   rung: int | None = None) -> AdmissionDecision:  # fmt: skip
-            return AdmissionDecision(kind="change", change=what, label=label, reason="predicted peak above the budget",
-                                     budget_bytes=budget, predicted_peak_bytes=predicted, pool_blocks=pool_blocks,
-                                     reserve_bytes=reserve_bytes, rung=rung)  # fmt: skip
+        def change(
+            what: Change,
+            label: str,
+            *,
+            pool_blocks: int | None = None,
+            reserve_bytes: int | None = None,
+            rung: int | None = None,
+        ) -> AdmissionDecision:
+            return AdmissionDecision(
+                kind="change",
+                change=what,
+                label=label,
+                reason="predicted peak above the budget",
+                budget_bytes=budget,
+                predicted_peak_bytes=predicted,
+                pool_blocks=pool_blocks,
+                reserve_bytes=reserve_bytes,
+                rung=rung,
+            )
 
         waited_s = time.perf_counter() - request.start_s
         if request.changes and waited_s > self.max_wait_s:
-            return AdmissionDecision(kind="refuse", refusal="max_wait", budget_bytes=budget,
-                                     predicted_peak_bytes=predicted, reason=(
-                f"no plan fits within max_wait_s={self.max_wait_s:g} s: predicted peak {format_bytes(predicted)} "
-                f"exceeds the budget {format_bytes(budget)} less its safety margin ({format_bytes(admissible)}) "
-                f"after: {'; '.join(request.changes)}"
-            ))  # fmt: skip
+            return AdmissionDecision(
+                kind="refuse",
+                refusal="max_wait",
+                budget_bytes=budget,
+                predicted_peak_bytes=predicted,
+                reason=(
+                    f"no plan fits within max_wait_s={self.max_wait_s:g} s: predicted peak {format_bytes(predicted)} "
+                    f"exceeds the budget {format_bytes(budget)} less its safety margin ({format_bytes(admissible)}) "
+                    f"after: {'; '.join(request.changes)}"
+                ),
+            )
         if memory.encoder_outputs_bytes and request.encoder_drops <= request.rungs_taken:
             return change("drop_encoder_outputs", "dropped cached encoder outputs")
         spare_blocks = pool.num_blocks - need_blocks
         if spare_blocks > 0:
             drop = min(spare_blocks, -(-over // spec.page_size_bytes))
-            return change("resize_pool", f"moved {drop} KV blocks' worth of cache to the swap tier",
-                          pool_blocks=pool.num_blocks - drop)  # fmt: skip
+            return change(
+                "resize_pool",
+                f"moved {drop} KV blocks' worth of cache to the swap tier",
+                pool_blocks=pool.num_blocks - drop,
+            )
         if memory.stream_allowed and request.restreams < 3 and not request.streaming_failed:
             # Weights give way to activations: stream (more of) them, planned for what this request lacks.
             reserve = max(memory.activation_reserve_bytes, 0) + over + plan.tensor_bytes
-            return change("stream_weights", f"streamed weights to leave {format_bytes(reserve)} for activations",
-                          reserve_bytes=reserve)  # fmt: skip
+            return change(
+                "stream_weights",
+                f"streamed weights to leave {format_bytes(reserve)} for activations",
+                reserve_bytes=reserve,
+            )
         if plan.media_in and self.ladder.latency.level + request.rungs_taken < len(self.ladder.rungs):
             kind, setting = self.ladder.rungs[request.rung]  # the next rung: fewer visual tokens, a smaller image
             return change("rung", f"{kind} {setting}", rung=request.rung + 1)
         if self.has_fallback:
             return change("fallback", "fallback model")
         if memory.budget_may_rise and time.perf_counter() - request.start_s < self.max_wait_s:
-            return AdmissionDecision(kind="wait", wait_s=_WAIT_S, budget_bytes=budget, predicted_peak_bytes=predicted,
-                                     reason="the budget may rise: waiting for it")  # fmt: skip
-        return AdmissionDecision(kind="refuse", refusal="over_budget", budget_bytes=budget,
-                                 predicted_peak_bytes=predicted, reason=(
-            f"predicted peak {format_bytes(predicted)} exceeds the budget {format_bytes(budget)} less its safety "
-            f"margin ({format_bytes(admissible)}) even with the "
-            "KV pool at the request's size: raise the budget, quantize (memwarden.quantize) or stream the weights"
-        ))  # fmt: skip
+            return AdmissionDecision(
+                kind="wait",
+                wait_s=_WAIT_S,
+                budget_bytes=budget,
+                predicted_peak_bytes=predicted,
+                reason="the budget may rise: waiting for it",
+            )
+        return AdmissionDecision(
+            kind="refuse",
+            refusal="over_budget",
+            budget_bytes=budget,
+            predicted_peak_bytes=predicted,
+            reason=(
+                f"predicted peak {format_bytes(predicted)} exceeds the budget {format_bytes(budget)} less its safety "
+                f"margin ({format_bytes(admissible)}) even with the "
+                "KV pool at the request's size: raise the budget, quantize (memwarden.quantize) or stream the weights"
+            ),
+        )
 
     def refuse(self, decision: AdmissionDecision) -> AdmissionError:
         """Record a ``refuse`` decision the serving loop carries out, and return the error it raises.
@@ -179,9 +235,13 @@ class Admission:
         its short name): ``stats()["refusals"]`` and the refusal metric count it by that name. Only
         here, not in ``step``: a step is also asked for a preview (``admission_step``), which refuses
         nothing."""
-        self.memory.log.note("refuse", decision.reason, reason=decision.refusal or "refused",
-                             budget_bytes=decision.budget_bytes,
-                             predicted_peak_bytes=decision.predicted_peak_bytes)  # fmt: skip
+        self.memory.log.note(
+            "refuse",
+            decision.reason,
+            reason=decision.refusal or "refused",
+            budget_bytes=decision.budget_bytes,
+            predicted_peak_bytes=decision.predicted_peak_bytes,
+        )
         from memwarden.record.live.ring import dump_on_refusal  # a running flight recorder writes its window
 
         dump_on_refusal(decision.reason)
@@ -191,10 +251,17 @@ class Admission:
         changes = request.changes
         action = "wait" if "waited for the budget" in changes else ("degrade" if changes else "admit")
         reason = "predicted peak within the budget" + (" after: " + "; ".join(changes) if changes else "")
-        record = Decision(action=action, predicted_peak_bytes=predicted, budget_bytes=budget, reason=reason,
-                          changes=list(changes), waited_s=time.perf_counter() - request.start_s)  # fmt: skip
-        return AdmissionDecision(kind="admit", reason=reason, budget_bytes=budget, predicted_peak_bytes=predicted,
-                                 record=record)  # fmt: skip
+        record = Decision(
+            action=action,
+            predicted_peak_bytes=predicted,
+            budget_bytes=budget,
+            reason=reason,
+            changes=list(changes),
+            waited_s=time.perf_counter() - request.start_s,
+        )
+        return AdmissionDecision(
+            kind="admit", reason=reason, budget_bytes=budget, predicted_peak_bytes=predicted, record=record
+        )
 
 
 def apply_change(decision: AdmissionDecision, request: Request, memory: SessionMemory) -> None:

@@ -44,8 +44,9 @@ def split_rows(
         for k, v in inputs.items():
             if k in PER_TOKEN_KEYS and isinstance(v, torch.Tensor):
                 if v.dim() != 2 or v.shape[0] != rows_n or v.shape[1] != input_ids.shape[1]:
-                    raise ValueError(f"{k} has shape {tuple(v.shape)}, input_ids {tuple(input_ids.shape)}: "
-                                     "they must match")  # fmt: skip
+                    raise ValueError(
+                        f"{k} has shape {tuple(v.shape)}, input_ids {tuple(input_ids.shape)}: they must match"
+                    )
                 row[k] = v[r : r + 1]
             elif k in media_rows:
                 mine = media_rows[k][r]

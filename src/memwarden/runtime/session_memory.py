@@ -96,8 +96,11 @@ class SessionMemory:
         # for one new segment of each pool under the allocator's cap (below) is kept out of every figure the
         # session plans with.
         if device.type == "cuda" and (warmed := warm_cuda_runtime(device, spec.dtype)):
-            log.note("budget", f"CUDA runtime: {format_bytes(warmed)} of cuBLAS workspaces, outside the budget",
-                     runtime_bytes=warmed)  # fmt: skip
+            log.note(
+                "budget",
+                f"CUDA runtime: {format_bytes(warmed)} of cuBLAS workspaces, outside the budget",
+                runtime_bytes=warmed,
+            )
         self.runtime_bytes = SEGMENT_ROOM_BYTES if device.type == "cuda" else 0
         # A budget above what the process may really allocate (its cgroup, RLIMIT_AS) would let native code
         # abort or the OOM killer strike mid-request: the session plans for the smaller figure.
@@ -105,8 +108,11 @@ class SessionMemory:
         self.device = device
         self.limit_bytes, limit_kind = limit_cap(self.weights_bytes, device)
         if self.limit_bytes is not None and self.limit_bytes < asked:
-            log.note("budget", f"budget capped at {format_bytes(self.limit_bytes)} by this process's {limit_kind}",
-                     budget_bytes=self.limit_bytes)  # fmt: skip
+            log.note(
+                "budget",
+                f"budget capped at {format_bytes(self.limit_bytes)} by this process's {limit_kind}",
+                budget_bytes=self.limit_bytes,
+            )
             if device.type == "cpu":
                 # Under a real limit on the host, what native code holds beside the tensors counts too
                 # (kernel scratch and JIT code, thread arenas, the heap's waste: ~25 MiB on the demo's
@@ -124,11 +130,17 @@ class SessionMemory:
         # then if that one needs it) -- never for a worst case the session may never see, so a roomy
         # budget keeps the weights resident.
         plan = plan_memory(
-            budget_bytes=budget_now, weights_bytes=self.weights_bytes, page_size_bytes=spec.page_size_bytes,
-            block_size=spec.block_size, min_kv_tokens=config.min_kv_tokens, example_tokens=example_tokens,
-            reserve_bytes=config.activation_reserve_bytes, example_reserve=lambda: self.reserve_for(example_inputs),
-            learned_margin_bytes=self.learned_margin_bytes, stream=config.stream,
-        )  # fmt: skip
+            budget_bytes=budget_now,
+            weights_bytes=self.weights_bytes,
+            page_size_bytes=spec.page_size_bytes,
+            block_size=spec.block_size,
+            min_kv_tokens=config.min_kv_tokens,
+            example_tokens=example_tokens,
+            reserve_bytes=config.activation_reserve_bytes,
+            example_reserve=lambda: self.reserve_for(example_inputs),
+            learned_margin_bytes=self.learned_margin_bytes,
+            stream=config.stream,
+        )
         self.min_pool_bytes = plan.min_pool_bytes
         if plan.stream:
             try:
@@ -230,13 +242,18 @@ class SessionMemory:
         reason once ``retries`` are spent, or where tokens already went out (never sent twice)."""
         what = first_line(exc)
         if hits > retries or not restartable:
-            why = (f"the process's real memory limit refused an allocation {hits} times, the last with a "
-                   f"margin of {format_bytes(self.learned_margin_bytes)} kept free"
-                   if restartable else "the process's real memory limit refused an allocation after tokens "
-                   "had been streamed (a request is never sent twice)")  # fmt: skip
+            why = (
+                f"the process's real memory limit refused an allocation {hits} times, the last with a "
+                f"margin of {format_bytes(self.learned_margin_bytes)} kept free"
+                if restartable
+                else "the process's real memory limit refused an allocation after tokens "
+                "had been streamed (a request is never sent twice)"
+            )
             self.log.note("refuse", why)
-            raise AdmissionError(f"{why} ({what}): raise the process's memory limit, or shrink what it serves: "
-                                 "quantize the weights (memwarden.quantize)") from exc  # fmt: skip
+            raise AdmissionError(
+                f"{why} ({what}): raise the process's memory limit, or shrink what it serves: "
+                "quantize the weights (memwarden.quantize)"
+            ) from exc
         self.limit_hit(what)
 
     def limit_hit(self, what: str) -> None:
@@ -246,9 +263,13 @@ class SessionMemory:
         budget = self.budget_bytes
         self.learned_margin_bytes += max(budget // 10, _LIMIT_STEP_BYTES)
         self.drop_encoder_outputs()
-        self.log.note("limit", f"the real memory limit refused an allocation ({what}): margin now "
-                      f"{format_bytes(self.learned_margin_bytes)} beyond the safety fraction",
-                      budget_bytes=budget, learned_margin_bytes=self.learned_margin_bytes)  # fmt: skip
+        self.log.note(
+            "limit",
+            f"the real memory limit refused an allocation ({what}): margin now "
+            f"{format_bytes(self.learned_margin_bytes)} beyond the safety fraction",
+            budget_bytes=budget,
+            learned_margin_bytes=self.learned_margin_bytes,
+        )
 
     def pool_blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.spec.block_size)
@@ -292,10 +313,17 @@ class SessionMemory:
         except (RuntimeError, MemoryError) as exc:  # the old pool is kept (resized() rebuilds it)
             if not allocation_failed(exc):
                 raise
-            raise BudgetError(f"the KV pool could not be resized to {blocks} blocks: the process's real memory "
-                              f"limit is lower than the budget {format_bytes(budget)}") from None  # fmt: skip
-        self.log.note("kv-pool", f"KV pool {have} -> {blocks} blocks ({format_bytes(self.pool.nbytes)}): {why}",
-                      budget_bytes=budget, blocks=blocks, kept_cached_blocks=len(self.pool.blocks.cached))  # fmt: skip
+            raise BudgetError(
+                f"the KV pool could not be resized to {blocks} blocks: the process's real memory "
+                f"limit is lower than the budget {format_bytes(budget)}"
+            ) from None
+        self.log.note(
+            "kv-pool",
+            f"KV pool {have} -> {blocks} blocks ({format_bytes(self.pool.nbytes)}): {why}",
+            budget_bytes=budget,
+            blocks=blocks,
+            kept_cached_blocks=len(self.pool.blocks.cached),
+        )
 
     def restream(self, budget: int) -> bool:
         """Stream (more of) the weights now, for the current pool and activation reserve; whether that
@@ -307,15 +335,23 @@ class SessionMemory:
         before = self.weights_bytes
         if isinstance(self.streamer, WeightStreamer):
             try:
-                placement = plan_streaming(self.model, max(1, self.admissible(budget)), kv_cache_bytes=self.pool.nbytes,
-                                           activation_bytes=self.activation_reserve_bytes,
-                                           offload_dir=self.streamer.offload_dir)  # fmt: skip
+                placement = plan_streaming(
+                    self.model,
+                    max(1, self.admissible(budget)),
+                    kv_cache_bytes=self.pool.nbytes,
+                    activation_bytes=self.activation_reserve_bytes,
+                    offload_dir=self.streamer.offload_dir,
+                )
             except PlacementError:
                 return False
             if self.streamer.stream_more(placement):
                 self.weights_bytes = state_bytes(self.model) + self.streamer.staging_bytes
-                self.log.note("stream", f"more weights streamed: {format_bytes(self.weights_bytes)} resident",
-                              budget_bytes=budget, resident_bytes=self.weights_bytes)  # fmt: skip
+                self.log.note(
+                    "stream",
+                    f"more weights streamed: {format_bytes(self.weights_bytes)} resident",
+                    budget_bytes=budget,
+                    resident_bytes=self.weights_bytes,
+                )
         elif self.streamer is None:
             try:
                 self._stream(budget, self.pool.nbytes, self.activation_reserve_bytes)
@@ -352,8 +388,9 @@ class SessionMemory:
                     self.model, planned, kv_cache_bytes=kv_bytes, activation_bytes=reserve
                 )
             else:
-                streamer = stream_weights(self.model, planned, directory, kv_cache_bytes=kv_bytes,
-                                          activation_bytes=reserve)  # fmt: skip
+                streamer = stream_weights(
+                    self.model, planned, directory, kv_cache_bytes=kv_bytes, activation_bytes=reserve
+                )
         except BaseException as exc:
             if made:
                 shutil.rmtree(directory, ignore_errors=True)
@@ -367,8 +404,12 @@ class SessionMemory:
         if made:
             self._owned.folders.append(directory)
         self.weights_bytes = state_bytes(self.model) + streamer.staging_bytes
-        self.log.note("stream", f"weights streamed from {directory}: {format_bytes(self.weights_bytes)} resident",
-                      budget_bytes=budget, resident_bytes=self.weights_bytes)  # fmt: skip
+        self.log.note(
+            "stream",
+            f"weights streamed from {directory}: {format_bytes(self.weights_bytes)} resident",
+            budget_bytes=budget,
+            resident_bytes=self.weights_bytes,
+        )
 
     # -- following the budget -------------------------------------------------------------
 
@@ -390,8 +431,11 @@ class SessionMemory:
         if cap is not None:
             before = cap.limit_bytes
             if abs(cap.apply(self.budget_bytes, self.held_bytes) - before) > 2**21:  # not each request's inputs
-                self.log.note("budget", f"the device's reserve capped at {format_bytes(cap.limit_bytes)} "
-                              "(set_per_process_memory_fraction)", reserve_cap_bytes=cap.limit_bytes)  # fmt: skip
+                self.log.note(
+                    "budget",
+                    f"the device's reserve capped at {format_bytes(cap.limit_bytes)} (set_per_process_memory_fraction)",
+                    reserve_cap_bytes=cap.limit_bytes,
+                )
 
     def after_request(self) -> None:
         """On the host, the heap's freed pages (a memory killer counts them) back to the OS, soon."""
@@ -432,8 +476,14 @@ class SessionMemory:
         source.update(sample, in_use_bytes=self.held_bytes if in_use_bytes is None else in_use_bytes)
         after = self.budget_bytes
         if after != before:
-            self.log.note("budget", f"telemetry: budget {format_bytes(before)} -> {format_bytes(after)}",
-                          budget_bytes=after, temp_c=sample.temp_c, power_w=sample.power_w, fps=sample.fps)  # fmt: skip
+            self.log.note(
+                "budget",
+                f"telemetry: budget {format_bytes(before)} -> {format_bytes(after)}",
+                budget_bytes=after,
+                temp_c=sample.temp_c,
+                power_w=sample.power_w,
+                fps=sample.fps,
+            )
         return before, after
 
     def follow_budget(self) -> None:
@@ -448,8 +498,12 @@ class SessionMemory:
         if over:  # shrink until what the session holds fits, keeping room for activations
             want = min(want, self.pool_blocks_for(budget))
         if want < 1:
-            self.log.note("degrade", "budget below the weights plus one KV block: nothing left to shrink",
-                          budget_bytes=budget, weights_bytes=self.weights_bytes)  # fmt: skip
+            self.log.note(
+                "degrade",
+                "budget below the weights plus one KV block: nothing left to shrink",
+                budget_bytes=budget,
+                weights_bytes=self.weights_bytes,
+            )
             return
         if want == have or (not over and abs(want - have) < max(1, have // 10)):
             return  # within 10%: not worth a resize

@@ -45,8 +45,10 @@ class Restored:
             parts[0] += " (streamed weights brought back)"
         parts.append("hooks removed" if self.hooks_removed else "HOOKS LEFT")
         if self.quantized_bits is not None:
-            parts.append(f"{self.quantized_layers} linear layers stay int{self.quantized_bits}-quantized: "
-                         "quantization is in place and not undone (reload the model for its original weights)")  # fmt: skip
+            parts.append(
+                f"{self.quantized_layers} linear layers stay int{self.quantized_bits}-quantized: "
+                "quantization is in place and not undone (reload the model for its original weights)"
+            )
         return "; ".join(parts)
 
 
@@ -87,8 +89,11 @@ def restored(model: torch.nn.Module, *, had_streamer: bool, bits: int | None) ->
     """What ``close()`` left on ``model``, checked on the model itself (not assumed)."""
     from memwarden.runtime.quant import Int4Linear
 
-    placeholders = any(p.untyped_storage().nbytes() < p.numel() * p.element_size()
-                       for p in model.parameters() if p.device.type != "meta")  # fmt: skip
+    placeholders = any(
+        p.untyped_storage().nbytes() < p.numel() * p.element_size()
+        for p in model.parameters()
+        if p.device.type != "meta"
+    )
     wrapped = any(hasattr(m, "_memwarden_encoder_name") and "forward" in vars(m) for m in model.modules())
     quantized = sum(isinstance(m, Int4Linear) for m in model.modules())
     return Restored(

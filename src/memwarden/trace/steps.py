@@ -34,8 +34,13 @@ class Step:
     call_site: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"phase": self.phase, "start_us": self.start_us, "end_us": self.end_us,
-                               "seq_len": self.seq_len, "module": self.module}  # fmt: skip
+        out: dict[str, Any] = {
+            "phase": self.phase,
+            "start_us": self.start_us,
+            "end_us": self.end_us,
+            "seq_len": self.seq_len,
+            "module": self.module,
+        }
         if self.tokens:
             out["tokens"] = dict(self.tokens)
         if self.batch is not None:

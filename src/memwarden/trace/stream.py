@@ -60,13 +60,26 @@ _JSON_LIMIT = 64 * 1024 * 1024
 # One recorder row exactly as native.cpp's ``struct Event`` lays it out (static_assert there).
 RAW_EVENT_DTYPE = np.dtype(
     {
-        "names": ["t_ns", "ptr", "nbytes", "id", "ctx", "op_outer", "op_inner", "shape_off", "ndim", "dtype",
-                  "action", "site", "written"],
+        "names": [
+            "t_ns",
+            "ptr",
+            "nbytes",
+            "id",
+            "ctx",
+            "op_outer",
+            "op_inner",
+            "shape_off",
+            "ndim",
+            "dtype",
+            "action",
+            "site",
+            "written",
+        ],
         "formats": ["<i8", "<i8", "<i8", "<i8", "<i4", "<i4", "<i4", "<i4", "<i2", "i1", "u1", "<i4", "<i8"],
         "offsets": [0, 8, 16, 24, 32, 36, 40, 44, 48, 50, 51, 52, 56],
         "itemsize": 64,
     }
-)  # fmt: skip
+)
 
 _SAVED = "saved"  # the tag of a tensor autograd saved for backward: no category of its own
 _NOT_ACTIVATIONS = {int(Category.WEIGHT), int(Category.BUFFER), int(Category.GRADIENT), int(Category.OPTIMIZER_STATE)}
@@ -123,8 +136,13 @@ class StreamLog:
         return int(self.start.get("t0_ns", 0))
 
     def recovery_note(self) -> dict[str, Any]:
-        return {"from": "stream", "chunks": self.chunks, "complete": self.complete,
-                "dropped_bytes": self.dropped_bytes, "last_flush_us": max(0, (self.last_t_ns - self.t0_ns) // 1000)}  # fmt: skip
+        return {
+            "from": "stream",
+            "chunks": self.chunks,
+            "complete": self.complete,
+            "dropped_bytes": self.dropped_bytes,
+            "last_flush_us": max(0, (self.last_t_ns - self.t0_ns) // 1000),
+        }
 
 
 def _columns(table: Any, binary: memoryview) -> dict[str, np.ndarray]:
@@ -322,19 +340,31 @@ def trace_from_stream(log: StreamLog, metadata: dict[str, Any] | None = None) ->
     side = builder.build()
     merged = {k: np.concatenate([side.events[k], events[k].astype(EVENT_COLUMNS[k])]) for k in EVENT_COLUMNS}
     order = np.argsort(merged["time_us"], kind="stable")
-    return Trace(events={k: v[order] for k, v in merged.items()}, spans=side.spans, strings=side.strings,
-                 shapes=side.shapes, devices=side.devices, metadata=side.metadata)  # fmt: skip
+    return Trace(
+        events={k: v[order] for k, v in merged.items()},
+        spans=side.spans,
+        strings=side.strings,
+        shapes=side.shapes,
+        devices=side.devices,
+        metadata=side.metadata,
+    )
 
 
 def _step_record(step: dict[str, Any], start_us: int, end_us: int, log: StreamLog) -> Step:
     ctx = int(step.get("ctx", -1))
     tokens, ids, site = step.get("tokens"), step.get("input_ids"), step.get("call_site")
-    return Step(phase=enum_name(Phase(int(step["phase"]))), start_us=start_us, end_us=end_us,
-                module=str(log.modules[ctx][1]) if 0 <= ctx < len(log.modules) else "model",
-                seq_len=step.get("seq_len"), batch=step.get("batch"),
-                tokens=dict(tokens) if isinstance(tokens, dict) else {},
-                input_ids=tuple(ids) if isinstance(ids, list) else (), grad=step.get("grad"),
-                call_site=site if isinstance(site, str) else None)  # fmt: skip
+    return Step(
+        phase=enum_name(Phase(int(step["phase"]))),
+        start_us=start_us,
+        end_us=end_us,
+        module=str(log.modules[ctx][1]) if 0 <= ctx < len(log.modules) else "model",
+        seq_len=step.get("seq_len"),
+        batch=step.get("batch"),
+        tokens=dict(tokens) if isinstance(tokens, dict) else {},
+        input_ids=tuple(ids) if isinstance(ids, list) else (),
+        grad=step.get("grad"),
+        call_site=site if isinstance(site, str) else None,
+    )
 
 
 def _site_columns(builder: TraceBuilder, log: StreamLog, site: np.ndarray) -> dict[str, np.ndarray]:
@@ -354,9 +384,29 @@ def _side_events(builder: TraceBuilder, log: StreamLog, t0: int) -> None:
         category = Category.WEIGHT if mapped else Category.OTHER
         dtype, shape = rec.get("dtype"), tuple(int(d) for d in rec.get("shape", ()))
         ptr, nbytes, tensor = int(rec["ptr"]), int(rec["nbytes"]), -1 - i
-        builder.event(t_us, Action.MAP if mapped else Action.PREEXISTING, tensor, ptr, nbytes, category=category,
-                      phase=Phase.LOAD, op=rec.get("file"), dtype=dtype, shape=shape)  # fmt: skip
+        builder.event(
+            t_us,
+            Action.MAP if mapped else Action.PREEXISTING,
+            tensor,
+            ptr,
+            nbytes,
+            category=category,
+            phase=Phase.LOAD,
+            op=rec.get("file"),
+            dtype=dtype,
+            shape=shape,
+        )
         if rec.get("freed_ns") is not None:
             t_free = max(t_us, (int(rec["freed_ns"]) - t0) // 1000)
-            builder.event(t_free, Action.UNMAP if mapped else Action.FREE, tensor, ptr, nbytes, category=category,
-                          phase=Phase.LOAD, op=rec.get("file"), dtype=dtype, shape=shape)  # fmt: skip
+            builder.event(
+                t_free,
+                Action.UNMAP if mapped else Action.FREE,
+                tensor,
+                ptr,
+                nbytes,
+                category=category,
+                phase=Phase.LOAD,
+                op=rec.get("file"),
+                dtype=dtype,
+                shape=shape,
+            )

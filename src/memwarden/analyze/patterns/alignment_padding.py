@@ -42,12 +42,24 @@ from memwarden.units import format_bytes
 PATTERN = "alignment-padding"
 
 # Ops that make a block of padding/fill (its data comes from later writes or from its input).
-PAD_OPS = frozenset({"aten::pad", "aten::constant_pad_nd", "aten::pad_sequence", "aten::reflection_pad1d",
-                     "aten::replication_pad1d"})  # fmt: skip
-FILL_OPS = frozenset({
-    "aten::zeros", "aten::new_zeros", "aten::zeros_like", "aten::full", "aten::new_full", "aten::full_like",
-    "aten::empty", "aten::new_empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty_strided",
-})  # fmt: skip
+PAD_OPS = frozenset(
+    {"aten::pad", "aten::constant_pad_nd", "aten::pad_sequence", "aten::reflection_pad1d", "aten::replication_pad1d"}
+)
+FILL_OPS = frozenset(
+    {
+        "aten::zeros",
+        "aten::new_zeros",
+        "aten::zeros_like",
+        "aten::full",
+        "aten::new_full",
+        "aten::full_like",
+        "aten::empty",
+        "aten::new_empty",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::new_empty_strided",
+    }
+)
 # Factory ops that take a template tensor for its shape/dtype only. The capture counts the template
 # as written data (it is a tensor input), so their written_bytes overstates the data: by the block's
 # own size for *_like (same shape and, almost always, dtype), by an unknown amount for new_*.

@@ -61,11 +61,29 @@ _QUANT_FACTORS: dict[str, tuple[int, ...]] = {
 }
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 _ITEMSIZE = {
-    "int8": 1, "uint8": 1, "qint8": 1, "quint8": 1, "quint4x2": 1, "bool": 1, "int16": 2, "uint16": 2, "int32": 4,
-    "uint32": 4, "int64": 8, "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
-}  # fmt: skip
+    "int8": 1,
+    "uint8": 1,
+    "qint8": 1,
+    "quint8": 1,
+    "quint4x2": 1,
+    "bool": 1,
+    "int16": 2,
+    "uint16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+}
 _EVIDENCE_WEIGHTS = 8
+_MIN_HELD = 4  # float copies of distinct quantised weights alive together: a merge's burst
 
 
 def _numel_of(trace: Trace) -> np.ndarray:
@@ -156,21 +174,14 @@ def detect(ctx: Context) -> list[Finding]:
     m_rows, m_owner = c_rows[hit], key_owner[pos[hit]]
     # Copies made outside every module (a merge or export script dequantising the weights itself,
     # ``{n: q.dequantize() for n, q in layers.items()}``) join on the element count alone: float,
-    # made after a quantised weight of that size existed.
+    # made after a quantised weight of that size existed, and held together at the peak.
     float_ids = [i for i, s in enumerate(strings) if s in _FLOAT_DTYPES]
     loose = ~hit & (c_module < 0) & (c_numel > 0) & np.isin(ev["dtype"][c_rows], float_ids)
     if loose.any():
-        by_numel: dict[int, int] = {}  # element count -> index into w_rows (largest weight first)
-        for i in np.argsort(-ev["nbytes"][w_rows], kind="stable").tolist():
-            for factor in quant_ids[int(ev["dtype"][w_rows[i]])]:
-                by_numel.setdefault(int(w_numel[i] * factor), i)
-        for row, count in zip(c_rows[loose].tolist(), c_numel[loose].tolist(), strict=True):
-            i = by_numel.get(int(count))
-            if i is not None and int(w_rows[i]) < row:
-                m_rows = np.append(m_rows, row)
-                m_owner = np.append(m_owner, i)
-        order = np.argsort(m_rows, kind="stable")
-        m_rows, m_owner = m_rows[order], m_owner[order]
+        l_rows, l_owner = _held_together(ctx, c_rows[loose], c_numel[loose], w_rows, w_numel, quant_ids)
+        order = np.argsort(np.concatenate([m_rows, l_rows]), kind="stable")
+        m_rows = np.concatenate([m_rows, l_rows])[order]
+        m_owner = np.concatenate([m_owner, l_owner])[order]
     if len(m_rows) == 0:
         return []
     counts = np.bincount(m_owner, minlength=len(w_rows))
@@ -285,6 +296,48 @@ def detect(ctx: Context) -> list[Finding]:
             lines=lines,
         )
     ]
+
+
+def _held_together(
+    ctx: Context,
+    rows: np.ndarray,
+    numel: np.ndarray,
+    w_rows: np.ndarray,
+    w_numel: np.ndarray,
+    quant_ids: dict[int, tuple[int, ...]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The float blocks made outside every module that are dequantised copies of the quantised
+    weights ``w_rows``: each as large as one of them and made after it, and at least
+    ``_MIN_HELD`` of them alive together at the peak, made with no quantised weight made between
+    them, of at least two weight shapes (a merge that dequantises every layer first). Floats that
+    quantising a model goes through (``(w / scale).round().to(torch.int8)``, a layer at a time)
+    alternate with the weights they make, one shape at a time. Limit: a model whose quantised
+    weights all have one shape, dequantised together, is not seen here."""
+    ev = ctx.trace.events
+    by_numel: dict[int, int] = {}  # element count -> index into w_rows (largest weight first)
+    for i in np.argsort(-ev["nbytes"][w_rows], kind="stable").tolist():
+        for factor in quant_ids[int(ev["dtype"][w_rows[i]])]:
+            by_numel.setdefault(int(w_numel[i] * factor), i)
+    owner = np.array([by_numel.get(int(k), -1) for k in numel.tolist()], dtype=np.int64)
+    made_after = (owner >= 0) & (w_rows[np.maximum(owner, 0)] < rows)
+    rows, owner = rows[made_after], owner[made_after]
+    peak_row = int(np.argmax(ctx.analysis.live_bytes))
+    alive = (rows <= peak_row) & (ctx.analysis.free_index[rows] > peak_row)
+    held, held_owner = rows[alive], owner[alive]
+    numel_of_rows = np.zeros(ctx.trace.num_events, dtype=np.int64)
+    numel_of_rows[rows] = numel[made_after]
+    # the largest run of them made with no quantised weight made in between
+    segment = np.searchsorted(np.sort(w_rows), held)
+    if not len(held):
+        return held, held_owner
+    best = np.bincount(segment).argmax()
+    burst = segment == best
+    # several weight shapes (a model's attention and MLP projections), not one tensor's chain of
+    # temporaries while it is quantised (randn, / scale, round, clamp: one shape)
+    shapes = np.unique(numel_of_rows[held[burst]]) if int(burst.sum()) >= _MIN_HELD else []
+    if len(shapes) < 2:
+        return held[:0], held_owner[:0]
+    return held[burst], held_owner[burst]
 
 
 def _asking_lines(ctx: Context, rows: np.ndarray) -> list[dict[str, Any]]:

@@ -8,6 +8,10 @@ smaller ones split cached blocks into odd remainders. Reserved memory then
 climbs far above the bytes ever allocated at once, and the process hits OOM
 with memory nominally free.
 
+A run whose model calls (prefills and forwards, decode steps aside) all make the same large requests
+says nothing: the allocator reuses the first call's blocks for every later one (a reranker scoring
+batches of one shape), however much reserved memory rounding leaves unused.
+
 What the trace shows, for a run of at least two model calls (steps) whose large requests come in
 more than one size (a shape to bucket; else only the rule without steps applies): the whole run replayed
 through the allocator model reserves more than its neediest window (before the first call, a
@@ -118,7 +122,7 @@ def _most_varied(trace: Trace, device: int) -> tuple[str, int]:
 def _request_shapes(ctx: Context) -> int:
     """How many different sets of large requests the run's model calls make (decode steps aside: a
     growing cache is kv-concat-growth's): a reranker scoring batches of one shape makes one, a loader
-    of random lengths as many as there are lengths. A run without two calls counts as varying."""
+    of random lengths as many as there are lengths. A run without two calls is not judged here (2)."""
     trace, steps = ctx.trace, [s for s in ctx.analysis.steps if s.phase != "decode"]
     if len(steps) < 2:
         return 2
@@ -165,9 +169,11 @@ def detect(ctx: Context) -> list[Finding]:
     # With steps to compare, the calibrated rule: reserved above what the neediest window needs
     # alone (fragmentation_steps). Without, reserved against allocated at the peaks.
     need = step_need(ctx.analysis, int(ctx.threshold(PATTERN, "max_windows", 8))) if sub is trace else None
-    module, sizes = _most_varied(sub, sub_dev)
     if sub is trace and _request_shapes(ctx) < 2:
-        sizes = 1  # every model call made the same large requests: nothing changes shape between them
+        # Every model call made the same large requests: the allocator reuses the first call's blocks
+        # for every later one, and nothing changes shape to strand them.
+        return []
+    module, sizes = _most_varied(sub, sub_dev)
     if sizes < 2:
         # No large request comes in more than one size: no shape to bucket or pad, so reserved above
         # a step's need is not stranded by changing shapes; only a replayed allocator setting can show

@@ -46,8 +46,10 @@ def _windows(analysis: Analysis) -> list[tuple[int, int]]:
     times = trace.events["time_us"]
     cuts = [0]
     for s in analysis.steps:
-        cuts += [int(np.searchsorted(times, s.start_us, side="left")),
-                 int(np.searchsorted(times, s.end_us, side="right"))]  # fmt: skip
+        cuts += [
+            int(np.searchsorted(times, s.start_us, side="left")),
+            int(np.searchsorted(times, s.end_us, side="right")),
+        ]
     cuts.append(trace.num_events)
     cuts = sorted(set(cuts))
     return [(lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True) if hi > lo]

@@ -34,13 +34,35 @@ from memwarden.units import format_bytes
 
 PATTERN = "full-logits"
 # ops that make a tensor from nothing (the next request's ids): no read of the logits
-_FACTORIES = ("aten::rand", "aten::empty", "aten::zeros", "aten::ones", "aten::full", "aten::arange", "aten::tensor",
-              "aten::lift", "aten::scalar_tensor", "aten::normal", "aten::bernoulli")  # fmt: skip
+_FACTORIES = (
+    "aten::rand",
+    "aten::empty",
+    "aten::zeros",
+    "aten::ones",
+    "aten::full",
+    "aten::arange",
+    "aten::tensor",
+    "aten::lift",
+    "aten::scalar_tensor",
+    "aten::normal",
+    "aten::bernoulli",
+)
 
 
 # ops that assemble a tensor from others (the next request's ids joined, copied or moved): no reduction
-_ASSEMBLY = frozenset({"aten::cat", "aten::stack", "aten::concat", "aten::concatenate", "aten::_to_copy",
-                       "aten::copy_", "aten::clone", "aten::pad", "aten::constant_pad_nd"})  # fmt: skip
+_ASSEMBLY = frozenset(
+    {
+        "aten::cat",
+        "aten::stack",
+        "aten::concat",
+        "aten::concatenate",
+        "aten::_to_copy",
+        "aten::copy_",
+        "aten::clone",
+        "aten::pad",
+        "aten::constant_pad_nd",
+    }
+)
 
 
 def _vocab_sizes(trace: Trace) -> set[int]:
@@ -109,17 +131,22 @@ def detect(ctx: Context) -> list[Finding]:
         # A block along every position (``logits.argmax(-1)``: (B, T)) reads them all; nothing made
         # at all (only a shape printed, the logits kept) says nothing, and nothing is said.
         shape = trace.shapes[int(e["shape"][r])]
-        made_after = [(trace.shapes[int(k)], trace.string(int(op)) or "")
-                      for k, op in zip(e["shape"][later].tolist(), e["op"][later].tolist(), strict=True)
-                      if k >= 0 and not (trace.string(int(op)) or "").startswith(_FACTORIES)]  # fmt: skip
+        made_after = [
+            (trace.shapes[int(k)], trace.string(int(op)) or "")
+            for k, op in zip(e["shape"][later].tolist(), e["op"][later].tolist(), strict=True)
+            if k >= 0 and not (trace.string(int(op)) or "").startswith(_FACTORIES)
+        ]
         # Only blocks that come from the logits tell how they were read: along the vocabulary
         # (last axis the vocab) or reduced over it (the logits' shape less the vocab axis: (B, T) of
         # every position, (B,) of one: ``logits[:, -1].argmax(-1)``). Hidden
         # states pooled over every position, (B, T, hidden), say nothing about the logits, and
         # neither does the next batch's ids joined or copied to the same (B, T).
-        read = [m for m, op in made_after
-                if (m and m[-1] == shape[-1])
-                or (tuple(m) in (tuple(shape[:-1]), tuple(shape[:-2])) and op not in _ASSEMBLY)]  # fmt: skip
+        read = [
+            m
+            for m, op in made_after
+            if (m and m[-1] == shape[-1])
+            or (tuple(m) in (tuple(shape[:-1]), tuple(shape[:-2])) and op not in _ASSEMBLY)
+        ]
         if any(shape[-2] in m for m in read):
             continue
         if not read and int(free[r]) >= until:

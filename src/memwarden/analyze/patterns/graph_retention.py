@@ -267,9 +267,16 @@ def detect(ctx: Context) -> list[Finding]:
 
 
 def _lines(
-    trace: Trace, ctx: Context, peak_row: int, root: str, starts: np.ndarray, ends: np.ndarray,
-    group: np.ndarray, graphs_at_peak: np.ndarray, has_backward: bool,
-) -> list[dict[str, object]]:  # fmt: skip
+    trace: Trace,
+    ctx: Context,
+    peak_row: int,
+    root: str,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    group: np.ndarray,
+    graphs_at_peak: np.ndarray,
+    has_backward: bool,
+) -> list[dict[str, object]]:
     """The line that keeps the oldest extra graph first (what the script made between that step
     and the next one of its root module, still live at the peak: ``total_loss += loss``), then the
     lines the graphs' activations came from (the calls' lines). Without any backward, a kept result

@@ -38,8 +38,9 @@ CAT_OPS = frozenset({"aten::cat", "aten::concat", "aten::concatenate"})
 # A cache outlives the module call that grew it, so temporaries (rotate_half's cat, attention
 # scores) are not one. A cache grown outside any module and fed back into the model is tagged
 # input: keep it.
-_NOT_KV = np.array([Category.WEIGHT, Category.BUFFER, Category.GRADIENT, Category.OPTIMIZER_STATE, Category.TEMPORARY],
-                   dtype=np.uint8)  # fmt: skip
+_NOT_KV = np.array(
+    [Category.WEIGHT, Category.BUFFER, Category.GRADIENT, Category.OPTIMIZER_STATE, Category.TEMPORARY], dtype=np.uint8
+)
 _LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
 
 

@@ -84,8 +84,15 @@ def input_padding_findings(trace: Trace, ctx: Context, min_ratio: float) -> list
         rows = rows[along]
         scale_rows.append(rows)
         scale.append(np.full(len(rows), st["longest"] / st["length"]))
-        per_step.append({**st, "working_bytes": working, "padded_share": round(share, 3),
-                         "waste_bytes": int(working * share), "has_peak": lo <= p < hi})  # fmt: skip
+        per_step.append(
+            {
+                **st,
+                "working_bytes": working,
+                "padded_share": round(share, 3),
+                "waste_bytes": int(working * share),
+                "has_peak": lo <= p < hi,
+            }
+        )
     if not per_step:
         return []
     at_peak = [s for s in per_step if s["has_peak"]]

@@ -32,8 +32,9 @@ from memwarden.units import format_bytes
 
 PATTERN = "request-multiplier"
 _KEYWORDS = ("num_beams", "num_return_sequences", "num_beam_groups")
-_EXPANDING = frozenset({"aten::repeat_interleave", "aten::repeat", "aten::index_select", "aten::expand_copy",
-                        "aten::tile"})  # fmt: skip
+_EXPANDING = frozenset(
+    {"aten::repeat_interleave", "aten::repeat", "aten::index_select", "aten::expand_copy", "aten::tile"}
+)
 _STAY = np.array([Category.WEIGHT, Category.BUFFER, Category.GRADIENT, Category.OPTIMIZER_STATE], dtype=np.uint8)
 
 
@@ -49,8 +50,11 @@ def _multiplier(trace: Trace, lo: int, hi: int, batch: int, free: np.ndarray) ->
     # the expansion itself: generate's _expand_inputs_for_generation (repeat_interleave), a batch
     # repeated or expanded by hand; a (b, T) tensor that merely divides the batch proves nothing
     window = np.arange(lo, hi)
-    expanded = {int(e["shape"][r]) for r in window.tolist()
-                if e["action"][r] == Action.ALLOC and trace.string(int(e["op"][r])) in _EXPANDING}  # fmt: skip
+    expanded = {
+        int(e["shape"][r])
+        for r in window.tolist()
+        if e["action"][r] == Action.ALLOC and trace.string(int(e["op"][r])) in _EXPANDING
+    }
     best = 1
     for r in rows.tolist():
         k_shape = int(e["shape"][r])
@@ -93,8 +97,15 @@ def detect(ctx: Context) -> list[Finding]:
         rows = rows[(e["action"][rows] == Action.ALLOC) & ~np.isin(e["category"][rows], _STAY)]
         scale_rows.append(rows)
         scale.append(np.full(len(rows), 1.0 / k))
-        seen.append({"step": i, "batch": st.batch, "multiplier": k, "call_site": st.call_site,
-                     "request_bytes": int(e["nbytes"][rows].sum())})  # fmt: skip
+        seen.append(
+            {
+                "step": i,
+                "batch": st.batch,
+                "multiplier": k,
+                "call_site": st.call_site,
+                "request_bytes": int(e["nbytes"][rows].sum()),
+            }
+        )
     if not seen:
         return []
     worst = max(seen, key=lambda s: s["request_bytes"])

@@ -161,9 +161,15 @@ def _window(trace: Trace, kept: np.ndarray, keeper: dict[str, Any] | None) -> Wi
 
 
 def _unbounded(
-    trace: Trace, w: Window, rows: np.ndarray, it: np.ndarray, starts: np.ndarray,
-    lines: list[dict[str, Any]], kept_at_peak: int, kept_iterations: int,
-) -> Finding:  # fmt: skip
+    trace: Trace,
+    w: Window,
+    rows: np.ndarray,
+    it: np.ndarray,
+    starts: np.ndarray,
+    lines: list[dict[str, Any]],
+    kept_at_peak: int,
+    kept_iterations: int,
+) -> Finding:
     """unbounded-growth: the container keeps every request's item but the script reads its last
     ``w.size``. The fix as a change: an item is dropped when the request ``size`` later appends."""
     size = max(1, w.items or 2)
@@ -189,7 +195,7 @@ def _unbounded(
             "read_line": w.read_line,
             "iterations_kept_at_peak": kept_iterations,
             "kept_bytes_at_peak": kept_at_peak,
-        },  # fmt: skip
+        },
         fix=fix,
         lines=merge_lines(
             [LineBytes(w.file, w.binding_line, "", kept_at_peak, 0)],
@@ -228,6 +234,8 @@ def _lines(
     keeper = {"file": found.file, "line": found.line, "what": found.what} if found else None
     first = [LineBytes(found.file, found.line, "", int(e["nbytes"][kept].sum()), len(kept))] if found else []
     live = live_blocks_at(trace, peak_row, ctx.analysis.device, ctx.analysis.free_index)
-    rest = [LineBytes(str(x["file"]), int(x["line"]), "", int(x["nbytes"]), 0)
-            for x in finding_lines(trace, groups[0][0].module, live, pattern=PATTERN)]  # fmt: skip
+    rest = [
+        LineBytes(str(x["file"]), int(x["line"]), "", int(x["nbytes"]), 0)
+        for x in finding_lines(trace, groups[0][0].module, live, pattern=PATTERN)
+    ]
     return merge_lines(first, rest), keeper

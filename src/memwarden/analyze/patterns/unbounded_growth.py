@@ -113,10 +113,12 @@ def _finding(
     dropped = np.array([k in evicted_at for k in steps.tolist()], dtype=bool)
     free_at = np.array([evicted_at[k] for k in steps[dropped].tolist()], dtype=np.int64)
     evidence["bound_iterations"] = bound
-    fix = (f"{label} ({src.function}) keeps {format_bytes(per_iteration)} more every {unit} and never gives it back "
-           f"({format_bytes(kept_bytes)} over {iterations} {unit}s): keep only what you need (.detach(), .item(), "
-           f".cpu() of a slice) or bound the container to the last {bound} (an LRU: collections.OrderedDict with "
-           f"popitem(last=False), collections.deque(maxlen={bound}), functools.lru_cache(maxsize={bound}))")  # fmt: skip
+    fix = (
+        f"{label} ({src.function}) keeps {format_bytes(per_iteration)} more every {unit} and never gives it back "
+        f"({format_bytes(kept_bytes)} over {iterations} {unit}s): keep only what you need (.detach(), .item(), "
+        f".cpu() of a slice) or bound the container to the last {bound} (an LRU: collections.OrderedDict with "
+        f"popitem(last=False), collections.deque(maxlen={bound}), functools.lru_cache(maxsize={bound}))"
+    )
     return Finding(
         pattern=PATTERN,
         severity=severity_for(kept_bytes, peak),

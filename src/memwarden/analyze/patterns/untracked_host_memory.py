@@ -51,8 +51,9 @@ NUMPY_OP = "(numpy)"  # the op of numpy's data blocks in a live trace (record/na
 def _ints(values: Any, n: int) -> np.ndarray:
     if not isinstance(values, list) or len(values) != n:
         return np.zeros(n, dtype=np.int64)
-    return np.array([v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62 else 0 for v in values],
-                    dtype=np.int64)  # fmt: skip
+    return np.array(
+        [v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62 else 0 for v in values], dtype=np.int64
+    )
 
 
 def detect(ctx: Context) -> list[Finding]:
@@ -74,9 +75,11 @@ def _numpy_held(trace: Trace, ctx: Context) -> list[Finding]:
     peak = int(live[peak_row])
     free = ctx.analysis.free_index
     rows = np.flatnonzero(
-        (e["op"] == trace.strings.index(NUMPY_OP)) & (e["action"] == Action.ALLOC)
-        & (e["device"] == ctx.analysis.device) & (e["line"] >= 0)
-    )  # fmt: skip
+        (e["op"] == trace.strings.index(NUMPY_OP))
+        & (e["action"] == Action.ALLOC)
+        & (e["device"] == ctx.analysis.device)
+        & (e["line"] >= 0)
+    )
     rows = rows[(rows <= peak_row) & (free[rows] > peak_row)]
     if not len(rows):
         return []
@@ -114,10 +117,17 @@ def _numpy_held(trace: Trace, ctx: Context) -> list[Finding]:
     }
     return [
         Finding(
-            pattern=PATTERN, severity="high", bytes_at_peak=nbytes, wasted_bytes=nbytes, where=where,
-            evidence=evidence, fix=fix, lines=merge_lines(lines), change=change,
+            pattern=PATTERN,
+            severity="high",
+            bytes_at_peak=nbytes,
+            wasted_bytes=nbytes,
+            where=where,
+            evidence=evidence,
+            fix=fix,
+            lines=merge_lines(lines),
+            change=change,
         )
-    ]  # fmt: skip
+    ]
 
 
 def _resident_growth(trace: Trace, ctx: Context) -> list[Finding]:

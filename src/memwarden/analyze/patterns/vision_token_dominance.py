@@ -202,8 +202,16 @@ def _fewer_media_tokens(trace: Trace, steps: Sequence[Step], context: dict[str, 
 # SmolVLM splitting, Gemma 3's pan-and-scan, LLaVA-NeXT's grids): each crop costs a whole image's
 # tokens in a fixed-resolution tower. Tiling each of several images (a video's frames) multiplies
 # them; InternVL's own video recipe loads every frame with max_num=1.
-_TILE_KNOBS = ("max_num", "max_dynamic_patch", "max_tiles", "max_crops", "max_patches", "do_image_splitting",
-               "pan_and_scan_max_num_crops", "image_grid_pinpoints")  # fmt: skip
+_TILE_KNOBS = (
+    "max_num",
+    "max_dynamic_patch",
+    "max_tiles",
+    "max_crops",
+    "max_patches",
+    "do_image_splitting",
+    "pan_and_scan_max_num_crops",
+    "image_grid_pinpoints",
+)
 
 
 def _tiled(ctx: Context, steps: Sequence[Step], context: dict[str, Any], p: int) -> list[Finding]:
@@ -260,7 +268,7 @@ def _tiled(ctx: Context, steps: Sequence[Step], context: dict[str, Any], p: int)
             fix=fix,
             lines=led_by(first, trace, where, live, PATTERN),
             change=change,
-        )  # fmt: skip
+        )
     ]
 
 
@@ -289,10 +297,27 @@ def _pieces(trace: Trace, row: int, shape: tuple[int, ...], free: np.ndarray) ->
 # names: Qwen-VL's pixel range and video sampling, Idefics3/SmolVLM's longest edge and splitting,
 # InternVL's tile count, Gemma 3's pan-and-scan crops), as a script passes them to a call.
 _KNOBS = (
-    "max_pixels", "min_pixels", "total_pixels", "resized_height", "resized_width", "max_frames", "nframes",
-    "num_frames", "fps", "video_fps", "max_num", "max_dynamic_patch", "max_tiles", "max_patches", "longest_edge",
-    "max_image_size", "do_image_splitting", "image_max_tokens", "max_image_tokens", "pan_and_scan_max_num_crops",
-)  # fmt: skip
+    "max_pixels",
+    "min_pixels",
+    "total_pixels",
+    "resized_height",
+    "resized_width",
+    "max_frames",
+    "nframes",
+    "num_frames",
+    "fps",
+    "video_fps",
+    "max_num",
+    "max_dynamic_patch",
+    "max_tiles",
+    "max_patches",
+    "longest_edge",
+    "max_image_size",
+    "do_image_splitting",
+    "image_max_tokens",
+    "max_image_tokens",
+    "pan_and_scan_max_num_crops",
+)
 
 
 def _lines(trace: Trace, ctx: Context, prefill: Step, p: int, where: str) -> list[dict[str, Any]]:

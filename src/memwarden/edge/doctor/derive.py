@@ -36,11 +36,12 @@ def derive(facts: dict[str, Any], tables: dict[str, Any]) -> dict[str, Any]:
     # Not rival builds of the onnxruntime import package: tools, and plugin EPs that install beside
     # onnxruntime (onnxruntime-ep-*, onnxruntime-qnn from 2.0 on).
     ort_packages = [
-        n for n in ort_packages
+        n
+        for n in ort_packages
         if n not in ("onnxruntime-tools", "onnxruntime-extensions", "onnxruntime-genai")
         and not n.startswith("onnxruntime-ep-")
         and not (n == "onnxruntime-qnn" and versions.matches(installed[n], ">=2"))
-    ]  # fmt: skip
+    ]
     providers = ort_facts.get("providers") or {}
     failed = sorted(
         p for p, e in providers.items() if p not in _ORT_SKIP and isinstance(e, dict) and e.get("starts") is False
@@ -93,8 +94,9 @@ def derive(facts: dict[str, Any], tables: dict[str, Any]) -> dict[str, Any]:
     stale = []
     for entry in facts.get("caches") or []:
         built = entry.get("built_by") or {}
-        differs = [f"{rt} {v} (now {current[rt]})" for rt, v in built.items()
-                   if current.get(rt) and _mm(v) != _mm(current[rt])]  # fmt: skip
+        differs = [
+            f"{rt} {v} (now {current[rt]})" for rt, v in built.items() if current.get(rt) and _mm(v) != _mm(current[rt])
+        ]
         if differs or entry.get("older_than_runtime"):
             stale.append(
                 {

@@ -35,8 +35,22 @@ from memwarden.trace.io import atomic_write
 from memwarden.untrusted import terminal_safe
 
 SCHEMA = "memwarden-doctor-facts/1"
-SECTIONS = ("platform", "packages", "torch", "onnxruntime", "libraries", "nvidia", "jetson", "audio", "video",
-            "memory", "thermal", "caches", "env", "pipeline")  # fmt: skip
+SECTIONS = (
+    "platform",
+    "packages",
+    "torch",
+    "onnxruntime",
+    "libraries",
+    "nvidia",
+    "jetson",
+    "audio",
+    "video",
+    "memory",
+    "thermal",
+    "caches",
+    "env",
+    "pipeline",
+)
 _ENV = (
     "CUDA_PATH",
     "CUDA_HOME",

@@ -38,8 +38,14 @@ if TYPE_CHECKING:
     from memwarden.edge.sync.signing import PublicKey
 
 __all__ = [
-    "Delta", "adapter_manifest", "apply_to_adapter", "check_shapes", "check_tensors", "make_delta", "read_delta",
-]  # fmt: skip
+    "Delta",
+    "adapter_manifest",
+    "apply_to_adapter",
+    "check_shapes",
+    "check_tensors",
+    "make_delta",
+    "read_delta",
+]
 
 DELTA_FORMAT = "memwarden-lora-delta/1"
 _VERSION_KEY = "memwarden_version"  # optional safetensors metadata of an adapter file
@@ -121,9 +127,12 @@ def make_delta(
     }
     blob = write_safetensors(changed, meta)
     return blob, Delta(
-        base_digest=old.content_digest, base_version=old.version, manifest=new, tensors=changed,
+        base_digest=old.content_digest,
+        base_version=old.version,
+        manifest=new,
+        tensors=changed,
         signed_manifest=signed_manifest or b"",
-    )  # fmt: skip
+    )
 
 
 def read_delta(blob: bytes, *, publisher_key: PublicKey | None = None) -> Delta:

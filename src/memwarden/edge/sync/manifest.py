@@ -202,9 +202,15 @@ class TensorEntry:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name, "layer": self.layer, "shape": list(self.shape), "dtype": self.dtype,
-            "digest": self.digest, "rank": self.rank, "version": self.version, "nbytes": self.nbytes,
-        }  # fmt: skip
+            "name": self.name,
+            "layer": self.layer,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "digest": self.digest,
+            "rank": self.rank,
+            "version": self.version,
+            "nbytes": self.nbytes,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,10 +321,15 @@ def _entry(t: object) -> TensorEntry:
         raise AdapterFormatError(f"manifest entry {name[:80]!r}: size does not match shape and dtype")
     assert isinstance(shape, list | tuple)
     return TensorEntry(
-        name=name, layer=_text(t.get("layer"), "layer"), shape=tuple(shape), dtype=dtype, digest=digest,
-        rank=finite_int(t.get("rank"), "rank", hi=MAX_DIM), version=finite_int(t.get("version"), "version", hi=MAX_VERSION),
+        name=name,
+        layer=_text(t.get("layer"), "layer"),
+        shape=tuple(shape),
+        dtype=dtype,
+        digest=digest,
+        rank=finite_int(t.get("rank"), "rank", hi=MAX_DIM),
+        version=finite_int(t.get("version"), "version", hi=MAX_VERSION),
         nbytes=nbytes,
-    )  # fmt: skip
+    )
 
 
 def _doc_digest(body: Mapping[str, Any]) -> str:
@@ -338,9 +349,15 @@ def build_manifest(
         t = tensors[name]
         layer, rank = _layer_and_rank(name, t.shape)
         entry = TensorEntry(
-            name=name, layer=layer, shape=t.shape, dtype=t.dtype, digest=digest_bytes(t.data),
-            rank=rank, version=version, nbytes=t.nbytes,
-        )  # fmt: skip
+            name=name,
+            layer=layer,
+            shape=t.shape,
+            dtype=t.dtype,
+            digest=digest_bytes(t.data),
+            rank=rank,
+            version=version,
+            nbytes=t.nbytes,
+        )
         old = before.get(name)
         if old is not None and old.same_content(entry):
             entry = replace(entry, version=old.version)

@@ -68,9 +68,13 @@ class LlamaCppEstimate:
         if self.proj is not None:
             rows += [
                 ("clip model size (mmproj weights)", "mmproj_weights", self.proj.weights_bytes, self.mmproj_on),
-                (f"clip compute buffer ({self.mmproj_on.upper()})", "mmproj_compute", self.mmproj_compute_bytes,
-                 self.mmproj_on),
-            ]  # fmt: skip
+                (
+                    f"clip compute buffer ({self.mmproj_on.upper()})",
+                    "mmproj_compute",
+                    self.mmproj_compute_bytes,
+                    self.mmproj_on,
+                ),
+            ]
         kept = [r for r in rows if r[2] or r[1] == "compute" or r[0] == "model buffer (CPU_Mapped)"]
         return [{"name": n, "kind": k, "bytes": b, "on": on} for n, k, b, on in kept]
 
@@ -107,7 +111,7 @@ class LlamaCppEstimate:
             "images": [
                 {"width": p.width, "height": p.height, "tokens": p.tokens, "encoded": [list(e) for e in p.encodes]}
                 for p in self.images
-            ],  # fmt: skip
+            ],
             "buffers": self.buffers(),
             "placement": {"cpu_bytes": self.on_bytes("cpu"), "gpu_bytes": self.on_bytes("gpu")},
             "weights_by_type": dict(sorted(self.weights.by_type.items())),
@@ -123,7 +127,7 @@ class LlamaCppEstimate:
                 "n_gpu_layers": self.context.n_gpu_layers,
                 "kv_cells": self.kv.cells,
                 "kv_swa_cells": self.kv.swa_cells,
-            },  # fmt: skip
+            },
             "model": {
                 "arch": self.text.arch,
                 "n_layer": self.text.n_layer,
@@ -131,7 +135,7 @@ class LlamaCppEstimate:
                 "n_vocab": self.text.n_vocab,
                 "n_ctx_train": self.text.n_ctx_train,
                 "n_swa": self.text.n_swa,
-            },  # fmt: skip
+            },
             "projector": None
             if self.proj is None
             else {
@@ -139,7 +143,7 @@ class LlamaCppEstimate:
                 "warmup_image_size": self.proj.warmup_size,
                 "min_pixels": self.proj.min_pixels,
                 "max_pixels": self.proj.max_pixels,
-            },  # fmt: skip
+            },
         }
         return {
             "runtime": "llama.cpp",
@@ -166,8 +170,10 @@ class LlamaCppEstimate:
         for r in self.buffers():
             lines.append(f"  {r['name']:<36} {format_bytes(r['bytes']):>12}  {r['on']}")
         for p in self.images:
-            lines.append(f"  image {p.width}x{p.height}: {p.tokens} image tokens ({len(p.encodes)} encoder pass"
-                         f"{'es' if len(p.encodes) > 1 else ''}, {p.encodes[0][0]}x{p.encodes[0][1]} px)")  # fmt: skip
+            lines.append(
+                f"  image {p.width}x{p.height}: {p.tokens} image tokens ({len(p.encodes)} encoder pass"
+                f"{'es' if len(p.encodes) > 1 else ''}, {p.encodes[0][0]}x{p.encodes[0][1]} px)"
+            )
         if self.budget_bytes is not None:
             what = "GPU share" if self.judge_gpu_only else "peak"
             head = self.budget_bytes - self.judged_bytes
@@ -203,9 +209,16 @@ def estimate_gguf(
     header = read_header(model_path)
     text = text_model(header)
     cp = context_params(
-        text, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_parallel=n_parallel,
-        cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn, n_gpu_layers=n_gpu_layers,
-    )  # fmt: skip
+        text,
+        n_ctx=n_ctx,
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
+        n_parallel=n_parallel,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        flash_attn=flash_attn,
+        n_gpu_layers=n_gpu_layers,
+    )
     weights = model_buffers(header, text, cp.n_gpu_layers)
     kv = kv_cache(text, cp)
     notes: list[str] = []

@@ -36,10 +36,26 @@ SWA_PERIOD: dict[str, tuple[int, bool]] = {
 # llm_arch_is_recurrent / llm_arch_is_hybrid (src/llama-arch.cpp): their state is not a KV cache
 # of context length; not modelled here, so refused rather than mis-sized.
 RECURRENT = {
-    "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1", "plamo2",
-    "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen3next", "qwen35", "qwen35moe",
-    "minimax-01", "kimi-linear",
-}  # fmt: skip
+    "mamba",
+    "mamba2",
+    "rwkv6",
+    "rwkv6qwen2",
+    "rwkv7",
+    "arwkv7",
+    "jamba",
+    "falcon-h1",
+    "plamo2",
+    "granitehybrid",
+    "lfm2",
+    "lfm2moe",
+    "nemotron_h",
+    "nemotron_h_moe",
+    "qwen3next",
+    "qwen35",
+    "qwen35moe",
+    "minimax-01",
+    "kimi-linear",
+}
 MAX_LAYERS = 4096
 MAX_DIM = 1 << 24
 

@@ -48,14 +48,30 @@ class Attributor:
         blocks = Blocks.of(cols)
         made_by = module_modality[blocks.ctx]
         is_backward = backward_ops(cols.op_names)[cols.op_outer[blocks.rows].astype(np.int64)]
-        phase = block_phases(blocks, made_by, is_backward, steps, spans.first_start_ns(self.end_ns),
-                             self.log.optimizer_spans, self.end_ns)  # fmt: skip
+        phase = block_phases(
+            blocks,
+            made_by,
+            is_backward,
+            steps,
+            spans.first_start_ns(self.end_ns),
+            self.log.optimizer_spans,
+            self.end_ns,
+        )
         category = block_categories(blocks, spans.row_span[blocks.rows], spans.end_or(self.end_ns), is_backward)
         tags, saved = split_saved(self.log.tags)
         hits = match_tags(tags, blocks)
         side = self.log.side_records()
-        tagged = apply_tags(tags, hits, blocks, category, made_by, self.log.preexisting_storages, self.rules,
-                            side, self.log.input_modalities)  # fmt: skip
+        tagged = apply_tags(
+            tags,
+            hits,
+            blocks,
+            category,
+            made_by,
+            self.log.preexisting_storages,
+            self.rules,
+            side,
+            self.log.input_modalities,
+        )
 
         counters = {"untracked_frees": cols.untracked_frees, "unwrapped_allocations": cols.unwrapped_allocations}
         builder = TraceBuilder(devices=["cpu"], metadata={**self.metadata, **counters})

@@ -26,12 +26,30 @@ __all__ = ["DTYPE_NAMES", "allocator_columns", "intern_labels", "merge", "side_e
 
 # c10::toString(ScalarType) -> torch dtype name
 DTYPE_NAMES = {
-    "Byte": "uint8", "Char": "int8", "Short": "int16", "Int": "int32", "Long": "int64", "Half": "float16",
-    "Float": "float32", "Double": "float64", "ComplexHalf": "complex32", "ComplexFloat": "complex64",
-    "ComplexDouble": "complex128", "Bool": "bool", "QInt8": "qint8", "QUInt8": "quint8", "QInt32": "qint32",
-    "BFloat16": "bfloat16", "QUInt4x2": "quint4x2", "QUInt2x4": "quint2x4", "Float8_e5m2": "float8_e5m2",
-    "Float8_e4m3fn": "float8_e4m3fn", "UInt16": "uint16", "UInt32": "uint32", "UInt64": "uint64",
-}  # fmt: skip
+    "Byte": "uint8",
+    "Char": "int8",
+    "Short": "int16",
+    "Int": "int32",
+    "Long": "int64",
+    "Half": "float16",
+    "Float": "float32",
+    "Double": "float64",
+    "ComplexHalf": "complex32",
+    "ComplexFloat": "complex64",
+    "ComplexDouble": "complex128",
+    "Bool": "bool",
+    "QInt8": "qint8",
+    "QUInt8": "quint8",
+    "QInt32": "qint32",
+    "BFloat16": "bfloat16",
+    "QUInt4x2": "quint4x2",
+    "QUInt2x4": "quint2x4",
+    "Float8_e5m2": "float8_e5m2",
+    "Float8_e4m3fn": "float8_e4m3fn",
+    "UInt16": "uint16",
+    "UInt32": "uint32",
+    "UInt64": "uint64",
+}
 
 _MAX_NDIM = 128  # a shape key packs (pool offset, ndim) as offset * 128 + ndim
 
@@ -155,9 +173,20 @@ def _preexisting_rows(
     for i, (p, rec) in enumerate(sorted(preexisting.items())):
         tensor = first_id - i
         tag = tags.get(p, UNTAGGED)
-        builder.event(0, Action.MAP if rec.file else Action.PREEXISTING, tensor, p, rec.nbytes, op=rec.file,
-                      category=tag.category, modality=tag.modality, phase=Phase.LOAD, module=tag.module,
-                      dtype=rec.dtype, shape=rec.shape)  # fmt: skip
+        builder.event(
+            0,
+            Action.MAP if rec.file else Action.PREEXISTING,
+            tensor,
+            p,
+            rec.nbytes,
+            op=rec.file,
+            category=tag.category,
+            modality=tag.modality,
+            phase=Phase.LOAD,
+            module=tag.module,
+            dtype=rec.dtype,
+            shape=rec.shape,
+        )
         if rec.freed_ns is not None:
             freed.append(_Freed(rec.freed_ns, tensor, Action.UNMAP if rec.file else Action.FREE, p, rec, tag))
     return freed
@@ -185,9 +214,20 @@ def _side_rows(
         actions = (Action.MAP, Action.UNMAP) if rec.file else (Action.ALLOC, Action.FREE)
         times = (rec.t_ns,) if rec.freed_ns is None else (rec.t_ns, rec.freed_ns)
         for t_ns, action in zip(times, actions, strict=False):
-            builder.event(clock.us(t_ns), action, tensor, rec.ptr, rec.nbytes, category=tag.category,
-                          modality=tag.modality, phase=phase, module=tag.module, op=rec.file or EXTERNAL_OP,
-                          dtype=rec.dtype, shape=rec.shape)  # fmt: skip
+            builder.event(
+                clock.us(t_ns),
+                action,
+                tensor,
+                rec.ptr,
+                rec.nbytes,
+                category=tag.category,
+                modality=tag.modality,
+                phase=phase,
+                module=tag.module,
+                op=rec.file or EXTERNAL_OP,
+                dtype=rec.dtype,
+                shape=rec.shape,
+            )
 
 
 def side_events(
@@ -207,9 +247,20 @@ def side_events(
         side_tags = [PreexistingTag(KIND_CATEGORY.get(r.kind, Category.OTHER), Modality.SHARED, None) for r in side]
     _side_rows(builder, side, side_tags, -1 - len(preexisting), clock, steps)
     for f in freed:
-        builder.event(clock.us(f.t_ns), f.action, f.tensor, f.ptr, f.rec.nbytes, category=f.tag.category,
-                      modality=f.tag.modality, phase=Phase.LOAD, module=f.tag.module, op=f.rec.file,
-                      dtype=f.rec.dtype, shape=f.rec.shape)  # fmt: skip
+        builder.event(
+            clock.us(f.t_ns),
+            f.action,
+            f.tensor,
+            f.ptr,
+            f.rec.nbytes,
+            category=f.tag.category,
+            modality=f.tag.modality,
+            phase=Phase.LOAD,
+            module=f.tag.module,
+            op=f.rec.file,
+            dtype=f.rec.dtype,
+            shape=f.rec.shape,
+        )
 
 
 def merge(side: Trace, main_cols: dict[str, np.ndarray]) -> Trace:
@@ -218,5 +269,11 @@ def merge(side: Trace, main_cols: dict[str, np.ndarray]) -> Trace:
     events = {k: np.concatenate([side.events[k], main_cols[k].astype(side.events[k].dtype)]) for k in side.events}
     order = np.argsort(events["time_us"], kind="stable")
     events = {k: v[order] for k, v in events.items()}
-    return Trace(events=events, spans=side.spans, strings=side.strings, shapes=side.shapes, devices=side.devices,
-                 metadata=side.metadata)  # fmt: skip
+    return Trace(
+        events=events,
+        spans=side.spans,
+        strings=side.strings,
+        shapes=side.shapes,
+        devices=side.devices,
+        metadata=side.metadata,
+    )

@@ -35,15 +35,29 @@ def module_span_rows(
     fingerprint_ids = [
         builder.intern(fingerprints[i]) if 0 <= i < len(fingerprints) else -1 for i in spans.slot.tolist()
     ]
-    builder.extend_spans({
-        "start_us": clock.us_array(spans.start_ns), "end_us": clock.us_array(spans.end_ns),
-        "kind": np.full(len(spans), int(SpanKind.MODULE)), "name": label_ids[spans.ctx], "phase": phase,
-        "modality": modality, "fingerprint": np.array(fingerprint_ids), "parent": spans.parent, "depth": spans.depth,
-    })  # fmt: skip
+    builder.extend_spans(
+        {
+            "start_us": clock.us_array(spans.start_ns),
+            "end_us": clock.us_array(spans.end_ns),
+            "kind": np.full(len(spans), int(SpanKind.MODULE)),
+            "name": label_ids[spans.ctx],
+            "phase": phase,
+            "modality": modality,
+            "fingerprint": np.array(fingerprint_ids),
+            "parent": spans.parent,
+            "depth": spans.depth,
+        }
+    )
     parent_is_encoder = np.where(spans.parent >= 0, is_encoder[np.clip(spans.parent, 0, None)], False)
     for row in np.flatnonzero(is_encoder & ~parent_is_encoder).tolist():
-        builder.span(clock.us(spans.start_ns[row]), clock.us(spans.end_ns[row]), SpanKind.PHASE, "encode",
-                     phase=Phase.ENCODE, modality=Modality(int(modality[row])))  # fmt: skip
+        builder.span(
+            clock.us(spans.start_ns[row]),
+            clock.us(spans.end_ns[row]),
+            SpanKind.PHASE,
+            "encode",
+            phase=Phase.ENCODE,
+            modality=Modality(int(modality[row])),
+        )
 
 
 def phase_span_rows(

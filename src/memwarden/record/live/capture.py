@@ -227,7 +227,12 @@ class Capture:
         is_step = not self._stack and (
             info.path == ""
             or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
-            or (self._callers is not None and self._callers.called_from_user())
+            or (
+                self._callers is not None
+                and not info.path.rsplit(".", 1)[-1].isdigit()  # a ModuleList's layer is no model part,
+                and next(module.children(), None) is not None  # nor a leaf (an embedding lookup)
+                and self._callers.called_from_user()
+            )
         )
         fp = None
         if self.fingerprints and info.is_boundary:

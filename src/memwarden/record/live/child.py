@@ -76,14 +76,23 @@ def run(
         sys.path.insert(0, str(Path(script).resolve().parent))
         target = str(Path(script).resolve())
     # cwd: the folder the script's relative source paths are read from (diagnose follows its lines)
-    meta: dict[str, Any] = {"script": script if module is None else f"-m {module}", "argv": list(args),
-                            "cwd": os.getcwd()}  # fmt: skip
+    meta: dict[str, Any] = {
+        "script": script if module is None else f"-m {module}",
+        "argv": list(args),
+        "cwd": os.getcwd(),
+    }
     opts = dict(options or {})
     if isinstance(opts.get("sink"), dict):  # trace --sink: where this run's trace is also sent
         meta["sink"] = opts["sink"]
-    cap = Capture(metadata=meta, stream_to=stream, stacks=bool(opts.get("stacks")),
-                  user_code=opts.get("user_code") or None, library_code=opts.get("library_code") or None,
-                  ring_s=opts.get("ring_s"), ring_rss_bytes=opts.get("ring_rss_bytes"))  # fmt: skip
+    cap = Capture(
+        metadata=meta,
+        stream_to=stream,
+        stacks=bool(opts.get("stacks")),
+        user_code=opts.get("user_code") or None,
+        library_code=opts.get("library_code") or None,
+        ring_s=opts.get("ring_s"),
+        ring_rss_bytes=opts.get("ring_rss_bytes"),
+    )
     if opts.get("ring_file"):  # the supervisor reads it after this process, however it ends
         _attach_ring(str(opts["ring_file"]), int(opts.get("ring_rows") or RING_ROWS))
     status = 0
@@ -115,8 +124,9 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 3 or argv[0] != "--stream":
-        print("usage: python -m memwarden.record.live.child --stream PATH (SCRIPT | -m MODULE) [ARGS...]",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "usage: python -m memwarden.record.live.child --stream PATH (SCRIPT | -m MODULE) [ARGS...]", file=sys.stderr
+        )
         return 2
     stream, rest = argv[1], argv[2:]
     options: dict[str, Any] = {}

@@ -111,8 +111,9 @@ class RunStore:
 class Part:
     """One connection's bytes on their way to a run's file."""
 
-    def __init__(self, store: RunStore, fd: int | None, kind: str, run: str, file: str, number: int,
-                 expected: int) -> None:  # fmt: skip
+    def __init__(
+        self, store: RunStore, fd: int | None, kind: str, run: str, file: str, number: int, expected: int
+    ) -> None:
         self.store, self.fd, self.kind, self.run, self.file = store, fd, kind, run, file
         self.number, self.expected = number, expected
         self.tmp = store.directory / f".{file}.{number}.partial"

@@ -26,17 +26,30 @@ __all__ = ["RingRecovery", "attribute_stream", "recover_ring"]
 
 def _storage(rec: dict[str, Any]) -> StorageRecord:
     freed = rec.get("freed_ns")
-    return StorageRecord(ptr=int(rec["ptr"]), nbytes=int(rec["nbytes"]), dtype=str(rec.get("dtype") or ""),
-                         shape=tuple(int(d) for d in rec.get("shape", ())), file=rec.get("file"),
-                         t_ns=int(rec.get("t_ns", 0)), freed_ns=None if freed is None else int(freed))  # fmt: skip
+    return StorageRecord(
+        ptr=int(rec["ptr"]),
+        nbytes=int(rec["nbytes"]),
+        dtype=str(rec.get("dtype") or ""),
+        shape=tuple(int(d) for d in rec.get("shape", ())),
+        file=rec.get("file"),
+        t_ns=int(rec.get("t_ns", 0)),
+        freed_ns=None if freed is None else int(freed),
+    )
 
 
 def _step(rec: dict[str, Any], end_ns: int) -> StepRecord:
     end = rec.get("end_ns")
-    return StepRecord(start_ns=int(rec["start_ns"]), ctx=int(rec["ctx"]), phase=Phase(int(rec["phase"])),
-                      seq_len=rec.get("seq_len"), end_ns=end_ns if end is None else int(end),
-                      tokens=dict(rec.get("tokens") or {}), batch=rec.get("batch"),
-                      input_ids=tuple(rec.get("input_ids") or ()), grad=rec.get("grad"))  # fmt: skip
+    return StepRecord(
+        start_ns=int(rec["start_ns"]),
+        ctx=int(rec["ctx"]),
+        phase=Phase(int(rec["phase"])),
+        seq_len=rec.get("seq_len"),
+        end_ns=end_ns if end is None else int(end),
+        tokens=dict(rec.get("tokens") or {}),
+        batch=rec.get("batch"),
+        input_ids=tuple(rec.get("input_ids") or ()),
+        grad=rec.get("grad"),
+    )
 
 
 def attribute_stream(log: StreamLog, metadata: dict[str, Any] | None = None) -> Trace:
@@ -55,14 +68,25 @@ def attribute_stream(log: StreamLog, metadata: dict[str, Any] | None = None) -> 
         table[int(rec["ptr"])] = _storage(rec)
     # ops interned before this capture started are in the start chunk; row indices count from 0
     drained = {
-        "time_ns": raw["t_ns"].copy(), "ptr": raw["ptr"].copy(), "nbytes": raw["nbytes"].copy(),
-        "id": raw["id"].copy(), "ctx": raw["ctx"].copy(), "op_outer": raw["op_outer"].copy(),
-        "op_inner": raw["op_inner"].copy(), "shape_off": raw["shape_off"].copy(), "ndim": raw["ndim"].copy(),
-        "dtype": raw["dtype"].copy(), "action": raw["action"].copy(), "written": raw["written"].copy(),
-        "shapes": np.asarray(log.shape_pool, dtype=np.int64), "op_names": list(log.op_names),
-        "site": raw["site"].copy(), "site_names": list(log.site_names),
-        "untracked_frees": 0, "unwrapped_allocations": 0,
-    }  # fmt: skip
+        "time_ns": raw["t_ns"].copy(),
+        "ptr": raw["ptr"].copy(),
+        "nbytes": raw["nbytes"].copy(),
+        "id": raw["id"].copy(),
+        "ctx": raw["ctx"].copy(),
+        "op_outer": raw["op_outer"].copy(),
+        "op_inner": raw["op_inner"].copy(),
+        "shape_off": raw["shape_off"].copy(),
+        "ndim": raw["ndim"].copy(),
+        "dtype": raw["dtype"].copy(),
+        "action": raw["action"].copy(),
+        "written": raw["written"].copy(),
+        "shapes": np.asarray(log.shape_pool, dtype=np.int64),
+        "op_names": list(log.op_names),
+        "site": raw["site"].copy(),
+        "site_names": list(log.site_names),
+        "untracked_frees": 0,
+        "unwrapped_allocations": 0,
+    }
     meta = {**log.start.get("metadata", {}), **(metadata or {})}
     if log.annotations:
         meta["annotations"] = list(log.annotations)
@@ -100,8 +124,11 @@ class RingRecovery:
     side_records_dropped: int
 
     def note(self) -> dict[str, int]:
-        return {"ring_rows": self.recovered_rows, "lost_events": self.lost_events,
-                "ring_side_dropped": self.side_records_dropped}  # fmt: skip
+        return {
+            "ring_rows": self.recovered_rows,
+            "lost_events": self.lost_events,
+            "ring_side_dropped": self.side_records_dropped,
+        }
 
 
 def _side_records(side: memoryview) -> list[tuple[int, int, bytes]]:

@@ -85,8 +85,9 @@ def _start_window(cap: RunningCapture, cutoff_ns: int) -> None:
     shift_us = shift_ns // 1000
     notes = cap.metadata.get("annotations")
     if notes:
-        cap.metadata["annotations"] = [{**a, "time_us": int(a["time_us"]) - shift_us} for a in notes
-                                       if int(a.get("time_us", 0)) >= shift_us]  # fmt: skip
+        cap.metadata["annotations"] = [
+            {**a, "time_us": int(a["time_us"]) - shift_us} for a in notes if int(a.get("time_us", 0)) >= shift_us
+        ]
 
 
 class FlightRecorder:
@@ -138,10 +139,16 @@ class FlightRecorder:
     def stats(self) -> dict[str, Any]:
         """What ``memwarden.ring_stats()`` and ``metadata.ring`` say."""
         native = self.capture._native
-        return {"window_s": self.ring_s, "cuts": self.cuts, "dropped_rows": self.dropped_rows,
-                "log_bytes": int(native.log_bytes()), "max_log_bytes": self.max_log_bytes,
-                "window_start_us": max(0, (self.window_start_ns - self._origin_ns) // 1000),
-                "rss_threshold_bytes": self.rss_bytes, "dumps": list(self.dumps)}  # fmt: skip
+        return {
+            "window_s": self.ring_s,
+            "cuts": self.cuts,
+            "dropped_rows": self.dropped_rows,
+            "log_bytes": int(native.log_bytes()),
+            "max_log_bytes": self.max_log_bytes,
+            "window_start_us": max(0, (self.window_start_ns - self._origin_ns) // 1000),
+            "rss_threshold_bytes": self.rss_bytes,
+            "dumps": list(self.dumps),
+        }
 
     # -- the background thread -------------------------------------------------------
     def _run(self) -> None:

@@ -224,8 +224,10 @@ class Forwarder:
             self._fd = -1
         try:
             size = os.path.getsize(trace_path)
-            channel = open_channel(self.address, {"kind": "final", "run": self.run_id, "name": self.name,
-                                                  "part": self.parts + 1, "size": size})  # fmt: skip
+            channel = open_channel(
+                self.address,
+                {"kind": "final", "run": self.run_id, "name": self.name, "part": self.parts + 1, "size": size},
+            )
             with open(trace_path, "rb") as fh:
                 while block := fh.read(BLOCK_BYTES):
                     channel.write(block)

@@ -70,9 +70,13 @@ class SiteConfig:
 
     @classmethod
     def of(
-        cls, *, lines: bool, stacks: bool, user_code: Iterable[str | os.PathLike[str]] | str | None,
+        cls,
+        *,
+        lines: bool,
+        stacks: bool,
+        user_code: Iterable[str | os.PathLike[str]] | str | None,
         library_code: Iterable[str | os.PathLike[str]] | str | None,
-    ) -> SiteConfig:  # fmt: skip
+    ) -> SiteConfig:
         def paths(value: Iterable[str | os.PathLike[str]] | str | None) -> tuple[str, ...]:
             if value is None:
                 return ()
@@ -119,9 +123,10 @@ class CallSites:
         return None
 
     def called_from_user(self) -> bool:
-        """Whether the module call under way was made by the user's own code: the first frame outside
-        the module-call machinery (torch's, memwarden's hooks) is a user frame, not a library's
-        (``clip.vision_model(pixels)`` in a script, not ``generate`` calling a model's part)."""
+        """Whether the module call under way was made by the user's own script code: the first frame
+        outside the module-call machinery (torch's, memwarden's hooks) is a user frame that is not a
+        module's own method (``clip.vision_model(pixels)`` in a script; not ``generate`` calling a
+        model's part, nor a hand-written model's ``step`` calling its layers)."""
         frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             file = frame.f_code.co_filename
@@ -129,9 +134,16 @@ class CallSites:
                 user = self._codes.get(frame.f_code)
                 if user is None:
                     user = self._codes[frame.f_code] = self._is_user(file)
-                return user
+                return user and not _is_module(frame.f_locals.get("self"))
             frame = frame.f_back
         return False
+
+
+def _is_module(obj: object) -> bool:
+    """Whether ``obj`` is a torch.nn.Module (read from its classes' names: no torch import here)."""
+    return obj is not None and any(
+        c.__name__ == "Module" and c.__module__ == "torch.nn.modules.module" for c in type(obj).__mro__
+    )
 
 
 @lru_cache(maxsize=1)

@@ -46,8 +46,15 @@ _LIGHT = frozenset({"step", "optimizer"})  # boundary flushes (see ``_flush_lock
 
 
 def _storage(rec: StorageRecord) -> dict[str, Any]:
-    return {"ptr": rec.ptr, "nbytes": rec.nbytes, "dtype": rec.dtype, "shape": list(rec.shape), "file": rec.file,
-            "t_ns": rec.t_ns, "freed_ns": rec.freed_ns}  # fmt: skip
+    return {
+        "ptr": rec.ptr,
+        "nbytes": rec.nbytes,
+        "dtype": rec.dtype,
+        "shape": list(rec.shape),
+        "file": rec.file,
+        "t_ns": rec.t_ns,
+        "freed_ns": rec.freed_ns,
+    }
 
 
 _STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord))
@@ -60,8 +67,19 @@ if STEP_ROW_FIELDS[:-1] != _STEP_FIELDS:  # pragma: no cover - a StepRecord fiel
 
 
 def _step_row(index: int, step: StepRecord, call_sites: dict[int, str]) -> list[Any]:
-    return [index, step.start_ns, step.ctx, int(step.phase), step.seq_len, step.end_ns, step.tokens, step.batch,
-            step.input_ids, step.grad, call_sites.get(step.start_ns)]  # fmt: skip
+    return [
+        index,
+        step.start_ns,
+        step.ctx,
+        int(step.phase),
+        step.seq_len,
+        step.end_ns,
+        step.tokens,
+        step.batch,
+        step.input_ids,
+        step.grad,
+        call_sites.get(step.start_ns),
+    ]
 
 
 class Streamer:
@@ -104,10 +122,17 @@ class Streamer:
         self._sent = dict.fromkeys(self._sent, 0)
         self._storages, self._freed = set(), set()
         names = list(cap._native.scalar_type_names())
-        head = {"kind": "start", "pid": os.getpid(), "t0_ns": cap._t0, "wall0": cap._wall0,
-                "metadata": dict(cap.metadata), "dtype_names": names,
-                "dtype_torch_names": [DTYPE_NAMES.get(n, n) for n in names], "ops": ops,
-                "interval_s": self.interval_s}  # fmt: skip
+        head = {
+            "kind": "start",
+            "pid": os.getpid(),
+            "t0_ns": cap._t0,
+            "wall0": cap._wall0,
+            "metadata": dict(cap.metadata),
+            "dtype_names": names,
+            "dtype_torch_names": [DTYPE_NAMES.get(n, n) for n in names],
+            "ops": ops,
+            "interval_s": self.interval_s,
+        }
         # Where this stream's rows meet the crash ring's numbers (native ring_origin; recover_ring):
         # read with the cursors at zero, so the stream's row k >= split is ring row base + k - split.
         origin = getattr(cap._native, "ring_origin", None)
@@ -188,8 +213,13 @@ class Streamer:
         self._cursor = (n_rows, n_dims, self._cursor[2] + len(ops))
         sites = cap._native.site_names_since(self._sites_sent)  # after the rows: covers them
         self._sites_sent += len(sites)
-        head: dict[str, Any] = {"kind": "events", "reason": reason, "t_ns": time.monotonic_ns(), "ops": ops,
-                                "sites": sites}  # fmt: skip
+        head: dict[str, Any] = {
+            "kind": "events",
+            "reason": reason,
+            "t_ns": time.monotonic_ns(),
+            "ops": ops,
+            "sites": sites,
+        }
         # A step boundary flushes light: the rows and what the hooks logged since. Storages outside
         # the allocator (a scan of every one), annotations and the resident sample wait for the next
         # full flush (every interval, at most 100 ms away), so a decode loop of sub-millisecond steps

@@ -74,8 +74,12 @@ def resident_metadata(samples: list[dict[str, int]], t0_ns: int) -> dict[str, An
     for key in ("rss", "pss", "anon", "file"):
         if any(key in s for s in samples):
             cols[key] = [s.get(key) for s in samples]
-    return {"interval_ms": int(SAMPLE_INTERVAL_S * 1000), "samples": cols,
-            "last_bytes": samples[-1]["rss"], "peak_bytes": max(s["rss"] for s in samples)}  # fmt: skip
+    return {
+        "interval_ms": int(SAMPLE_INTERVAL_S * 1000),
+        "samples": cols,
+        "last_bytes": samples[-1]["rss"],
+        "peak_bytes": max(s["rss"] for s in samples),
+    }
 
 
 def reconcile(resident: dict[str, Any], trace: Trace) -> None:
@@ -143,8 +147,9 @@ def supervise(
     ring_dir = Path(tempfile.mkdtemp(prefix="memwarden-ring-", dir=_ring_parent(out)))
     ring_file = ring_dir / "events.ring"
     try:
-        return _supervise(out, script, module, args, env, {**(options or {}), "ring_file": str(ring_file)},
-                          ring_file, forwarder)  # fmt: skip
+        return _supervise(
+            out, script, module, args, env, {**(options or {}), "ring_file": str(ring_file)}, ring_file, forwarder
+        )
     finally:
         shutil.rmtree(ring_dir, ignore_errors=True)
 
@@ -193,8 +198,7 @@ def _supervise(
     ring_s = (options or {}).get("ring_s")
     if ring_s:  # SIGUSR1 asks the flight recorder for its window (the child handles it)
         passed_on.append(signal.SIGUSR1)
-    previous = {s: signal.signal(s, signal.SIG_IGN if s == signal.SIGINT else forward)
-                for s in passed_on}  # fmt: skip
+    previous = {s: signal.signal(s, signal.SIG_IGN if s == signal.SIGINT else forward) for s in passed_on}
     # The flight recorder's bound holds here too: samples of about two windows.
     keep_samples = int(2 * float(ring_s) / SAMPLE_INTERVAL_S) + 1 if ring_s else 0
     samples: list[dict[str, int]] = []

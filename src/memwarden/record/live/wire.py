@@ -14,8 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HEADER_LIMIT", "NAME_RE", "REPLY_LIMIT", "RUN_RE", "SINK_MAGIC", "SinkAddress", "SinkError",
-           "encode_header", "read_line", "safe_name"]  # fmt: skip
+__all__ = [
+    "HEADER_LIMIT",
+    "NAME_RE",
+    "REPLY_LIMIT",
+    "RUN_RE",
+    "SINK_MAGIC",
+    "SinkAddress",
+    "SinkError",
+    "encode_header",
+    "read_line",
+    "safe_name",
+]
 
 SINK_MAGIC = b"MWSINK1 "
 HEADER_LIMIT = 4096  # the header line, magic and newline included

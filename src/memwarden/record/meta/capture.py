@@ -122,8 +122,14 @@ _OPS: dict[int, tuple[Any, str, Any, Any, bool, bool]] = {}
 
 def _op_info(func: Any) -> tuple[Any, str, Any, Any, bool, bool]:
     conversion = CONVERSIONS.get(func)
-    info = (func, func._schema.name, SPECIAL.get(func), conversion, conversion is None and is_composite(func),
-            schema_has_device(func))  # fmt: skip
+    info = (
+        func,
+        func._schema.name,
+        SPECIAL.get(func),
+        conversion,
+        conversion is None and is_composite(func),
+        schema_has_device(func),
+    )
     _OPS[id(func)] = info
     return info
 

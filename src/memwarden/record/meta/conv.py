@@ -46,8 +46,9 @@ _PROBE_BYTES = 32 << 20  # a probe larger than this runs on one batch item
 _PROBE_OUT_SIDE = 8  # the im2col path's probe: at most this many outputs per spatial dim
 
 
-def _shorter(x: tuple[int, ...], w: tuple[int, ...], geometry: tuple[Any, ...], elem: int, chosen: Any,
-             backend: Any) -> tuple[int, ...] | None:  # fmt: skip
+def _shorter(
+    x: tuple[int, ...], w: tuple[int, ...], geometry: tuple[Any, ...], elem: int, chosen: Any, backend: Any
+) -> tuple[int, ...] | None:
     """A probe input with fewer positions, for the im2col ("slow") path only: its blocks are the same
     columns/output at any length, and it is the path a CPU without bf16 instructions takes for bf16,
     about 100x slower than float32 (a full-size audio tower's conv took a minute). None: probe as is."""
@@ -69,8 +70,9 @@ def _shorter(x: tuple[int, ...], w: tuple[int, ...], geometry: tuple[Any, ...], 
 _SLOW_PROBE_BATCH = 4  # the im2col path's probe: at most this many batch items
 
 
-def _fewer(x: tuple[int, ...], w: tuple[int, ...], geometry: tuple[Any, ...], elem: int, chosen: Any,
-           backend: Any) -> tuple[int, ...] | None:  # fmt: skip
+def _fewer(
+    x: tuple[int, ...], w: tuple[int, ...], geometry: tuple[Any, ...], elem: int, chosen: Any, backend: Any
+) -> tuple[int, ...] | None:
     """A probe input with fewer batch items, for the im2col ("slow") path only: it allocates the
     columns and the output for the whole batch at once, so each block is the same kind at any batch.
     Qwen2-VL's patch embedding is a conv3d over thousands of patches as its batch; in bf16 on a CPU
@@ -83,8 +85,9 @@ def _fewer(x: tuple[int, ...], w: tuple[int, ...], geometry: tuple[Any, ...], el
     return fewer
 
 
-def _same_relations(a: tuple[int, ...], b: tuple[int, ...], w: tuple[int, ...], geometry: tuple[Any, ...],
-                    elem: int) -> bool:  # fmt: skip
+def _same_relations(
+    a: tuple[int, ...], b: tuple[int, ...], w: tuple[int, ...], geometry: tuple[Any, ...], elem: int
+) -> bool:
     """Blocks are told apart by size: probe ``b`` must confuse no two that ``a`` tells apart (nor the reverse)."""
     keys = ("input", "weight", "out", "columns")
     full, small = (conv_sizes(s, w, conv_out_shape(s, w, geometry), geometry, elem) for s in (a, b))
@@ -92,8 +95,9 @@ def _same_relations(a: tuple[int, ...], b: tuple[int, ...], w: tuple[int, ...], 
 
 
 @functools.lru_cache(maxsize=256)
-def conv_pattern(x: tuple[int, ...], w: tuple[int, ...], has_bias: bool, geometry: tuple[Any, ...], dtype: torch.dtype,
-                  threads: int) -> tuple[tuple[bool, int, str], ...]:  # fmt: skip
+def conv_pattern(
+    x: tuple[int, ...], w: tuple[int, ...], has_bias: bool, geometry: tuple[Any, ...], dtype: torch.dtype, threads: int
+) -> tuple[tuple[bool, int, str], ...]:
     """What the CPU convolution allocates, as (alloc?, block, kind) with kind in input/weight/columns/output
     (a same-sized copy of the output), ``bytes:N`` (a block of fixed size) and one "out" (the returned
     tensor).
@@ -113,8 +117,18 @@ def conv_pattern(x: tuple[int, ...], w: tuple[int, ...], has_bias: bool, geometr
 
     def backend(xs: tuple[int, ...]) -> Any:
         bias = stand_in((w[1] * groups if transposed else w[0],)) if has_bias else None
-        return torch._C._select_conv_backend(stand_in(xs), stand_in(w), bias, list(stride), list(padding), list(dilation),
-                                             transposed, list(output_padding), groups, None)  # fmt: skip
+        return torch._C._select_conv_backend(
+            stand_in(xs),
+            stand_in(w),
+            bias,
+            list(stride),
+            list(padding),
+            list(dilation),
+            transposed,
+            list(output_padding),
+            groups,
+            None,
+        )
 
     chosen = backend(x)
     probe_x = x
@@ -149,8 +163,9 @@ def conv_pattern(x: tuple[int, ...], w: tuple[int, ...], has_bias: bool, geometr
     return found
 
 
-def _probe_conv(x: tuple[int, ...], w: tuple[int, ...], has_bias: bool, geometry: tuple[Any, ...],
-                dtype: torch.dtype) -> tuple[tuple[bool, int, str], ...] | None:  # fmt: skip
+def _probe_conv(
+    x: tuple[int, ...], w: tuple[int, ...], has_bias: bool, geometry: tuple[Any, ...], dtype: torch.dtype
+) -> tuple[tuple[bool, int, str], ...] | None:
     stride, padding, dilation, transposed, output_padding, groups = geometry
     try:
         from memwarden.record import native
@@ -168,8 +183,9 @@ def _probe_conv(x: tuple[int, ...], w: tuple[int, ...], has_bias: bool, geometry
     with torch.inference_mode():
         recorder.start(False)
         try:
-            out = torch.ops.aten.convolution.default(xt, wt, bt, list(stride), list(padding), list(dilation), transposed,
-                                                     list(output_padding), groups)  # fmt: skip
+            out = torch.ops.aten.convolution.default(
+                xt, wt, bt, list(stride), list(padding), list(dilation), transposed, list(output_padding), groups
+            )
         finally:
             recorder.stop()
             drained = recorder.drain()

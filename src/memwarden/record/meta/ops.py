@@ -20,8 +20,19 @@ aten = torch.ops.aten
 META = torch.device("meta")
 CPU = torch.device("cpu")
 
-__all__ = ["CONVERSIONS", "SPECIAL", "Block", "aliases", "data_bytes", "is_composite", "is_float", "map_tensors",
-           "on_meta", "storage_key", "tensors"]  # fmt: skip
+__all__ = [
+    "CONVERSIONS",
+    "SPECIAL",
+    "Block",
+    "aliases",
+    "data_bytes",
+    "is_composite",
+    "is_float",
+    "map_tensors",
+    "on_meta",
+    "storage_key",
+    "tensors",
+]
 
 
 def is_float(dtype: torch.dtype) -> bool:
@@ -110,8 +121,14 @@ def zeros_on_cpu(t: torch.Tensor) -> torch.Tensor:
     return torch.zeros(t.shape, dtype=t.dtype, device=CPU)
 
 
-def _to_device(self: Any, device: Any = None, dtype: Any = None, non_blocking: bool = False, copy: bool = False,
-               memory_format: Any = None) -> tuple[Any, Any, bool]:  # fmt: skip
+def _to_device(
+    self: Any,
+    device: Any = None,
+    dtype: Any = None,
+    non_blocking: bool = False,
+    copy: bool = False,
+    memory_format: Any = None,
+) -> tuple[Any, Any, bool]:
     return dtype, device, copy
 
 
@@ -308,10 +325,17 @@ def _convolution(mode: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
         values = tuple(int(e) for e in v)
         return values * dims if len(values) == 1 else values
 
-    geometry = (per_dim(bound["stride"]), per_dim(bound["padding"]), per_dim(bound["dilation"]), bool(bound["transposed"]),
-                per_dim(bound["output_padding"]), int(bound["groups"]))  # fmt: skip
-    pattern = conv_pattern(tuple(x.shape), tuple(w.shape), bound.get("bias") is not None, geometry, w.dtype,
-                            torch.get_num_threads())  # fmt: skip
+    geometry = (
+        per_dim(bound["stride"]),
+        per_dim(bound["padding"]),
+        per_dim(bound["dilation"]),
+        bool(bound["transposed"]),
+        per_dim(bound["output_padding"]),
+        int(bound["groups"]),
+    )
+    pattern = conv_pattern(
+        tuple(x.shape), tuple(w.shape), bound.get("bias") is not None, geometry, w.dtype, torch.get_num_threads()
+    )
     out_shape = conv_out_shape(tuple(x.shape), tuple(w.shape), geometry)
     sizes = conv_sizes(tuple(x.shape), tuple(w.shape), out_shape, geometry, w.element_size())
     live: dict[int, Block] = {}

@@ -33,9 +33,20 @@ _PRE_BASE = 1 << 52
 _ALIGN = 64
 # Event tuple: the native drain's columns but ``written`` (kept apart: an in-place op raises it later).
 _COLUMNS = ("time_ns", "ptr", "nbytes", "id", "ctx", "op_outer", "op_inner", "shape_off", "ndim", "dtype", "action")
-_TYPES = {"time_ns": np.int64, "ptr": np.int64, "nbytes": np.int64, "id": np.int64, "ctx": np.int32,
-          "op_outer": np.int32, "op_inner": np.int32, "shape_off": np.int32, "ndim": np.int16, "dtype": np.int16,
-          "action": np.uint8, "written": np.int64}  # fmt: skip
+_TYPES = {
+    "time_ns": np.int64,
+    "ptr": np.int64,
+    "nbytes": np.int64,
+    "id": np.int64,
+    "ctx": np.int32,
+    "op_outer": np.int32,
+    "op_inner": np.int32,
+    "shape_off": np.int32,
+    "ndim": np.int16,
+    "dtype": np.int16,
+    "action": np.uint8,
+    "written": np.int64,
+}
 
 
 class Recorder:
@@ -101,8 +112,18 @@ class Recorder:
         return out
 
     # events
-    def _push(self, action: NativeRecord, ptr: int, nbytes: int, ident: int, op: str | None, dtype: int = -1,
-              shape_off: int = -1, ndim: int = 0, written: int = -1) -> int:  # fmt: skip
+    def _push(
+        self,
+        action: NativeRecord,
+        ptr: int,
+        nbytes: int,
+        ident: int,
+        op: str | None,
+        dtype: int = -1,
+        shape_off: int = -1,
+        ndim: int = 0,
+        written: int = -1,
+    ) -> int:
         row = len(self._events)
         name = op or self.op
         if name is None:
@@ -125,8 +146,15 @@ class Recorder:
             self._dtypes.append(str(dtype).replace("torch.", ""))
         return index
 
-    def alloc(self, nbytes: int, *, op: str | None, dtype: torch.dtype | None, shape: tuple[int, ...] | None,
-              written: int = -1) -> Block:  # fmt: skip
+    def alloc(
+        self,
+        nbytes: int,
+        *,
+        op: str | None,
+        dtype: torch.dtype | None,
+        shape: tuple[int, ...] | None,
+        written: int = -1,
+    ) -> Block:
         """A block that no storage owns (a kernel's work buffer): free it with :meth:`free`."""
         ident = self._next_id
         self._next_id += 1

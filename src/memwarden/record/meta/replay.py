@@ -72,8 +72,9 @@ def _key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], operands: lis
     return tuple(parts)
 
 
-def _entry(rec: Any, out: Any, operands: list[Any], first_row: int, first_id: int, oracle: int,
-           writes: int) -> tuple[Any, ...] | None:  # fmt: skip
+def _entry(
+    rec: Any, out: Any, operands: list[Any], first_row: int, first_id: int, oracle: int, writes: int
+) -> tuple[Any, ...] | None:
     """What replays this call, or None where a replay would not log the same events."""
     if not rec.recording or sum(rec.oracle.values()) != oracle or rec.writes != writes:
         return None

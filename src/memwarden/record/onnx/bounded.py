@@ -43,9 +43,15 @@ class RunLimits:
 
 
 def run_bounded(
-    source: str | Path | bytes, feeds: Sequence[Mapping[str, np.ndarray]], settings: Any, workdir: Path,
-    prefix: str, *, optimized: bool, limits: RunLimits,
-) -> tuple[Path, list[str]]:  # fmt: skip
+    source: str | Path | bytes,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    settings: Any,
+    workdir: Path,
+    prefix: str,
+    *,
+    optimized: bool,
+    limits: RunLimits,
+) -> tuple[Path, list[str]]:
     """``session._profiled_session`` in a limited child: (profile path, output names)."""
     from memwarden.record.onnx.feeds import save_feeds
 
@@ -60,13 +66,23 @@ def run_bounded(
     for i, f in enumerate(feeds):
         paths.append(str(child / f"feeds{i}.npz"))
         save_feeds(paths[-1], f)
-    config = {"model": str(model), "feeds": paths, "settings": asdict(settings), "workdir": str(workdir),
-              "prefix": prefix, "optimized": optimized, "memory_bytes": int(limits.memory_bytes)}  # fmt: skip
+    config = {
+        "model": str(model),
+        "feeds": paths,
+        "settings": asdict(settings),
+        "workdir": str(workdir),
+        "prefix": prefix,
+        "optimized": optimized,
+        "memory_bytes": int(limits.memory_bytes),
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "memwarden.record.onnx.bounded_child", json.dumps(config)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         out, err = proc.communicate(timeout=limits.seconds)
     except subprocess.TimeoutExpired:

@@ -28,8 +28,9 @@ def _child(config: dict[str, Any]) -> dict[str, Any]:
     cap = vm_size() + int(config["memory_bytes"])
     if cap > int(config["memory_bytes"]):
         resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    profile, _, outputs = profiled_session(config["model"], feeds, settings, Path(config["workdir"]),
-                                            config["prefix"], optimized=bool(config["optimized"]))  # fmt: skip
+    profile, _, outputs = profiled_session(
+        config["model"], feeds, settings, Path(config["workdir"]), config["prefix"], optimized=bool(config["optimized"])
+    )
     return {"profile": str(profile), "outputs": outputs}
 
 

@@ -34,11 +34,31 @@ __all__ = ["ALIAS_OPS", "RunInput", "add_runs", "add_weights", "value_category"]
 ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "ExpandDims"})
 # CPU kernels registered with ``.MayInplace(0, 0)`` (elementwise): the planner gives the output the
 # input's buffer when this kernel is the input's last reader and the sizes match.
-INPLACE_OPS = frozenset({
-    "Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal",
-    "Erf", "LeakyRelu", "Clip", "HardSigmoid", "Softplus",
-    "Where", "Softmax", "Cast",
-})  # fmt: skip
+INPLACE_OPS = frozenset(
+    {
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "Neg",
+        "Abs",
+        "Exp",
+        "Log",
+        "Sqrt",
+        "Reciprocal",
+        "Erf",
+        "LeakyRelu",
+        "Clip",
+        "HardSigmoid",
+        "Softplus",
+        "Where",
+        "Softmax",
+        "Cast",
+    }
+)
 _ALIGN = 64  # ORT's CPU allocator alignment (kAllocAlignment); fake addresses only need to be distinct
 
 
@@ -88,8 +108,18 @@ def add_weights(builder: TraceBuilder, graph: GraphInfo, rules: ModalityRules, i
     for name, nbytes in graph.initializer_bytes.items():
         module = owner.get(name)
         tensor, address = ids.new(nbytes)
-        builder.event(0, Action.ALLOC, tensor, address, nbytes, category=Category.WEIGHT, phase=Phase.LOAD,
-                      modality=rules.modality_of(module or ""), module=module, op="initializer")  # fmt: skip
+        builder.event(
+            0,
+            Action.ALLOC,
+            tensor,
+            address,
+            nbytes,
+            category=Category.WEIGHT,
+            phase=Phase.LOAD,
+            modality=rules.modality_of(module or ""),
+            module=module,
+            op="initializer",
+        )
     return ids
 
 
@@ -205,8 +235,11 @@ def _one_run(
     held: dict[str, int] = {}
     if pattern is not None:
         replayed = planner.hold_pattern(pattern)
-        held = {"mem_pattern_bytes": max(replayed, pattern), "mem_pattern_replayed_bytes": replayed,
-                "mem_pattern_ort_bytes": pattern}  # fmt: skip
+        held = {
+            "mem_pattern_bytes": max(replayed, pattern),
+            "mem_pattern_replayed_bytes": replayed,
+            "mem_pattern_ort_bytes": pattern,
+        }
     planner.emit(builder)
     return clock, taken, held
 
@@ -259,8 +292,19 @@ class _Planner:
         self.events.append((time_us, self.seq, action, buffer))
         self.seq += 1
 
-    def new_buffer(self, value: str, time_us: int, nbytes: int, category: Category, module: str | None,
-                   op: str, dtype: str, shape: tuple[int, ...], *, held: bool = False) -> int:  # fmt: skip
+    def new_buffer(
+        self,
+        value: str,
+        time_us: int,
+        nbytes: int,
+        category: Category,
+        module: str | None,
+        op: str,
+        dtype: str,
+        shape: tuple[int, ...],
+        *,
+        held: bool = False,
+    ) -> int:
         buffer = self.next_buffer
         self.next_buffer += 1
         tensor, address = self.ids.new(nbytes)
@@ -273,8 +317,9 @@ class _Planner:
         self._event(time_us, Action.ALLOC, buffer)
         return buffer
 
-    def produce(self, k: int, node: NodeInfo | None, value: str, dtype: str, shape: tuple[int, ...], op: str,
-                time_us: int) -> None:  # fmt: skip
+    def produce(
+        self, k: int, node: NodeInfo | None, value: str, dtype: str, shape: tuple[int, ...], op: str, time_us: int
+    ) -> None:
         count = 1
         for d in shape:
             count *= d
@@ -288,8 +333,14 @@ class _Planner:
         if node and node.op_type in INPLACE_OPS and value not in self.outputs:  # a graph output is its own buffer
             for source in inputs:
                 buffer = self.buffer_of.get(source, -1)
-                if (buffer >= 0 and buffer not in self.held and self.uses.get(source) == 1 and self.refs[buffer] == 1
-                        and source not in self.outputs and self.attrs[buffer][2] == nbytes):  # fmt: skip
+                if (
+                    buffer >= 0
+                    and buffer not in self.held
+                    and self.uses.get(source) == 1
+                    and self.refs[buffer] == 1
+                    and source not in self.outputs
+                    and self.attrs[buffer][2] == nbytes
+                ):
                     self.buffer_of[value] = buffer
                     self.refs[buffer] += 1
                     self._retag(buffer, node, value, op, dtype, shape, time_us)
@@ -309,8 +360,9 @@ class _Planner:
         if value not in self.outputs:
             self.block_of[buffer] = self.block_of.get(old, buffer)
 
-    def _retag(self, buffer: int, node: NodeInfo, value: str, op: str, dtype: str, shape: tuple[int, ...],
-               time_us: int) -> None:  # fmt: skip
+    def _retag(
+        self, buffer: int, node: NodeInfo, value: str, op: str, dtype: str, shape: tuple[int, ...], time_us: int
+    ) -> None:
         """An in-place output takes over its input's buffer: close the old record, open the new one
         at the same moment (same bytes, so live bytes do not move)."""
         self._event(time_us, Action.FREE, buffer)
@@ -422,8 +474,9 @@ class _Planner:
         self.events = [(t, seq, a, b) for seq, (t, _, a, b) in enumerate(out)]
         return replayed
 
-    def _buffer(self, nbytes: int, category: Category, module: str | None, op: str, dtype: str,
-                shape: tuple[int, ...]) -> int:  # fmt: skip
+    def _buffer(
+        self, nbytes: int, category: Category, module: str | None, op: str, dtype: str, shape: tuple[int, ...]
+    ) -> int:
         buffer = self.next_buffer
         self.next_buffer += 1
         tensor, address = self.ids.new(nbytes)
@@ -433,8 +486,16 @@ class _Planner:
         return buffer
 
     def temporary(self, node: NodeInfo | None, op: str, nbytes: int, start_us: int, end_us: int) -> None:
-        buffer = self.new_buffer(f"\0scratch{self.next_buffer}", start_us, nbytes, Category.TEMPORARY,
-                                 node.module if node else None, op, "uint8", (nbytes,))  # fmt: skip
+        buffer = self.new_buffer(
+            f"\0scratch{self.next_buffer}",
+            start_us,
+            nbytes,
+            Category.TEMPORARY,
+            node.module if node else None,
+            op,
+            "uint8",
+            (nbytes,),
+        )
         self._event(end_us, Action.FREE, buffer)
         self.refs[buffer] = 0
 
@@ -468,5 +529,17 @@ class _Planner:
     def emit(self, builder: TraceBuilder) -> None:
         for time_us, _, action, buffer in sorted(self.events, key=lambda e: (e[0], e[1])):
             tensor, address, nbytes, category, module, op, dtype, shape = self.attrs[buffer]
-            builder.event(time_us, action, tensor, address, nbytes, category=category, modality=self.modality[buffer],
-                          phase=self.phase, module=module, op=op, dtype=dtype, shape=shape)  # fmt: skip
+            builder.event(
+                time_us,
+                action,
+                tensor,
+                address,
+                nbytes,
+                category=category,
+                modality=self.modality[buffer],
+                phase=self.phase,
+                module=module,
+                op=op,
+                dtype=dtype,
+                shape=shape,
+            )

@@ -146,7 +146,7 @@ def capture_onnx(
             seq_len=_seq_len(f),
             batch=_batch(f),
             module=graph.metadata.get("memwarden.part", "model"),
-        )  # fmt: skip
+        )
         for s, f in zip(spans, profiled.feeds, strict=True)
     )
     return builder.build()
@@ -165,7 +165,7 @@ def _borrow_counters(runs: list[RunProfile], twins: list[RunProfile]) -> None:
                 in_use_peak_bytes=t.in_use_peak_bytes,
                 requested_bytes=t.requested_bytes,
                 requested_delta_bytes=t.requested_delta_bytes,
-            )  # fmt: skip
+            )
             for n, t in zip(run.nodes, twin.nodes, strict=True)
         ]
 

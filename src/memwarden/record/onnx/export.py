@@ -146,12 +146,23 @@ def export_zoo(
         path = out / f"{name}-{part}.onnx"
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # tracer warnings about Python control flow: shapes are fixed
-            torch.onnx.export(module, args, str(path), dynamo=False, opset_version=_OPSET,
-                              input_names=input_names, output_names=output_names)  # fmt: skip
+            torch.onnx.export(
+                module,
+                args,
+                str(path),
+                dynamo=False,
+                opset_version=_OPSET,
+                input_names=input_names,
+                output_names=output_names,
+            )
         model = onnx.load(str(path))
-        for key, value in {"memwarden.module_prefix": "model.", "memwarden.module_roots": "lm_head",
-                           "memwarden.phase": _PHASE[part], "memwarden.part": part,
-                           "memwarden.model": f"{name}-{part}"}.items():  # fmt: skip
+        for key, value in {
+            "memwarden.module_prefix": "model.",
+            "memwarden.module_roots": "lm_head",
+            "memwarden.phase": _PHASE[part],
+            "memwarden.part": part,
+            "memwarden.model": f"{name}-{part}",
+        }.items():
             entry = model.metadata_props.add()
             entry.key, entry.value = key, value
         onnx.save(model, str(path))

@@ -165,10 +165,12 @@ def check_feed_shapes(
     missing = sorted(set(inputs) - set(headers)) if all_inputs else []
     extra = sorted(set(headers) - set(inputs))
     if missing or extra:
-        raise InputError(terminal_safe(
-            f"{_name(path)}: the arrays do not match the model's inputs: missing {missing[:20] or 'none'}, "
-            f"unexpected {extra[:20] or 'none'} (model inputs: {', '.join(list(inputs)[:20])})"
-        )[:600])  # fmt: skip
+        raise InputError(
+            terminal_safe(
+                f"{_name(path)}: the arrays do not match the model's inputs: missing {missing[:20] or 'none'}, "
+                f"unexpected {extra[:20] or 'none'} (model inputs: {', '.join(list(inputs)[:20])})"
+            )[:600]
+        )
     for name, (dtype, shape) in headers.items():
         elem_type, dims = inputs[name]
         label = f"{_name(path)}: array {terminal_safe(name)[:80]!r}"
@@ -194,8 +196,15 @@ def load_feeds(path: str | Path, *, inputs: Mapping[str, InputSpec] | None = Non
             try:
                 with zf.open(info) as f:
                     array = np.lib.format.read_array(f, allow_pickle=False)
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError, zlib.error,
-                    NotImplementedError) as exc:  # fmt: skip
+            except (
+                ValueError,
+                OSError,
+                EOFError,
+                zipfile.BadZipFile,
+                RuntimeError,
+                zlib.error,
+                NotImplementedError,
+            ) as exc:
                 raise InputError(
                     f"{_name(path)}: array {terminal_safe(name)[:80]!r} cannot be read ({terminal_safe(exc)[:160]})"
                 ) from None

@@ -171,9 +171,7 @@ def _input_spec(value: Any) -> tuple[int, tuple[int | str | None, ...] | None]:
     t = value.type.tensor_type
     if not t.HasField("shape"):
         return int(t.elem_type), None
-    dims = tuple(
-        int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim
-    )  # fmt: skip
+    dims = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
     return int(t.elem_type), dims
 
 

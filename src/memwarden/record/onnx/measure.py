@@ -81,8 +81,11 @@ def ort_counter_peak(trace: Trace) -> int | None:
     """ORT's own figure for the same quantity, where its profile had allocator counters: the
     highest bytes requested and not yet released after any kernel, less those held when the run
     began (in-kernel scratch that is gone by the kernel's end is not in it)."""
-    values = [int(r["arena_in_use_peak_bytes"]) - int(r["arena_in_use_before_bytes"]) for r in ort_runs(trace)
-              if isinstance(r.get("arena_in_use_peak_bytes"), int) and isinstance(r.get("arena_in_use_before_bytes"), int)]  # fmt: skip
+    values = [
+        int(r["arena_in_use_peak_bytes"]) - int(r["arena_in_use_before_bytes"])
+        for r in ort_runs(trace)
+        if isinstance(r.get("arena_in_use_peak_bytes"), int) and isinstance(r.get("arena_in_use_before_bytes"), int)
+    ]
     return max(values) if values else None
 
 
@@ -114,8 +117,15 @@ def measure_run(
     with tempfile.TemporaryDirectory(prefix="memwarden-measure-") as tmp:
         feeds_path = Path(tmp) / "feeds.npz"
         save_feeds(feeds_path, feeds)
-        config = {"model": str(model), "feeds": str(feeds_path), "work": tmp, "arena": settings.arena,
-                  "mem_pattern": settings.mem_pattern, "optimization": settings.optimization, "runs": runs}  # fmt: skip
+        config = {
+            "model": str(model),
+            "feeds": str(feeds_path),
+            "work": tmp,
+            "arena": settings.arena,
+            "mem_pattern": settings.mem_pattern,
+            "optimization": settings.optimization,
+            "runs": runs,
+        }
         env = dict(os.environ)
         library = mallocpeak.build()
         if library is not None:
@@ -123,13 +133,20 @@ def measure_run(
             env[mallocpeak.ENV] = str(library)
         done = subprocess.run(
             [sys.executable, "-m", "memwarden.record.onnx.measure", json.dumps(config)],
-            capture_output=True, text=True, timeout=timeout_s, check=False, env=env,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            env=env,
+        )
         if done.returncode != 0:
             raise InputError(f"measurement run failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}")
         result = json.loads(done.stdout.strip().splitlines()[-1])
-    return Measured(malloc_peak_bytes=result.get("malloc"), memray_peak_bytes=result.get("memray"),
-                    rss_peak_bytes=int(result["rss"]))  # fmt: skip
+    return Measured(
+        malloc_peak_bytes=result.get("malloc"),
+        memray_peak_bytes=result.get("memray"),
+        rss_peak_bytes=int(result["rss"]),
+    )
 
 
 def _status_kib(field: str) -> int:
@@ -144,8 +161,9 @@ def _child(config: dict[str, Any]) -> dict[str, Any]:
 
     from memwarden.record.onnx.feeds import load_feeds
 
-    settings = OrtSettings(arena=bool(config["arena"]), mem_pattern=bool(config["mem_pattern"]),
-                           optimization=str(config["optimization"]))  # fmt: skip
+    settings = OrtSettings(
+        arena=bool(config["arena"]), mem_pattern=bool(config["mem_pattern"]), optimization=str(config["optimization"])
+    )
     session = ort.InferenceSession(str(config["model"]), settings.session_options(), providers=settings.providers())
     feeds = load_feeds(config["feeds"])
     warm = int(config.get("runs", 1)) - 1

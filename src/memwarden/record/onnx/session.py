@@ -91,10 +91,12 @@ def _check_feeds(session: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.
     missing = sorted(set(wanted) - set(feeds))
     extra = sorted(set(feeds) - set(wanted))
     if missing or extra:
-        raise InputError(terminal_safe(
-            f"feeds do not match the model's inputs: missing {missing[:20] or 'none'}, unexpected "
-            f"{extra[:20] or 'none'} (model inputs: {', '.join(list(wanted)[:20])})"
-        )[:600])  # fmt: skip
+        raise InputError(
+            terminal_safe(
+                f"feeds do not match the model's inputs: missing {missing[:20] or 'none'}, unexpected "
+                f"{extra[:20] or 'none'} (model inputs: {', '.join(list(wanted)[:20])})"
+            )[:600]
+        )
     out = {}
     for name, value in feeds.items():
         array = np.asarray(value, order="C")  # ascontiguousarray would make a 0-d feed 1-d
@@ -124,9 +126,12 @@ class ProfiledRun:
 
 
 def run_profiled(
-    source: str | Path | bytes, feeds: Sequence[Mapping[str, np.ndarray]], settings: OrtSettings,
-    *, limits: RunLimits | None = None,
-) -> ProfiledRun:  # fmt: skip
+    source: str | Path | bytes,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    settings: OrtSettings,
+    *,
+    limits: RunLimits | None = None,
+) -> ProfiledRun:
     """Create a profiled session of ``source`` and run it once per feed set.
 
     With the arena off ORT writes no allocator counters, so a twin session with the arena on
@@ -142,20 +147,27 @@ def run_profiled(
     try:
         if limits is not None:
             probe = _checked_feeds(source, feeds, settings)
-            path, names = run_bounded(source, probe, settings, Path(workdir.name), "profile", optimized=True,
-                                      limits=limits)  # fmt: skip
+            path, names = run_bounded(
+                source, probe, settings, Path(workdir.name), "profile", optimized=True, limits=limits
+            )
             main = (path, probe, names)
         else:
             main = profiled_session(source, feeds, settings, Path(workdir.name), "profile", optimized=True)
         checked = main[1]
         shadow = None
         if not settings.arena:
-            twin = OrtSettings(ep=settings.ep, arena=True, mem_pattern=settings.mem_pattern,
-                               optimization=settings.optimization, intra_op_threads=settings.intra_op_threads)  # fmt: skip
+            twin = OrtSettings(
+                ep=settings.ep,
+                arena=True,
+                mem_pattern=settings.mem_pattern,
+                optimization=settings.optimization,
+                intra_op_threads=settings.intra_op_threads,
+            )
             # else (another EP, an older onnxruntime, a failed child) here, on the default arena
             if limits is not None:
-                shadow = run_bounded(source, checked, twin, Path(workdir.name), "shadow", optimized=False,
-                                     limits=limits)[0]  # fmt: skip
+                shadow = run_bounded(
+                    source, checked, twin, Path(workdir.name), "shadow", optimized=False, limits=limits
+                )[0]
             elif settings.ep == "cpu":
                 shadow = shadow_profile(source, checked, asdict(twin), Path(workdir.name))
             if shadow is None:
@@ -184,8 +196,9 @@ def _checked_feeds(
     so = settings.session_options()
     so.log_severity_level = 4
     try:
-        session = ort.InferenceSession(source if isinstance(source, bytes) else str(source), so,
-                                       providers=settings.providers())  # fmt: skip
+        session = ort.InferenceSession(
+            source if isinstance(source, bytes) else str(source), so, providers=settings.providers()
+        )
     except Exception as exc:  # ORT's pybind errors share no base
         raise InputError(f"onnxruntime cannot load the model: {_first_line(exc)}") from None
     return [_check_feeds(session, f) for f in feeds]
@@ -197,9 +210,15 @@ def _first_line(exc: BaseException) -> str:
 
 
 def profiled_session(
-    source: str | Path | bytes, feeds: Sequence[Mapping[str, np.ndarray]], settings: OrtSettings, workdir: Path,
-    prefix: str, *, optimized: bool, env_allocators: bool = False,
-) -> tuple[Path, list[dict[str, np.ndarray]], list[str]]:  # fmt: skip
+    source: str | Path | bytes,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    settings: OrtSettings,
+    workdir: Path,
+    prefix: str,
+    *,
+    optimized: bool,
+    env_allocators: bool = False,
+) -> tuple[Path, list[dict[str, np.ndarray]], list[str]]:
     import onnxruntime as ort
 
     so = settings.session_options()
@@ -233,8 +252,11 @@ def _twin_child(config: dict[str, Any]) -> str:
         raise SystemExit(3)
     feeds = [load_feeds(p) for p in config["feeds"]]
     settings = OrtSettings(**config["settings"])
-    return str(profiled_session(config["model"], feeds, settings, Path(config["workdir"]), "shadow",
-                                 optimized=False, env_allocators=True)[0])  # fmt: skip
+    return str(
+        profiled_session(
+            config["model"], feeds, settings, Path(config["workdir"]), "shadow", optimized=False, env_allocators=True
+        )[0]
+    )
 
 
 if __name__ == "__main__":

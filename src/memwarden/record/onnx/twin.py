@@ -96,8 +96,12 @@ def shadow_profile(
     try:
         done = subprocess.run(
             [sys.executable, "-m", "memwarden.record.onnx.session", json.dumps(config)],
-            capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, timeout=TWIN_TIMEOUT_S,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            timeout=TWIN_TIMEOUT_S,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = done.stdout.strip().splitlines()

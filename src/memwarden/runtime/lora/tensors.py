@@ -18,10 +18,19 @@ from memwarden.record.inputs import host_array
 __all__ = ["adapter_parameters", "check_fits", "from_raw", "logical_view", "padded", "rank_dim", "to_raw"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
-    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
-    "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}  # fmt: skip
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
 SAFETENSORS_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
 # The LoRA matrices whose rank a slot may zero-pad, and which of their dimensions is the rank.
 _RANK_DIM = {".lora_A.weight": 0, ".lora_embedding_A": 0, ".lora_B.weight": 1, ".lora_embedding_B": 1}

@@ -26,10 +26,12 @@ def collect(root: str = "/sys/class/thermal") -> dict[str, Any]:
             if kind is None or trip_milli_c is None:
                 break
             trips.append({"type": kind.strip(), "temp_c": trip_milli_c / 1000})
-        zones.append({
-            "name": zone.name,
-            "type": (_read.text(zone / "type", 128) or "").strip() or None,
-            "temp_c": None if milli_c is None else milli_c / 1000,
-            "trips": trips,
-        })  # fmt: skip
+        zones.append(
+            {
+                "name": zone.name,
+                "type": (_read.text(zone / "type", 128) or "").strip() or None,
+                "temp_c": None if milli_c is None else milli_c / 1000,
+                "trips": trips,
+            }
+        )
     return {"status": "present", "zones": zones}
