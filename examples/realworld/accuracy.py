@@ -166,17 +166,27 @@ def score(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def main() -> None:
-    folder = Path(sys.argv[sys.argv.index("--corpus") + 1]).resolve() if "--corpus" in sys.argv else HERE
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Score memwarden diagnose on a folder of planted cases and twins.")
+    parser.add_argument("--corpus", type=Path, default=HERE, help="folder of cases (default: examples/realworld)")
+    parser.add_argument("--case", default="", help="keep only the cases whose name contains this text")
+    parser.add_argument("--cli", action="store_true", help="run each case through `memwarden trace` + `diagnose`")
+    parser.add_argument("--json", action="store_true", help="print the per-case results as JSON")
+    parser.add_argument("--verbose", action="store_true", help="print each finding's first line, saving and fix")
+    args = parser.parse_args()
+    folder = args.corpus.resolve()
+    if not folder.is_dir():
+        parser.error(f"no such folder: {folder}")
     results = []
-    run = diagnose_case_cli if "--cli" in sys.argv else diagnose_case
-    only = sys.argv[sys.argv.index("--case") + 1] if "--case" in sys.argv else ""
+    run = diagnose_case_cli if args.cli else diagnose_case
     for case in cases(folder):
-        if only not in case.name:
+        if args.case not in case.name:
             continue
         findings = run(case)
         results.append(verdict(case, findings))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-        if "--verbose" in sys.argv:  # each finding's first line, saving and fix, for reading a miss
+        if args.verbose:  # each finding's first line, saving and fix, for reading a miss
             for f in findings:
                 first = f["lines"][0] if f["lines"] else {}
                 where = f"{Path(first.get('file', '?')).name}:{first.get('line', '?')}"
@@ -187,7 +197,7 @@ def main() -> None:
                     flush=True,
                 )
     table = score(results)
-    if "--json" in sys.argv:
+    if args.json:
         print(json.dumps({"cases": results, "patterns": table}, indent=2))
         return
     print("| pattern | planted | found | recall | medium/high findings | right | precision |")

@@ -154,14 +154,15 @@ def _argument_at(tree: ast.Module, line: int, function: str, param: str, index: 
 class Knob:
     line: int
     name: str
-    value: int | bool
+    value: int | bool | None  # None: a name the source does not resolve to a constant
 
 
 def tiling_knob(file: str, line: int, keywords: tuple[str, ...]) -> Knob | None:
-    """A keyword of ``keywords`` passed with a value above 1 (or True) by a call the statement at
-    ``file:line`` makes once per item (``[load_image(f, max_num=12) for f in frames]``, or the
-    statement inside a loop): a setting that multiplies with the items. Constants only: a literal
-    or a module-level ``NAME = 12``."""
+    """A keyword of ``keywords`` passed by a call the statement at ``file:line`` makes once per item
+    (``[load_image(f, max_num=12) for f in frames]``, or the statement inside a loop): a setting that
+    multiplies with the items. A literal or a module-level ``NAME = 12`` must be above 1 (or True);
+    any other value (a parameter, an expression) is returned with ``value`` None, for the trace to
+    judge."""
     tree = tree_of(file)
     stmt = statement_at(tree, line) if tree is not None else None
     if tree is None or stmt is None:
@@ -176,7 +177,7 @@ def tiling_knob(file: str, line: int, keywords: tuple[str, ...]) -> Knob | None:
             for k in node.keywords:
                 if k.arg in keywords:
                     value = _constant(tree, k.value)
-                    if value is True or (isinstance(value, int) and not isinstance(value, bool) and value > 1):
+                    if value is None or value is True or (not isinstance(value, bool) and value > 1):
                         return Knob(getattr(k.value, "lineno", node.lineno), str(k.arg), value)
     return None
 
@@ -192,6 +193,10 @@ def _in_loop(tree: ast.Module, stmt: ast.stmt) -> bool:
 def _constant(tree: ast.Module, node: ast.AST) -> int | bool | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, bool)):
         return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):  # 4 * TILE
+        left, right = _constant(tree, node.left), _constant(tree, node.right)
+        if isinstance(left, int) and isinstance(right, int) and not isinstance(left, bool):
+            return left * right
     if isinstance(node, ast.Name):
         for top in tree.body:
             if isinstance(top, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in top.targets):

@@ -202,6 +202,7 @@ def _fewer_media_tokens(trace: Trace, steps: Sequence[Step], context: dict[str, 
 # SmolVLM splitting, Gemma 3's pan-and-scan, LLaVA-NeXT's grids): each crop costs a whole image's
 # tokens in a fixed-resolution tower. Tiling each of several images (a video's frames) multiplies
 # them; InternVL's own video recipe loads every frame with max_num=1.
+_ONE_IMAGE_TILES = 13  # InternVL's single-image max_num=12 plus its thumbnail
 _TILE_KNOBS = (
     "max_num",
     "max_dynamic_patch",
@@ -233,7 +234,10 @@ def _tiled(ctx: Context, steps: Sequence[Step], context: dict[str, Any], p: int)
     if knob is None:
         return []
     images = _pieces(trace, row, shape, a.free_index)
-    if images is None or tiles <= images:
+    # several tiles per image, and more than one image's worth of tiles in all (InternVL's single
+    # image budget, max_num=12 plus a thumbnail, with a thumbnail per image on top): a total budget
+    # divided between the images (total_max_num // image_num) stays under it
+    if images is None or tiles < 2 * images or tiles <= _ONE_IMAGE_TILES + images:
         return []
     target = max(1, media_tokens * images // tiles)
     change = _fewer_media_tokens(trace, steps, context, target)
@@ -244,18 +248,22 @@ def _tiled(ctx: Context, steps: Sequence[Step], context: dict[str, Any], p: int)
         "media_tokens": media_tokens,
         "images": images,
         "tiles": tiles,
-        "tiling_setting": {knob.name: knob.value},
+        "tiling_setting": {knob.name: knob.value},  # None: not a constant in the source
         "recommended": {knob.name: 1},
         "target_media_tokens": target,
         "prefill_step": context["step"],
     }
+    setting = f"{knob.name}={knob.value}" if knob.value is not None else f"{knob.name}"
     fix = (
-        f"{tiles} tiles for {images} images: each image (a video frame) is tiled with {knob.name}={knob.value}, and "
-        f"every tile costs a whole image's tokens in this fixed-resolution tower ({media_tokens} vision tokens): load "
-        f"each frame as one tile ({knob.name}=1, as InternVL's video recipe does), or sample fewer frames; keep "
-        f"tiling for a single dense image ({media_tokens} -> {target} tokens)"
+        f"{tiles} tiles for {images} images: each image (a video frame, a photo) is tiled by {setting}, and every "
+        f"tile costs a whole image's tokens in this fixed-resolution tower ({media_tokens} vision tokens): load each "
+        f"frame as one tile ({knob.name}=1, as InternVL's video recipe does; {media_tokens} -> {target} tokens), or "
+        f"divide one image's tile budget between the images (max(1, total_max_num // image_num), as lmms-eval does), "
+        f"or sample fewer frames; keep tiling for a single dense image"
     )
-    first = [LineBytes(made.file, knob.line, f"{knob.name}=", 0, 0)]
+    # where the setting's value was chosen (tiles_per_image = MAX_NUM in the caller), else the keyword
+    chosen = origin_line(made.file, knob.line, _TILE_KNOBS) if knob.value is None else None
+    first = [LineBytes(made.file, chosen.line if chosen else knob.line, f"{knob.name}=", 0, 0)]
     live = live_blocks_at(trace, p, a.device, a.free_index)
     return [
         Finding(
