@@ -436,7 +436,17 @@ def judge(
     ]
     if ob.bytes is None:
         raise ValueError("no memory figure in the state: nothing to judge the request against")
-    common = dict(
+    verified = [f for f in issues if f.verified]
+    if verified:
+        f = verified[0]
+        verdict, reason = "fails", f"L4T {state.value('l4t')}: {f.effect}; fix: {f.fix}"
+    elif request_bytes <= ob.bytes:
+        verdict, reason = "fits", f"{_gib(request_bytes)} <= {_gib(ob.bytes)} obtainable ({ob.basis})"
+    else:
+        verdict, reason = "fails", f"{_gib(request_bytes)} > {_gib(ob.bytes)} obtainable ({ob.basis})"
+    return Verdict(
+        verdict=verdict,
+        reason=reason,
         obtainable_bytes=ob.bytes,
         components=ob.components,
         request_bytes=request_bytes,
@@ -444,14 +454,3 @@ def judge(
         naive=naive,
         platform_issues=issues_json,
     )
-    verified = [f for f in issues if f.verified]
-    if verified:
-        f = verified[0]
-        return Verdict(verdict="fails", reason=f"L4T {state.value('l4t')}: {f.effect}; fix: {f.fix}", **common)  # type: ignore[arg-type]
-    if request_bytes <= ob.bytes:
-        return Verdict(
-            verdict="fits", reason=f"{_gib(request_bytes)} <= {_gib(ob.bytes)} obtainable ({ob.basis})", **common
-        )  # type: ignore[arg-type]
-    return Verdict(
-        verdict="fails", reason=f"{_gib(request_bytes)} > {_gib(ob.bytes)} obtainable ({ob.basis})", **common
-    )  # type: ignore[arg-type]
