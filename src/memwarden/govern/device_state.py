@@ -257,7 +257,7 @@ def obtainable(state: DeviceState, kind: str) -> Obtainable:
             line=fig.line,
             line_no=fig.line_no,
             note=(
-                f"tegrastats lfb {count}x{int(lfb) >> 20}MB: largest physically contiguous free block (at most "
+                f"tegrastats lfb {count}x{_block(int(lfb))}: largest physically contiguous free block (at most "
                 "4 MB by design); bounds contiguous buffers, not cudaMalloc (SMMU-mapped pages)"
             ),
         )
@@ -276,7 +276,7 @@ def obtainable(state: DeviceState, kind: str) -> Obtainable:
         comps["reclaimable_cache"] = _component(state, "cached", "reclaimable_cache", True, "page cache, reclaimable")  # type: ignore[assignment]
         comps["mem_free"] = _component(state, "mem_free", "mem_free", True, "MemFree")  # type: ignore[assignment]
     if base is None and (dev := state.value("device_free")) is not None:
-        base, basis = dev, "the reported free figure (MemFree on an integrated GPU: a lower bound)"
+        base, basis = dev, "the reported device free figure (on an integrated GPU it is MemFree: a lower bound)"
         comps["reported_device_free"] = Component(**{**comps["reported_device_free"].__dict__, "counts": True})
     if base is None and (android := state.value("android_free_ram")) is not None:
         base, basis = android, "dumpsys Free RAM (counts cached apps lmkd would kill: an upper estimate)"
@@ -360,6 +360,11 @@ class Verdict:
         }
 
 
+def _block(n: int) -> str:
+    """A block size as tegrastats prints it: whole MB, else kB (older boards print ``lfb 1x512kB``)."""
+    return f"{n >> 20}MB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10}kB"
+
+
 def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
@@ -378,8 +383,8 @@ def _contiguous(state: DeviceState, kind: str, largest_buffer_bytes: int) -> tup
     cma = state.value("cma_free")
     fits_cma = isinstance(cma, int) and largest_buffer_bytes <= cma
     note = (
-        f"the request's largest buffer ({largest_buffer_bytes >> 20} MiB) is larger than the largest free "
-        f"contiguous block (lfb {count}x{block >> 20}MB)"
+        f"the request's largest buffer ({_block(largest_buffer_bytes)}) is larger than the largest free "
+        f"contiguous block (lfb {count}x{_block(block)})"
     )
     if kind == "contiguous":
         note += "; CmaFree can still hold it" if fits_cma else "; no free block or CMA area holds it: it fails"

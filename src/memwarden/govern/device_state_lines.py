@@ -16,7 +16,7 @@ Formats (fields are bytes unless named otherwise):
 - ``free`` (``-b``/``-k``/``-m``/``-g``/``-h``): the ``Mem:`` and ``Swap:`` rows.
 - ``/proc/pressure/memory`` (PSI): ``some avg10=.. avg60=.. avg300=.. total=..`` (percent, not bytes).
 - CUDA's own figures: ``torch.cuda.mem_get_info()`` tuples, ``cudaMemGetInfo`` printouts, vLLM's
-  ``Free memory on device cuda:0 (F/T GiB)``, llama.cpp/ollama device lines
+  ``Free memory on device [cuda:0] (F/T GiB)``, llama.cpp/ollama device lines
   ``CUDA0 : Orin (7619 MiB, 3875 MiB free)`` and ``using device CUDA0 (Orin) - 3875 MiB free``.
 - The platform: ``/etc/nv_tegra_release`` (``# R36 (release), REVISION: 4.7``), ``L4T R36.4.7``,
   ``nvidia-l4t-core 36.4.7``, ``JetPack 6.2``.
@@ -214,7 +214,8 @@ _DEVICE_LINE = re.compile(
 _USING_DEVICE = re.compile(
     r"using device (?:CUDA|ROCm|Vulkan)\d+ \([^)]{1,120}\) (?:\([^)]{0,40}\) )?- (\d{1,9}) MiB free"
 )
-_VLLM_FREE = re.compile(r"Free memory on device \S{1,20} \(" + _NUM + r"/" + _NUM + r" (GiB|MiB)\)")
+# vLLM's start check; before 0.10 it named no device ("Free memory on device (F/T GiB) on startup ...")
+_VLLM_FREE = re.compile(r"[Ff]ree memory on device(?: \S{1,20})? \(" + _NUM + r"/" + _NUM + r" (GiB|MiB)\)")
 _TUPLE = re.compile(r"(?:mem_get_info\S*\s*(?:->|=|:)?\s*)?\((\d{1,15}),\s*(\d{1,15})\)\s*$")
 _CUDA_INFO = re.compile(
     r"(?:cudaMemGetInfo|cuMemGetInfo|mem_get_info)\S*[^0-9]{0,40}?free\s*[:=]?\s*" + _NUM + r"\s*([KMGT]i?B?|B|bytes)?"
