@@ -96,6 +96,13 @@ def register(sub: Any) -> None:
         help="judge the peak against the memory the device has now, as FILE shows it (tegrastats, /proc/meminfo, "
         "free, mem_get_info, llama.cpp device lines, L4T version; see telemetry --replay --request)",
     )
+    p.add_argument(
+        "--largest-buffer",
+        default=None,
+        metavar="BYTES",
+        help="with --device-state: the request's single largest buffer, judged against the largest free contiguous "
+        "block the state shows (tegrastats lfb, jtop), as telemetry --largest-buffer does",
+    )
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print the memory card as JSON")
     fmt.add_argument("--format", choices=("text", "md", "json"), default="text", help="output format (default text)")
@@ -258,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
             cache=True,  # a repeated estimate answers from the card kept on disk (estimation/card_store.py)
             **common,
         )
-    state = _device_state(args.device_state, card, devices[0] if devices else None)
+    state = _device_state(args.device_state, card, devices[0] if devices else None, args.largest_buffer)
     if fmt == "json":
         print_json({**card.to_json(), "device_state": state.to_json()} if state else card.to_json())
     elif fmt == "md":
@@ -276,12 +283,25 @@ def run(args: argparse.Namespace) -> int:
     return 1 if devices and card.fits is False else 0
 
 
-def _device_state(path: str | None, card: Any, device: Any) -> Any:
+def _device_state(path: str | None, card: Any, device: Any, largest_buffer: str | None = None) -> Any:
     """The card's peak judged against the pasted state (``govern.device_state``): device memory on a
-    GPU or unified board, host memory on a CPU profile."""
+    GPU or unified board, host memory on a CPU profile; with ``largest_buffer`` also buffer by buffer
+    against the largest free contiguous block (tegrastats ``lfb``), as ``telemetry --largest-buffer``."""
     if path is None:
+        if largest_buffer is not None:
+            raise InputError(
+                "--largest-buffer needs --device-state FILE (the state whose free blocks it is judged against)"
+            )
         return None
     from memwarden.govern.device_state import judge, load_state
+    from memwarden.units import parse_bytes
+
+    largest = None
+    if largest_buffer is not None:
+        try:
+            largest = parse_bytes(largest_buffer)
+        except ValueError as exc:
+            raise InputError(f"--largest-buffer: {exc}") from None
 
     read = load_state(path)
     samples = [s for s in read.samples if s.value("mem_available") or s.value("mem_free") or s.value("device_free")]
@@ -290,7 +310,10 @@ def _device_state(path: str | None, card: Any, device: Any) -> Any:
             f"--device-state {terminal_safe(path)}: no memory figure ({read.skipped} lines not recognised)"
         )
     kind = "cuda" if device is None or device.kind in ("jetson", "gpu", "datacenter") else "host"
-    return judge(samples[-1], card.device_peak_bytes, kind)
+    peak = card.device_peak_bytes
+    if largest is not None and largest > peak:
+        raise InputError(f"--largest-buffer is larger than the estimated peak ({peak} bytes): one buffer of it")
+    return judge(samples[-1], peak, kind, largest_buffer_bytes=largest)
 
 
 def _run_gguf(args: argparse.Namespace) -> int:
