@@ -2,14 +2,22 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# What `make demo` needs: memwarden and its runtime dependencies (what `pip install .` installs), the hook.
+RUNTIME_STAMP := $(VENV)/.memwarden-runtime
+# What `make test`, `make lint` and `make bench` need on top: the test tools and the quantization libraries.
 STAMP := $(VENV)/.memwarden-installed
 
-.PHONY: install browser demo test lint bench clean
+.PHONY: install install-runtime browser demo test lint bench clean
 
-$(STAMP): pyproject.toml constraints.txt Makefile
+$(RUNTIME_STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	# torch first, alone and pinned, so pip takes the CPU build on disk, never a CUDA download
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt torch
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e .
+	$(PY) -m memwarden.record.native --build
+	touch $(RUNTIME_STAMP)
+
+$(STAMP): $(RUNTIME_STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
 	# torchao apart (its own folder, not site-packages): beside transformers, every `import
 	# transformers` would import it. tests/test_estimate_hqq_torchao.py quantizes with it in a child.
@@ -21,11 +29,13 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --upgrade --target $(VENV)/bnb -c constraints.txt bitsandbytes
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --upgrade --target $(VENV)/ct \
 		-c constraints.txt compressed-tensors loguru
-	$(PY) -m memwarden.record.native --build
 	touch $(STAMP)
 
 # Python packages and the native capture hook only: a C++ compiler and Python are all `make demo`
-# needs. No system packages are installed here.
+# needs. No system packages are installed here. install-runtime: memwarden and its runtime
+# dependencies alone; install: those and the test tools.
+install-runtime: $(RUNTIME_STAMP)
+
 install: $(STAMP)
 
 # The headless browser the report tests drive. Part of the test set-up, not of install: it uses
@@ -34,7 +44,7 @@ install: $(STAMP)
 browser:
 	@./scripts/install-chromium.sh
 
-demo: install
+demo: install-runtime
 	$(VENV)/bin/memwarden demo
 
 test: install browser
