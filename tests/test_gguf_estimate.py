@@ -253,7 +253,12 @@ def test_mmproj_weights_and_warmup_compute(files: dict[str, Path]) -> None:
     assert qwen.warmup_size == 46 * 28  # set_warmup_n_tokens(46*46)
     plain = estimate_gguf(str(files["f16"]), mmproj_path=str(files["qwen2vl"]), images=((1000, 600),))
     windowed = estimate_gguf(str(files["f16"]), mmproj_path=str(files["qwen25vl"]), images=((1000, 600),))
-    assert windowed.mmproj_compute_bytes - plain.mmproj_compute_bytes == (92 * 92) ** 2 * 2  # the f16 window mask
+    n = 92 * 92  # warmup patches
+    # the window-mask moment (measured, tests/test_gguf_vs_llamacpp.py): the image, the m-rope positions,
+    # both window indices and the f32 window_mask inputs with the mask's f16 copy
+    assert windowed.mmproj_compute_bytes == 3 * 1288 * 1288 * 4 + 4 * n * 4 + 2 * (n // 4) * 4 + n * n * (4 + 2)
+    # the patch embedding moment: the image, the positions, im2col (3 x 14^2 f16 per patch), conv 0's product
+    assert plain.mmproj_compute_bytes == 3 * 1288 * 1288 * 4 + 4 * n * 4 + 588 * n * 2 + n * 32 * 4
     no_fa = estimate_gguf(str(files["f16"]), mmproj_path=str(files["qwen2vl"]), flash_attn="off")
     assert no_fa.mmproj_compute_bytes > (92 * 92) ** 2 * 2 * 4  # n_patches^2 x heads f32 scores
 

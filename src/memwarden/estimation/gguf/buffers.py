@@ -182,29 +182,47 @@ def kv_cache(model: TextModel, cp: ContextParams, *, swa_full: bool = False) -> 
     )
 
 
+def attn_rotation(model: TextModel, cp: ContextParams) -> bool:
+    """llama-kv-cache.cpp ``llama_kv_cache::llama_kv_cache``: ``attn_rot_k``/``attn_rot_v`` — a
+    quantized K (V) cache with a head size divisible by 64 gets Hadamard-rotated q/k (v) in the
+    graph (``llm_graph_context::build_attn``, ``llama_mul_mat_hadamard``)."""
+    rot_k = QUANT_SIZES[cp.type_k][0] > 1 and model.head_dim_k % 64 == 0
+    rot_v = QUANT_SIZES[cp.type_v][0] > 1 and model.head_dim_v % 64 == 0
+    return rot_k or rot_v
+
+
 def compute_bytes(model: TextModel, cp: ContextParams, kv: KVCache) -> int:
     """The graph allocator's high-water mark for the worst-case prompt graph that
     ``llama_context::sched_reserve`` reserves: ``n_tokens = min(n_ctx, n_ubatch)`` tokens against the
     full cache (``init_full``: n_kv = kv_size), with one output per token (``n_outputs_pp =
     min(n_tokens, n_outputs_max)``, n_outputs_max = n_batch by default).
 
-    ggml-alloc (``ggml/src/ggml-alloc.c``, ``ggml_gallocr_alloc_graph``) frees a tensor after its
-    last use and reuses a parent's memory in place for element-wise ops; graph inputs (the KQ mask,
-    per cache) stay live. The peak is the largest of the steps below, each the tensors live at once:
-    attention (``llm_graph_context::build_attn_mha``: KQ of n_kv x n_tokens x n_head f32 without
-    flash attention, its output), the FFN (gate and up of n_ff x n_tokens), the head (logits of
-    n_vocab x n_outputs f32, ``build_inp_out_ids``)."""
+    ggml-alloc (``ggml/src/ggml-alloc.c``, ``ggml_gallocr_alloc_graph_impl``) places the graph
+    inputs first and frees every tensor after its last use — the KQ masks too, after the last
+    layer — except graph outputs. The peak is the larger of:
+
+    - a layer: the inputs (masks of n_kv x n_tokens, f16 with flash attention:
+      ``build_attn_inp_kq_mask``) with the attention (KQ of n_kv x n_tokens x n_head f32 without
+      flash attention) or the FFN (gate and up of n_ff x n_tokens);
+    - the head: the logits (n_vocab x n_outputs f32) on top of what is still held then — the token
+      ids, the unselected embeddings input (``build_inp_embd`` keeps both inputs of
+      ``ggml_build_forward_select``) and ``result_norm`` (an output, never freed), plus one more
+      (n_tokens x n_embd) tensor when the cache is rotated (measured: +0.25 MiB at n_embd 128).
+
+    Measured against llama-mtmd-cli (docs/llama-cpp-accuracy.md): exact to the logged 0.01 MiB
+    except where the allocator's best-fit placement leaves a hole under the logits (-c 2048 with
+    an f16 cache on the tiny models: 18.25 MiB logged, 16.50 estimated)."""
     n = cp.n_ubatch
     n_out = min(n, cp.n_batch)
     f32 = 4
+    d = model.n_embd
+    resid = d * n * f32
     mask_type = 2 if cp.flash_attn else 4  # llama-graph.cpp build_attn_inp_kq_mask: f16 for flash attention
     # n_kv x n_tokens per mask (split across streams when the cache is not unified: the same total)
     masks = kv.cells * n * mask_type
     if kv.swa_cells:
         masks += kv.swa_cells * n * mask_type
-    inputs = masks + n * 4 * 2  # token ids, positions (i32)
-    d = model.n_embd
-    resid = d * n * f32
+    held = n * 4 + resid  # token ids (i32) and the embeddings input, (n_embd, n_tokens) f32
     peak_layer = 0
     for il in range(model.n_layer):
         n_kv = kv.swa_cells if model.is_swa(il) else kv.cells
@@ -220,5 +238,6 @@ def compute_bytes(model: TextModel, cp: ContextParams, kv: KVCache) -> int:
         n_ff_tokens = n * (model.n_expert_used if model.n_expert_used else 1)
         ffn = resid * 2 + 3 * ff * n_ff_tokens * f32
         peak_layer = max(peak_layer, attn, ffn)
-    head = resid + d * n_out * f32 + model.n_vocab * n_out * f32
-    return inputs + max(peak_layer, head)
+    rotated = model.head_dim_k * model.n_head[-1] * n * f32 if attn_rotation(model, cp) else 0
+    head = held + d * n_out * f32 + model.n_vocab * n_out * f32 + rotated
+    return max(held + masks + n * 4 * 2 + peak_layer, head)

@@ -35,7 +35,7 @@ SUPPORTED = DYN_SIZE | FIXED_SIZE | TILED
 @dataclass(frozen=True, kw_only=True)
 class Projector:
     proj_type: str
-    weights_bytes: int  # "model size" clip.cpp logs: the tensors' bytes, each aligned in its buffer
+    weights_bytes: int  # "model size" clip.cpp logs: the tensors' bytes (the buffer adds <= 31 B each)
     image_size: int
     patch_size: int
     n_merge: int  # patch merge per side (Qwen: spatial_merge_size; Gemma 3 / Idefics3: scale factor)
@@ -96,7 +96,8 @@ def projector(header: GGUFHeader, *, image_min_tokens: int = -1, image_max_token
             min_px = image_min_tokens * area
         if image_max_tokens > 0:
             max_px = image_max_tokens * area
-    weights = sum(-(-t.nbytes // 32) * 32 for t in header.tensors)
+    # clip.cpp load_hparams logs "model size" as the tensors' ggml_nbytes, unaligned
+    weights = sum(t.nbytes for t in header.tensors)
     return Projector(
         proj_type=proj,
         weights_bytes=weights,
@@ -205,18 +206,42 @@ def _idefics3(p: Projector, width: int, height: int) -> ImagePlan:
 
 def compute_bytes(p: Projector, flash_attn: bool) -> int:
     """The vision graph's high-water mark for the warmup image (clip.cpp ``warmup``: the buffer is
-    reserved once, for ``warmup_image_size`` squared, whatever the user's image): the raw image (3
-    planes f32), then per layer the residual and the attention (n_patches^2 x n_head f32 scores
-    without flash attention; a patches^2 window mask for Qwen2.5-VL) or the FFN (n_ff wide)."""
+    reserved once, for ``warmup_image_size`` squared, whatever the user's image).
+
+    ggml-alloc (``ggml_gallocr_alloc_graph_impl``) places the graph inputs first and frees every
+    tensor, inputs included, after its last use, so the peak is the largest of three moments:
+
+    - the patch embedding: the raw image (3 planes f32, ``build_inp_raw``), the other inputs and
+      ``ggml_conv_2d``'s im2col (3 p^2 x patches, f16), plus for Qwen-VL (two temporal convs,
+      ``clip_graph_qwen2vl::build_inp_with_temporal_merge``) the first conv's product;
+    - Qwen2.5-VL's window attention: the patches^2 f32 ``window_mask`` input and its f16 copy
+      (``clip_graph_qwen2vl::build``, cast when flash attention is on) live together;
+    - a layer: the residual and attention (patches^2 x heads f32 scores without flash
+      attention) or the FFN, the image long freed.
+
+    Measured against llama-mtmd-cli (docs/llama-cpp-accuracy.md): Qwen2-VL, Qwen2.5-VL and
+    Gemma 3 exact to the logged 0.01 MiB; the layer term is not exercised by the tiny towers."""
     side = p.warmup_size
-    n = (side // p.patch_size) ** 2
+    n = (side // p.patch_size) ** 2  # patches
     f32 = 4
-    image = 3 * side * side * f32
-    resid = n * p.n_embd * f32
+    image = 3 * side * side * f32  # (W, H, 3) f32
+    im2col = 3 * p.patch_size * p.patch_size * n * 2  # (3 p^2, patches) f16
+    resid = n * p.n_embd * f32  # (n_embd, patches)
+    other_inputs = 0
+    mask_stage = 0
+    if p.proj_type in DYN_SIZE:
+        other_inputs = 4 * n * 4  # m-rope positions, 4 per patch (i32)
+        if p.proj_type in WINDOW_ATTENTION:
+            other_inputs += 2 * (n // 4) * 4 + n * n * f32  # window_idx, inv_window_idx, window_mask
+            if flash_attn:
+                mask_stage = image + other_inputs + n * n * 2
+        embed = image + other_inputs + im2col + resid  # conv 0's product is live at conv 1
+    else:
+        embed = image + other_inputs + im2col
     if flash_attn:
-        attn = 3 * resid + resid
+        attn = 4 * resid
     else:
         attn = 2 * resid + n * n * p.n_head * f32 + resid
-    mask = n * n * (2 if flash_attn else 4) if p.proj_type in WINDOW_ATTENTION else 0
     ffn = resid * 2 + 2 * n * max(p.n_ff, p.n_embd) * f32
-    return image + mask + max(attn, ffn)
+    layer = other_inputs + max(attn, ffn)
+    return max(embed, mask_stage, layer)
