@@ -316,12 +316,12 @@ def main() -> int:
     ap.add_argument("--replay", type=Path, default=None, help="re-estimate the rows of an earlier --json; no runs")
     args = ap.parse_args()
     if args.replay:
-        rows = json.loads(args.replay.read_text())
-        for r in rows:
+        stored: list[dict[str, Any]] = json.loads(args.replay.read_text())
+        for r in stored:
             w, h = (int(v) for v in r["image"].split("x"))
             est = _estimate(r["model"], r["mmproj"], w, h, r["ctx"], r["cache"])
             r["memwarden"], r["peak_bytes"] = {k: est["llama_cpp"][k] for k in KEYS}, est["peak_bytes"]
-        print(table(rows))
+        print(table(stored))
         return 0
     binary = args.bin
     if binary is None or not Path(binary).is_file():
