@@ -334,7 +334,7 @@ def _held_together(
     burst = segment == best
     # several weight shapes (a model's attention and MLP projections), not one tensor's chain of
     # temporaries while it is quantised (randn, / scale, round, clamp: one shape)
-    shapes = np.unique(numel_of_rows[held[burst]]) if int(burst.sum()) >= _MIN_HELD else []
+    shapes = np.unique(numel_of_rows[held[burst]]) if int(burst.sum()) >= _MIN_HELD else np.zeros(0, np.int64)
     if len(shapes) < 2:
         return held[:0], held_owner[:0]
     return held[burst], held_owner[burst]
