@@ -8,11 +8,13 @@ process; its wall time and its CPU seconds (user + system: on a machine other jo
 for the wall time it would take alone) are printed. The native hook's build is shared with this
 machine's cache and not counted (the conv probes load it; ``make install`` builds it).
 
-    python benchmarks/bench_estimate_speed.py [--json] [--compare SRC] [--repeat N]
+    python benchmarks/bench_estimate_speed.py [--json] [--compare SRC] [--repeat N] [--rounds N]
 
-``--compare SRC`` runs each cold case first with ``SRC`` (another version's ``src`` folder, e.g.
-``git archive HEAD~1 src | tar -x -C /tmp/before``) ahead on ``PYTHONPATH``, interleaved, so a
-before/after pair sees the same load.
+``--compare SRC`` runs each case first with ``SRC`` (another version's ``src`` folder, e.g.
+``git archive HEAD~1 src | tar -x -C /tmp/before``) ahead on ``PYTHONPATH``, cold then warm,
+interleaved with this checkout's runs, so a before/after pair sees the same load. ``--rounds N``
+runs every case N times over (a fresh store each round: each round's first run is cold); on a
+machine other jobs share, the spread of the rounds says how far one pair can be trusted.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--compare", default=None, metavar="SRC", help="another version's src folder (cold only)")
     parser.add_argument("--repeat", type=int, default=1, help="warm runs per case")
+    parser.add_argument("--rounds", type=int, default=1, help="times each case is run over, cold first")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,17 +81,23 @@ def main() -> None:
         shutil.copytree(
             Path(__file__).resolve().parents[1] / "src", after, ignore=shutil.ignore_patterns("__pycache__")
         )
-        for model, request in CASES:
-            row: dict[str, object] = {"model": model, "request": request}
-            if args.compare:
-                row["before_cold"] = _run(model, request, _cache_root(Path(tmp)), os.path.abspath(args.compare))
-            cache = _cache_root(Path(tmp))
-            row["cold"] = _run(model, request, cache, str(after))
-            row["warm"] = [_run(model, request, cache, str(after)) for _ in range(args.repeat)]
-            peaks = {r["peak_bytes"] for r in [row["cold"], *row["warm"], row.get("before_cold") or row["cold"]]}
-            if len(peaks) != 1:  # the kept card must be the measured one
-                raise SystemExit(f"{model}: cold, warm and before differ: {sorted(peaks)}")
-            rows.append(row)
+        for _round in range(args.rounds):
+            for model, request in CASES:
+                row: dict[str, object] = {"model": model, "request": request}
+                runs = []
+                if args.compare:
+                    src, before = os.path.abspath(args.compare), _cache_root(Path(tmp))
+                    row["before_cold"] = _run(model, request, before, src)
+                    row["before_warm"] = [_run(model, request, before, src) for _ in range(args.repeat)]
+                    runs += [row["before_cold"], *row["before_warm"]]
+                cache = _cache_root(Path(tmp))
+                row["cold"] = _run(model, request, cache, str(after))
+                row["warm"] = [_run(model, request, cache, str(after)) for _ in range(args.repeat)]
+                runs += [row["cold"], *row["warm"]]
+                peaks = {r["peak_bytes"] for r in runs}
+                if len(peaks) != 1:  # the kept card must be the measured one, and before's the same
+                    raise SystemExit(f"{model}: cold, warm and before differ: {sorted(peaks)}")
+                rows.append(row)
     if args.json:
         print(json.dumps({"load_average": os.getloadavg(), "rows": rows}, indent=2))
         return
@@ -98,6 +107,7 @@ def main() -> None:
         if "before_cold" in row:
             b = row["before_cold"]
             cells.append(f"before cold {b['wall_s']:.1f} ({b['cpu_s']:.1f})")  # type: ignore[index]
+            cells += [f"before warm {w['wall_s']:.1f} ({w['cpu_s']:.1f})" for w in row["before_warm"]]  # type: ignore[attr-defined]
         c = row["cold"]
         cells.append(f"cold {c['wall_s']:.1f} ({c['cpu_s']:.1f})")  # type: ignore[index]
         cells += [f"warm {w['wall_s']:.1f} ({w['cpu_s']:.1f})" for w in row["warm"]]  # type: ignore[attr-defined]

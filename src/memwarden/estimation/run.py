@@ -43,6 +43,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from memwarden.errors import InputError, MemwardenError
 from memwarden.estimation.card import MemoryCard, Request
+from memwarden.estimation.collector import EstimateCollector
 from memwarden.estimation.measure import Progress, card_for, check_request
 from memwarden.estimation.rerun import image_multiple, replace_request, rerun_suggestions
 from memwarden.estimation.resolve import CONFIG_DIR, resolve_model, shipped_name
@@ -233,32 +234,34 @@ def _estimate(
 ) -> MemoryCard:
     if progress is not None:  # transformers' import and the config's class take seconds before the run starts
         progress("reading the model's config", 0.01)
-    resolved = resolve_model(model)
-    dtype = dtype or resolved.default_dtype
-    req = Request(
-        images=tuple(tuple(wh) for wh in (images or ())),  # type: ignore[misc]
-        videos=tuple(tuple(whf) for whf in (videos or ())),  # type: ignore[misc]
-        audio_seconds=audio_seconds,
-        prompt_tokens=prompt_tokens,
-        new_tokens=new_tokens,
-        batch=batch,
-        dtype=dtype,
-        weights_dtype=weights_dtype,
-        kv_dtype=kv_dtype,
-        max_pixels=max_pixels,
-        logits=logits,
-    )
-    check_request(req)
-    profile = load_device(device) if device is not None else None
-    if fit is not None or solve is not None:
-        return _fit(resolved, req, fit, solve, profile, progress)
-    kwargs = {"progress": progress} if progress is not None else {}
-    card, _facts = card_for(resolved, req, profile, facts=True, **kwargs)
-    if profile is not None and suggest and not card.fits:
-        if progress is not None:
-            progress("pricing the changes that would fit", 0.9)
-        card.suggestions = rank_suggestions(rerun_suggestions(resolved, req, card, profile) + card.suggestions)
-    return card
+    with EstimateCollector() as collector:
+        resolved = resolve_model(model)  # torch, transformers and the family's modeling module import here
+        collector.imports_done()
+        dtype = dtype or resolved.default_dtype
+        req = Request(
+            images=tuple(tuple(wh) for wh in (images or ())),  # type: ignore[misc]
+            videos=tuple(tuple(whf) for whf in (videos or ())),  # type: ignore[misc]
+            audio_seconds=audio_seconds,
+            prompt_tokens=prompt_tokens,
+            new_tokens=new_tokens,
+            batch=batch,
+            dtype=dtype,
+            weights_dtype=weights_dtype,
+            kv_dtype=kv_dtype,
+            max_pixels=max_pixels,
+            logits=logits,
+        )
+        check_request(req)
+        profile = load_device(device) if device is not None else None
+        if fit is not None or solve is not None:
+            return _fit(resolved, req, fit, solve, profile, progress)
+        kwargs = {"progress": progress} if progress is not None else {}
+        card, _facts = card_for(resolved, req, profile, facts=True, **kwargs)
+        if profile is not None and suggest and not card.fits:
+            if progress is not None:
+                progress("pricing the changes that would fit", 0.9)
+            card.suggestions = rank_suggestions(rerun_suggestions(resolved, req, card, profile) + card.suggestions)
+        return card
 
 
 def _fit(
@@ -386,9 +389,28 @@ def sweep(
     fitting. An axis given one value or none is swept over a default grid for the model: square
     images (dynamic-resolution models; a fixed-resolution model takes its native size only),
     prompts up to its context length, audio up to its encoder window."""
+    with EstimateCollector() as collector:
+        resolved = resolve_model(model)
+        collector.imports_done()
+        return _sweep(
+            resolved, images, prompt_tokens, audio_seconds, new_tokens, batch, dtype, weights_dtype, kv_dtype, devices
+        )
+
+
+def _sweep(
+    resolved: Any,
+    images: list[tuple[int, int]] | None,
+    prompt_tokens: list[int] | None,
+    audio_seconds: list[float] | None,
+    new_tokens: int,
+    batch: int,
+    dtype: str | None,
+    weights_dtype: str | None,
+    kv_dtype: str | None,
+    devices: list[Any] | None,
+) -> SweepResult:
     from memwarden.models import zoo
 
-    resolved = resolve_model(model)
     dtype = dtype or resolved.default_dtype
     audio_config = getattr(resolved.config, "audio_config", None)
     modality = (
