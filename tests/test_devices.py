@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from memwarden.commands import devices as devices_command
 from memwarden.errors import InputError
 from memwarden.models import devices
-from memwarden.models.devices import DeviceProfile, list_profiles, load_profile, parse_profile
+from memwarden.models.device_profile import DeviceProfile
+from memwarden.models.devices import list_profiles, load_profile, parse_profile
 
 REQUIRED_IDS = {
     "jetson-orin-nano-8gb",

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memwarden.errors import InputError
-from memwarden.models.devices import MemoryTier, load_profile
+from memwarden.models.device_profile import MemoryTier
+from memwarden.models.devices import load_profile
 from memwarden.plan.placement import KV_CACHE, PlacementError, WeightGroup, place
 
 MIB = 1 << 20

@@ -47,7 +47,7 @@ from memwarden.govern.telemetry import TelemetrySample
 from memwarden.units import parse_bytes
 
 if TYPE_CHECKING:
-    from memwarden.models.devices import DeviceProfile
+    from memwarden.models.device_profile import DeviceProfile
 
 __all__ = [
     "POLICIES",

@@ -39,7 +39,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from memwarden.errors import InputError
-from memwarden.models.devices import DTYPES, MAX_FILE_BYTES, builtin_ids
+from memwarden.models.device_profile import DTYPES
+from memwarden.models.devices import MAX_FILE_BYTES, builtin_ids
 
 __all__ = ["OP_CLASSES", "UNIT_KINDS", "ComputeUnitSpec", "load_compute_units", "parse_compute_units"]
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memwarden.errors import InputError
-from memwarden.models.devices import MemoryTier
+from memwarden.models.device_profile import MemoryTier
 
 __all__ = ["KV_CACHE", "ItemPlacement", "Placement", "PlacementError", "WeightGroup", "place"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
-from memwarden.models.devices import DeviceProfile
+from memwarden.models.device_profile import DeviceProfile
 from memwarden.report.columns import Col, FitTable
 from memwarden.units import format_bytes, format_us
 

@@ -95,6 +95,20 @@ class KVPool:
     def values(self, layer: int) -> torch.Tensor:
         return self.data[1, layer]
 
+    def figures(self) -> dict[str, int]:
+        """What ``GovernedSession.stats()`` reports of the pool: its size, its blocks and prefix reuse."""
+        blocks = self.blocks
+        return {
+            "kv_pool_bytes": self.nbytes,
+            "kv_blocks": self.num_blocks,
+            "kv_free_blocks": blocks.num_free_blocks,
+            "kv_cached_blocks": len(blocks.cached),
+            "block_size": self.spec.block_size,
+            "prefix_hits": blocks.hits,
+            "prefix_misses": blocks.misses,
+            "evictions": blocks.evictions,
+        }
+
     def resized(self, num_blocks: int, swap_dir: str) -> KVPool:
         """A pool of ``num_blocks`` keeping the most recently used cached blocks that fit.
 

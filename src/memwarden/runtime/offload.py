@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from memwarden.models.devices import MemoryTier
+from memwarden.models.device_profile import MemoryTier
 from memwarden.plan.placement import Placement
 from memwarden.runtime.offload_files import GroupFile, delete_group, read_group, write_group
 from memwarden.runtime.offload_plan import aligned, nan_placeholder, plan_streaming, streamable_params

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from memwarden.models.devices import MemoryTier
+from memwarden.models.device_profile import MemoryTier
 from memwarden.plan.placement import Placement, WeightGroup, place
 from memwarden.record.modality import ModalityRules
 from memwarden.trace.model import Modality

@@ -36,16 +36,16 @@ from memwarden.runtime import media as media_mod
 from memwarden.runtime.admission import PeakPredictor
 from memwarden.runtime.degrade import Ladder
 from memwarden.runtime.encoders import EncoderCache
-from memwarden.runtime.host_memory import allocation_failed, first_line, fix_mmap_threshold, return_freed_memory
-from memwarden.runtime.kvcache import KVPool, KVSpec, PagedCache, Sequence, cache_keyword
-from memwarden.runtime.mrope import MRopePositions, reuse_limit_reason
+from memwarden.runtime.host_memory import allocation_failed, first_line
+from memwarden.runtime.kvcache import KVPool, PagedCache, Sequence, cache_keyword
 from memwarden.runtime.session_admit import Admission, AdmissionDecision, apply_change
 from memwarden.runtime.session_chat import Conversation
 from memwarden.runtime.session_config import SessionConfig, from_legacy_keywords
 from memwarden.runtime.session_hooks import SessionHooks
-from memwarden.runtime.session_inputs import check_request, split_rows
+from memwarden.runtime.session_inputs import check_request, join_rows, split_rows
 from memwarden.runtime.session_log import EventLog
 from memwarden.runtime.session_memory import SessionMemory
+from memwarden.runtime.session_model import prefix_reuse, prepare_model
 from memwarden.runtime.session_owned import BudgetError
 from memwarden.runtime.session_owner import Restored, claim, release, restored
 from memwarden.runtime.session_request import FirstTokenStreamer, Request, RequestPlan, RequestRecord
@@ -111,13 +111,9 @@ class GovernedSession:
         self.tally = SessionTally()  # counts over records and events, kept as they grow: stats() without the lists
         self.conversations: dict[str, Conversation] = {}
         # Said once, here: a family whose cached prefix cannot be reused whole (stats() repeats why).
-        self.prefix_reuse_off_reason = reuse_limit_reason(model.config, config.prefix_reuse)
+        self.prefix_reuse_off_reason, self._mrope = prefix_reuse(model, config)
         if self.prefix_reuse_off_reason is not None and config.prefix_reuse:
             warnings.warn(f"GovernedSession: {self.prefix_reuse_off_reason}", UserWarning, stacklevel=2)
-        # Qwen2-VL / Qwen2.5-VL: the session passes the M-RoPE positions of what follows a cached prefix
-        self._mrope = (
-            MRopePositions(model) if config.prefix_reuse and media_mod.positions_continued(model.config) else None
-        )
 
         # before touching the model: the old one restores it
         if claim(model, self, take_over=config.take_over) is not None:
@@ -125,17 +121,7 @@ class GovernedSession:
         if self.prefix_reuse_off_reason is not None:
             self.log.note("session", f"prefix reuse limited: {self.prefix_reuse_off_reason}")
         try:
-            on_cpu = all(p.device.type in ("cpu", "meta") for p in model.parameters())
-            if config.heap_mmap_threshold is not None and on_cpu:
-                fix_mmap_threshold(config.heap_mmap_threshold)  # freed tensors leave the resident set
-            if config.quantize is not None:  # int4 weight-only linears, in place (runtime/quant.py)
-                from memwarden.runtime.quant import quantize as quantize_model
-
-                quantize_model(model, bits=config.quantize, group_size=config.group_size)
-                return_freed_memory()  # the fp32 weights just freed stay in glibc's heap otherwise (RSS)
-            dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-            self.device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
-            self.spec = KVSpec.from_config(model.config, dtype=dtype, block_size=config.block_size)
+            self.device, self.spec = prepare_model(model, config)
             self.predictor = PeakPredictor(model, self.spec)
             self.memory = SessionMemory(
                 model,
@@ -275,11 +261,7 @@ class GovernedSession:
         check_request(input_ids, max_new_tokens)
         # Every row is checked before any is served: a bad row must not cost the others' compute.
         rows = [self._serve(ids, row, max_new_tokens) for ids, row in split_rows(self.model.config, input_ids, inputs)]
-        if len(rows) == 1:
-            return rows[0]
-        width = max(r.shape[1] for r in rows)
-        pad = self.model.generation_config.pad_token_id or 0
-        return torch.cat([torch.nn.functional.pad(r, (width - r.shape[1], 0), value=pad) for r in rows])
+        return join_rows(rows, self.model.generation_config.pad_token_id or 0)
 
     def chat(
         self, input_ids: torch.Tensor, conversation: str = "default", max_new_tokens: int = 20, **inputs: Any
@@ -309,7 +291,7 @@ class GovernedSession:
     def _plan(self, input_ids: torch.Tensor, inputs: dict[str, Any], rung: int) -> RequestPlan:
         """The request at quality ``rung`` (its media pruned or downscaled) and the prefix it reuses."""
         pruned = unpruned = None
-        if rung > 0 and self._has_media(input_ids, inputs):
+        if rung > 0 and media_mod.media_items(self.model.config, input_ids[0].tolist(), inputs):
             call_inputs, pruned = self.ladder.apply(self.ladder.rungs[rung - 1], {"input_ids": input_ids, **inputs})
             if pruned is not None:
                 unpruned = (input_ids, input_ids.shape[1] - call_inputs["input_ids"].shape[1])
@@ -486,9 +468,6 @@ class GovernedSession:
             out = torch.cat([request.input_ids.to(out.device, out.dtype), out[:, input_ids.shape[1] :]], dim=1)
         return out
 
-    def _has_media(self, input_ids: torch.Tensor, inputs: dict[str, Any]) -> bool:
-        return bool(media_mod.media_items(self.model.config, input_ids[0].tolist(), inputs))
-
     # -- reporting ------------------------------------------------------------------------
 
     def stats(self, include_requests: bool = True) -> dict[str, Any]:
@@ -497,21 +476,13 @@ class GovernedSession:
         the latest request's ``degradation_rung``, the latest ``telemetry`` reading the budget followed).
         With ``include_requests`` (the default) also the log (``events``) and every request's record
         (``requests``), which grow with every request served; a metrics scrape leaves them out."""
-        blocks = self.pool.blocks
         enc = self.encoder_cache
         counts, num_records, num_events = self.tally.look(self.records, self.events)
         out: dict[str, Any] = {
             "budget_bytes": self.budget_bytes,
             "weights_bytes": self.weights_bytes,
-            "kv_pool_bytes": self.pool.nbytes,
-            "kv_blocks": self.pool.num_blocks,
-            "kv_free_blocks": blocks.num_free_blocks,
-            "kv_cached_blocks": len(blocks.cached),
-            "block_size": self.spec.block_size,
-            "prefix_hits": blocks.hits,
-            "prefix_misses": blocks.misses,
+            **self.pool.figures(),
             "prefix_reuse_off_reason": self.prefix_reuse_off_reason,  # None: every cached prefix is reused whole
-            "evictions": blocks.evictions,
             "encoder_hits": enc.hits if enc else 0,
             "encoder_misses": enc.misses if enc else 0,
             "meta_predictions": self.predictor.meta_runs,

@@ -97,4 +97,13 @@ def _media_by_row(config: Any, input_ids: torch.Tensor, inputs: dict[str, Any]) 
     return out
 
 
-__all__ = ["PER_TOKEN_KEYS", "check_request", "split_rows"]
+__all__ = ["PER_TOKEN_KEYS", "check_request", "join_rows", "split_rows"]
+
+
+def join_rows(rows: list[torch.Tensor], pad: int) -> torch.Tensor:
+    """The rows served one by one as one batch, as ``generate`` returns it: left-padded to the
+    longest with ``pad``."""
+    if len(rows) == 1:
+        return rows[0]
+    width = max(r.shape[1] for r in rows)
+    return torch.cat([torch.nn.functional.pad(r, (width - r.shape[1], 0), value=pad) for r in rows])

@@ -11,7 +11,6 @@ orders serving and resizing).
 from __future__ import annotations
 
 import itertools
-import shutil
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from memwarden.runtime.kvcache import KVPool, KVSpec
 from memwarden.runtime.memory_plan import plan_memory
 from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_log import EventLog
+from memwarden.runtime.session_offload import open_streamer
 from memwarden.runtime.session_owned import BudgetError, Owned
 from memwarden.units import format_bytes
 
@@ -362,47 +362,19 @@ class SessionMemory:
     def _stream(self, budget: int, kv_bytes: int, reserve: int) -> None:
         """Weights that do not fit stay in safetensors files, memory-mapped, and stream through two
         staging slots (``runtime/offload.py``); what the session holds is recounted after."""
-        import tempfile
-
-        from memwarden.plan.placement import PlacementError
-        from memwarden.runtime.offload import stream_weights
-
-        directory = self.config.offload_dir
-        made = directory is None  # a folder of the session's own: removed with it
-        if directory is None:
-            directory = tempfile.mkdtemp(prefix="memwarden-offload-")
-            # At interpreter exit too, even if the session is never closed nor collected.
-            self._owned.folder_finalizers[directory] = weakref.finalize(
-                self._owned, shutil.rmtree, directory, ignore_errors=True
-            )
-        try:
-            planned = self.admissible(budget)  # admission keeps this margin free too
-            if planned <= 0:
-                raise PlacementError(
-                    f"{format_bytes(budget)} is less than the safety margin", min_budget_bytes=budget * 2
-                )
-            if self.device.type == "cuda":  # pinned host buffers and device slots; no files
-                from memwarden.runtime.offload_cuda import stream_weights_cuda
-
-                streamer: WeightStreamer | CudaWeightStreamer = stream_weights_cuda(
-                    self.model, planned, kv_cache_bytes=kv_bytes, activation_bytes=reserve
-                )
-            else:
-                streamer = stream_weights(
-                    self.model, planned, directory, kv_cache_bytes=kv_bytes, activation_bytes=reserve
-                )
-        except BaseException as exc:
-            if made:
-                shutil.rmtree(directory, ignore_errors=True)
-            if not isinstance(exc, PlacementError):
-                raise
-            raise BudgetError(
-                f"a budget of {format_bytes(budget)} does not hold the weights ({format_bytes(self.weights_bytes)}) "
-                f"even streamed ({exc}): raise the budget or quantize the weights (memwarden.quantize)"
-            ) from None
+        planned = self.admissible(budget)  # admission keeps this margin free too
+        streamer, directory = open_streamer(
+            self.model,
+            self._owned,
+            budget,
+            planned,
+            self.device,
+            self.config.offload_dir,
+            kv_bytes=kv_bytes,
+            reserve=reserve,
+            weights_bytes=self.weights_bytes,
+        )
         self._owned.streamer = streamer
-        if made:
-            self._owned.folders.append(directory)
         self.weights_bytes = state_bytes(self.model) + streamer.staging_bytes
         self.log.note(
             "stream",

@@ -49,6 +49,7 @@ from memwarden.record.live.ring import FlightRecorder
 from memwarden.record.live.running import ModuleInfo
 from memwarden.record.live.saved import saved_tensors
 from memwarden.record.live.sites import CallSites, SiteConfig, apply_call_sites
+from memwarden.record.live.step_rule import starts_step
 from memwarden.record.live.stream import Streamer
 from memwarden.record.modality import ModalityRules
 from memwarden.record.python_recorder import recorder
@@ -221,19 +222,7 @@ class Capture:
     ) -> None:
         ctx = self._ctx_of(module)
         info = self._modules[ctx]
-        # A step: an outermost call of a model, or, with autograd on, of a part the program calls itself
-        # (get_image_features: tower + projector, a graph each); under no_grad a part generate calls is not.
-        # A part the user's own code calls (clip.vision_model(pixels) in a loop) is a step too.
-        is_step = not self._stack and (
-            info.path == ""
-            or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
-            or (
-                self._callers is not None
-                and not info.path.rsplit(".", 1)[-1].isdigit()  # a ModuleList's layer is no model part,
-                and next(module.children(), None) is not None  # nor a leaf (an embedding lookup)
-                and self._callers.called_from_user()
-            )
-        )
+        is_step = not self._stack and starts_step(module, info.path, self._callers)  # record/live/step_rule.py
         fp = None
         if self.fingerprints and info.is_boundary:
             fp = fingerprint((args, kwargs), self._digests)

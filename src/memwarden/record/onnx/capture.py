@@ -23,8 +23,9 @@ import numpy as np
 
 from memwarden.errors import InputError
 from memwarden.record.modality import ModalityRules
+from memwarden.record.onnx.alloc_plan import RunInput
 from memwarden.record.onnx.bounded import RunLimits
-from memwarden.record.onnx.build import RunInput, add_runs, add_weights
+from memwarden.record.onnx.build import add_runs, add_weights
 from memwarden.record.onnx.feeds import load_feeds
 from memwarden.record.onnx.graph import GraphInfo, load_graph, module_path_of
 from memwarden.record.onnx.profile import RunProfile, read_profile
