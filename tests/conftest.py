@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from memwarden.runtime.session_config import SessionConfig
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -89,7 +91,7 @@ def served_session() -> Iterator[ServedSession]:
 
     model = zoo.build_model("llava")
     inputs = zoo.make_inputs(model, prompt_tokens=24)
-    with GovernedSession(model, budget="1GiB", encoder_cache=True) as session:
+    with GovernedSession(model, budget="1GiB", config=SessionConfig(encoder_cache=True)) as session:
         metrics = serve_metrics(session, 0)
         try:
             yield ServedSession(session, metrics, inputs)

@@ -17,6 +17,7 @@ import torch
 from memwarden.models import zoo
 from memwarden.runtime.host_memory import limit_cap, warm_cuda_runtime
 from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_memory import state_bytes
 
 NEW = 8
@@ -54,7 +55,10 @@ def _served(name: str, budget_of: float, *, stream: bool | str = "auto") -> dict
     budget = int(weights * budget_of)
     with torch.inference_mode():
         session = GovernedSession(
-            model, budget=budget, stream=stream, min_kv_tokens=256, example_inputs=dict(inputs, max_new_tokens=NEW)
+            model,
+            budget=budget,
+            example_inputs=dict(inputs, max_new_tokens=NEW),
+            config=SessionConfig(stream=stream, min_kv_tokens=256),
         )
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()  # the serving's peak (the weights were on the device before the session)

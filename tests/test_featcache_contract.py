@@ -19,6 +19,8 @@ from memwarden.runtime.featcache_contract import TieredEncoderStore
 from memwarden.runtime.lora.slot import AdapterSlot
 from memwarden.runtime.lora.versions import ChargedBudget
 from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_config import SessionConfig
+from memwarden.runtime.session_hooks import SessionHooks
 
 NEW = 4
 GK = zoo.generate_kwargs("llava")
@@ -44,7 +46,9 @@ class Calls:
 
 def _serve(model: torch.nn.Module, store: TieredEncoderStore, inputs: dict[str, Any]) -> torch.Tensor:
     with torch.inference_mode():
-        session = GovernedSession(model, budget="1GiB", encoder_cache=store, prefix_reuse=False)
+        session = GovernedSession(
+            model, budget="1GiB", config=SessionConfig(prefix_reuse=False), hooks=SessionHooks(encoder_store=store)
+        )
         try:
             return session.generate(**inputs, max_new_tokens=NEW, **GK)
         finally:
@@ -110,7 +114,9 @@ def test_adapter_swap_on_the_encoder_misses_and_serves_fresh_features(tmp_path: 
     kept = slot.versions.nbytes
     assert kept > 0 and slot.versions.versions == [1, 0]
     with torch.inference_mode():
-        session = GovernedSession(base, budget=ChargedBudget("1GiB", slot.versions), prefix_reuse=False)
+        session = GovernedSession(
+            base, budget=ChargedBudget("1GiB", slot.versions), config=SessionConfig(prefix_reuse=False)
+        )
         assert session.memory.budget_bytes == 2**30 - kept
         session.close()
 
@@ -191,7 +197,7 @@ def test_the_session_default_encoder_cache_is_contract_keyed(llava: torch.nn.Mod
     saved = weight.detach().clone()
     try:
         with torch.inference_mode():
-            session = GovernedSession(model, budget="1GiB", prefix_reuse=False)
+            session = GovernedSession(model, budget="1GiB", config=SessionConfig(prefix_reuse=False))
             assert isinstance(session.encoder_cache.store, TieredEncoderStore)
             session.generate(**inputs, max_new_tokens=NEW, **GK)
             session.generate(**inputs, max_new_tokens=NEW, **GK)

@@ -17,6 +17,7 @@ from memwarden.models import zoo
 from memwarden.models.chat import DemoConfig, conversation_inputs
 from memwarden.record.live.capture import Capture
 from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_memory import state_bytes
 
 THERMAL = Path(__file__).parent.parent / "examples" / "telemetry" / "thermal_event.jsonl"
@@ -90,7 +91,7 @@ def test_latency_ladder_prunes_visual_tokens_and_recovers():
     model = zoo.build_model("llava", "tiny")
     gk = zoo.generate_kwargs("llava")
     config = LadderConfig(latency_target_s=1e-6, recover_after=1)  # every request is "too slow"
-    session = GovernedSession(model, budget="64MiB", ladder=config, prefix_reuse=False)
+    session = GovernedSession(model, budget="64MiB", config=SessionConfig(ladder=config, prefix_reuse=False))
     inputs = zoo.make_inputs(model, prompt_tokens=24)
     image_tokens = int((inputs["input_ids"] == model.config.image_token_index).sum())
     with torch.inference_mode():

@@ -20,6 +20,7 @@ from memwarden.models import zoo
 from memwarden.runtime.admission import AdmissionError
 from memwarden.runtime.metrics import SessionMetrics, serve_metrics
 from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_memory import state_bytes
 from memwarden.runtime.session_tally import SessionTally
 
@@ -130,7 +131,10 @@ def test_ports_are_the_users_and_the_server_stops(served_session: ServedSession)
 def test_stats_without_the_lists_says_the_same_and_the_counts_match_a_recount() -> None:
     model = zoo.build_model("llava")
     inputs = zoo.make_inputs(model, prompt_tokens=24)
-    with GovernedSession(model, budget="1GiB", encoder_cache=True) as session, torch.inference_mode():
+    with (
+        GovernedSession(model, budget="1GiB", config=SessionConfig(encoder_cache=True)) as session,
+        torch.inference_mode(),
+    ):
         session.stats(include_requests=False)  # a look before any request: the counts then advance from it
         for _ in range(2):
             session.generate(**inputs, max_new_tokens=3, **zoo.generate_kwargs("llava"))
@@ -152,7 +156,9 @@ def test_every_refusal_is_recorded_with_its_reason_and_scraped() -> None:
     text = {"input_ids": torch.randint(3, 200, (1, 20), generator=torch.Generator().manual_seed(3))}
     # A pool of exactly the request's blocks, no weight streaming: nothing to give back but the budget.
     with (
-        GovernedSession(model, budget="1GiB", num_kv_blocks=2, stream=False, encoder_cache=False) as session,
+        GovernedSession(
+            model, budget="1GiB", config=SessionConfig(num_kv_blocks=2, stream=False, encoder_cache=False)
+        ) as session,
         serve_metrics(session, 0) as metrics,
     ):
         assert scrape(metrics.url) == expected(session.stats())

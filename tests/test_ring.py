@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import memwarden
+from memwarden.runtime.session_config import SessionConfig
 from memwarden.trace.model import Action, Category
 
 MIB = 1 << 20
@@ -168,7 +169,9 @@ def test_ring_window_written_when_a_governed_session_refuses(tmp_path: Path) -> 
     model = zoo.build_model("llava", "tiny")  # weights: alive long before the window
     weight_bytes = sum(p.untyped_storage().nbytes() for p in model.parameters())
     inputs = zoo.make_inputs(model, prompt_tokens=40)
-    session = GovernedSession(model, budget="1GiB", num_kv_blocks=2)  # a pool too small for the request
+    session = GovernedSession(
+        model, budget="1GiB", config=SessionConfig(num_kv_blocks=2)
+    )  # a pool too small for the request
     stream = tmp_path / "svc.mwtrace"
     with torch.inference_mode(), memwarden.capture(ring_s=30, stream_to=stream):
         torch.ones(1 << 16)  # something in the window

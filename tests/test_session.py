@@ -10,6 +10,7 @@ from memwarden.models import zoo
 from memwarden.record.live.reference import profiler_peak_bytes
 from memwarden.runtime.admission import AdmissionError
 from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_memory import state_bytes
 from memwarden.runtime.session_owned import BudgetError
 
@@ -62,7 +63,7 @@ def test_generate_equals_model_generate(models, name, reuse):
     inputs = zoo.make_inputs(model, prompt_tokens=40)
     with torch.inference_mode():
         ref = model.generate(**inputs, max_new_tokens=NEW, **gk)
-        with GovernedSession(model, budget="1GiB", prefix_reuse=reuse) as session:
+        with GovernedSession(model, budget="1GiB", config=SessionConfig(prefix_reuse=reuse)) as session:
             first = session.generate(**inputs, max_new_tokens=NEW, **gk)
             again = session.generate(**inputs, max_new_tokens=NEW, **gk)
     assert torch.equal(first, ref)
@@ -83,7 +84,7 @@ def test_chat_equals_plain_chat_loop(models, name, reuse):
     turns = _chat_turns(model)
     with torch.inference_mode():
         ref = _reference_chat(model, name, turns)
-        session = GovernedSession(model, budget="1GiB", prefix_reuse=reuse)
+        session = GovernedSession(model, budget="1GiB", config=SessionConfig(prefix_reuse=reuse))
         replies = [session.chat(t["input_ids"], max_new_tokens=NEW, **_media(t), **gk) for t in turns]
     for got, want in zip(replies, ref, strict=True):
         assert torch.equal(got, want)
@@ -166,7 +167,7 @@ def test_budget_too_small_for_the_weights_is_one_clear_error(models):
 def test_request_longer_than_the_pool_is_refused_before_running(models):
     model = models["llava"]
     inputs = zoo.make_inputs(model, prompt_tokens=40)
-    session = GovernedSession(model, budget="1GiB", num_kv_blocks=2)
+    session = GovernedSession(model, budget="1GiB", config=SessionConfig(num_kv_blocks=2))
     with pytest.raises(AdmissionError, match="tokens of KV cache"):
         session.generate(**inputs, max_new_tokens=NEW, **zoo.generate_kwargs("llava"))
     assert session.pool.blocks.num_free_blocks == 2  # nothing leaked
@@ -183,9 +184,8 @@ def test_weights_twice_the_budget_are_streamed_and_outputs_stay_exact(tmp_path):
         session = GovernedSession(
             model,
             budget=budget,
-            offload_dir=str(tmp_path),
-            min_kv_tokens=256,
             example_inputs=dict(turns[0], max_new_tokens=NEW),
+            config=SessionConfig(offload_dir=str(tmp_path), min_kv_tokens=256),
         )
         assert session.streamer is not None and session.weights_bytes < budget
         session.predict(**turns[0], max_new_tokens=NEW)  # calibrates, outside the measurement

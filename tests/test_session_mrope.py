@@ -18,6 +18,7 @@ from memwarden.models import zoo
 from memwarden.runtime import media as media_mod
 from memwarden.runtime.mrope import MRopePositions
 from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_config import SessionConfig
 
 NEW = 6
 FAMILIES = ["qwen2-vl", "qwen2.5-vl"]
@@ -288,6 +289,6 @@ def test_a_family_whose_positions_are_not_continued_warns_once_and_stats_say_why
 def test_prefix_reuse_turned_off_is_the_reason_given(models):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # asked for: no warning
-        session = GovernedSession(models["qwen2-vl"], budget="1GiB", prefix_reuse=False)
+        session = GovernedSession(models["qwen2-vl"], budget="1GiB", config=SessionConfig(prefix_reuse=False))
     assert "prefix_reuse=False" in session.stats()["prefix_reuse_off_reason"]
     session.close()

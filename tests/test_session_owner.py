@@ -8,6 +8,7 @@ import torch
 
 from memwarden.models import zoo
 from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_memory import state_bytes
 from memwarden.runtime.session_owner import GOVERNED, ModelGovernedError, governing_session
 
@@ -26,10 +27,14 @@ def test_two_sessions_one_after_the_other_both_serve_exactly(tmp_path):
     with torch.inference_mode():
         ref = model.generate(**inputs, max_new_tokens=NEW, **gk)
         # The first streams its weights (the case a second session used to fail on).
-        first = GovernedSession(model, budget="64MiB", stream=True, offload_dir=str(tmp_path / "a"))
+        first = GovernedSession(
+            model, budget="64MiB", config=SessionConfig(stream=True, offload_dir=str(tmp_path / "a"))
+        )
         assert first.streamer is not None and governing_session(model) is first
         assert torch.equal(first.generate(**inputs, max_new_tokens=NEW, **gk), ref)
-        second = GovernedSession(model, budget="64MiB", stream=True, offload_dir=str(tmp_path / "b"))
+        second = GovernedSession(
+            model, budget="64MiB", config=SessionConfig(stream=True, offload_dir=str(tmp_path / "b"))
+        )
         assert first.closed and governing_session(model) is second
         assert first.restored is not None and first.restored.weights_resident and first.restored.hooks_removed
         assert torch.equal(second.generate(**inputs, max_new_tokens=NEW, **gk), ref)
@@ -49,10 +54,12 @@ def test_take_over_false_says_to_close_the_governing_session():
     model = zoo.build_model("llava", "tiny")
     first = GovernedSession(model, budget="64MiB")
     with pytest.raises(ModelGovernedError, match=GOVERNED):
-        GovernedSession(model, budget="64MiB", take_over=False)
+        GovernedSession(model, budget="64MiB", config=SessionConfig(take_over=False))
     assert not first.closed and governing_session(model) is first
     first.close()
-    with GovernedSession(model, budget="64MiB", take_over=False) as again:  # closed: free to govern
+    with GovernedSession(
+        model, budget="64MiB", config=SessionConfig(take_over=False)
+    ) as again:  # closed: free to govern
         assert governing_session(model) is again
 
 
@@ -60,7 +67,7 @@ def test_close_reports_quantization_it_cannot_undo():
     model = zoo.build_model("llava", "tiny")
     inputs = zoo.make_inputs(model, prompt_tokens=20)
     gk = zoo.generate_kwargs("llava")
-    session = GovernedSession(model, budget="64MiB", quantize=4, group_size=32)
+    session = GovernedSession(model, budget="64MiB", config=SessionConfig(quantize=4, group_size=32))
     with torch.inference_mode():
         served = session.generate(**inputs, max_new_tokens=NEW, **gk)
         restored = session.close()
@@ -73,9 +80,9 @@ def test_close_reports_quantization_it_cannot_undo():
 def test_failed_session_does_not_govern_the_model():
     model = zoo.build_model("llava", "tiny")
     with pytest.raises(ValueError):
-        GovernedSession(model, budget=1024, stream=True)
+        GovernedSession(model, budget=1024, config=SessionConfig(stream=True))
     assert governing_session(model) is None
-    with GovernedSession(model, budget="64MiB", take_over=False):
+    with GovernedSession(model, budget="64MiB", config=SessionConfig(take_over=False)):
         pass
 
 

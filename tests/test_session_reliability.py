@@ -19,6 +19,8 @@ from memwarden.models import zoo
 from memwarden.runtime.admission import AdmissionError
 from memwarden.runtime.degrade import LadderConfig
 from memwarden.runtime.session import GovernedSession
+from memwarden.runtime.session_config import SessionConfig
+from memwarden.runtime.session_hooks import SessionHooks
 from memwarden.runtime.session_memory import state_bytes
 from memwarden.runtime.session_owned import BudgetError
 
@@ -40,7 +42,7 @@ def smaller() -> torch.nn.Module:
 def plain_peak(llava) -> int:
     """What serving the request costs with no limit: weights, pool and the predicted transients."""
     inputs = zoo.make_inputs(llava, prompt_tokens=30)
-    with GovernedSession(llava, budget="1GiB", encoder_cache=False) as session:
+    with GovernedSession(llava, budget="1GiB", config=SessionConfig(encoder_cache=False)) as session:
         return session.predict(**inputs, max_new_tokens=NEW)
 
 
@@ -132,19 +134,16 @@ def test_admission_gives_a_bounded_answer_for_every_budget_and_ladder(
 
     ladder = LadderConfig(prune_keep_ratios=(0.5, 0.25) if prune else ())
     decisions = []
-    spare = GovernedSession(smaller, budget="1GiB", encoder_cache=False) if fallback else None
+    spare = GovernedSession(smaller, budget="1GiB", config=SessionConfig(encoder_cache=False)) if fallback else None
     try:
         with GovernedSession(
             llava,
             budget=budget,
-            max_wait_s=1,
-            encoder_cache=encoder_cache,
-            prefix_reuse=prefix_reuse,
-            stream=stream,
-            ladder=ladder,
+            config=SessionConfig(
+                max_wait_s=1, encoder_cache=encoder_cache, prefix_reuse=prefix_reuse, stream=stream, ladder=ladder
+            ),
+            hooks=SessionHooks(lower_resolution=same_size if lower_resolution else None, on_decision=decisions.append),
             fallback=spare,
-            lower_resolution=same_size if lower_resolution else None,
-            on_decision=decisions.append,
         ) as session:
             session.ladder.latency.level = min(latency_level, len(session.ladder.rungs))
             out = session.generate(**inputs, max_new_tokens=NEW, **zoo.generate_kwargs("llava"))
@@ -187,10 +186,9 @@ def test_waiting_for_the_budget_does_not_hold_the_lock(llava):
     with GovernedSession(
         llava,
         budget=source,
-        encoder_cache=False,
-        stream=False,
-        max_wait_s=30,
-        ladder=LadderConfig(prune_keep_ratios=()),
+        config=SessionConfig(
+            encoder_cache=False, stream=False, max_wait_s=30, ladder=LadderConfig(prune_keep_ratios=())
+        ),
     ) as session:
         source.budget_bytes = state_bytes(llava) + 1  # no room for anything but the weights
         session.generate(**inputs, max_new_tokens=NEW, **zoo.generate_kwargs("llava"))
@@ -205,7 +203,7 @@ def test_waiting_for_the_budget_does_not_hold_the_lock(llava):
     "budget", [64e6, np.int64(64_000_000), np.float64(64e6), torch.tensor(64_000_000), torch.tensor(64e6), "64MB"]
 )
 def test_numeric_budgets_are_bytes(llava, budget):
-    with GovernedSession(llava, budget=budget, encoder_cache=False) as session:
+    with GovernedSession(llava, budget=budget, config=SessionConfig(encoder_cache=False)) as session:
         assert session.budget_bytes == 64_000_000
 
 
@@ -224,7 +222,7 @@ def test_a_controller_is_recognised_by_its_interface(llava):
     class Controller:
         budget_bytes = 80_000_000
 
-    with GovernedSession(llava, budget=Controller(), encoder_cache=False) as session:
+    with GovernedSession(llava, budget=Controller(), config=SessionConfig(encoder_cache=False)) as session:
         assert session.budget_bytes == 80_000_000
 
 
