@@ -1,0 +1,58 @@
+"""Loading a fine-tuned Whisper checkpoint saved with torch.save(model.state_dict()).
+
+The service builds the model skeleton on the meta device (no weights), memory-maps the checkpoint
+with torch.load(mmap=True) and hands its tensors to the model with load_state_dict(assign=True):
+one copy of the weights, paged in from the file.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch
+
+import _common as C
+
+EXPECT = None
+FIX_WORDS = ["mmap", "assign=true", "meta device"]
+
+MODEL_KW = dict(d_model=768, layers=6, vocab=32000, window_s=10.0)
+CKPT = os.path.join(tempfile.gettempdir(), "heldout4_whisper_ft_768x6_10s.pt")
+
+
+def make_checkpoint():
+    """The checkpoint comes from another job; write it in a child process so it does not count here."""
+    if os.path.exists(CKPT):
+        return
+    code = (
+        "import sys, torch; sys.path.insert(0, %r); import _common as C; "
+        "torch.save(C.whisper(**%r).state_dict(), %r)" % (os.path.dirname(os.path.abspath(__file__)), MODEL_KW, CKPT)
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def load_finetuned():
+    with torch.device("meta"):
+        model = C.whisper(**MODEL_KW)
+    state = torch.load(CKPT, map_location="cpu", mmap=True)
+    model.load_state_dict(state, assign=True)
+    return model.eval()
+
+
+@torch.no_grad()
+def transcribe(model):
+    mel = C.log_mel(C.fake_speech(5.0), frames=1000).unsqueeze(0)
+    return model.generate(input_features=mel, max_new_tokens=4)
+
+
+def main():
+    make_checkpoint()
+    model = load_finetuned()
+    print(transcribe(model).shape)
+
+
+if __name__ == "__main__":
+    main()

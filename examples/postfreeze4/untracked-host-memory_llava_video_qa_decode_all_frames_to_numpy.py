@@ -1,0 +1,69 @@
+"""Video QA with LLaVA on a 12-second 720p clip: the model sees 8 frames sampled uniformly.
+
+The script decodes the whole clip into a list of numpy frames first (like
+`frames = [f for f in clip.iter_frames()]` / `skvideo.io.vread`) and only then picks the 8 frames
+it needs: ~360 decoded 1280x720 RGB frames sit in host memory, invisible to torch.
+"""
+
+import sys
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+
+import numpy as np
+import torch
+
+import _common as C
+
+EXPECT = "untracked-host-memory"
+FIX_WORDS = ["decode only", "sampled frames", "get_batch"]
+
+FPS, SECONDS, H, W = 30, 12, 720, 1280
+N_SAMPLED = 8
+
+
+class FakeVideoReader:
+    """Stands in for a decoder (decord / PyAV): frame i decoded on demand as (H, W, 3) uint8."""
+
+    def __init__(self, n_frames):
+        self.n_frames = n_frames
+        self._base = C.fake_rgb(H, W, seed=0)
+
+    def __len__(self):
+        return self.n_frames
+
+    def decode(self, i):
+        frame = np.empty_like(self._base)
+        np.add(self._base, np.uint8(i % 251), out=frame)
+        return frame
+
+    def iter_frames(self):
+        for i in range(self.n_frames):
+            yield self.decode(i)
+
+    def get_batch(self, indices):
+        return np.stack([self.decode(i) for i in indices])
+
+
+def sampled_frames(reader):
+    idx = np.linspace(0, len(reader) - 1, N_SAMPLED).round().astype(int)
+    all_frames = [f for f in reader.iter_frames()]  # MISTAKE
+    return np.stack([all_frames[i] for i in idx])
+
+
+@torch.no_grad()
+def ask(model, frames):
+    pix = C.resize(C.normalize(frames), 112, 112)
+    ids = C.llava_prompt(model, n_images=len(frames), prompt_tokens=20)
+    return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pix,
+                          max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=C.PAD_ID)
+
+
+def main():
+    model = C.llava(image_px=112, patch_px=14, hidden=64, layers=2, vocab=1024)
+    reader = FakeVideoReader(FPS * SECONDS)
+    frames = sampled_frames(reader)
+    print(ask(model, frames).shape)
+
+
+if __name__ == "__main__":
+    main()
