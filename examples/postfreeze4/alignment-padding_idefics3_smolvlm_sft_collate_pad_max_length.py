@@ -9,9 +9,8 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-import torch
-
 import _common as C
+import torch
 
 EXPECT = "alignment-padding"
 FIX_WORDS = ["longest", "pad to the longest", "max_length"]
@@ -31,7 +30,7 @@ class ScreenshotQADataset:
     def __init__(self, n, vocab_top, seed=0):
         g = torch.Generator().manual_seed(seed)
         self.samples = []
-        for i in range(n):
+        for _i in range(n):
             n_text = int(torch.randint(50, 150, (1,), generator=g))
             words = torch.randint(C.FIRST_TEXT_ID, vocab_top, (n_text,), generator=g).tolist()
             img = torch.rand(3, CONFIG["image_px"], CONFIG["image_px"], generator=g)

@@ -10,10 +10,10 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
+import _common as C
 import torch
 import transformers
 
-import _common as C
 from memwarden.models import zoo
 
 EXPECT = "dequant-temporaries"
@@ -26,7 +26,9 @@ class Int8Linear(torch.nn.Module):
     def __init__(self, in_features, out_features, bias, seed):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.register_buffer("qweight", torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8, generator=g))
+        self.register_buffer(
+            "qweight", torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8, generator=g)
+        )
         self.register_buffer("scale", torch.full((out_features, 1), 0.02 / 127))
         self.bias = torch.nn.Parameter(torch.zeros(out_features)) if bias else None
         self._w = None
@@ -45,8 +47,15 @@ def load_quantized_llava():
     (as a loader would, from the int8 checkpoint), then materialise the remaining float weights."""
     t = C.text_config(hidden=HIDDEN, layers=LAYERS, vocab=4096, ffn=FFN)
     cfg = transformers.LlavaConfig(
-        vision_config={"model_type": "clip_vision_model", "image_size": 64, "patch_size": 8, "hidden_size": 64,
-                       "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128},
+        vision_config={
+            "model_type": "clip_vision_model",
+            "image_size": 64,
+            "patch_size": 8,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+        },
         text_config={"model_type": "llama", **t},
         image_token_index=t["vocab_size"] - 1,
         image_seq_length=64,
@@ -57,11 +66,13 @@ def load_quantized_llava():
     with torch.device("meta"):
         model = transformers.LlavaForConditionalGeneration._from_config(cfg, attn_implementation="sdpa")
     seed = 0
-    for name, module in list(model.model.language_model.named_modules()):
+    for _name, module in list(model.model.language_model.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear):
                 seed += 1
-                setattr(module, child_name, Int8Linear(child.in_features, child.out_features, child.bias is not None, seed))
+                setattr(
+                    module, child_name, Int8Linear(child.in_features, child.out_features, child.bias is not None, seed)
+                )
     g = torch.Generator().manual_seed(1)
     for module in model.modules():
         for pname, p in list(module.named_parameters(recurse=False)):

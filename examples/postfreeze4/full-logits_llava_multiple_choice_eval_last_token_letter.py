@@ -10,9 +10,8 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-import torch
-
 import _common as C
+import torch
 
 EXPECT = "full-logits"
 FIX_WORDS = ["logits_to_keep", "last position", "hidden state"]
@@ -25,7 +24,9 @@ LETTER_IDS = [VOCAB - 10, VOCAB - 9, VOCAB - 8, VOCAB - 7]
 def eval_batches(model, n_batches=2):
     for b in range(n_batches):
         ids = torch.cat([C.llava_prompt(model, n_images=1, prompt_tokens=40, seed=b * BATCH + i) for i in range(BATCH)])
-        pix = C.normalize(torch.stack([torch.as_tensor(C.fake_rgb(112, 112, seed=b * BATCH + i)) for i in range(BATCH)]).numpy())
+        pix = C.normalize(
+            torch.stack([torch.as_tensor(C.fake_rgb(112, 112, seed=b * BATCH + i)) for i in range(BATCH)]).numpy()
+        )
         answers = torch.randint(0, 4, (BATCH,), generator=torch.Generator().manual_seed(b))
         yield {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pix}, answers
 

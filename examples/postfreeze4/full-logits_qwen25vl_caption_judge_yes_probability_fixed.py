@@ -10,9 +10,8 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-import torch
-
 import _common as C
+import torch
 
 EXPECT = None
 FIX_WORDS = ["logits_to_keep", "last position", "only the last"]

@@ -10,10 +10,9 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
+import _common as C
 import torch
 import torch.nn.functional as F
-
-import _common as C
 
 EXPECT = "graph-retention"
 FIX_WORDS = ["backward", "each micro-batch", "accumulate gradients"]

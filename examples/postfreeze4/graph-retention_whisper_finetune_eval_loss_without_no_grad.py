@@ -10,9 +10,8 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-import torch
-
 import _common as C
+import torch
 
 EXPECT = "graph-retention"
 FIX_WORDS = ["no_grad", "item", "inference_mode"]

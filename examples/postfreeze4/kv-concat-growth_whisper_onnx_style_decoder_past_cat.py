@@ -10,10 +10,9 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
+import _common as C
 import torch
 import torch.nn.functional as F
-
-import _common as C
 
 EXPECT = "kv-concat-growth"
 FIX_WORDS = ["preallocate", "static cache", "in place"]
@@ -60,7 +59,7 @@ class TinyDecoder(torch.nn.Module):
         self.layers = torch.nn.ModuleList(DecoderLayer(d, n_head) for _ in range(n_layer))
 
     def cross_cache(self, audio):
-        return [torch.stack([l.heads(t) for t in l.cross_kv(audio).chunk(2, dim=-1)]) for l in self.layers]
+        return [torch.stack([layer.heads(t) for t in layer.cross_kv(audio).chunk(2, dim=-1)]) for layer in self.layers]
 
     def forward(self, tokens, past, cross, offset):
         """past: (L, 2, B, H, T, hd); returns logits and present (L, 2, B, H, 1, hd)."""

@@ -9,9 +9,8 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-import torch
-
 import _common as C
+import torch
 
 EXPECT = "load-spike"
 FIX_WORDS = ["torch_dtype", "dtype=torch.bfloat16", "load directly"]

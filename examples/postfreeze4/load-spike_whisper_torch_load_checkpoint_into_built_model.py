@@ -12,9 +12,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch
-
 import _common as C
+import torch
 
 EXPECT = "load-spike"
 FIX_WORDS = ["mmap", "assign=true", "meta device"]
@@ -28,8 +27,8 @@ def make_checkpoint():
     if os.path.exists(CKPT):
         return
     code = (
-        "import sys, torch; sys.path.insert(0, %r); import _common as C; "
-        "torch.save(C.whisper(**%r).state_dict(), %r)" % (os.path.dirname(os.path.abspath(__file__)), MODEL_KW, CKPT)
+        f"import sys, torch; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); import _common as C; "
+        f"torch.save(C.whisper(**{MODEL_KW!r}).state_dict(), {CKPT!r})"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -7,9 +7,8 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-import torch
-
 import _common as C
+import torch
 
 EXPECT = None
 
@@ -33,8 +32,13 @@ def micro_batch(model, seed):
         mask[i, : len(r)] = 1
     labels = ids.masked_fill((mask == 0) | (ids >= model.config.image_token_id - 2), -100)
     pix = torch.randn(len(rows), 1, 3, IMAGE_PX, IMAGE_PX, generator=g)
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels, "pixel_values": pix,
-            "pixel_attention_mask": torch.ones(len(rows), 1, IMAGE_PX, IMAGE_PX, dtype=torch.bool)}
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "labels": labels,
+        "pixel_values": pix,
+        "pixel_attention_mask": torch.ones(len(rows), 1, IMAGE_PX, IMAGE_PX, dtype=torch.bool),
+    }
 
 
 def main():

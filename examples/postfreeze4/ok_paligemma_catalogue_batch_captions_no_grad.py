@@ -6,9 +6,9 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
+import _common as C
 import torch
 
-import _common as C
 from memwarden.models import zoo
 
 EXPECT = None
@@ -21,7 +21,7 @@ def main():
     model = C.paligemma(image_px=64, patch_px=4, vision_hidden=64, hidden=128, layers=2, vocab=4096)
     inputs = zoo.make_inputs(model, image_size=(64, 64), prompt_tokens=8, batch=BATCH)
     out = model.generate(**inputs, max_new_tokens=10, **zoo.generate_kwargs("paligemma"))
-    captions = out[:, inputs["input_ids"].shape[1]:].tolist()
+    captions = out[:, inputs["input_ids"].shape[1] :].tolist()
     print(len(captions), len(captions[0]))
 
 

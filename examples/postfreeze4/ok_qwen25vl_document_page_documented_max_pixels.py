@@ -7,9 +7,8 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-import torch
-
 import _common as C
+import torch
 
 EXPECT = None
 

@@ -6,9 +6,9 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
+import _common as C
 import torch
 
-import _common as C
 from memwarden.models import zoo
 
 EXPECT = None

@@ -10,9 +10,8 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-import torch
-
 import _common as C
+import torch
 
 EXPECT = "request-multiplier"
 FIX_WORDS = ["num_return_sequences", "one candidate at a time", "loop"]
@@ -30,7 +29,7 @@ def build_inputs(model, seed):
 @torch.no_grad()
 def candidates_for(model, inputs):
     out = model.generate(**inputs, num_return_sequences=N_CANDIDATES, **GEN_KW)  # MISTAKE
-    return [row for row in out[:, inputs["input_ids"].shape[1]:]]
+    return [row for row in out[:, inputs["input_ids"].shape[1] :]]
 
 
 def main():

@@ -9,9 +9,8 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-import torch
-
 import _common as C
+import torch
 
 EXPECT = None
 FIX_WORDS = ["num_return_sequences", "one candidate at a time", "loop"]
@@ -31,7 +30,7 @@ def candidates_for(model, inputs):
     caps = []
     for _ in range(N_CANDIDATES):  # one candidate at a time
         out = model.generate(**inputs, num_return_sequences=1, **GEN_KW)
-        caps.append(out[0, inputs["input_ids"].shape[1]:])
+        caps.append(out[0, inputs["input_ids"].shape[1] :])
     return caps
 
 

@@ -5,15 +5,13 @@ chart image: the same image is patchified, encoded by the vision tower and prefi
 question (6x), and all six copies of the image tokens sit in the KV cache together.
 """
 
-import copy
 import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
+import _common as C
 import torch
 from transformers import DynamicCache
-
-import _common as C
 
 EXPECT = "request-multiplier"
 FIX_WORDS = ["encode the image once", "prefix cache", "copy the cache"]

@@ -9,10 +9,9 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
+import _common as C
 import torch
 from transformers import DynamicCache
-
-import _common as C
 
 EXPECT = None
 FIX_WORDS = ["encode the image once", "prefix cache", "copy the cache"]

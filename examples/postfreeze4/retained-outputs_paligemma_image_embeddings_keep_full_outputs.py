@@ -10,9 +10,9 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
+import _common as C
 import torch
 
-import _common as C
 from memwarden.models import zoo
 
 EXPECT = "retained-outputs"
@@ -40,7 +40,7 @@ def build_index(model):
         out = model(**inputs, output_hidden_states=True)
         outputs.append(out)  # MISTAKE
         batches.append(inputs)
-    vectors = [pooled(model, o, i) for o, i in zip(outputs, batches)]
+    vectors = [pooled(model, o, i) for o, i in zip(outputs, batches, strict=False)]
     return torch.nn.functional.normalize(torch.cat(vectors), dim=-1)
 
 

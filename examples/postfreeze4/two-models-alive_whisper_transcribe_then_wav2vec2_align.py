@@ -6,14 +6,12 @@ The alignment model is loaded while the Whisper model is still referenced (kept 
 needed any more.
 """
 
-import gc
 import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-import torch
-
 import _common as C
+import torch
 
 EXPECT = "two-models-alive"
 FIX_WORDS = ["del", "gc.collect", "unload"]

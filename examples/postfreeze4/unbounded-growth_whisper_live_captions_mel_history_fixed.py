@@ -10,9 +10,8 @@ from collections import deque
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-import torch
-
 import _common as C
+import torch
 
 EXPECT = None
 FIX_WORDS = ["deque", "maxlen", "drop old chunks"]

@@ -9,10 +9,9 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
+import _common as C
 import numpy as np
 import torch
-
-import _common as C
 
 EXPECT = "untracked-host-memory"
 FIX_WORDS = ["decode only", "sampled frames", "get_batch"]
@@ -54,8 +53,15 @@ def sampled_frames(reader):
 def ask(model, frames):
     pix = C.resize(C.normalize(frames), 112, 112)
     ids = C.llava_prompt(model, n_images=len(frames), prompt_tokens=20)
-    return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pix,
-                          max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=C.PAD_ID)
+    return model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        pixel_values=pix,
+        max_new_tokens=6,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=C.PAD_ID,
+    )
 
 
 def main():

@@ -9,10 +9,9 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
+import _common as C
 import numpy as np
 import torch
-
-import _common as C
 
 EXPECT = "vision-token-dominance"
 FIX_WORDS = ["max_frames", "fewer frames", "sample 8 frames"]

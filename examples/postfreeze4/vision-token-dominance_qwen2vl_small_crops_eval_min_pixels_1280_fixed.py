@@ -8,9 +8,8 @@ import sys
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-import torch
-
 import _common as C
+import torch
 
 EXPECT = None
 FIX_WORDS = ["min_pixels", "upscale", "lower min_pixels"]
