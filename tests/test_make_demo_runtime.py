@@ -4,6 +4,7 @@ Dry runs (``make -n``) into an empty folder, as on a fresh clone: nothing is ins
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,7 +21,12 @@ pytestmark = pytest.mark.skipif(MAKE is None, reason="no make on PATH")
 
 def _plan(target: str, venv: Path) -> str:
     proc = subprocess.run(
-        [str(MAKE), "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [str(MAKE), "-n", "--no-print-directory", target, f"VENV={venv}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")},  # run by make
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout

@@ -147,9 +147,11 @@ def _resident_growth(trace: Trace, ctx: Context) -> list[Finding]:
     # Baseline: the most not-traced memory until the model's first call has returned. Before it the
     # script imports its libraries (transformers alone is tens of MiB of code and objects) and the
     # first call imports what it uses lazily; none of that is the user's data.
-    t0 = int(trace.events["time_us"][0]) if trace.num_events else 0
+    # The samples and the steps share the trace's clock, whose zero is the capture's start: under
+    # ``memwarden trace`` the first event comes seconds later (the script's imports), and measuring
+    # from it would end the baseline before the call and credit the imports to the user's data.
     steps = ctx.analysis.steps
-    settled = (steps[0].end_us - t0) if steps else int(t_us[max(1, n // 10) - 1])
+    settled = steps[0].end_us if steps else int(t_us[max(1, n // 10) - 1])
     head = max(1, int(np.searchsorted(t_us, settled, side="right")))
     if head >= n:
         return []
@@ -168,7 +170,7 @@ def _resident_growth(trace: Trace, ctx: Context) -> list[Finding]:
     if int(rest[-1]) - int(rest[min(two_thirds, n - 1)]) < 0.25 * most:
         return []
     rise = int(np.argmax(growth >= 0.5 * most))  # the first sample past half of the growth
-    lo_t, hi_t = t0 + int(t_us[max(rise - 1, 0)]), t0 + int(t_us[rise])
+    lo_t, hi_t = int(t_us[max(rise - 1, 0)]), int(t_us[rise])
     e = trace.events
     rows = np.flatnonzero((e["time_us"] <= hi_t) & (e["line"] >= 0) & (e["action"] == 0))
     near = rows[e["time_us"][rows] >= lo_t]
