@@ -148,10 +148,12 @@ def _is_module(obj: object) -> bool:
 
 @lru_cache(maxsize=1)
 def _machinery() -> tuple[str, ...]:
-    """Where the module-call machinery lives: torch.nn and memwarden itself."""
+    """Where the module-call machinery lives: torch.nn and memwarden's recorder (its hooks). The rest
+    of memwarden is a library like transformers: a GovernedSession calling a model's part is not the
+    user's script calling it."""
     spec = importlib.util.find_spec("torch")
     torch_nn = os.path.join(os.path.dirname(os.path.realpath(spec.origin)), "nn") if spec and spec.origin else None
-    mine = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    mine = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # memwarden/record
     return tuple(p for p in (torch_nn, mine) if p)
 
 
