@@ -80,7 +80,12 @@ def test_scenario_found_fixed_twin_clean_and_waste_realised(pattern: str, name: 
     found = [f for f in diagnose(trace, patterns=MINE) if f.pattern == pattern]
     assert len(found) == 1, [f.pattern for f in diagnose(trace, patterns=MINE)]
     finding = found[0]
-    assert finding.severity in ("high", "medium") and finding.wasted_bytes > 0
+    # a CPU trace's fragmentation is a prediction for a CUDA run (replayed through the allocator
+    # model), never more than a hint; every other pattern is measured on the run itself
+    loud = ("low", "medium", "high") if pattern == "fragmentation" else ("high", "medium")
+    assert finding.severity in loud and finding.wasted_bytes > 0
+    if pattern == "fragmentation":
+        assert "prediction" in finding.evidence["note"]
     assert finding.fix and finding.where and finding.evidence
     assert not [f for f in diagnose(fixed, patterns=MINE) if f.pattern == pattern], "the fixed twin is flagged"
     realised = measured_peak(pattern, trace) - measured_peak(pattern, fixed)

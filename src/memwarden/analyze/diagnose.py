@@ -91,6 +91,11 @@ def diagnose(
     return findings
 
 
+# Patterns whose fix is an argument of the script's call that builds (a dtype, the meta device, an
+# mmap'd load): a helper module's line is followed up to that call, not to what keeps its result.
+_BUILD_CALL = frozenset({"load-spike"})
+
+
 def _in_the_script(ctx: Context, findings: list[Finding]) -> list[Finding]:
     """Each finding's first line in the script the user ran: a line of a helper module the script
     imports (``_common.py``, ``utils.py``: it makes what it is asked for) is followed up to the
@@ -111,8 +116,9 @@ def _in_the_script(ctx: Context, findings: list[Finding]) -> list[Finding]:
     out = []
     for f in findings:
         first = f.lines[0] if f.lines else None
-        if first is not None and f.pattern not in INNER_FIRST:
-            up = script_line(str(first["file"]), int(first["line"]), entries)
+        if first is not None and (f.pattern not in INNER_FIRST or f.pattern in _BUILD_CALL):
+            hold = f.pattern not in _BUILD_CALL
+            up = script_line(str(first["file"]), int(first["line"]), entries, hold=hold)
             if up is not None:
                 moved = [x for x in f.lines if (x["file"], x["line"]) != (up.file, up.line)]
                 f = replace(f, lines=[{"file": up.file, "line": up.line, "nbytes": first["nbytes"]}, *moved][:3])

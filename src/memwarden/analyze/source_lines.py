@@ -450,11 +450,12 @@ def entry_files(files: list[str], script: str | None = None) -> list[str]:
     return [f for f in files if os.path.splitext(os.path.basename(f))[0] not in imported]
 
 
-def script_line(file: str, line: int, entries: list[str], depth: int = 3) -> SourceLine | None:
+def script_line(file: str, line: int, entries: list[str], depth: int = 3, hold: bool = True) -> SourceLine | None:
     """The statement of an entry script (``entry_files``) that leads to ``file:line`` of a helper
     module the script imports: up through the functions holding it (by their names, a class for its
     ``__init__``) to the script's first call of one, then that statement's keeper when it keeps the
-    result (``frames.append(load(p))``), else the statement. None when ``file`` is an entry already
+    result (``frames.append(load(p))``), else the statement (always the statement with ``hold``
+    False: the call's arguments are what the fix changes). None when ``file`` is an entry already
     or no call is found."""
     if file in entries or not entries:
         return None
@@ -467,7 +468,8 @@ def script_line(file: str, line: int, entries: list[str], depth: int = 3) -> Sou
         calls = [c for e in entries for c in call_lines(e, name)]
         if calls:
             hit = calls[0]  # then up through the script's own `return helper(...)` to what keeps it
-            return holding_line(hit.file, hit.line, name, entries) or SourceLine(hit.file, hit.line, f"calls {name}")
+            held = holding_line(hit.file, hit.line, name, entries) if hold else None
+            return held or SourceLine(hit.file, hit.line, f"calls {name}")
         inner = [c for c in call_lines(file, name) if c.line != line]
         if not inner:
             return None

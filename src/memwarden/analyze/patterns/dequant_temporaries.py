@@ -132,9 +132,11 @@ def detect(ctx: Context) -> list[Finding]:
 
     # Candidate copies: blocks made during the run (not weights), freed again.
     fidx = ctx.analysis.free_index
-    c_rows = np.flatnonzero((action == Action.ALLOC) & on_dev & ~is_weight & (fidx < n))
-    c_rows = c_rows[np.isin(category[c_rows], (Category.TEMPORARY, Category.ACTIVATION, Category.OTHER))]
-    if len(c_rows) == 0:
+    made = np.flatnonzero((action == Action.ALLOC) & on_dev & ~is_weight)
+    made = made[np.isin(category[made], (Category.TEMPORARY, Category.ACTIVATION, Category.OTHER))]
+    float_ids = [i for i, s in enumerate(strings) if s in _FLOAT_DTYPES]
+    c_rows = made[fidx[made] < n]
+    if len(c_rows) == 0 and len(made) == 0:
         return []
     c_numel = numel[c_rows]
     c_module = ev["module"][c_rows].astype(np.int64)
@@ -156,6 +158,10 @@ def detect(ctx: Context) -> list[Finding]:
         saved_for_backward = np.searchsorted(bw_t, t_free, side="right") > np.searchsorted(bw_t, step_end, side="right")
         short = ~in_step | (t_free <= step_end) | saved_for_backward
         c_rows, c_numel, c_module = c_rows[short], c_numel[short], c_module[short]
+    # Kept copies: float blocks a module made inside a call and kept past it (``self._w =
+    # self.dequantize()`` on the first call, "to avoid dequantizing again"): every layer then holds
+    # its quantised weight and a float copy, more than the float model it replaced.
+    kept = _kept(trace, made[np.isin(ev["dtype"][made], float_ids) & (ev["module"][made] >= 0)], fidx)
 
     # Join on (module, element count): key = module << 40 | numel (element counts < 2**40).
     owner: dict[int, int] = {}  # key -> index into w_rows (largest weight wins a tie)
@@ -172,21 +178,28 @@ def detect(ctx: Context) -> list[Finding]:
     pos = np.minimum(np.searchsorted(keys, c_key), len(keys) - 1)
     hit = (keys[pos] == c_key) & (c_module >= 0) & (c_numel > 0)
     m_rows, m_owner = c_rows[hit], key_owner[pos[hit]]
+    k_key = (ev["module"][kept].astype(np.int64) << 40) | np.maximum(numel[kept], 0)
+    k_pos = np.minimum(np.searchsorted(keys, k_key), len(keys) - 1)
+    k_hit = keys[k_pos] == k_key
+    kept, kept_owner = kept[k_hit], key_owner[k_pos[k_hit]]
+    if len(np.unique(kept_owner)) < 2:  # one module's kept copy: a layer's own business, not a cache
+        kept, kept_owner = kept[:0], kept_owner[:0]
     # Copies made outside every module (a merge or export script dequantising the weights itself,
     # ``{n: q.dequantize() for n, q in layers.items()}``) join on the element count alone: float,
     # made after a quantised weight of that size existed, and held together at the peak.
-    float_ids = [i for i, s in enumerate(strings) if s in _FLOAT_DTYPES]
     loose = ~hit & (c_module < 0) & (c_numel > 0) & np.isin(ev["dtype"][c_rows], float_ids)
     if loose.any():
         l_rows, l_owner = _held_together(ctx, c_rows[loose], c_numel[loose], w_rows, w_numel, quant_ids)
         order = np.argsort(np.concatenate([m_rows, l_rows]), kind="stable")
         m_rows = np.concatenate([m_rows, l_rows])[order]
         m_owner = np.concatenate([m_owner, l_owner])[order]
-    if len(m_rows) == 0:
-        return []
     counts = np.bincount(m_owner, minlength=len(w_rows))
     keep = counts[m_owner] >= min_blocks
     m_rows, m_owner = m_rows[keep], m_owner[keep]
+    if len(kept):
+        order = np.argsort(np.concatenate([m_rows, kept]), kind="stable")
+        m_rows = np.concatenate([m_rows, kept])[order]
+        m_owner = np.concatenate([m_owner, kept_owner])[order]
     if len(m_rows) == 0:
         return []
 
@@ -270,6 +283,18 @@ def detect(ctx: Context) -> list[Finding]:
     outside = m_rows[(ev["module"][m_rows] < 0) & at_peak & is_float]
     change = Change(drop=m_rows)  # the fused kernel makes no float copy
     lines: list[dict[str, Any]] = []  # diagnose names the lines inside the module (INNER_FIRST)
+    kept_at_peak = kept[(kept <= peak_row) & (fidx[kept] > peak_row)]
+    if len(kept_at_peak) and int(ev["nbytes"][kept_at_peak].sum()) * 2 >= wasted:
+        held = int(ev["nbytes"][kept_at_peak].sum())
+        fix = (
+            f"{len(np.unique(kept_owner))} quantised layers keep a float copy of their weight after the call that "
+            f"dequantised it (a cache: {format_bytes(held)} of float weights beside the quantised ones at the peak, "
+            f"more than the quantisation saved): do not cache the dequantised weight on the module; dequantize per "
+            f"call, on the fly, and let the temporary go after the matmul, or use a fused kernel ({kernel}): {both}"
+        )
+        # without the cache each call's copy lives only through its matmul
+        change = Change(free_rows=kept, free_at=np.minimum(kept + 1, n - 1))
+        lines = _asking_lines(ctx, kept_at_peak, outside_forward=False)
     if len(outside) >= 2 and int(ev["nbytes"][outside].sum()) * 2 >= wasted:
         one = int(ev["nbytes"][outside].max())
         fix = (
@@ -340,7 +365,28 @@ def _held_together(
     return held[burst], held_owner[burst]
 
 
-def _asking_lines(ctx: Context, rows: np.ndarray) -> list[dict[str, Any]]:
+def _kept(trace: Trace, rows: np.ndarray, fidx: np.ndarray) -> np.ndarray:
+    """The blocks of ``rows`` (made inside a module) still alive when the root call (step) that made
+    them has returned: kept by the module, not a temporary of the call."""
+    steps = np.flatnonzero(trace.spans["kind"] == SpanKind.STEP)
+    if not len(steps) or not len(rows):
+        return rows[:0]
+    ev = trace.events
+    s_start = trace.spans["start_us"][steps]
+    order = np.argsort(s_start)
+    s_start, s_end = s_start[order], trace.spans["end_us"][steps][order]
+    t = ev["time_us"][rows]
+    k = np.searchsorted(s_start, t, side="right") - 1
+    in_step = (k >= 0) & (t <= s_end[np.maximum(k, 0)])
+    n = trace.num_events
+    t_free = np.where(fidx[rows] < n, ev["time_us"][np.minimum(fidx[rows], n - 1)], np.iinfo(np.int64).max)
+    # outlives its step, and the next step too (a copy saved for backward dies in the backward after)
+    nxt = np.minimum(k + 1, len(s_end) - 1)
+    outlives = t_free > np.where(k + 1 < len(s_end), s_end[nxt], s_end[np.maximum(k, 0)])
+    return rows[in_step & outlives]
+
+
+def _asking_lines(ctx: Context, rows: np.ndarray, outside_forward: bool = True) -> list[dict[str, Any]]:
     """The script's statement that asked for the copies (``{n: q.dequantize() for ...}``) first,
     up from the helper that made them, then the line that made them."""
     made = lines_of_rows(ctx.trace, rows, 1, callers=False)
@@ -348,7 +394,7 @@ def _asking_lines(ctx: Context, rows: np.ndarray) -> list[dict[str, Any]]:
         return []
     site = made[0]
     scripts = script_files([s.call_site or "" for s in ctx.analysis.steps]) or [site.file]
-    holder = holding_line(site.file, site.line, site.function, scripts, outside_forward=True)
+    holder = holding_line(site.file, site.line, site.function, scripts, outside_forward=outside_forward)
     out = [{"file": site.file, "line": site.line, "nbytes": site.nbytes}]
     if holder is not None and (holder.file, holder.line) != (site.file, site.line):
         out.insert(0, {"file": holder.file, "line": holder.line, "nbytes": site.nbytes})

@@ -106,8 +106,9 @@ def detect(ctx: Context) -> list[Finding]:
     ends = np.array([s.end_us for s in steps], dtype=np.int64)
     k = np.searchsorted(starts, times[cand], side="right") - 1
     cand = cand[(k >= 0) & (times[cand] <= ends[np.maximum(k, 0)])]  # made by a no-grad prefill/forward
-    found: list[int] = []
+    found: list[int] = []  # the logits blocks and the copies made from them
     positions: list[int] = []
+    heads: list[int] = []  # the logits blocks alone (the calls that made them)
     all_starts = np.array(sorted(st.start_us for st in ctx.analysis.steps), dtype=np.int64)
     all_ends = np.array(sorted(st.end_us for st in ctx.analysis.steps), dtype=np.int64)
 
@@ -123,8 +124,15 @@ def detect(ctx: Context) -> list[Finding]:
         until = int(np.searchsorted(times, nxt[0], side="left")) if len(nxt) else n
         later = np.arange(r + 1, min(int(free[r]), until))
         later = later[e["action"][later] == Action.ALLOC]
-        if np.any(numel[later] >= numel[r] // 2):
+        # Same-shaped float copies made from them (``log_softmax``, ``softmax``, ``.float()`` of the
+        # whole tensor) carry every position on: what is made from the copies decides, and they go
+        # with the logits when one position is asked for.
+        copies = later[(e["shape"][later] == e["shape"][r]) & is_float[e["dtype"][later]]]
+        if np.any(numel[np.setdiff1d(later, copies)] >= numel[r] // 2):
             continue
+        if len(copies):
+            later = np.arange(r + 1, min(max(int(free[r]), int(free[copies].max())), until))
+            later = later[(e["action"][later] == Action.ALLOC) & ~np.isin(later, copies)]
         later = later[later >= end_of_step(r)]
         # ... or one position? What the script makes from the logits must show it: a block without
         # the sequence axis (``logits[:, -1].softmax(-1)``: (B, V); ``.argmax(-1)`` of it: (B,)).
@@ -146,6 +154,8 @@ def detect(ctx: Context) -> list[Finding]:
             for m, op in made_after
             if (m and m[-1] == shape[-1])
             or (tuple(m) in (tuple(shape[:-1]), tuple(shape[:-2])) and op not in _ASSEMBLY)
+            # a few entries of every position (``logp.gather(-1, targets[..., None])``, a top-k)
+            or (len(m) == len(shape) and tuple(m[:-1]) == tuple(shape[:-1]) and m[-1] <= 16 and op not in _ASSEMBLY)
         ]
         if any(shape[-2] in m for m in read):
             continue
@@ -153,8 +163,10 @@ def detect(ctx: Context) -> list[Finding]:
             continue  # nothing made from them and kept past the call: read later, or returned; nothing said
         # one position read, or none at all (computed and dropped unread: a policy that reads the
         # hidden states of a causal LM's forward pays for its LM head over every position)
-        found.append(r)
-        positions.append(int(shape[-2]))
+        heads.append(r)
+        for row in [r, *copies.tolist()]:
+            found.append(row)
+            positions.append(int(shape[-2]))
     if not found:
         return []
     rows = np.array(found, dtype=np.int64)
@@ -163,9 +175,12 @@ def detect(ctx: Context) -> list[Finding]:
     nbytes = int(e["nbytes"][rows].sum())
     # the user's innermost line that ran the LM head (a policy's ``self.vlm(...)`` inside its forward)
     # first, then the script's call of the root model
-    made = lines_of_rows(trace, rows, limit=2, callers=False) + lines_of_rows(trace, rows, limit=2)
+    calls = len(heads)
+    head_rows = np.array(heads, dtype=np.int64)
+    made = lines_of_rows(trace, head_rows, limit=2, callers=False) + lines_of_rows(trace, head_rows, limit=2)
     evidence: dict[str, Any] = {
-        "logits_blocks": len(rows),
+        "logits_blocks": calls,
+        "full_copies": len(rows) - calls,
         "logits_bytes": nbytes,
         "positions": sorted(set(positions))[:8],
         "vocab": sorted(vocab)[:4],
@@ -173,8 +188,14 @@ def detect(ctx: Context) -> list[Finding]:
     }
     fix = (
         f"ask for the logits of the positions you read: model(**inputs, logits_to_keep=1) (num_logits_to_keep in "
-        f"older transformers), or run model.model(...) and apply lm_head to hidden[:, -1:]: {len(rows)} calls made "
-        f"{format_bytes(nbytes)} of (batch, {max(positions)}, {max(vocab)}) logits to read one position"
+        f"older transformers), or run model.model(...) and apply lm_head to hidden[:, -1:]: {calls} calls made "
+        f"{format_bytes(nbytes)} of (batch, {max(positions)}, {max(vocab)}) logits"
+        + (
+            f" and full copies of them ({len(rows) - calls}: softmax, log_softmax, .float())"
+            if len(rows) > calls
+            else ""
+        )
+        + " to read one position"
     )
     return [
         Finding(

@@ -195,6 +195,16 @@ def detect(ctx: Context) -> list[Finding]:
             f"transformers 4) converts each weight as it is read, instead of mapping the checkpoint's "
             f"{', '.join(sorted(dup_dtypes))} weights and casting the whole model afterwards (.half() / .to(dtype)): {saves}"
         )
+    elif cast and not (dup_dtypes & final_dtypes):
+        # Every duplicate is in a dtype the run does not keep: the model was built (or loaded) in
+        # one dtype and cast to another afterwards; building in the final one is the whole fix.
+        target = " / ".join(f"torch.{d}" for d in sorted(final_dtypes)) or "the target dtype"
+        fix = (
+            f"build the model directly in its final dtype: from_pretrained(path, dtype={target}) (torch_dtype= in "
+            f"transformers 4), Model._from_config(config, dtype={target}), or a hand-built model under "
+            f"torch.set_default_dtype({target.split(' / ')[0]}), instead of building it in "
+            f"{', '.join(sorted(dup_dtypes))} and casting it afterwards (.to(dtype) / .half()): {saves}"
+        )
     else:
         how = (
             "build in the target dtype (from_pretrained(..., dtype=...) / Model._from_config(config, dtype=...)) "

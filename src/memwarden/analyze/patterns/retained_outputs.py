@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
-from memwarden.analyze.finding import Context, Finding
+from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, finding_lines, merge_lines, row_lines
 from memwarden.analyze.patterns.unbounded_growth import PATTERN as UNBOUNDED
 from memwarden.analyze.source_lines import keeper_line
@@ -88,12 +88,27 @@ def detect(ctx: Context) -> list[Finding]:
     peak_row = int(np.argmax(live))
     peak_it = int(np.searchsorted(starts, times[peak_row], side="right") - 1)
     at_peak = (rows <= peak_row) & (free > peak_row) & (it < peak_it)
+    nbytes = e["nbytes"][rows]
+    per_iteration = np.bincount(it[at_peak], weights=nbytes[at_peak], minlength=len(groups))
+    top = int(np.argmax(per_iteration))
+    if per_iteration[top] * 2 > per_iteration.sum():
+        # One request's blocks are most of what is kept: made once and meant to stay (a buffer or a
+        # cross-attention cache made before a decode loop), not a result kept per request; what the
+        # other requests keep decides.
+        keep = it != top
+        rows, it, end_next_row, free, at_peak, nbytes = (
+            rows[keep],
+            it[keep],
+            end_next_row[keep],
+            free[keep],
+            at_peak[keep],
+            nbytes[keep],
+        )
+        per_iteration[top] = 0
     kept_iterations = np.unique(it[at_peak])
     if len(kept_iterations) < min_iterations:
         return []
-    nbytes = e["nbytes"][rows]
     kept_at_peak = int(nbytes[at_peak].sum())
-    per_iteration = np.bincount(it[at_peak], weights=nbytes[at_peak], minlength=len(groups))
     by_category: dict[str, int] = {}
     for cat in np.unique(e["category"][rows[at_peak]]).tolist():
         sel = at_peak & (e["category"][rows] == cat)
@@ -134,7 +149,7 @@ def detect(ctx: Context) -> list[Finding]:
     return [
         Finding(
             pattern=PATTERN,
-            severity="high",
+            severity=severity_for(kept_at_peak, int(live[peak_row])),
             bytes_at_peak=kept_at_peak,
             wasted_bytes=kept_at_peak,
             where=groups[0][0].module,
