@@ -131,6 +131,15 @@ PAIRS = [
     ("../postfreeze3/vision-token-dominance_internvl_video_frames_tiled_max_num", "vision-token-dominance"),
     # a reranker batch's full logits while the next batch's ids (B, T) are joined: one position read
     ("../postfreeze3/full-logits_qwen2vl_page_reranker_yes_no_last_token", "full-logits"),
+    # the fourth post-freeze corpus' misses at its freeze, measured since (a development corpus now):
+    # an int8 linear keeping its dequantised fp32 weight on the module after the first call
+    ("../postfreeze4/dequant-temporaries_llava_int8_weight_only_linear_caches_fp32", "dequant-temporaries"),
+    # a caption judge log-softmaxing the full logits (a same-shaped copy) to read one position
+    ("../postfreeze4/full-logits_qwen25vl_caption_judge_yes_probability", "full-logits"),
+    # one chart sent with each of six questions in one batch: the image encoded and cached six times
+    ("../postfreeze4/request-multiplier_qwen2vl_chart_questions_batch_duplicates_image", "request-multiplier"),
+    # small crops upscaled to a megapixel by a document config's min_pixels
+    ("../postfreeze4/vision-token-dominance_qwen2vl_small_crops_eval_min_pixels_1280", "vision-token-dominance"),
 ]
 
 

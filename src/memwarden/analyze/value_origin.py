@@ -24,7 +24,7 @@ from memwarden.analyze.source_lines import (
     tree_of,
 )
 
-__all__ = ["Knob", "argument_line", "origin_line", "tiling_knob"]
+__all__ = ["Knob", "argument_line", "origin_line", "unpacked_line", "tiling_knob"]
 
 
 def argument_line(file: str, line: int, keywords: tuple[str, ...]) -> SourceLine | None:
@@ -72,8 +72,8 @@ def origin_line(file: str, line: int, keywords: tuple[str, ...], depth: int = 4)
     """Where the value a call at ``file:line`` passes as one of ``keywords`` was chosen: the call's
     keyword itself when its value is a literal; else the assignment that bound the name it passes
     (``cache = DynamicCache(...)``, ``per_call = N_SAMPLES``), followed through the function's
-    parameters to the argument its caller passed, ``depth`` levels; a module-level constant's own line
-    when the call names one directly. None when no call at the line passes one of ``keywords``, or
+    parameters to the argument its caller passed, ``depth`` levels; a module-level name's own line
+    when the call (at module level or in a function) names one directly. None when no call at the line passes one of ``keywords``, or
     when each one it passes is a parameter its caller left at the default."""
     tree = tree_of(file)
     stmt = statement_at(tree, line) if tree is not None else None
@@ -83,6 +83,19 @@ def origin_line(file: str, line: int, keywords: tuple[str, ...], depth: int = 4)
         k.value for node in ast.walk(stmt) if isinstance(node, ast.Call) for k in node.keywords if k.arg in keywords
     ]
     # the first keyword whose value the user chose (one left at a parameter's default was not chosen)
+    return next((found for v in values if (found := _follow(tree, file, stmt, v, depth)) is not None), None)
+
+
+def unpacked_line(file: str, line: int, depth: int = 4) -> SourceLine | None:
+    """Where the inputs a call at ``file:line`` unpacks (``model(**inputs)``, ``model(**batch,
+    ...)``) were built: the assignment of the name it unpacks, followed through the function's
+    parameters to the argument its caller passed (``batch = {k: torch.cat(...)}`` two calls up).
+    None when the call unpacks no mapping or its origin is not in the file."""
+    tree = tree_of(file)
+    stmt = statement_at(tree, line) if tree is not None else None
+    if tree is None or stmt is None:
+        return None
+    values = [k.value for node in ast.walk(stmt) if isinstance(node, ast.Call) for k in node.keywords if k.arg is None]
     return next((found for v in values if (found := _follow(tree, file, stmt, v, depth)) is not None), None)
 
 
@@ -104,8 +117,9 @@ def _follow(tree: ast.Module, file: str, stmt: ast.stmt, value: ast.expr, depth:
             return SourceLine(file, bound.lineno, f"sets {names[0]}")
         params = [a.arg for a in (fn.args.posonlyargs + fn.args.args)] if fn is not None else []
         if fn is None or names[0] not in params:
+            # a module-level name (``EVAL_CFG["min_pixels"]``, ``MAX_PIXELS``): chosen where it is set
             top = _assignment(tree, names[0], 1 << 30)
-            return SourceLine(file, top.lineno, f"sets {names[0]}") if top is not None and fn is None else at
+            return SourceLine(file, top.lineno, f"sets {names[0]}") if top is not None else at
         index = params.index(names[0]) - (1 if params and params[0] in ("self", "cls") else 0)
         calls = [c for c in call_lines(file, callable_name(tree, fn)) if c.line != at.line]
         if not calls:

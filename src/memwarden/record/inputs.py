@@ -191,7 +191,45 @@ def step_tokens(module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, An
         media_ids = {getattr(config, a, None) for a in attrs} - {None}
         counts[modality] = sum(1 for tok in row if tok in media_ids)
     counts["text"] = len(row) - counts["vision"] - counts["audio"]
-    return {"tokens": counts, "batch": int(ids.shape[0]), "input_ids": row[:_PREFIX_TOKENS_KEPT]}
+    batch = int(ids.shape[0])
+    info = {"tokens": counts, "batch": batch, "input_ids": row[:_PREFIX_TOKENS_KEPT]}
+    repeat = media_repeat(kwargs, batch)
+    if repeat > 1:
+        info["media_repeat"] = repeat
+    return info
+
+
+def media_repeat(kwargs: dict[str, Any], batch: int) -> int:
+    """How many rows of a batch carry the same media: the count of the most repeated media item
+    (six questions about one chart, each row with the chart: 6). The items are the float media
+    inputs (``pixel_values``, ``input_features``, ...) cut into ``batch`` equal parts along their
+    first axis, or, where generate encoded the media before the call (transformers 5 passes
+    ``mm_encoder_outputs``), the per-item embeddings of those outputs. 1 when nothing repeats or
+    no media input divides by the batch. Integer inputs (``image_grid_thw``, sizes) say nothing: two
+    different images share a grid."""
+    from memwarden.record.modality import input_modality
+    from memwarden.trace.model import Modality
+
+    if batch < 2:
+        return 1
+    groups: list[list[torch.Tensor]] = []
+    for name, t in kwargs.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.is_meta and t.dim() > 0:
+            if input_modality(name) in (Modality.VISION, Modality.AUDIO) and t.shape[0] % batch == 0:
+                groups.append(list(t.detach().split(t.shape[0] // batch)))
+    encoded = kwargs.get("mm_encoder_outputs")
+    for out in encoded.values() if isinstance(encoded, dict) else ():
+        items = out.get("pooler_output") if hasattr(out, "get") else None
+        if isinstance(items, (list, tuple)) and len(items) >= 2:
+            groups.append([x for x in items if isinstance(x, torch.Tensor) and not x.is_meta])
+    best = 1
+    for parts in groups:
+        seen: dict[bytes, int] = {}
+        for part in parts:
+            digest = tensor_digest(part)
+            seen[digest] = seen.get(digest, 0) + 1
+        best = max([best, *seen.values()])
+    return best
 
 
 def mask_padding(mask: Any) -> dict[str, int] | None:

@@ -32,6 +32,8 @@ class Step:
     # The user's line that made the call ("file:line:function", memwarden.trace.sites): a model's
     # forward is often the user's code too, and a block it allocates is then kept by this line.
     call_site: str | None = None
+    # rows of the batch that carry the same media (one chart sent with each of six questions: 6)
+    media_repeat: int = 1
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -51,6 +53,8 @@ class Step:
             out["grad"] = self.grad
         if self.call_site is not None:
             out["call_site"] = self.call_site
+        if self.media_repeat > 1:
+            out["media_repeat"] = self.media_repeat
         return out
 
 
@@ -110,4 +114,5 @@ def _parse(item: Any) -> Step | None:
         input_ids=ids,
         grad=grad if isinstance(grad, bool) else None,
         call_site=call_site if isinstance(call_site, str) and call_site.count(":") >= 2 else None,
+        media_repeat=max(1, _int(item.get("media_repeat")) or 1),
     )

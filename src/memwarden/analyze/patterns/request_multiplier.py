@@ -25,7 +25,7 @@ import numpy as np
 from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding
 from memwarden.analyze.lines import LineBytes, merge_lines
-from memwarden.analyze.value_origin import argument_line, origin_line
+from memwarden.analyze.value_origin import argument_line, origin_line, unpacked_line
 from memwarden.trace.model import Action, Category, Trace
 from memwarden.trace.sites import parse_line
 from memwarden.units import format_bytes
@@ -89,6 +89,8 @@ def detect(ctx: Context) -> list[Finding]:
         lo = int(np.searchsorted(times, steps[i - 1].end_us, side="right")) if i else 0
         hi = int(np.searchsorted(times, st.start_us, side="right"))
         k = _multiplier(trace, lo, hi, st.batch, free)
+        duplicated = k < 2 and st.media_repeat >= 2  # rows built by hand, each with the same image
+        k = max(k, st.media_repeat)
         if k < 2:
             continue
         nxt = next((s.start_us for s in steps[i + 1 :] if s.phase != "decode"), None)
@@ -104,6 +106,7 @@ def detect(ctx: Context) -> list[Finding]:
                 "multiplier": k,
                 "call_site": st.call_site,
                 "request_bytes": int(e["nbytes"][rows].sum()),
+                "duplicated_media_rows": duplicated,
             }
         )
     if not seen:
@@ -115,11 +118,19 @@ def detect(ctx: Context) -> list[Finding]:
         # where the multiplier was chosen: the value the call passes followed back to its
         # assignment (``per_call = N_SAMPLES``), else a line passing the keyword nearby
         passed = origin_line(src.file, src.line, _KEYWORDS) or argument_line(src.file, src.line, _KEYWORDS)
+        if worst["duplicated_media_rows"]:  # the batch the call unpacks, built with one image per row
+            passed = unpacked_line(src.file, src.line) or passed
         at = passed.line if passed is not None else src.line
         lines.append(LineBytes(src.file, at, src.function, worst["request_bytes"], 0))
     evidence: dict[str, Any] = {"requests": seen[:16], "multiplier": worst["multiplier"], "batch": worst["batch"]}
     fix = (
-        f"each request runs {worst['multiplier']} times over (prefill batch {worst['batch']} from "
+        f"the batch carries the same image in {worst['multiplier']} of its {worst['batch']} rows: it is encoded, "
+        f"prefilled and cached {worst['multiplier']} times. Encode the image once: prefill the shared prefix "
+        f"(image and instruction) once, then copy the prefix cache for each question (copy.deepcopy of the "
+        f"cache, or generate with past_key_values=a copy) or ask the questions in one turn; the duplicated "
+        f"request allocated {format_bytes(worst['request_bytes'])}"
+        if worst["duplicated_media_rows"]
+        else f"each request runs {worst['multiplier']} times over (prefill batch {worst['batch']} from "
         f"{worst['batch'] // worst['multiplier']} row(s)): use num_beams=1 (greedy or do_sample=True) and "
         f"num_return_sequences=1, or generate the alternatives one after another, and send one row per distinct "
         f"image; the multiplied request allocated {format_bytes(worst['request_bytes'])}"

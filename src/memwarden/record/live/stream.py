@@ -61,7 +61,19 @@ _STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord))
 # A chunk carries its steps as rows (the values in ``STEP_ROW_FIELDS`` order, after the step's
 # index), not one JSON object each: a loop of sub-millisecond steps sends hundreds a chunk, and
 # building and encoding a dict per step was most of a light flush.
-STEP_ROW_FIELDS = ("start_ns", "ctx", "phase", "seq_len", "end_ns", "tokens", "batch", "input_ids", "grad", "call_site")
+STEP_ROW_FIELDS = (
+    "start_ns",
+    "ctx",
+    "phase",
+    "seq_len",
+    "end_ns",
+    "tokens",
+    "batch",
+    "input_ids",
+    "grad",
+    "media_repeat",
+    "call_site",
+)
 if STEP_ROW_FIELDS[:-1] != _STEP_FIELDS:  # pragma: no cover - a StepRecord field added without its row slot
     raise ImportError("capture.live.stream: STEP_ROW_FIELDS is out of step with StepRecord")
 
@@ -78,6 +90,7 @@ def _step_row(index: int, step: StepRecord, call_sites: dict[int, str]) -> list[
         step.batch,
         step.input_ids,
         step.grad,
+        step.media_repeat,
         call_sites.get(step.start_ns),
     ]
 
