@@ -88,6 +88,15 @@ def _value(tree: ast.Module, size: str) -> int | None:
     return None
 
 
+def _class_of(tree: ast.Module, line: int) -> ast.ClassDef | None:
+    """The innermost class whose body holds ``line``."""
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            best = node if best is None or node.lineno > best.lineno else best
+    return best
+
+
 def window_read(file: str, line: int) -> Window | None:
     """The window the script reads of the container the statement at ``file:line`` appends to,
     or None when it appends to none or reads it otherwise (whole, by index, not at all)."""
@@ -99,6 +108,8 @@ def window_read(file: str, line: int) -> Window | None:
     if container is None:
         return None
     scope: ast.AST = function_node(tree, line) or tree
+    if container.startswith("self."):  # an attribute: read by any method of its class
+        scope = _class_of(tree, line) or scope
     for node in ast.walk(scope):
         if isinstance(node, ast.Subscript):
             size = _trailing_size(node, container)

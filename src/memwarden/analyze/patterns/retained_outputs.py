@@ -31,7 +31,7 @@ import numpy as np
 from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, finding_lines, merge_lines, row_lines
-from memwarden.analyze.patterns.unbounded_growth import PATTERN as UNBOUNDED
+from memwarden.analyze.patterns.unbounded_growth import bounded_window
 from memwarden.analyze.source_lines import keeper_line
 from memwarden.analyze.timeline import live_blocks_at
 from memwarden.analyze.window_read import Window, window_read
@@ -117,7 +117,7 @@ def detect(ctx: Context) -> list[Finding]:
     lines, keeper = _lines(trace, ctx, rows[at_peak], groups, peak_row)
     window = _window(trace, rows[at_peak], keeper)
     if window is not None:  # every item is needed, but only the newest few: a bound, not less per item
-        return [_unbounded(trace, window, rows, it, starts, lines, kept_at_peak, len(kept_iterations))]
+        return [bounded_window(trace, window, rows, it, starts, lines, kept_at_peak, len(kept_iterations))]
     carried = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(by_category.items(), key=lambda kv: -kv[1]))
     at = f" at {keeper['file']}:{keeper['line']}" if keeper else ""
     what = (
@@ -173,51 +173,6 @@ def _window(trace: Trace, kept: np.ndarray, keeper: dict[str, Any] | None) -> Wi
         if window is not None:
             return window
     return None
-
-
-def _unbounded(
-    trace: Trace,
-    w: Window,
-    rows: np.ndarray,
-    it: np.ndarray,
-    starts: np.ndarray,
-    lines: list[dict[str, Any]],
-    kept_at_peak: int,
-    kept_iterations: int,
-) -> Finding:
-    """unbounded-growth: the container keeps every request's item but the script reads its last
-    ``w.size``. The fix as a change: an item is dropped when the request ``size`` later appends."""
-    size = max(1, w.items or 2)
-    evict = it + size + 1
-    has = evict < len(starts)
-    times = trace.events["time_us"]
-    change = Change(free_rows=rows[has], free_at=np.searchsorted(times, starts[evict[has]], side="left"))
-    fix = (
-        f"{w.container} keeps an item from every request ({kept_iterations} earlier requests' at the peak, "
-        f"{format_bytes(kept_at_peak)}) but the script reads only its last {w.size} (line {w.read_line}): bound it "
-        f"where it is made (line {w.binding_line}): {w.container} = collections.deque(maxlen={w.size}) (a bounded deque), so older "
-        f"items are dropped as new ones arrive"
-    )
-    return Finding(
-        pattern=UNBOUNDED,
-        severity="high",
-        bytes_at_peak=kept_at_peak,
-        wasted_bytes=kept_at_peak,
-        where=f"{w.file}:{w.binding_line}",
-        evidence={
-            "container": w.container,
-            "window": w.size,
-            "read_line": w.read_line,
-            "iterations_kept_at_peak": kept_iterations,
-            "kept_bytes_at_peak": kept_at_peak,
-        },
-        fix=fix,
-        lines=merge_lines(
-            [LineBytes(w.file, w.binding_line, "", kept_at_peak, 0)],
-            [LineBytes(str(x["file"]), int(x["line"]), "", int(x["nbytes"]), 0) for x in lines],
-        ),
-        change=change,
-    )
 
 
 def _mostly_logits(trace: Trace, kept: np.ndarray) -> bool:
