@@ -143,6 +143,9 @@ PAIRS = [
     # every mel chunk of a live stream appended to an attribute another method reads the last 10 of;
     # the list is local to main and freed before the capture ends: seen at the peak
     ("../postfreeze4/unbounded-growth_whisper_live_captions_mel_history", "unbounded-growth"),
+    # a chat re-sending every earlier photo with a fresh cache each turn: the photos matched item by
+    # item (each turn's stack is a new tensor, so no encode repeats as a whole)
+    ("../postfreeze4/kv-reprefill_llava_multi_image_chat_resend_history", "kv-reprefill"),
 ]
 
 

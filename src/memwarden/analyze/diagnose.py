@@ -126,10 +126,12 @@ def _in_the_script(ctx: Context, findings: list[Finding]) -> list[Finding]:
     return out
 
 
-def rank(f: Finding) -> tuple[int, int, int, int, str]:
-    """Findings that lower the peak first, by how much; those that only save work after them."""
+def rank(f: Finding) -> tuple[int, int, int, int, int, str]:
+    """Findings that lower the peak first, by how much; those that only save work after them. A
+    predicted saving (another run's, ``Finding.predicted``) comes after the measured ones."""
     return (
         f.saving_peak_bytes <= 0,
+        f.predicted,
         -f.saving_peak_bytes,
         SEVERITIES.index(f.severity),
         -f.saving_allocated_bytes,

@@ -38,6 +38,9 @@ class Finding:
     # how much lower the peak would be, and the bytes the fixed run no longer allocates.
     saving_peak_bytes: int = 0
     saving_allocated_bytes: int = 0
+    # The saving is a prediction for another run, not the traced one's (a CPU trace's fragmentation
+    # replayed through the CUDA caching-allocator model): never headlined over a measured saving.
+    predicted: bool = False
     change: Change | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:

@@ -191,45 +191,52 @@ def step_tokens(module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, An
         media_ids = {getattr(config, a, None) for a in attrs} - {None}
         counts[modality] = sum(1 for tok in row if tok in media_ids)
     counts["text"] = len(row) - counts["vision"] - counts["audio"]
-    batch = int(ids.shape[0])
-    info = {"tokens": counts, "batch": batch, "input_ids": row[:_PREFIX_TOKENS_KEPT]}
-    repeat = media_repeat(kwargs, batch)
-    if repeat > 1:
-        info["media_repeat"] = repeat
+    info = {"tokens": counts, "batch": int(ids.shape[0]), "input_ids": row[:_PREFIX_TOKENS_KEPT]}
+    items = media_digests(kwargs)
+    if items:
+        info["media_digests"] = items
     return info
 
 
-def media_repeat(kwargs: dict[str, Any], batch: int) -> int:
-    """How many rows of a batch carry the same media: the count of the most repeated media item
-    (six questions about one chart, each row with the chart: 6). The items are the float media
-    inputs (``pixel_values``, ``input_features``, ...) cut into ``batch`` equal parts along their
-    first axis, or, where generate encoded the media before the call (transformers 5 passes
-    ``mm_encoder_outputs``), the per-item embeddings of those outputs. 1 when nothing repeats or
-    no media input divides by the batch. Integer inputs (``image_grid_thw``, sizes) say nothing: two
-    different images share a grid."""
+_MEDIA_DIGESTS_KEPT = 1024  # per-item digests a root call keeps
+
+
+def media_digests(kwargs: dict[str, Any]) -> tuple[str, ...]:
+    """Short content digests of a root call's media items, in order: each image or frame of the
+    float media inputs (``pixel_values`` (N, C, H, W) or (B, N, C, H, W), Qwen-VL's flattened
+    patches cut by ``image_grid_thw``, audio features per row), or, where generate encoded the
+    media before the call (transformers 5 passes ``mm_encoder_outputs``), each item's embeddings.
+    What a request sent, item by item: the same chart in six rows is six equal digests; a chat
+    that re-sends its photos sends the earlier turns' digests again. Integer inputs (grids, sizes)
+    are not items."""
     from memwarden.record.modality import input_modality
     from memwarden.trace.model import Modality
 
-    if batch < 2:
-        return 1
-    groups: list[list[torch.Tensor]] = []
+    parts: list[torch.Tensor] = []
     for name, t in kwargs.items():
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.is_meta and t.dim() > 0:
-            if input_modality(name) in (Modality.VISION, Modality.AUDIO) and t.shape[0] % batch == 0:
-                groups.append(list(t.detach().split(t.shape[0] // batch)))
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.is_meta or t.dim() == 0:
+            continue
+        if input_modality(name) not in (Modality.VISION, Modality.AUDIO):
+            continue
+        grid = kwargs.get("video_grid_thw" if "video" in name else "image_grid_thw")
+        t = t.detach()
+        if t.dim() == 2 and isinstance(grid, torch.Tensor) and grid.dim() == 2 and grid.shape[1] == 3:
+            sizes = [int(x) for x in grid.prod(-1).tolist()]
+            parts += list(t.split(sizes)) if sum(sizes) == t.shape[0] else [t]
+        elif t.dim() >= 4:
+            parts += list(t.reshape(-1, *t.shape[-3:]).unbind(0))
+        elif t.dim() == 3:
+            parts += list(t.unbind(0))
+        else:
+            parts.append(t)
     encoded = kwargs.get("mm_encoder_outputs")
     for out in encoded.values() if isinstance(encoded, dict) else ():
-        items = out.get("pooler_output") if hasattr(out, "get") else None
-        if isinstance(items, (list, tuple)) and len(items) >= 2:
-            groups.append([x for x in items if isinstance(x, torch.Tensor) and not x.is_meta])
-    best = 1
-    for parts in groups:
-        seen: dict[bytes, int] = {}
-        for part in parts:
-            digest = tensor_digest(part)
-            seen[digest] = seen.get(digest, 0) + 1
-        best = max([best, *seen.values()])
-    return best
+        pooled = out.get("pooler_output") if hasattr(out, "get") else None
+        if isinstance(pooled, (list, tuple)):
+            parts += [x for x in pooled if isinstance(x, torch.Tensor) and not x.is_meta]
+        elif isinstance(pooled, torch.Tensor) and not pooled.is_meta and pooled.dim() >= 2:
+            parts += list(pooled.detach().unbind(0))
+    return tuple(tensor_digest(part).hex()[:16] for part in parts[:_MEDIA_DIGESTS_KEPT])
 
 
 def mask_padding(mask: Any) -> dict[str, int] | None:

@@ -32,8 +32,16 @@ class Step:
     # The user's line that made the call ("file:line:function", memwarden.trace.sites): a model's
     # forward is often the user's code too, and a block it allocates is then kept by this line.
     call_site: str | None = None
-    # rows of the batch that carry the same media (one chart sent with each of six questions: 6)
-    media_repeat: int = 1
+    # short digests of the media items it was sent, in order (each image, frame or audio row)
+    media_digests: tuple[str, ...] = ()
+
+    @property
+    def media_repeat(self) -> int:
+        """How many times the most repeated media item was sent (one chart with six questions: 6)."""
+        counts: dict[str, int] = {}
+        for item in self.media_digests:
+            counts[item] = counts.get(item, 0) + 1
+        return max(counts.values(), default=1)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -53,8 +61,8 @@ class Step:
             out["grad"] = self.grad
         if self.call_site is not None:
             out["call_site"] = self.call_site
-        if self.media_repeat > 1:
-            out["media_repeat"] = self.media_repeat
+        if self.media_digests:
+            out["media_digests"] = list(self.media_digests)
         return out
 
 
@@ -102,6 +110,7 @@ def _parse(item: Any) -> Step | None:
         ids = tuple(x for x in parsed if x is not None)
     module = item.get("module")
     grad = item.get("grad")
+    items_raw = item.get("media_digests")
     call_site = item.get("call_site")
     return Step(
         phase=phase,
@@ -114,5 +123,5 @@ def _parse(item: Any) -> Step | None:
         input_ids=ids,
         grad=grad if isinstance(grad, bool) else None,
         call_site=call_site if isinstance(call_site, str) and call_site.count(":") >= 2 else None,
-        media_repeat=max(1, _int(item.get("media_repeat")) or 1),
+        media_digests=tuple(x for x in items_raw if isinstance(x, str)) if isinstance(items_raw, list) else (),
     )

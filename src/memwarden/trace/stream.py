@@ -364,7 +364,7 @@ def _step_record(step: dict[str, Any], start_us: int, end_us: int, log: StreamLo
         input_ids=tuple(ids) if isinstance(ids, list) else (),
         grad=step.get("grad"),
         call_site=site if isinstance(site, str) else None,
-        media_repeat=int(step.get("media_repeat") or 1),
+        media_digests=tuple(str(x) for x in step.get("media_digests") or () if isinstance(x, str)),
     )
 
 

@@ -244,6 +244,7 @@ def detect(ctx: Context) -> list[Finding]:
             wasted_bytes=wasted,
             # reserved memory, which the live-bytes replay does not see: the allocator model's saving
             saving_peak_bytes=wasted,
+            predicted=cpu,  # a CUDA run's saving, not the traced peak's: ranked after measured ones
             where=module,
             evidence=evidence,
             fix=fix,

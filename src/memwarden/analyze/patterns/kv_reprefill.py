@@ -86,7 +86,7 @@ def _media_ids(ids: list[int], media_tokens: int) -> set[int]:
 
 
 def _shared_prefix(
-    x: np.ndarray, y: np.ndarray, media: set[int], fps_a: tuple[int, ...], fps_b: tuple[int, ...]
+    x: np.ndarray, y: np.ndarray, media: set[int], fps_a: tuple[Any, ...], fps_b: tuple[Any, ...]
 ) -> int:
     """Common prefix of two id arrays. A run of media placeholders is shared only when both requests
     encoded the same media for it: the k-th encode of each has the same fingerprint (or both made
@@ -102,6 +102,14 @@ def _shared_prefix(
         if r >= len(fps_a) or r >= len(fps_b) or fps_a[r] != fps_b[r]:
             return int(start)
     return lcp
+
+
+def _runs(x: np.ndarray, media: set[int]) -> int:
+    """How many runs of media placeholders ``x`` holds."""
+    if not media or not len(x):
+        return 0
+    is_media = np.isin(x, list(media))
+    return int((is_media & ~np.concatenate([[False], is_media[:-1]])).sum())
 
 
 def _rows_between(trace: Trace, dev: int, start_us: int, end_us: int) -> np.ndarray:
@@ -201,10 +209,15 @@ def detect(ctx: Context) -> list[Finding]:
         st = steps[i]
         prev_end = steps[i - 1].end_us if i > 0 else -1
         in_window = enc_media & (enc_start > prev_end) & (enc_start <= st.end_us)
-        fps = tuple(int(f) for f in enc_fp[in_window])
         ids = list(st.input_ids)
         media = _media_ids(ids, st.tokens.get("vision", 0) + st.tokens.get("audio", 0))
         x = np.asarray(ids, dtype=np.int64)
+        # what each run of placeholders holds: the request's media items one by one where the capture
+        # saw one item per run (a chat re-sending its photos matches them turn over turn), else the
+        # encodes made for it (one fingerprint per encode call)
+        fps: tuple[Any, ...] = tuple(int(f) for f in enc_fp[in_window])
+        if st.media_digests and len(st.media_digests) == _runs(x, media):
+            fps = tuple(st.media_digests)
         best, best_req = 0, -1
         # a shared prefix of min_prefix tokens or more starts with the same min_prefix ids
         for r in by_head.get(tuple(ids[:min_prefix]), []) if len(ids) >= min_prefix else []:

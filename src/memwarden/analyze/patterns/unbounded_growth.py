@@ -81,6 +81,7 @@ def detect(ctx: Context) -> list[Finding]:
             if len(occupied) < min_bins or occupied[-1] != bins - 1:
                 continue
             window = _window_of(ctx, int(line_id))
+            finding: Finding | None
             if window is not None:  # the script reads the newest few: bounded to them
                 e_t = e["time_us"][kept]
                 src = parse_line(trace.strings[int(line_id)])

@@ -95,7 +95,7 @@ def step_records(steps: StepTable, labels: Sequence[str], capture_end_ns: int, c
             tokens=dict(s.tokens),
             input_ids=s.input_ids,
             grad=s.grad,  # autograd recording during the call: graph-retention's evidence
-            media_repeat=s.media_repeat,
+            media_digests=s.media_digests,
         )
         for s in steps.steps
     ]

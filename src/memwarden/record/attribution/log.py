@@ -67,7 +67,7 @@ class StepRecord:
     batch: int | None = None
     input_ids: tuple[int, ...] = ()  # the first ids of the first row
     grad: bool | None = None  # autograd recording when the call began (grad mode on, not inference mode)
-    media_repeat: int = 1  # rows of the batch carrying the same media (inputs.media_repeat)
+    media_digests: tuple[str, ...] = ()  # digests of the media items it was sent (inputs.media_digests)
 
     def set_inputs(self, phase: Phase, seq_len: int | None, info: dict[str, Any] | None) -> None:
         """``info`` as ``memwarden.record.inputs.step_tokens`` returns it (None: no input_ids)."""
@@ -76,7 +76,7 @@ class StepRecord:
         self.tokens = dict(info.get("tokens", {}))
         self.batch = info.get("batch")
         self.input_ids = tuple(info.get("input_ids", ()))
-        self.media_repeat = int(info.get("media_repeat", 1))
+        self.media_digests = tuple(info.get("media_digests", ()))
 
 
 @dataclass

@@ -49,7 +49,7 @@ def _step(rec: dict[str, Any], end_ns: int) -> StepRecord:
         batch=rec.get("batch"),
         input_ids=tuple(rec.get("input_ids") or ()),
         grad=rec.get("grad"),
-        media_repeat=int(rec.get("media_repeat") or 1),
+        media_digests=tuple(str(x) for x in rec.get("media_digests") or ()),
     )
 
 

@@ -71,7 +71,7 @@ STEP_ROW_FIELDS = (
     "batch",
     "input_ids",
     "grad",
-    "media_repeat",
+    "media_digests",
     "call_site",
 )
 if STEP_ROW_FIELDS[:-1] != _STEP_FIELDS:  # pragma: no cover - a StepRecord field added without its row slot
@@ -90,7 +90,7 @@ def _step_row(index: int, step: StepRecord, call_sites: dict[int, str]) -> list[
         step.batch,
         step.input_ids,
         step.grad,
-        step.media_repeat,
+        step.media_digests,
         call_sites.get(step.start_ns),
     ]
 
