@@ -146,6 +146,8 @@ PAIRS = [
     # a chat re-sending every earlier photo with a fresh cache each turn: the photos matched item by
     # item (each turn's stack is a new tensor, so no encode repeats as a whole)
     ("../postfreeze4/kv-reprefill_llava_multi_image_chat_resend_history", "kv-reprefill"),
+    # a 2-minute clip sampled at 1 fps (120 frames) where SmolVLM2's recipe sends at most 64: the
+    # saving is the run at 64 frames', the twin sends 8 (so only the finding's own saving is checked)
 ]
 
 
@@ -226,3 +228,16 @@ def test_fragmentation_saving_is_the_static_shape_twins_reserved_saving() -> Non
     assert measured > 0
     assert abs(finding.saving_peak_bytes - measured) <= max(0.1 * measured, MiB), (finding.saving_peak_bytes, measured)
     assert not [f for f in diagnose(fixed) if f.pattern == "fragmentation" and f.severity in ("high", "medium")]
+
+
+def test_frames_beyond_the_documented_count_are_named_and_the_recipe_twin_is_clean() -> None:
+    """SmolVLM video at one frame a second of a 2-minute clip: 120 frames, above SmolVLM2's
+    documented 64 (generate passes the encoded frames, not pixel_values: counted from the
+    encoder outputs' items); the twin's 8 uniformly spread frames raise nothing."""
+    case = REALWORLD.parent / "postfreeze4" / "vision-token-dominance_idefics3_smolvlm_video_eval_1fps_all_frames"
+    _, planted = _peak_and_findings(case.with_name(case.name + ".py"))
+    mine = [f for f in planted if f.pattern == "vision-token-dominance"]
+    assert mine and mine[0].evidence["frames"] == 120 and mine[0].evidence["documented_max_frames"] == 64
+    assert mine[0].saving_peak_bytes > 0 and "max_frames" in mine[0].fix
+    _, fixed = _peak_and_findings(case.with_name(case.name + "_fixed.py"))
+    assert not [f for f in fixed if f.severity in ("high", "medium")]

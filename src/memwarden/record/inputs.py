@@ -232,7 +232,10 @@ def media_digests(kwargs: dict[str, Any]) -> tuple[str, ...]:
     encoded = kwargs.get("mm_encoder_outputs")
     for out in encoded.values() if isinstance(encoded, dict) else ():
         pooled = out.get("pooler_output") if hasattr(out, "get") else None
-        if isinstance(pooled, (list, tuple)):
+        hidden = out.get("last_hidden_state") if hasattr(out, "get") else None
+        if isinstance(hidden, torch.Tensor) and hidden.dim() == 3 and not hidden.is_meta:
+            parts += list(hidden.detach().unbind(0))  # (items, tokens, hidden): a tower's batch of images
+        elif isinstance(pooled, (list, tuple)):
             parts += [x for x in pooled if isinstance(x, torch.Tensor) and not x.is_meta]
         elif isinstance(pooled, torch.Tensor) and not pooled.is_meta and pooled.dim() >= 2:
             parts += list(pooled.detach().unbind(0))

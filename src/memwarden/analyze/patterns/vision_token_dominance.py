@@ -24,16 +24,21 @@ from typing import Any
 
 import numpy as np
 
-from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding
 from memwarden.analyze.lines import LineBytes, input_rows, led_by, script_input_lines
+from memwarden.analyze.patterns.media_size import (
+    PATTERN,
+    encoder_names,
+    fewer_media_tokens,
+    too_many_frames,
+    upscaled,
+)
 from memwarden.analyze.timeline import live_blocks_at
 from memwarden.analyze.value_origin import argument_line, origin_line, tiling_knob
-from memwarden.trace.model import Category, Modality, SpanKind, Trace
+from memwarden.trace.model import Category, Modality, Trace
 from memwarden.trace.sites import parse_line
 from memwarden.trace.steps import Step
 
-PATTERN = "vision-token-dominance"
 _WORKING = (int(Category.ACTIVATION), int(Category.KV_CACHE), int(Category.TEMPORARY))
 _ENCODER = (int(Modality.VISION), int(Modality.AUDIO), int(Modality.FUSION))
 _MEDIA = (int(Modality.VISION), int(Modality.AUDIO))
@@ -68,18 +73,6 @@ def _context_at(steps: Sequence[Step], t_us: int) -> dict[str, Any] | None:
         "batch": steps[prefill].batch,
         "module": steps[prefill].module,
     }
-
-
-def _encoder_names(trace: Trace) -> list[str]:
-    """Names of the outermost vision/audio module spans (the towers)."""
-    s = trace.spans
-    if trace.num_spans == 0:
-        return []
-    modality = s["modality"].astype(np.int64)
-    parent = s["parent"].astype(np.int64)
-    parent_modality = np.where(parent >= 0, modality[np.clip(parent, 0, None)], -1)
-    rows = np.flatnonzero((s["kind"] == SpanKind.MODULE) & np.isin(modality, _MEDIA) & (parent_modality != modality))
-    return sorted({trace.string(int(n)) or "" for n in s["name"][rows]} - {""})
 
 
 # Media tokens per image above which a family's documented settings cut them, the setting, and the
@@ -131,8 +124,8 @@ def detect(ctx: Context) -> list[Finding]:
     if context is None:
         return []
     documented = documented_range(str(context.get("module") or ""))
-    if documented is None:  # a fixed-resolution tower: only tiles the script asked for can be cut
-        return _tiled(ctx, steps, context, p)
+    if documented is None:  # a fixed-resolution tower: only frames or tiles the script asked for can be cut
+        return too_many_frames(ctx, steps, context, p) or _tiled(ctx, steps, context, p)
     most_per_image, setting, px_per_token = documented
     tokens = context["tokens"]
     prefill = steps[context["step"]]
@@ -140,13 +133,13 @@ def detect(ctx: Context) -> list[Finding]:
     images = _images_fed(trace, prefill, ctx.analysis.free_index)
     target = most_per_image * images
     # images enlarged before encoding: their own pixels, not the documented most, are the target
-    upscaled = _upscaled(ctx, steps, context, p, px_per_token)
-    if upscaled and upscaled[0].evidence["target_media_tokens"] < min(target, media_tokens):
-        return upscaled
+    enlarged = upscaled(ctx, steps, context, p, px_per_token)
+    if enlarged and enlarged[0].evidence["target_media_tokens"] < min(target, media_tokens):
+        return enlarged
     if media_tokens <= target:
         return []
-    change = _fewer_media_tokens(trace, steps, context, target)
-    towers = _encoder_names(trace)
+    change = fewer_media_tokens(trace, steps, context, target)
+    towers = encoder_names(trace)
     where = ", ".join(towers) if towers else str(context.get("module") or "(model)")
     value = most_per_image * px_per_token
     evidence: dict[str, Any] = {
@@ -179,157 +172,6 @@ def detect(ctx: Context) -> list[Finding]:
             change=change,
         )
     ]
-
-
-def _fewer_media_tokens(trace: Trace, steps: Sequence[Step], context: dict[str, Any], target: int) -> Change:
-    """The fix as a change: the request's media blocks (encoder, projector, pixel values) scale with
-    the media tokens (to ``target``), the language model's with the sequence it works on."""
-    e = trace.events
-    tokens = context["tokens"]
-    media_tokens = int(tokens.get("vision", 0))
-    seq_tokens = media_tokens + int(tokens.get("text", 0))
-    group_end = next((st.start_us for st in steps[context["step"] + 1 :] if st.phase != "decode"), None)
-    prev_end = steps[context["step"] - 1].end_us if context["step"] > 0 else -1
-    t = e["time_us"]
-    lo = int(np.searchsorted(t, prev_end, side="right"))
-    hi = trace.num_events if group_end is None else int(np.searchsorted(t, group_end, side="left"))
-    rows = np.arange(lo, hi)
-    rows = rows[(e["action"][rows] == 0) & ~np.isin(e["category"][rows], (Category.WEIGHT, Category.BUFFER))]
-    media = np.isin(e["modality"][rows], _ENCODER)
-    float_dtypes = np.array([(name or "").startswith(("float", "bfloat")) for name in trace.strings] + [False])
-    media |= (e["category"][rows] == Category.INPUT) & float_dtypes[e["dtype"][rows]]
-    text_scale = (seq_tokens - media_tokens + target) / seq_tokens
-    return Change(scale_rows=rows, scale=np.where(media, target / media_tokens, text_scale))
-
-
-_UPSAMPLE = (
-    "aten::upsample_bilinear2d",
-    "aten::upsample_bicubic2d",
-    "aten::_upsample_bilinear2d_aa",
-    "aten::_upsample_bicubic2d_aa",
-    "aten::upsample_nearest2d",
-    "aten::_upsample_nearest_exact2d",
-)
-_MIN_UPSCALE = 2.0  # area ratio of an image resized before encoding that counts as upscaled
-_MIN_EXTRA_TOKENS = 256  # media tokens the upscaling adds to the request, in all
-
-
-def _upscaled(ctx: Context, steps: Sequence[Step], context: dict[str, Any], p: int, px_per_token: int) -> list[Finding]:
-    """Images enlarged before a dynamic-resolution tower (a ``min_pixels`` copied from a document
-    config upscales every small crop to a megapixel): the tokens their own pixels would make are
-    the target. What the trace shows: a resize (an upsampling op) made while a request's inputs
-    were prepared, from a smaller image of the same channels still alive then. Every request that
-    enlarged its images is changed (the peak's alone would leave the others' peaks standing).
-    Limit: a resize done outside torch (PIL, numpy in a processor) is not seen."""
-    trace = ctx.trace
-    per_request: list[tuple[int, int, int, int]] = []  # (step, source px, resized px, first resize row)
-    for k, st in enumerate(steps):
-        if st.phase == "prefill" and int(st.tokens.get("vision", 0)) > 0:
-            found = _resized(trace, steps, k, ctx.analysis.free_index, px_per_token)
-            if found is not None:
-                per_request.append((k, *found))
-    mine = [r for r in per_request if r[0] == context["step"]]
-    if not mine:
-        return []
-    _, source_px, resized_px, site = mine[0]
-    media_tokens = int(context["tokens"].get("vision", 0))
-    target = max(1, media_tokens * source_px // resized_px)
-    if media_tokens - target < _MIN_EXTRA_TOKENS:
-        return []
-    changes = []
-    for k, src, big, _row in per_request:
-        tokens = int(steps[k].tokens.get("vision", 0))
-        changes.append(
-            _fewer_media_tokens(trace, steps, {"step": k, "tokens": steps[k].tokens}, max(1, tokens * src // big))
-        )
-    change = Change(
-        scale_rows=np.concatenate([c.scale_rows for c in changes]),
-        scale=np.concatenate([np.asarray(c.scale, dtype=np.float64) for c in changes]),
-    )
-    towers = _encoder_names(trace)
-    where = ", ".join(towers) if towers else str(context.get("module") or "(model)")
-    evidence: dict[str, Any] = {
-        "tokens": {k2: int(v) for k2, v in context["tokens"].items()},
-        "media_tokens": media_tokens,
-        "source_pixels": source_px,
-        "resized_pixels": resized_px,
-        "upscale": round(resized_px / source_px, 2),
-        "target_media_tokens": target,
-        "requests_upscaled": len(per_request),
-        "prefill_step": context["step"],
-    }
-    fix = (
-        f"the images are upscaled before encoding ({resized_px / source_px:.1f}x their pixels: "
-        f"{media_tokens} vision tokens where their own size makes about {target}): lower min_pixels to the "
-        f"processor's default (min_pixels=4*28*28, 3136) or to the images' own size, so small images are not "
-        f"enlarged to a large minimum (a min_pixels copied from a document or high-resolution config does that)"
-    )
-    e = trace.events
-    made = parse_line(trace.strings[int(e["line"][site])]) if e["line"][site] >= 0 else None
-    prefill = steps[context["step"]]
-    first: list[LineBytes] = []
-    spots = ([parse_line(prefill.call_site)] if prefill.call_site is not None else []) + ([made] if made else [])
-    for spot in spots:
-        knob = argument_line(spot.file, spot.line, ("min_pixels",))
-        if knob is not None:  # then where the value it passes was chosen
-            knob = origin_line(knob.file, knob.line, ("min_pixels",)) or knob
-            first = [LineBytes(knob.file, knob.line, knob.what, 0, 0)]
-            break
-    live = live_blocks_at(trace, p, ctx.analysis.device, ctx.analysis.free_index)
-    return [
-        Finding(
-            pattern=PATTERN,
-            severity="high",
-            bytes_at_peak=0,
-            wasted_bytes=0,
-            where=where,
-            evidence=evidence,
-            fix=fix,
-            lines=led_by(first, trace, where, live, PATTERN),
-            change=change,
-        )
-    ]
-
-
-def _resized(
-    trace: Trace, steps: Sequence[Step], k: int, free: np.ndarray, px_per_token: int
-) -> tuple[int, int, int] | None:
-    """(source pixels, resized pixels, the first resize's row) of the images enlarged while the
-    inputs of prefill ``k`` were prepared (after the call before it), or None."""
-    e = trace.events
-    lo = int(np.searchsorted(e["time_us"], steps[k - 1].end_us, side="right")) if k else 0
-    hi = int(np.searchsorted(e["time_us"], steps[k].start_us, side="right"))
-    source_px = resized_px = 0
-    site = -1
-    for r in range(lo, hi):
-        if e["action"][r] != 0 or (trace.string(int(e["op"][r])) or "") not in _UPSAMPLE:
-            continue
-        big = tuple(trace.shape(int(e["shape"][r])) or ())
-        small = _source_of(trace, r, big, free, lo)
-        if small is None or big[-1] * big[-2] < _MIN_UPSCALE * small[-1] * small[-2]:
-            continue
-        count = int(np.prod(big[:-3])) if len(big) > 3 else 1
-        source_px += count * max(small[-1] * small[-2], 4 * px_per_token)  # the processors' least: 4 tokens
-        resized_px += count * big[-1] * big[-2]
-        site = r if site < 0 else site
-    return (source_px, resized_px, site) if resized_px else None
-
-
-def _source_of(trace: Trace, row: int, big: tuple[int, ...], free: np.ndarray, lo: int) -> tuple[int, ...] | None:
-    """The image a resize made at ``row`` (shape ``big``, (..., C, H, W)) was made from: the latest
-    float block before it, from ``lo`` on, still alive then, with the same channels and a smaller
-    area (None: none)."""
-    if len(big) < 3:
-        return None
-    e = trace.events
-    for r in range(row - 1, lo - 1, -1):
-        if e["action"][r] != 0 or free[r] <= row:
-            continue
-        shape = tuple(trace.shape(int(e["shape"][r])) or ())
-        if len(shape) >= 3 and shape[-3] == big[-3] and shape[-1] * shape[-2] < big[-1] * big[-2]:
-            if (trace.string(int(e["dtype"][r])) or "").startswith(("float", "bfloat", "uint8")):
-                return shape
-    return None
 
 
 # Settings that tile one image into several tower-sized crops (InternVL's dynamic tiling, Idefics3 /
@@ -374,8 +216,8 @@ def _tiled(ctx: Context, steps: Sequence[Step], context: dict[str, Any], p: int)
     if images is None or tiles < 2 * images or tiles <= _ONE_IMAGE_TILES + images:
         return []
     target = max(1, media_tokens * images // tiles)
-    change = _fewer_media_tokens(trace, steps, context, target)
-    towers = _encoder_names(trace)
+    change = fewer_media_tokens(trace, steps, context, target)
+    towers = encoder_names(trace)
     where = ", ".join(towers) if towers else str(context.get("module") or "(model)")
     evidence: dict[str, Any] = {
         "tokens": {k: int(v) for k, v in context["tokens"].items()},
