@@ -220,11 +220,17 @@ def input_rows(trace: Trace, at_us: int | None = None, free_rows: np.ndarray | N
     return rows[free_rows[rows] >= freed]
 
 
-def input_lines(trace: Trace, at_us: int, free_rows: np.ndarray, limit: int = 3) -> list[LineBytes]:
+def input_lines(
+    trace: Trace, at_us: int, free_rows: np.ndarray, limit: int = 3, along: int | None = None
+) -> list[LineBytes]:
     """The user lines that made the inputs live at ``at_us`` (``input_rows``), heaviest first, the
-    earliest made first among equals."""
+    earliest made first among equals; with ``along``, only inputs with an axis of that length (the
+    padded ids and mask, not the pixels), all of them when none has one."""
     e = trace.events
     rows = input_rows(trace, at_us, free_rows)
+    if along is not None:
+        mine = np.array([along in (trace.shape(int(e["shape"][r])) or ()) for r in rows.tolist()], dtype=bool)
+        rows = rows[mine] if mine.any() else rows
     if not len(rows):
         return []
     best: dict[int, tuple[int, int]] = {}  # line id -> (bytes, first row)

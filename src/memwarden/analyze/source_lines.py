@@ -385,11 +385,13 @@ def holding_line(
 
 
 def _returned(tree: ast.Module, stmt: ast.stmt) -> bool:
-    """Whether ``stmt`` hands its value to the caller: a ``return``, or an assignment inside a
+    """Whether ``stmt`` hands its value to the caller: a ``return`` or ``yield``, or an assignment inside a
     function whose ``return`` uses what it binds (``frames = [...]`` then ``return np.stack(frames)``):
     the caller's statement asked for it."""
     if isinstance(stmt, ast.Return):
         return True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, (ast.Yield, ast.YieldFrom)):
+        return True  # a generator hands each value to the loop that iterates it
     if not isinstance(stmt, (ast.Assign, ast.AnnAssign)):
         return False
     names = set().union(*(bound_names(t) for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])))

@@ -24,7 +24,7 @@ from memwarden.analyze.source_lines import (
     tree_of,
 )
 
-__all__ = ["Knob", "argument_line", "origin_line", "unpacked_line", "tiling_knob"]
+__all__ = ["Knob", "argument_line", "origin_line", "size_line", "unpacked_line", "tiling_knob"]
 
 
 def argument_line(file: str, line: int, keywords: tuple[str, ...]) -> SourceLine | None:
@@ -72,8 +72,9 @@ def origin_line(file: str, line: int, keywords: tuple[str, ...], depth: int = 4)
     """Where the value a call at ``file:line`` passes as one of ``keywords`` was chosen: the call's
     keyword itself when its value is a literal; else the assignment that bound the name it passes
     (``cache = DynamicCache(...)``, ``per_call = N_SAMPLES``), followed through the function's
-    parameters to the argument its caller passed, ``depth`` levels; a module-level name's own line
-    when the call (at module level or in a function) names one directly. None when no call at the line passes one of ``keywords``, or
+    parameters to the argument its caller passed, ``depth`` levels; a module-level constant's own line
+    when the call names one directly at module level, and an entry's line when a function reads one
+    of a module-level config mapping (``CFG["min_pixels"]``). None when no call at the line passes one of ``keywords``, or
     when each one it passes is a parameter its caller left at the default."""
     tree = tree_of(file)
     stmt = statement_at(tree, line) if tree is not None else None
@@ -99,6 +100,29 @@ def unpacked_line(file: str, line: int, depth: int = 4) -> SourceLine | None:
     return next((found for v in values if (found := _follow(tree, file, stmt, v, depth)) is not None), None)
 
 
+def size_line(file: str, line: int) -> SourceLine | None:
+    """Where the size a statement at ``file:line`` makes a tensor of was chosen: the assignment of a
+    name its call's size arguments read (``torch.full((len(rows), target_len), PAD)`` after
+    ``target_len = CONFIG["max_length"]``), followed like ``origin_line``'s values. None when the
+    sizes are literals or computed from the data (``len(rows)``, ``max(lengths)``)."""
+    tree = tree_of(file)
+    stmt = statement_at(tree, line) if tree is not None else None
+    if tree is None or stmt is None:
+        return None
+    for node in ast.walk(stmt):
+        if not isinstance(node, ast.Call):
+            continue
+        for arg in [*node.args[:2], *(k.value for k in node.keywords if k.arg in ("size", "shape", "max_length"))]:
+            names = (
+                [arg] if isinstance(arg, ast.Name) else [e for e in getattr(arg, "elts", []) if isinstance(e, ast.Name)]
+            )
+            for name in names:
+                found = _follow(tree, file, stmt, name, 4)
+                if found is not None and found.line != stmt.lineno:
+                    return found
+    return None
+
+
 def _follow(tree: ast.Module, file: str, stmt: ast.stmt, value: ast.expr, depth: int) -> SourceLine | None:
     at = SourceLine(file, getattr(value, "lineno", stmt.lineno), "passes it")
     for _ in range(depth):
@@ -117,9 +141,13 @@ def _follow(tree: ast.Module, file: str, stmt: ast.stmt, value: ast.expr, depth:
             return SourceLine(file, bound.lineno, f"sets {names[0]}")
         params = [a.arg for a in (fn.args.posonlyargs + fn.args.args)] if fn is not None else []
         if fn is None or names[0] not in params:
-            # a module-level name (``EVAL_CFG["min_pixels"]``, ``MAX_PIXELS``): chosen where it is set
             top = _assignment(tree, names[0], 1 << 30)
-            return SourceLine(file, top.lineno, f"sets {names[0]}") if top is not None else at
+            if top is not None and fn is None:  # the call names a module-level constant: set there
+                return SourceLine(file, top.lineno, f"sets {names[0]}")
+            # an entry of a module-level config mapping (``EVAL_CFG["min_pixels"]``): chosen at the
+            # entry; a bare constant a function passes (``num_beams=N_BEAMS``) is chosen at the call
+            entry = _config_entry(top, value) if top is not None else None
+            return SourceLine(file, entry, f"sets {names[0]}") if entry is not None else at
         index = params.index(names[0]) - (1 if params and params[0] in ("self", "cls") else 0)
         calls = [c for c in call_lines(file, callable_name(tree, fn)) if c.line != at.line]
         if not calls:
@@ -129,6 +157,20 @@ def _follow(tree: ast.Module, file: str, stmt: ast.stmt, value: ast.expr, depth:
             return None  # the caller left it at its default: not where the user chose anything
         value, at = arg, SourceLine(file, getattr(arg, "lineno", calls[0].line), "passes it")
     return at
+
+
+def _config_entry(bound: ast.stmt, value: ast.expr) -> int | None:
+    """The line of the entry ``value`` reads (``CFG["min_pixels"]``) in the dict literal ``bound``
+    assigns (``CFG = {"min_pixels": ...}``), or None when ``value`` is no such read."""
+    if not (isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant)):
+        return None
+    mapping = getattr(bound, "value", None)
+    if not isinstance(mapping, ast.Dict):
+        return None
+    for key, item in zip(mapping.keys, mapping.values, strict=True):
+        if isinstance(key, ast.Constant) and key.value == value.slice.value:
+            return int(item.lineno)
+    return None
 
 
 def _self_attribute(value: ast.AST) -> str | None:

@@ -34,7 +34,7 @@ from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.counterfactual import saving as replay_saving
 from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, finding_lines, holder_line, merge_lines
-from memwarden.analyze.source_lines import handler_line, keeper_line
+from memwarden.analyze.source_lines import handler_line, holding_line, keeper_line, script_files
 from memwarden.analyze.timeline import live_blocks_at
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
 from memwarden.trace.sites import parse_line
@@ -293,6 +293,9 @@ def _lines(
     holder = holder_line(trace, int(ends[oldest]) + 1, until - 1, live, site)
     if holder is not None:  # ``loss = out.loss / n`` is what lives; ``total = total + loss`` keeps it
         keeper = keeper_line(holder.file, holder.line)
+        if keeper is None:  # made in a helper that returns it (``return F.cross_entropy(...)``): its caller keeps it
+            scripts = script_files([s.call_site or "" for s in ctx.analysis.steps]) or [holder.file]
+            keeper = holding_line(holder.file, holder.line, holder.function, scripts)
         if keeper is not None:
             holder = LineBytes(keeper.file, keeper.line, holder.function, holder.nbytes, holder.count)
     first = [holder] if holder is not None else []

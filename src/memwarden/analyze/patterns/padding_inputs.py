@@ -25,7 +25,7 @@ from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import LineBytes, input_lines, merge_lines
 from memwarden.analyze.source_lines import call_lines
-from memwarden.analyze.value_origin import argument_line
+from memwarden.analyze.value_origin import argument_line, size_line
 from memwarden.trace.model import Category, Trace
 from memwarden.trace.sites import parse_line
 from memwarden.units import format_bytes
@@ -125,7 +125,12 @@ def input_padding_findings(trace: Trace, ctx: Context, min_ratio: float) -> list
     # turned into a tensor); inputs built outside torch carry no line, and diagnose() then names the
     # call that fed them. The lines holding the most at the peak follow (the call, by its caller).
     shown = at_peak[0] if at_peak else worst
-    made = input_lines(trace, int(shown["start_us"]), ctx.analysis.free_index)
+    # the inputs along the padded positions (the ids, the mask), not the heaviest ones (pixels), and
+    # where their width was chosen (``target_len = CONFIG["max_length"]`` before ``torch.full``)
+    made = input_lines(trace, int(shown["start_us"]), ctx.analysis.free_index, along=int(shown["length"]))
+    width = size_line(made[0].file, made[0].line) if made else None
+    if width is not None:
+        made = [LineBytes(width.file, width.line, width.what, 0, 0), *made]
     # Where the width is chosen comes first: the call that passes padding="max_length" / max_length=.
     begun = [st for st in ctx.analysis.steps if st.start_us <= int(shown["start_us"])]  # the call it fed
     site = max(begun, key=lambda st: st.start_us).call_site if begun else None
