@@ -89,8 +89,12 @@ def detect(ctx: Context) -> list[Finding]:
         lo = int(np.searchsorted(times, steps[i - 1].end_us, side="right")) if i else 0
         hi = int(np.searchsorted(times, st.start_us, side="right"))
         k = _multiplier(trace, lo, hi, st.batch, free)
-        duplicated = k < 2 and st.media_repeat >= 2  # rows built by hand, each with the same image
-        k = max(k, st.media_repeat)
+        # rows built by hand, each with the same image, then generated from: every copy's KV lives
+        # through the decode. One scoring forward over options that share an image (a multiple-choice
+        # batch) is the usual evaluation, and is left alone.
+        generated = i + 1 < len(steps) and steps[i + 1].phase == "decode"
+        duplicated = k < 2 and st.media_repeat >= 2 and generated
+        k = max(k, st.media_repeat if duplicated else 1)
         if k < 2:
             continue
         nxt = next((s.start_us for s in steps[i + 1 :] if s.phase != "decode"), None)
