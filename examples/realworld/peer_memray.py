@@ -7,8 +7,9 @@ same, at memray's defaults (``memray run``, no ``--native``; ``--aggregate``, me
 compact output for long runs, holds the same high-water-mark records): for every planted case of a corpus
 that marks its mistake (``# MISTAKE``), it runs the case under ``memray run``, takes the records at
 the high-water mark (``FileReader.get_high_watermark_allocation_records``), sums their bytes per
-line of the case's own folder (the innermost such frame of each stack; import statements left
-out: what importing torch keeps is no line a user changes), and checks whether the
+line of the case's script (the innermost frame of each stack in the script itself, as memwarden
+names the script's line above a helper module; else the innermost in the case's folder; import
+statements left out: what importing torch keeps is no line a user changes), and checks whether the
 heaviest line lies in the marked statement, as ``accuracy.py`` checks memwarden's first line.
 
 Run: ``python examples/realworld/peer_memray.py --corpus examples/postfreeze [--json]``. memray
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +33,18 @@ from accuracy import Case, cases
 HERE = Path(__file__).resolve().parent
 
 
-def _import_lines(file: str) -> set[int]:
+@cache
+def _import_lines(file: str) -> frozenset[int]:
     try:
         tree = ast.parse(Path(file).read_text())
     except (OSError, SyntaxError):
-        return set()
-    return {n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))}
+        return frozenset()
+    return frozenset(n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)))
+
+
+@cache
+def _resolved(file: str) -> str:
+    return str(Path(file).resolve())
 
 
 def heaviest_line(case: Case) -> tuple[str, int, int] | None:
@@ -53,14 +61,16 @@ def heaviest_line(case: Case) -> tuple[str, int, int] | None:
             stderr=subprocess.DEVNULL,
         )
         reader = FileReader(str(out))
-        folder = str(case.path.parent)
+        folder, script = str(case.path.parent), str(case.path.resolve())
         per_line: Counter[tuple[str, int]] = Counter()
         for record in reader.get_high_watermark_allocation_records(merge_threads=True):
-            for _function, file, line in record.stack_trace():  # innermost first
-                if str(Path(file).resolve()).startswith(folder):
-                    if line not in _import_lines(file):  # what importing torch keeps is no one's line to change
-                        per_line[(file, line)] += record.size
-                    break
+            # the script's own innermost line (a helper module it imports makes what the script asks
+            # for: the script's line is the one a user changes, as memwarden's first line is), else
+            # the folder's innermost line
+            frames = [(f, ln) for _fn, f, ln in record.stack_trace() if _resolved(f).startswith(folder)]
+            mine = [(f, ln) for f, ln in frames if _resolved(f) == script] or frames[:1]
+            if mine and mine[0][1] not in _import_lines(mine[0][0]):  # importing torch is no line to change
+                per_line[mine[0]] += record.size
         reader.close()
     if not per_line:
         return None
