@@ -26,10 +26,10 @@ from memwarden.models import zoo
 from memwarden.plan.allocator.config import AllocatorConfig
 from memwarden.plan.allocator.model import CachingAllocatorModel
 from memwarden.runtime.cuda_reserve import SEGMENT_ROOM_BYTES
+from memwarden.runtime.host_memory import state_bytes
 from memwarden.runtime.offload_plan import streamable_params
 from memwarden.runtime.session import GovernedSession
 from memwarden.runtime.session_config import SessionConfig
-from memwarden.runtime.session_memory import state_bytes
 
 MiB = 1 << 20
 

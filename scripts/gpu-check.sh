@@ -116,7 +116,7 @@ import json, sys, time
 import torch
 from memwarden.models import zoo
 from memwarden.runtime.session import GovernedSession
-from memwarden.runtime.session_memory import state_bytes
+from memwarden.runtime.host_memory import state_bytes
 name, factor, stream = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "stream"
 model = zoo.build_model(name, "small").to("cuda")
 gk = zoo.generate_kwargs(name)

@@ -15,10 +15,9 @@ import pytest
 import torch
 
 from memwarden.models import zoo
-from memwarden.runtime.host_memory import limit_cap, warm_cuda_runtime
+from memwarden.runtime.host_memory import limit_cap, state_bytes, warm_cuda_runtime
 from memwarden.runtime.session import GovernedSession
 from memwarden.runtime.session_config import SessionConfig
-from memwarden.runtime.session_memory import state_bytes
 
 NEW = 8
 

@@ -16,9 +16,9 @@ from memwarden.govern.telemetry_log import load_log
 from memwarden.models import zoo
 from memwarden.models.chat import DemoConfig, conversation_inputs
 from memwarden.record.live.capture import Capture
+from memwarden.runtime.host_memory import state_bytes
 from memwarden.runtime.session import GovernedSession
 from memwarden.runtime.session_config import SessionConfig
-from memwarden.runtime.session_memory import state_bytes
 
 THERMAL = Path(__file__).parent.parent / "examples" / "telemetry" / "thermal_event.jsonl"
 

@@ -16,10 +16,10 @@ import torch
 import memwarden
 from memwarden.govern.budget_value import Budget
 from memwarden.models import zoo
+from memwarden.runtime.host_memory import state_bytes
 from memwarden.runtime.memory_plan import plan_memory
 from memwarden.runtime.session import GovernedSession
 from memwarden.runtime.session_config import SessionConfig
-from memwarden.runtime.session_memory import state_bytes
 
 MiB = 1 << 20
 RUNTIME = Path(memwarden.__file__).resolve().parent / "runtime"

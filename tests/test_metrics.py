@@ -18,10 +18,10 @@ from conftest import ServedSession
 from memwarden.govern.telemetry import TelemetrySample
 from memwarden.models import zoo
 from memwarden.runtime.admission import AdmissionError
+from memwarden.runtime.host_memory import state_bytes
 from memwarden.runtime.metrics import SessionMetrics, serve_metrics
 from memwarden.runtime.session import GovernedSession
 from memwarden.runtime.session_config import SessionConfig
-from memwarden.runtime.session_memory import state_bytes
 from memwarden.runtime.session_tally import SessionTally
 
 

@@ -169,7 +169,7 @@ from memwarden.models import zoo
 from memwarden.resilience.inject import apply_address_space_limit
 from memwarden.runtime.offload import stream_weights
 from memwarden.runtime.host_memory import return_freed_memory
-from memwarden.runtime.session_memory import state_bytes
+from memwarden.runtime.host_memory import state_bytes
 torch.set_num_threads(1)  # no thread (and stack) created after the limit
 torch.manual_seed(0)
 model = zoo.build_model('llava', 'small').eval()

@@ -9,9 +9,9 @@ import torch
 from memwarden.models import zoo
 from memwarden.record.live.reference import profiler_peak_bytes
 from memwarden.runtime.admission import AdmissionError
+from memwarden.runtime.host_memory import state_bytes
 from memwarden.runtime.session import GovernedSession
 from memwarden.runtime.session_config import SessionConfig
-from memwarden.runtime.session_memory import state_bytes
 from memwarden.runtime.session_owned import BudgetError
 
 NEW = 8

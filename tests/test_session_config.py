@@ -11,9 +11,9 @@ import torch
 
 from memwarden.models import zoo
 from memwarden.runtime.admission import AdmissionError
+from memwarden.runtime.host_memory import state_bytes
 from memwarden.runtime.session import GovernedSession
 from memwarden.runtime.session_config import SessionConfig
-from memwarden.runtime.session_memory import state_bytes
 
 NEW = 8
 GEN = zoo.generate_kwargs("llava")

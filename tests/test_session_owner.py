@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from memwarden.models import zoo
+from memwarden.runtime.host_memory import state_bytes
 from memwarden.runtime.session import GovernedSession
 from memwarden.runtime.session_config import SessionConfig
-from memwarden.runtime.session_memory import state_bytes
 from memwarden.runtime.session_owner import GOVERNED, ModelGovernedError, governing_session
 
 NEW = 6

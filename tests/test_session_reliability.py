@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from memwarden.models import zoo
 from memwarden.runtime.admission import AdmissionError
 from memwarden.runtime.degrade import LadderConfig
+from memwarden.runtime.host_memory import state_bytes
 from memwarden.runtime.session import GovernedSession
 from memwarden.runtime.session_config import SessionConfig
 from memwarden.runtime.session_hooks import SessionHooks
-from memwarden.runtime.session_memory import state_bytes
 from memwarden.runtime.session_owned import BudgetError
 
 NEW = 4
@@ -65,7 +65,7 @@ def test_budget_just_above_the_weights_ends_with_an_answer():
         from memwarden.runtime.admission import AdmissionError
         from memwarden.runtime.session import GovernedSession
         from memwarden.runtime.session_owned import BudgetError
-        from memwarden.runtime.session_memory import state_bytes
+        from memwarden.runtime.host_memory import state_bytes
         model = zoo.build_model("llava", "tiny")
         inputs = zoo.make_inputs(model, prompt_tokens=30)
         try:
@@ -358,7 +358,7 @@ from memwarden.runtime.admission import AdmissionError
 from memwarden.runtime.session import GovernedSession
 from memwarden.runtime.host_memory import return_freed_memory
 from memwarden.runtime.session_owned import BudgetError
-from memwarden.runtime.session_memory import state_bytes
+from memwarden.runtime.host_memory import state_bytes
 torch.set_num_threads(1)
 config = DemoConfig(budget_bytes=int(sys.argv[1]) * 2**20, turns=2)
 model, turn_inputs, gen_kwargs = build_deployment(config)

@@ -23,9 +23,9 @@ import torch
 from memwarden.govern.state_budget import StateBudget, StepDownPolicy
 from memwarden.models import zoo
 from memwarden.record.live.capture import Capture
+from memwarden.runtime.host_memory import state_bytes
 from memwarden.runtime.session import GovernedSession
 from memwarden.runtime.session_config import SessionConfig
-from memwarden.runtime.session_memory import state_bytes
 from memwarden.trace.model import Action
 
 PRESSURE = Path(__file__).parent / "fixtures" / "device_state" / "pressure"

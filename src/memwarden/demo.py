@@ -295,10 +295,9 @@ def limited_child(config_json: str, arm: str) -> dict[str, Any]:
 
     from memwarden.resilience.inject import apply_address_space_limit, is_oom_error
     from memwarden.runtime.admission import AdmissionError
-    from memwarden.runtime.host_memory import first_line, return_freed_memory
+    from memwarden.runtime.host_memory import first_line, return_freed_memory, state_bytes
     from memwarden.runtime.session import GovernedSession
     from memwarden.runtime.session_config import SessionConfig
-    from memwarden.runtime.session_memory import state_bytes
     from memwarden.runtime.session_owned import BudgetError
 
     torch.set_num_threads(1)  # no thread (and stack) created after the limit
@@ -368,8 +367,8 @@ def run_thermal(
     from memwarden.govern.scaled import scaled_replay
     from memwarden.govern.telemetry_log import load_log
     from memwarden.record.live.capture import Capture
+    from memwarden.runtime.host_memory import state_bytes
     from memwarden.runtime.session import GovernedSession
-    from memwarden.runtime.session_memory import state_bytes
 
     turns = replace(config, turns=config.thermal_turns)
     # A share whose halving still holds the weights: 2.4x them, plus room for the safety margin on tiny models.

@@ -4,11 +4,14 @@ for giving freed memory back to the OS."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from typing import Any
 
 import torch
+
+from memwarden.runtime.cuda_reserve import SEGMENT_ROOM_BYTES
 
 __all__ = [
     "allocation_failed",
@@ -17,6 +20,8 @@ __all__ = [
     "limit_cap",
     "load_libc",
     "return_freed_memory",
+    "runtime_room",
+    "state_bytes",
     "trim_soon",
     "wait_for_trims",
     "warm_cuda_runtime",
@@ -179,3 +184,27 @@ def trim_soon() -> None:
 def wait_for_trims(timeout_s: float = 1.0) -> bool:
     """Wait until the trims ``trim_soon`` asked for have run: before reading the resident set."""
     return _TRIMMER.wait(timeout_s)
+
+
+def state_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and buffers in memory (shared storages once, meta excluded)."""
+    seen: set[int] = set()
+    total = 0
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.device.type == "meta":
+            continue
+        st = t.untyped_storage()
+        if st.data_ptr() in seen:
+            continue
+        seen.add(st.data_ptr())
+        total += st.nbytes()
+    return total
+
+
+def runtime_room(device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
+    """(bytes warmed, bytes of room) a session keeps out of its figures for the runtime itself: on a
+    GPU the cuBLAS workspaces are allocated now, outside the session (``warm_cuda_runtime``), and
+    room for one new segment of each pool under the allocator's cap is kept; on the host, none."""
+    if device.type != "cuda":
+        return 0, 0
+    return warm_cuda_runtime(device, dtype), SEGMENT_ROOM_BYTES

@@ -10,7 +10,6 @@ orders serving and resizing).
 
 from __future__ import annotations
 
-import itertools
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -20,10 +19,17 @@ import torch
 from memwarden.govern.budget_value import Budget
 from memwarden.runtime import media as media_mod
 from memwarden.runtime.admission import AdmissionError, PeakPredictor
-from memwarden.runtime.cuda_reserve import SEGMENT_ROOM_BYTES, ReserveCap
+from memwarden.runtime.cuda_reserve import ReserveCap
 from memwarden.runtime.encoders import EncoderCache
 from memwarden.runtime.featcache_contract import default_encoder_store
-from memwarden.runtime.host_memory import allocation_failed, first_line, limit_cap, trim_soon, warm_cuda_runtime
+from memwarden.runtime.host_memory import (
+    allocation_failed,
+    first_line,
+    limit_cap,
+    runtime_room,
+    state_bytes,
+    trim_soon,
+)
 from memwarden.runtime.kvcache import KVPool, KVSpec
 from memwarden.runtime.memory_plan import plan_memory
 from memwarden.runtime.session_config import SessionConfig
@@ -39,21 +45,6 @@ if TYPE_CHECKING:
 _MIN_SAFETY_BYTES = 256 * 1024  # per-thread kernel workspaces seen on CPU (SDPA) are this order
 _LIMIT_STEP_BYTES = 8 * 2**20  # the least the margin grows by when a real limit refuses an allocation
 _POOL_SEQUENCES = 4  # default pool cap: this many sequences of the model's full context
-
-
-def state_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's parameters and buffers in memory (shared storages once, meta excluded)."""
-    seen: set[int] = set()
-    total = 0
-    for t in itertools.chain(model.parameters(), model.buffers()):
-        if t.device.type == "meta":
-            continue
-        st = t.untyped_storage()
-        if st.data_ptr() in seen:
-            continue
-        seen.add(st.data_ptr())
-        total += st.nbytes()
-    return total
 
 
 class SessionMemory:
@@ -91,49 +82,69 @@ class SessionMemory:
         # Released on close(), or when the session is collected without it; folders also at exit (below).
         self._release = weakref.finalize(self, self._owned.release)
         self._release.atexit = False  # at exit only the folders go (their own finalizers): no weights restored
+        self.device = device
         self.weights_bytes = state_bytes(model)
-        # On a GPU: the cuBLAS workspaces are allocated now, outside the session (warm_cuda_runtime), and room
-        # for one new segment of each pool under the allocator's cap (below) is kept out of every figure the
-        # session plans with.
-        if device.type == "cuda" and (warmed := warm_cuda_runtime(device, spec.dtype)):
+        warmed, self.runtime_bytes = runtime_room(device, spec.dtype)  # host_memory: cuBLAS, segment room
+        if warmed:
             log.note(
                 "budget",
                 f"CUDA runtime: {format_bytes(warmed)} of cuBLAS workspaces, outside the budget",
                 runtime_bytes=warmed,
             )
-        self.runtime_bytes = SEGMENT_ROOM_BYTES if device.type == "cuda" else 0
-        # A budget above what the process may really allocate (its cgroup, RLIMIT_AS) would let native code
-        # abort or the OOM killer strike mid-request: the session plans for the smaller figure.
-        asked = self.budget_bytes
-        self.device = device
-        self.limit_bytes, limit_kind = limit_cap(self.weights_bytes, device)
-        if self.limit_bytes is not None and self.limit_bytes < asked:
-            log.note(
-                "budget",
-                f"budget capped at {format_bytes(self.limit_bytes)} by this process's {limit_kind}",
-                budget_bytes=self.limit_bytes,
-            )
-            if device.type == "cpu":
-                # Under a real limit on the host, what native code holds beside the tensors counts too
-                # (kernel scratch and JIT code, thread arenas, the heap's waste: ~25 MiB on the demo's
-                # first request, more than its activations): plan with that margin from the start
-                # rather than learn it from a failed request (limit_hit).
-                self.learned_margin_bytes = max(self.limit_bytes // 10, 2 * _LIMIT_STEP_BYTES)
+        self._cap_by_limit(device)
         self.stream_allowed = config.stream is not False
-        self.activation_reserve_bytes = 0  # set below, once the weights are placed
+        self.activation_reserve_bytes = 0  # set by _place, once the weights are placed
         budget_now = self.budget_bytes
+        self._place(budget_now, example_inputs)
+        self.pool = self._new_pool(self._pool_size(budget_now), device, budget_now)
+        if config.encoder_cache:
+            store = (
+                encoder_store
+                if encoder_store is not None
+                else default_encoder_store(model, processor, config.encoder_cache_bytes)
+            )
+            self._owned.encoder_cache = EncoderCache(model, store)
+        if device.type == "cuda" and config.cuda_reserve_cap:  # the reserve, not only the tensors, under the budget
+            self._owned.reserve_cap = ReserveCap(device)
+            self.cap_reserve()
+
+    # -- the phases of building: the limit read, the weights placed, the pool sized
+
+    def _cap_by_limit(self, device: torch.device) -> None:
+        """A budget above what the process may really allocate (its cgroup, RLIMIT_AS) would let
+        native code abort or the OOM killer strike mid-request: the session plans for the smaller
+        figure."""
+        asked = self.budget_bytes
+        self.limit_bytes, limit_kind = limit_cap(self.weights_bytes, device)
+        if self.limit_bytes is None or self.limit_bytes >= asked:
+            return
+        self.log.note(
+            "budget",
+            f"budget capped at {format_bytes(self.limit_bytes)} by this process's {limit_kind}",
+            budget_bytes=self.limit_bytes,
+        )
+        if device.type == "cpu":
+            # Under a real limit on the host, what native code holds beside the tensors counts too
+            # (kernel scratch and JIT code, thread arenas, the heap's waste: ~25 MiB on the demo's
+            # first request, more than its activations): plan with that margin from the start
+            # rather than learn it from a failed request (limit_hit).
+            self.learned_margin_bytes = max(self.limit_bytes // 10, 2 * _LIMIT_STEP_BYTES)
+
+    def _place(self, budget_now: int, example_inputs: dict[str, Any] | None) -> None:
+        """The weights resident or streamed, and the activation reserve. The weights are streamed
+        only for the requests the session is asked to serve: a request like ``example_inputs`` (its
+        KV and activations) now, each later request at admission (which streams then if that one
+        needs it) -- never for a worst case the session may never see, so a roomy budget keeps the
+        weights resident."""
+        config = self.config
         example_tokens = 0
         if example_inputs and "input_ids" in example_inputs:  # the pool must hold a request like it
             example_tokens = example_inputs["input_ids"].shape[1] + int(example_inputs.get("max_new_tokens", 32))
-        # The weights are streamed only for the requests the session is asked to serve: a request like
-        # example_inputs (its KV and activations) now, each later request at admission (which streams
-        # then if that one needs it) -- never for a worst case the session may never see, so a roomy
-        # budget keeps the weights resident.
         plan = plan_memory(
             budget_bytes=budget_now,
             weights_bytes=self.weights_bytes,
-            page_size_bytes=spec.page_size_bytes,
-            block_size=spec.block_size,
+            page_size_bytes=self.spec.page_size_bytes,
+            block_size=self.spec.block_size,
             min_kv_tokens=config.min_kv_tokens,
             example_tokens=example_tokens,
             reserve_bytes=config.activation_reserve_bytes,
@@ -149,7 +160,11 @@ class SessionMemory:
                 if config.stream is True:
                     raise  # asked for; "auto" goes on resident and lets admission size the pool
         self.activation_reserve_bytes = plan.reserve_bytes
-        num_kv_blocks = config.num_kv_blocks
+
+    def _pool_size(self, budget_now: int) -> int:
+        """The KV pool's blocks: the config's, else what the budget holds beside the rest;
+        ``BudgetError`` when not even one block fits."""
+        num_kv_blocks = self.config.num_kv_blocks
         if num_kv_blocks is None:
             num_kv_blocks = self.pool_blocks_for(budget_now)
         if num_kv_blocks < 1:
@@ -158,17 +173,7 @@ class SessionMemory:
                 f"and one KV block ({format_bytes(self.spec.page_size_bytes)}): raise the budget, quantize the "
                 "weights (memwarden.quantize) or stream them (runtime.offload)"
             )
-        self.pool = self._new_pool(num_kv_blocks, device, budget_now)
-        if config.encoder_cache:
-            store = (
-                encoder_store
-                if encoder_store is not None
-                else default_encoder_store(model, processor, config.encoder_cache_bytes)
-            )
-            self._owned.encoder_cache = EncoderCache(model, store)
-        if device.type == "cuda" and config.cuda_reserve_cap:  # the reserve, not only the tensors, under the budget
-            self._owned.reserve_cap = ReserveCap(device)
-            self.cap_reserve()
+        return num_kv_blocks
 
     def close(self) -> None:
         """Restore the model (encoder wrappers removed, streamed weights brought back) and remove the
@@ -491,4 +496,4 @@ class SessionMemory:
             self.limit_hit(f"a KV pool of {want} blocks")
 
 
-__all__ = ["SessionMemory", "state_bytes"]
+__all__ = ["SessionMemory"]
