@@ -43,8 +43,10 @@ def _import_lines(file: str) -> frozenset[int]:
 
 
 @cache
-def _resolved(file: str) -> str:
-    return str(Path(file).resolve())
+def _resolved(file: str, cwd: str) -> str:
+    """``file`` as a stack names it, made absolute: the script ran from its own folder, so a relative
+    name (the script itself, as ``memray run`` was given it) is relative to that folder."""
+    return str((Path(cwd) / file).resolve())
 
 
 def heaviest_line(case: Case) -> tuple[str, int, int] | None:
@@ -67,9 +69,11 @@ def heaviest_line(case: Case) -> tuple[str, int, int] | None:
             # the script's own innermost line (a helper module it imports makes what the script asks
             # for: the script's line is the one a user changes, as memwarden's first line is), else
             # the folder's innermost line
-            frames = [(f, ln) for _fn, f, ln in record.stack_trace() if _resolved(f).startswith(folder)]
-            mine = [(f, ln) for f, ln in frames if _resolved(f) == script] or frames[:1]
-            if mine and mine[0][1] not in _import_lines(mine[0][0]):  # importing torch is no line to change
+            frames = [(f, ln) for _fn, f, ln in record.stack_trace() if _resolved(f, folder).startswith(folder)]
+            mine = [(f, ln) for f, ln in frames if _resolved(f, folder) == script] or frames[:1]
+            if mine and mine[0][1] not in _import_lines(
+                _resolved(mine[0][0], folder)
+            ):  # importing torch is no line to change
                 per_line[mine[0]] += record.size
         reader.close()
     if not per_line:
@@ -86,7 +90,8 @@ def main() -> None:
             continue
         top = heaviest_line(case)
         lo, hi = case.mistake_lines
-        named = top is not None and Path(top[0]).resolve() == case.path.resolve() and lo <= top[1] <= hi
+        named = top is not None and _resolved(top[0], str(case.path.parent)) == str(case.path.resolve())
+        named = named and top is not None and lo <= top[1] <= hi
         results.append(
             {
                 "case": case.name,

@@ -46,6 +46,7 @@ class Finding:
     def to_json(self) -> dict[str, Any]:
         out = asdict(replace(self, change=None))
         del out["change"]  # the replay's input, not a result
+        del out["predicted"]  # how the findings are ranked; the evidence says it in words ("note")
         return out
 
 
