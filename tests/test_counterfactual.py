@@ -148,6 +148,17 @@ PAIRS = [
     ("../postfreeze4/kv-reprefill_llava_multi_image_chat_resend_history", "kv-reprefill"),
     # a 2-minute clip sampled at 1 fps (120 frames) where SmolVLM2's recipe sends at most 64: the
     # saving is the run at 64 frames', the twin sends 8 (so only the finding's own saving is checked)
+    # the fifth post-freeze corpus' misses at its freeze, measured since (a development corpus now):
+    # a bf16 LM head whose tied weight is upcast to fp32 on every call (a float, not integer, weight)
+    ("../postfreeze5/dequant-temporaries_gemma3_reward_judge_fp32_lm_head_weight_upcast", "dequant-temporaries"),
+    # an int8 checkpoint dequantised to fp32 linears at load, the int8 blocks kept beside them
+    ("../postfreeze5/dequant-temporaries_siglip_q8_checkpoint_dequantized_at_load", "dequant-temporaries"),
+    # a model built with random weights, then a safetensors state dict (mapped) copied into it
+    ("../postfreeze5/load-spike_mllama_random_init_then_load_safetensors", "load-spike"),
+    # BLIP's generate runs its text decoder's own generate: 8 beams expand the image features
+    ("../postfreeze5/request-multiplier_blip_shop_catalogue_beam_candidates", "request-multiplier"),
+    # a podcast decoded whole into numpy, then cut into the 30 s windows the model reads
+    ("../postfreeze5/untracked-host-memory_wav2vec2_podcast_ffmpeg_decode_whole_episode", "untracked-host-memory"),
 ]
 
 
@@ -166,6 +177,26 @@ def test_predicted_saving_is_the_fixed_twins_measured_saving(case: str, pattern:
         assert isinstance(j["saving_peak_bytes"], int) and j["saving_peak_bytes"] >= 0
         assert isinstance(j["saving_allocated_bytes"], int) and j["saving_allocated_bytes"] >= 0
         assert "change" not in j
+
+
+def test_a_batch_padded_to_its_longest_row_is_no_alignment_padding() -> None:
+    """Audio clips of 2-6 s padded to each batch's longest clip (zeros filled row by row, the mask
+    says so): a third of the batch is padding, and still as small as a rectangular batch gets."""
+    _, findings = _peak_and_findings(
+        REALWORLD.parent / "postfreeze5" / "ok_hubert_call_center_emotion_batch_pad_longest.py"
+    )
+    assert not [f for f in findings if f.severity in ("high", "medium")], [(f.pattern, f.severity) for f in findings]
+
+
+def test_a_generic_growth_explained_by_a_specific_pattern_is_told_once() -> None:
+    """Chunk embeddings pooled without no_grad: the kept graphs are graph-retention's, and the same
+    bytes read as unbounded growth stay a low hint that names it."""
+    _, findings = _peak_and_findings(
+        REALWORLD.parent / "postfreeze5" / "graph-retention_hubert_song_identity_chunk_embeddings.py"
+    )
+    assert findings[0].pattern == "graph-retention" and findings[0].severity == "high"
+    growth = [f for f in findings if f.pattern == "unbounded-growth"]
+    assert all(f.severity == "low" and f.evidence["same_bytes_as"] == "graph-retention" for f in growth)
 
 
 def test_a_reassigned_output_is_not_a_retained_output() -> None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from memwarden.analyze.analysis import Analysis
 
-__all__ = ["Change", "Saving", "saving"]
+__all__ = ["Change", "Saving", "saving", "union"]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -48,6 +48,30 @@ class Change:
     @property
     def empty(self) -> bool:
         return not (len(self.drop) or len(self.free_rows) or len(self.scale_rows))
+
+
+def union(a: Change, b: Change) -> Change:
+    """Both fixes applied: a block dropped by either is dropped, freed at the sooner of the two rows,
+    scaled by the smaller factor."""
+    rows = np.concatenate([a.free_rows, b.free_rows]).astype(np.int64)
+    at = np.concatenate([a.free_at, b.free_at]).astype(np.int64)
+    order = np.lexsort((at, rows))
+    rows, at = rows[order], at[order]
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = rows[1:] != rows[:-1]
+    s_rows = np.concatenate([a.scale_rows, b.scale_rows]).astype(np.int64)
+    s = np.concatenate([a.scale, b.scale]).astype(np.float64)
+    order = np.lexsort((s, s_rows))
+    s_rows, s = s_rows[order], s[order]
+    s_first = np.ones(len(s_rows), dtype=bool)
+    s_first[1:] = s_rows[1:] != s_rows[:-1]
+    return Change(
+        drop=np.union1d(a.drop, b.drop).astype(np.int64),
+        free_rows=rows[first],
+        free_at=at[first],
+        scale_rows=s_rows[s_first],
+        scale=s[s_first],
+    )
 
 
 @dataclass(frozen=True)

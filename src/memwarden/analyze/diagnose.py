@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from memwarden.analyze.analysis import Analysis
-from memwarden.analyze.counterfactual import saving
+from memwarden.analyze.counterfactual import Change, saving, union
 from memwarden.analyze.finding import SEVERITIES, Context, Finding, severity_for
 from memwarden.analyze.lines import INNER_FIRST, finding_lines
 from memwarden.analyze.patterns import DETECTORS
@@ -74,11 +74,15 @@ def diagnose(
     min_fraction = float(ctx.threshold("all", "min_waste_fraction", DEFAULT_MIN_WASTE_FRACTION))
     min_work = float(ctx.threshold("all", "min_work_peaks", DEFAULT_MIN_WORK_PEAKS))
     findings: list[Finding] = []
+    changes: dict[int, Change] = {}  # id of a finding -> its change, for _same_bytes
     for pattern in patterns or list(PATTERNS):
         if pattern not in PATTERNS:
             raise ValueError(f"unknown pattern {pattern!r} (known: {', '.join(PATTERNS)})")
         for f in DETECTORS[pattern](ctx):
+            change = f.change
             f = _with_saving(ctx, f, budget_bytes)
+            if change is not None:
+                changes[id(f)] = change
             # Negligible at the peak and not heavy over the run either: not reported. A finding whose
             # fix saves min_work_peaks of the peak in allocation stays, as the hint its severity says.
             if peak and f.saving_peak_bytes < min_fraction * peak and f.saving_allocated_bytes < min_work * peak:
@@ -86,9 +90,34 @@ def diagnose(
             if not f.lines:
                 f = replace(f, lines=finding_lines(trace, f.where, _live_at_peak(ctx), pattern=f.pattern))
             findings.append(f)
-    findings = _in_the_script(ctx, findings)
+    findings = _in_the_script(ctx, _same_bytes(ctx, findings, changes))
     findings.sort(key=rank)
     return findings
+
+
+# A generic reading of a run's growth, which a specific pattern may explain: the bytes a loop keeps
+# (unbounded-growth) are often the graphs it keeps alive or the outputs it appends.
+_GENERIC = frozenset({"unbounded-growth"})
+
+
+def _same_bytes(ctx: Context, findings: list[Finding], changes: dict[int, Change]) -> list[Finding]:
+    """A generic finding whose saving another finding already makes is the same cause read twice:
+    applying both fixes saves little more than the other alone (under half of the generic one's own
+    saving). It stays, as a low hint that names the other, so the cause is told once."""
+    out = []
+    for f in findings:
+        mine = changes.get(id(f))
+        if f.pattern in _GENERIC and mine is not None and f.severity != "low":
+            for o in findings:
+                theirs = changes.get(id(o))
+                if o is f or o.pattern in _GENERIC or theirs is None or o.saving_peak_bytes < f.saving_peak_bytes:
+                    continue
+                both = saving(ctx.analysis, union(mine, theirs)).saving_peak_bytes
+                if both < o.saving_peak_bytes + 0.5 * f.saving_peak_bytes:
+                    f = replace(f, severity="low", evidence={**f.evidence, "same_bytes_as": o.pattern})
+                    break
+        out.append(f)
+    return out
 
 
 # Patterns whose fix is an argument of the script's call that builds (a dtype, the meta device, an

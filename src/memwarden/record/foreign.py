@@ -17,6 +17,7 @@ becomes ALLOC/FREE rows with the op ``(external storage)``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -24,7 +25,7 @@ import torch
 
 from memwarden.record.live.procmaps import FileMappings
 
-__all__ = ["EXTERNAL_OP", "ForeignFinder", "ForeignLog", "is_foreign", "registration_hooks"]
+__all__ = ["EXTERNAL_OP", "ForeignFinder", "ForeignLog", "is_foreign", "registration_hooks", "state_dict_hook"]
 
 EXTERNAL_OP = "(external storage)"  # the op column of a foreign storage's rows
 
@@ -79,3 +80,33 @@ def registration_hooks(log: ForeignLog, clock: Callable[[], int]) -> list[Any]:
         torch.nn.modules.module.register_module_parameter_registration_hook(on_parameter),
         torch.nn.modules.module.register_module_buffer_registration_hook(on_buffer),
     ]
+
+
+class _Restore:
+    """A patched attribute, put back by ``remove()`` (the shape of a hook handle)."""
+
+    def __init__(self, owner: type, name: str, replacement: Any) -> None:
+        self.owner, self.name, self.original = owner, name, owner.__dict__[name]
+        setattr(owner, name, replacement)
+
+    def remove(self) -> None:
+        setattr(self.owner, self.name, self.original)
+
+
+def state_dict_hook(log: ForeignLog, clock: Callable[[], int]) -> _Restore:
+    """``Module.load_state_dict`` records the foreign tensors of the state dict it is given (a
+    safetensors ``load_file``'s mapped tensors copied into a model already materialised: a second
+    copy of every weight, resident while it is copied), as kind ``state``. PyTorch has no global
+    hook for it, so the method is wrapped while the capture runs."""
+    original = torch.nn.Module.load_state_dict
+
+    @functools.wraps(original)
+    def load_state_dict(module: torch.nn.Module, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+        values = state_dict.values() if hasattr(state_dict, "values") else ()
+        t = clock()
+        for value in values:
+            if isinstance(value, torch.Tensor) and is_foreign(value):
+                log.foreign(t, value, "state")
+        return original(module, state_dict, *args, **kwargs)
+
+    return _Restore(torch.nn.Module, "load_state_dict", load_state_dict)

@@ -201,7 +201,7 @@ def _op_findings(trace: Trace, ctx: Context, min_ratio: float) -> list[Finding]:
 
     padded = scanned & (kinds != _KIND_NONE) & (data > 0) & (nbytes >= min_ratio * np.maximum(data, 1))
     padded[filler_of_cat[has_filler]] = False  # counted in the cat that consumed it
-    rows = np.flatnonzero(padded)
+    rows = _beyond_longest(trace, np.flatnonzero(padded))
     if len(rows) == 0:
         return []
     pad_bytes = nbytes[rows] - data[rows]
@@ -279,6 +279,32 @@ def _op_findings(trace: Trace, ctx: Context, min_ratio: float) -> list[Finding]:
             )
         )
     return findings
+
+
+def _beyond_longest(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """The padded blocks less those of a batch padded to its longest row: a block made for a step
+    whose attention mask says its length is the longest row's (``metadata["input_padding"]``),
+    carrying that length on an axis (``torch.zeros(B, longest)`` filled row by row: as small as a
+    rectangular batch gets; bucketing by length is another matter)."""
+    steps = []  # (start, length, padded to the longest row)
+    for item in trace.metadata.get("input_padding", ()) or ():
+        try:
+            start, length, longest = int(item["start_us"]), int(item["length"]), int(item["longest"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        steps.append((start, length, length <= longest))
+    if not any(t for _, _, t in steps) or not len(rows):
+        return rows
+    tight = sorted(steps)
+    starts = np.array([t for t, _, _ in tight], dtype=np.int64)
+    e = trace.events
+    nxt = np.searchsorted(starts, e["time_us"][rows], side="left")  # the first step starting after
+    keep = np.ones(len(rows), dtype=bool)
+    for i, (r, k) in enumerate(zip(rows.tolist(), nxt.tolist(), strict=True)):
+        shape = trace.shape(int(e["shape"][r])) if e["shape"][r] >= 0 else None
+        if k < len(tight) and tight[k][2] and shape is not None and tight[k][1] in shape:
+            keep[i] = False
+    return rows[keep]
 
 
 def _downstream_owner(

@@ -38,6 +38,7 @@ import numpy as np
 from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import lines_of_rows
+from memwarden.analyze.patterns import weight_upcast
 from memwarden.analyze.source_lines import holding_line, script_files
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
 from memwarden.units import format_bytes
@@ -97,6 +98,12 @@ def _numel_of(trace: Trace) -> np.ndarray:
 
 
 def detect(ctx: Context) -> list[Finding]:
+    """Quantised weights dequantised per call (or kept dequantised); else half-precision weights
+    upcast per call (``weight_upcast``)."""
+    return _quantised(ctx) or weight_upcast.detect(ctx)
+
+
+def _quantised(ctx: Context) -> list[Finding]:
     trace = ctx.trace
     min_blocks = int(ctx.threshold(PATTERN, "min_blocks", 2))
     min_weight_bytes = int(ctx.threshold(PATTERN, "min_weight_bytes", 64 * 1024))
@@ -170,8 +177,8 @@ def detect(ctx: Context) -> list[Finding]:
             continue
         for factor in quant_ids[int(ev["dtype"][w_rows[i]])]:
             owner.setdefault((int(w_module[i]) << 40) | int(w_numel[i] * factor), i)
-    if not owner:
-        return []
+    if not owner:  # quantised blocks outside every module: a checkpoint read, dequantized at load?
+        return _at_load(ctx, w_rows, w_numel, quant_ids, float_ids)
     keys = np.array(sorted(owner), dtype=np.int64)
     key_owner = np.array([owner[k] for k in keys.tolist()], dtype=np.int64)
     c_key = (c_module << 40) | np.maximum(c_numel, 0)
@@ -201,7 +208,7 @@ def detect(ctx: Context) -> list[Finding]:
         m_rows = np.concatenate([m_rows, kept])[order]
         m_owner = np.concatenate([m_owner, kept_owner])[order]
     if len(m_rows) == 0:
-        return []
+        return _at_load(ctx, w_rows, w_numel, quant_ids, float_ids)
 
     live = ctx.analysis.live_bytes
     peak_row = int(np.argmax(live))
@@ -363,6 +370,82 @@ def _held_together(
     if len(shapes) < 2:
         return held[:0], held_owner[:0]
     return held[burst], held_owner[burst]
+
+
+def _at_load(
+    ctx: Context, w_rows: np.ndarray, w_numel: np.ndarray, quant_ids: dict[int, tuple[int, ...]], float_ids: list[int]
+) -> list[Finding]:
+    """A quantised checkpoint dequantised whole at load: float weights of a quantised block's size,
+    each made while that block was alive (from it: ``Linear(dequantize(q, scale))``), of several
+    shapes, and at the peak beside the quantised blocks they came from (the checkpoint kept too).
+    Quantising a float model runs the other way (the float weight first, the integer one after)."""
+    trace = ctx.trace
+    ev = trace.events
+    fidx = ctx.analysis.free_index
+    is_start = (ev["action"] == Action.ALLOC) | (ev["action"] == Action.PREEXISTING) | (ev["action"] == Action.MAP)
+    is_weight = (ev["category"] == Category.WEIGHT) | (ev["category"] == Category.BUFFER)
+    f_rows = np.flatnonzero(
+        is_start & is_weight & np.isin(ev["dtype"], float_ids) & (ev["device"] == ctx.analysis.device)
+    )
+    by_numel: dict[int, np.ndarray] = {}
+    for i in range(len(w_rows)):
+        for factor in quant_ids[int(ev["dtype"][w_rows[i]])]:
+            key = int(w_numel[i] * factor)
+            by_numel[key] = np.append(by_numel.get(key, np.zeros(0, np.int64)), w_rows[i])
+    numel = _numel_of(trace)
+    floats, origins = [], []
+    for f in f_rows.tolist():
+        q = by_numel.get(int(numel[f]))
+        if q is None:
+            continue
+        alive = q[(q < f) & (fidx[q] > f)]  # made before the float weight and alive when it was made
+        if len(alive):
+            floats.append(f)
+            origins.append(int(alive[-1]))
+    if len(floats) < _MIN_HELD or len(np.unique(numel[floats])) < 2:
+        return []
+    rows, origin = np.array(floats, dtype=np.int64), np.array(origins, dtype=np.int64)
+    live = ctx.analysis.live_bytes
+    peak_row = int(np.argmax(live))
+    peak_bytes = int(live[peak_row])
+    at_peak = (rows <= peak_row) & (fidx[rows] > peak_row)
+    both = at_peak & (origin <= peak_row) & (fidx[origin] > peak_row)
+    if int(both.sum()) * 2 < max(int(at_peak.sum()), 1) or not both.any():
+        return []
+    wasted = int(ev["nbytes"][rows[both]].sum())
+    quant_bytes = int(ev["nbytes"][origin[both]].sum())
+    dtype = trace.string(int(ev["dtype"][origin[0]]))
+    fdtype = trace.string(int(ev["dtype"][rows[0]]))
+    fix = (
+        f"{len(rows)} {dtype} weights are dequantized to {fdtype} at load and the {dtype} blocks are kept beside "
+        f"them ({format_bytes(wasted)} of float weights over {format_bytes(quant_bytes)} of {dtype} at the peak): "
+        f"keep the weights quantized ({dtype}) and dequantize on the fly at runtime, one layer per forward (a "
+        f"quantized linear whose forward dequantizes its own weight, or a fused kernel such as "
+        f"torch._weight_int8pack_mm): saves {format_bytes(wasted)} at the peak"
+    )
+    evidence = {
+        "bytes_at_peak": wasted,
+        "dequantized_weights": len(rows),
+        "quantized_bytes_at_peak": quant_bytes,
+        "float_dtype": fdtype,
+        "quantized_dtype": dtype,
+        "peak_bytes": peak_bytes,
+    }
+    modules = ev["module"][rows]
+    where = (trace.string(int(modules[modules >= 0][0])) if (modules >= 0).any() else None) or "load"
+    return [
+        Finding(
+            pattern=PATTERN,
+            severity=severity_for(wasted, peak_bytes),
+            bytes_at_peak=wasted,
+            wasted_bytes=wasted,
+            where=where,
+            evidence=evidence,
+            fix=fix,
+            change=Change(drop=rows[both]),
+            lines=_asking_lines(ctx, rows, outside_forward=True),
+        )
+    ]
 
 
 def _kept(trace: Trace, rows: np.ndarray, fidx: np.ndarray) -> np.ndarray:

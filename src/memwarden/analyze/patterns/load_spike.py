@@ -86,8 +86,11 @@ def detect(ctx: Context) -> list[Finding]:
     # Weights mapped from the checkpoint and released before the first call: a cast after loading
     # (``from_pretrained(path).half()``) replaced them, so they are duplicates of the weights kept.
     mapped_dropped = is_start & (action == Action.MAP) & is_weight & (fidx < end)
+    # A mapped state dict copied into a model already materialised (``load_state_dict(load_file(p))``
+    # after ``Model(config)``): every page is read into the second copy, both resident at once.
+    mapped_state = is_start & (action == Action.MAP) & ~is_weight & (category != Category.INPUT)
     dup_rows = np.flatnonzero(
-        ((anon_start & ~is_weight & (category != Category.INPUT)) | mapped_dropped)
+        ((anon_start & ~is_weight & (category != Category.INPUT)) | mapped_dropped | mapped_state)
         & in_window
         & np.isin(ev["shape"], weight_shapes)
     )

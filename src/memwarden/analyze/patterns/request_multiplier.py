@@ -99,7 +99,13 @@ def detect(ctx: Context) -> list[Finding]:
             continue
         nxt = next((s.start_us for s in steps[i + 1 :] if s.phase != "decode"), None)
         until = n if nxt is None else int(np.searchsorted(times, nxt, side="left"))
-        rows = np.arange(lo, until)
+        # from the expansion on: what the request computed before it (a vision tower run once per
+        # image before generate expands its features for the beams) is not multiplied
+        ops = e["op"][lo:hi]
+        grown = [i for i, s in enumerate(trace.strings) if s in _EXPANDING]
+        first = np.flatnonzero(np.isin(ops, grown) & (e["action"][lo:hi] == Action.ALLOC)) if k > 1 else ops[:0]
+        start = lo + int(first[0]) if len(first) and not duplicated else lo
+        rows = np.arange(start, until)
         rows = rows[(e["action"][rows] == Action.ALLOC) & ~np.isin(e["category"][rows], _STAY)]
         scale_rows.append(rows)
         scale.append(np.full(len(rows), 1.0 / k))

@@ -40,7 +40,7 @@ from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding
 from memwarden.analyze.lines import LineBytes, lines_of_rows, merge_lines
 from memwarden.analyze.source_lines import holding_line, script_files
-from memwarden.trace.model import Action, Trace
+from memwarden.trace.model import Action, Category, Trace
 from memwarden.trace.sites import parse_line
 from memwarden.units import format_bytes
 
@@ -58,8 +58,7 @@ def _ints(values: Any, n: int) -> np.ndarray:
 
 def detect(ctx: Context) -> list[Finding]:
     trace = ctx.trace
-    found = _numpy_held(trace, ctx)
-    return found if found else _resident_growth(trace, ctx)
+    return _numpy_held(trace, ctx) or _numpy_whole(trace, ctx) or _resident_growth(trace, ctx)
 
 
 def _numpy_held(trace: Trace, ctx: Context) -> list[Finding]:
@@ -130,6 +129,76 @@ def _numpy_held(trace: Trace, ctx: Context) -> list[Finding]:
     ]
 
 
+def _numpy_whole(trace: Trace, ctx: Context) -> list[Finding]:
+    """The peak is data read whole in numpy while the model reads it in pieces: numpy blocks made
+    outside every model call hold most of the trace's peak (``min_numpy_share``, 0.5), and the
+    largest is at least ``min_pieces`` (4) times the largest input a model call was given (a whole
+    episode decoded, then cut into 30 s windows; a video decoded, then sampled). The fix reads the
+    pieces as they are used (a generator over the decoder's blocks): the replay drops every numpy
+    block made outside the calls that is as large as ``min_pieces`` model inputs."""
+    min_bytes = int(ctx.threshold(PATTERN, "min_bytes", 16 << 20))
+    min_numpy_share = float(ctx.threshold(PATTERN, "min_numpy_share", 0.5))
+    min_pieces = float(ctx.threshold(PATTERN, "min_pieces", 4))
+    steps = ctx.analysis.steps
+    if NUMPY_OP not in trace.strings or not trace.num_events or not steps:
+        return []
+    e = trace.events
+    live = ctx.analysis.live_bytes
+    peak_row = int(np.argmax(live))
+    peak = int(live[peak_row])
+    free = ctx.analysis.free_index
+    made = np.flatnonzero((e["op"] == trace.strings.index(NUMPY_OP)) & (e["action"] == Action.ALLOC) & (e["line"] >= 0))
+    t = e["time_us"][made]
+    inside = np.zeros(len(made), dtype=bool)
+    for s in steps:
+        inside |= (t >= s.start_us) & (t <= s.end_us)
+    made = made[~inside]
+    rows = made[(made <= peak_row) & (free[made] > peak_row)]
+    nbytes = int(e["nbytes"][rows].sum())
+    if not len(rows) or nbytes < min_bytes or nbytes < min_numpy_share * max(peak, 1):
+        return []
+    inputs = np.flatnonzero((e["category"] == Category.INPUT) & (e["action"] == Action.ALLOC))
+    read = int(e["nbytes"][inputs].max()) if len(inputs) else 0
+    largest = int(e["nbytes"][rows].max())
+    if read <= 0 or largest < min_pieces * read:
+        return []
+    big = rows[np.argmax(e["nbytes"][rows])]
+    site = parse_line(trace.strings[int(e["line"][big])])
+    scripts = script_files([s.call_site or "" for s in steps]) or [site.file]
+    holder = holding_line(site.file, site.line, site.function, scripts)
+    lines = [LineBytes(holder.file, holder.line, holder.what, nbytes, 0)] if holder is not None else []
+    lines.append(LineBytes(site.file, site.line, site.function, largest, 1))
+    fix = (
+        f"{format_bytes(nbytes)} of numpy arrays made outside the model's calls are most of the peak "
+        f"({len(rows)} arrays, the largest {format_bytes(largest)} made at {site.file}:{site.line}), while each "
+        f"model call reads at most {format_bytes(read)}: the data is decoded or read whole and used in pieces. "
+        f"Stream it: read or decode one chunk (block, window, batch of frames) at a time with a generator and "
+        f"convert each as it is used, instead of decoding everything first"
+    )
+    evidence: dict[str, Any] = {
+        "numpy_blocks_at_peak": len(rows),
+        "numpy_bytes_at_peak": nbytes,
+        "largest_numpy_bytes": largest,
+        "largest_model_input_bytes": read,
+        "peak_bytes": peak,
+        "made_at": f"{site.file}:{site.line}",
+    }
+    return [
+        Finding(
+            pattern=PATTERN,
+            severity="high",
+            bytes_at_peak=nbytes,
+            wasted_bytes=nbytes,
+            where="numpy arrays",
+            evidence=evidence,
+            fix=fix,
+            lines=merge_lines(lines),
+            # streamed, no whole-data array is made: each one the size of several model inputs goes
+            change=Change(drop=made[e["nbytes"][made] >= min_pieces * read]),
+        )
+    ]
+
+
 def _resident_growth(trace: Trace, ctx: Context) -> list[Finding]:
     min_bytes = int(ctx.threshold(PATTERN, "min_bytes", 32 << 20))
     min_share = float(ctx.threshold(PATTERN, "min_share", 0.2))
@@ -143,7 +212,9 @@ def _resident_growth(trace: Trace, ctx: Context) -> list[Finding]:
     n = len(rss)
     rss_a, traced = _ints(rss, n), _ints(cols.get("traced"), n)
     t_us = _ints(cols.get("time_us"), n)
-    rest = np.maximum(rss_a - traced, 0)
+    # Freed tensors' memory stays resident (glibc keeps freed heap chunks), so what the trace does
+    # not hold is measured against the most it has held so far, not what it holds now.
+    rest = np.maximum(rss_a - np.maximum.accumulate(traced), 0)
     # Baseline: the most not-traced memory until the model's first call has returned. Before it the
     # script imports its libraries (transformers alone is tens of MiB of code and objects) and the
     # first call imports what it uses lazily; none of that is the user's data.
@@ -151,7 +222,9 @@ def _resident_growth(trace: Trace, ctx: Context) -> list[Finding]:
     # ``memwarden trace`` the first event comes seconds later (the script's imports), and measuring
     # from it would end the baseline before the call and credit the imports to the user's data.
     steps = ctx.analysis.steps
-    settled = steps[0].end_us if steps else int(t_us[max(1, n // 10) - 1])
+    # Without model calls, the imports end where the run's first block is made.
+    first = int(trace.events["time_us"].min()) if trace.num_events else int(t_us[max(1, n // 10) - 1])
+    settled = steps[0].end_us if steps else first
     head = max(1, int(np.searchsorted(t_us, settled, side="right")))
     if head >= n:
         return []

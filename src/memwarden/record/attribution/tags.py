@@ -33,7 +33,15 @@ __all__ = [
 
 Tag = tuple[int, int, str, str]  # (t_ns, ptr, kind, module path)
 
-KIND_PRIORITY = {"weight": 6, "buffer": 6, "optimizer_state": 5, "gradient": 4, "kv_cache": 3, "input": 2}
+KIND_PRIORITY = {
+    "weight": 6,
+    "buffer": 6,
+    "optimizer_state": 5,
+    "gradient": 4,
+    "kv_cache": 3,
+    "input": 2,
+    "state": 1,  # a state dict handed to load_state_dict (record.foreign.state_dict_hook)
+}
 KIND_CATEGORY = {
     "weight": Category.WEIGHT,
     "buffer": Category.BUFFER,
@@ -41,6 +49,7 @@ KIND_CATEGORY = {
     "gradient": Category.GRADIENT,
     "kv_cache": Category.KV_CACHE,
     "input": Category.INPUT,
+    "state": Category.OTHER,
 }
 _OWNED = ("weight", "buffer", "gradient", "optimizer_state")  # kinds whose block belongs to the tag's module
 _PARAMETER = ("weight", "buffer")

@@ -32,7 +32,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from memwarden.record.attribution.attributor import Attributor
 from memwarden.record.attribution.log import CaptureLog
-from memwarden.record.foreign import registration_hooks
+from memwarden.record.foreign import registration_hooks, state_dict_hook
 from memwarden.record.inputs import (
     DigestCache,
     bound_inputs,
@@ -383,6 +383,7 @@ class Capture:
             register_optimizer_step_pre_hook(self._optimizer_pre),
             register_optimizer_step_post_hook(self._optimizer_post),
             *registration_hooks(self._log, self._now),  # foreign (numpy, mmap'd) weights as they are set
+            state_dict_hook(self._log, self._now),  # and a mapped state dict copied into a model
         ]
         return self
 

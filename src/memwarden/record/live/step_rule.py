@@ -6,7 +6,8 @@ each). Under ``no_grad`` a part that ``generate`` calls is not, but a part the u
 calls is (``clip.vision_model(pixels)`` in a loop over video chunks): neither a layer of a
 ``ModuleList`` nor a leaf (an embedding lookup), nor a call a module's own method makes (a
 hand-written decoder's ``step`` calling its layers). ``sites.CallSites.called_from_user`` reads who
-called.
+called. A part that generates itself (a decoder with its own ``generate``, which the root's
+``generate`` calls instead of the root's forward) is a step wherever it is called from.
 """
 
 from __future__ import annotations
@@ -18,9 +19,24 @@ from memwarden.record.live.sites import CallSites
 __all__ = ["starts_step"]
 
 
+def _generates(module: torch.nn.Module) -> bool:
+    """A part that is a generating model itself: a VLM whose ``generate`` runs the vision tower and
+    then its decoder's own ``generate`` (BLIP, InstructBLIP) never calls the root's forward, so the
+    decoder's outermost calls are the run's prefill and decode steps."""
+    can = getattr(module, "can_generate", None)
+    if not callable(getattr(module, "generate", None)) or not callable(can):
+        return False
+    try:
+        return bool(can())
+    except Exception:  # a model's own can_generate that cannot answer: not a generating part
+        return False
+
+
 def starts_step(module: torch.nn.Module, path: str, callers: CallSites | None) -> bool:
     """Whether an outermost call of ``module`` (at ``path`` in its root; ``""``: the root) is a step."""
     if path == "" or (torch.is_grad_enabled() and not torch.is_inference_mode_enabled()):
+        return True
+    if _generates(module):  # a language model part with its own generate (BLIP's text decoder)
         return True
     return (
         callers is not None
