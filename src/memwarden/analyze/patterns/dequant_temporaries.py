@@ -41,7 +41,7 @@ from memwarden.analyze.lines import lines_of_rows
 from memwarden.analyze.patterns import weight_upcast
 from memwarden.analyze.source_lines import holding_line, script_files
 from memwarden.trace.model import Action, Category, Phase, SpanKind, Trace
-from memwarden.units import format_bytes
+from memwarden.units import DTYPE_BYTES, format_bytes
 
 PATTERN = "dequant-temporaries"
 
@@ -61,28 +61,6 @@ _QUANT_FACTORS: dict[str, tuple[int, ...]] = {
     "float8_e5m2fnuz": (1,),
 }
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
-_ITEMSIZE = {
-    "int8": 1,
-    "uint8": 1,
-    "qint8": 1,
-    "quint8": 1,
-    "quint4x2": 1,
-    "bool": 1,
-    "int16": 2,
-    "uint16": 2,
-    "int32": 4,
-    "uint32": 4,
-    "int64": 8,
-    "uint64": 8,
-    "float16": 2,
-    "bfloat16": 2,
-    "float32": 4,
-    "float64": 8,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "float8_e4m3fnuz": 1,
-    "float8_e5m2fnuz": 1,
-}
 _EVIDENCE_WEIGHTS = 8
 _MIN_HELD = 4  # float copies of distinct quantised weights alive together: a merge's burst
 
@@ -91,7 +69,7 @@ def _numel_of(trace: Trace) -> np.ndarray:
     """Element count of every row's block: from its shape, else bytes / itemsize, else -1."""
     ev = trace.events
     shape_numel = np.array([math.prod(s) for s in trace.shapes] + [-1], dtype=np.int64)
-    itemsize = np.array([_ITEMSIZE.get(s, 0) for s in trace.strings] + [0], dtype=np.int64)
+    itemsize = np.array([DTYPE_BYTES.get(s, 0) for s in trace.strings] + [0], dtype=np.int64)
     size = itemsize[ev["dtype"]]  # dtype -1 -> the appended 0
     by_bytes = np.where(size > 0, ev["nbytes"] // np.maximum(size, 1), -1)
     return np.where(ev["shape"] >= 0, shape_numel[ev["shape"]], by_bytes)

@@ -25,11 +25,11 @@ from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import lines_of_rows
 from memwarden.trace.model import Action, Category
-from memwarden.units import format_bytes
+from memwarden.units import DTYPE_BYTES, format_bytes
 
 PATTERN = "dequant-temporaries"
 
-_WIDTH = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def detect(ctx: Context) -> list[Finding]:
@@ -42,7 +42,7 @@ def detect(ctx: Context) -> list[Finding]:
         return []
     ev = trace.events
     strings = trace.strings
-    width = np.array([_WIDTH.get(s, 0) for s in strings] + [0], dtype=np.int64)[ev["dtype"]]
+    width = np.array([DTYPE_BYTES[s] if s in _FLOATS else 0 for s in strings] + [0], dtype=np.int64)[ev["dtype"]]
     on_dev = ev["device"] == ctx.analysis.device
     action, category = ev["action"], ev["category"]
     is_weight = (category == Category.WEIGHT) | (category == Category.BUFFER)
