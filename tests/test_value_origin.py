@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 from memwarden.analyze.source_lines import entry_files, handler_line, holding_line, keeper_line, script_line
+from memwarden.analyze.value_flow import passed_keeper
 from memwarden.analyze.value_origin import argument_line, origin_line, tiling_knob
 from memwarden.analyze.window_read import window_read
 
@@ -278,3 +279,32 @@ def test_a_tiling_setting_applied_to_each_frame_is_found_and_one_image_is_not(tm
     assert knob is not None and (knob.name, knob.value) == ("max_num", 12)
     assert tiling_knob(f, _line(f, "# PAGE"), ("max_num",)) is None  # one image, tiled as its card says
     assert tiling_knob(f, _line(f, "# ONE"), ("max_num",)) is None  # one tile per frame
+
+
+def test_a_value_handed_to_a_method_that_stores_it_is_kept_there(tmp_path: Path) -> None:
+    """``stream.on_frame(i, frame)`` whose method appends its parameter to ``self.history``: the
+    line that keeps the frame is that append, one call down; a comparison added to a counter
+    (``alerts += label != "none"``) keeps nothing of the frame."""
+    script = tmp_path / "doorbell.py"
+    script.write_text(
+        "class Stream:\n"
+        "    def __init__(self):\n"
+        "        self.history = []\n"
+        "\n"
+        "    def on_frame(self, frame_id, pixels):\n"
+        "        score = float(pixels.mean())\n"
+        "        self.history.append({'id': frame_id, 'pixels': pixels})\n"
+        "        return 'alert' if score > 0.5 else 'none'\n"
+        "\n"
+        "\n"
+        "def main(make):\n"
+        "    stream, alerts = Stream(), 0\n"
+        "    for i in range(10):\n"
+        "        frame = make(i)\n"
+        "        label = stream.on_frame(i, frame)\n"
+        "        alerts += label != 'none'\n"
+    )
+    assert keeper_line(str(script), 14) is None
+    kept = passed_keeper(str(script), 14)
+    assert kept is not None and kept.line == 7
+    assert passed_keeper(str(script), 15) is None  # the label is no value handed on

@@ -25,9 +25,10 @@ from memwarden.analyze.counterfactual import Change, saving, union
 from memwarden.analyze.finding import SEVERITIES, Context, Finding, severity_for
 from memwarden.analyze.lines import INNER_FIRST, finding_lines
 from memwarden.analyze.patterns import DETECTORS
-from memwarden.analyze.source_lines import entry_files, read_from, script_files, script_line
+from memwarden.analyze.source_lines import SourceLine, entry_files, read_from, script_files, script_line
 from memwarden.analyze.thresholds import check_thresholds
 from memwarden.analyze.timeline import live_blocks_at
+from memwarden.analyze.value_flow import passed_keeper
 from memwarden.trace.model import Trace
 from memwarden.trace.sites import parse_line
 
@@ -123,6 +124,9 @@ def _same_bytes(ctx: Context, findings: list[Finding], changes: dict[int, Change
 # Patterns whose fix is an argument of the script's call that builds (a dtype, the meta device, an
 # mmap'd load): a helper module's line is followed up to that call, not to what keeps its result.
 _BUILD_CALL = frozenset({"load-spike"})
+# Patterns whose line is the one that keeps the bytes: followed into a function of the script the
+# value is handed to (``stream.on_frame(i, frame)`` storing its parameter in ``self.history``).
+_KEPT = frozenset({"unbounded-growth", "retained-outputs"})
 
 
 def _in_the_script(ctx: Context, findings: list[Finding]) -> list[Finding]:
@@ -148,6 +152,9 @@ def _in_the_script(ctx: Context, findings: list[Finding]) -> list[Finding]:
         if first is not None and (f.pattern not in INNER_FIRST or f.pattern in _BUILD_CALL):
             hold = f.pattern not in _BUILD_CALL
             up = script_line(str(first["file"]), int(first["line"]), entries, hold=hold)
+            if f.pattern in _KEPT and (up is not None or str(first["file"]) in entries):
+                at = up or SourceLine(str(first["file"]), int(first["line"]), "")
+                up = passed_keeper(at.file, at.line) or up  # handed to a method that stores it
             if up is not None:
                 moved = [x for x in f.lines if (x["file"], x["line"]) != (up.file, up.line)]
                 f = replace(f, lines=[{"file": up.file, "line": up.line, "nbytes": first["nbytes"]}, *moved][:3])

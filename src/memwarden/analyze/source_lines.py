@@ -24,6 +24,8 @@ __all__ = [
     "SourceLine",
     "bound_names",
     "call_lines",
+    "enclosing_body",
+    "flatten",
     "callable_name",
     "entry_files",
     "function_node",
@@ -33,6 +35,7 @@ __all__ = [
     "read_from",
     "rebinding_line",
     "script_files",
+    "store_kind",
     "script_line",
     "statement_at",
     "tree_of",
@@ -80,7 +83,7 @@ def _parse(path: str) -> ast.Module | None:
         return None
 
 
-def _enclosing_body(tree: ast.Module, line: int) -> tuple[list[ast.stmt], ast.stmt] | None:
+def enclosing_body(tree: ast.Module, line: int) -> tuple[list[ast.stmt], ast.stmt] | None:
     """The innermost statement list holding the statement at ``line``, and that statement."""
     best: tuple[list[ast.stmt], ast.stmt] | None = None
     stack: list[ast.AST] = [tree]
@@ -175,7 +178,7 @@ def _refers(node: ast.AST, names: set[str], items: bool = True) -> bool:
     return False
 
 
-def _store_kind(stmt: ast.stmt, names: set[str], used: Callable[[ast.AST, set[str]], bool] = _refers) -> str | None:
+def store_kind(stmt: ast.stmt, names: set[str], used: Callable[[ast.AST, set[str]], bool] = _refers) -> str | None:
     """How ``stmt`` keeps one of ``names`` in something that outlives it, or None. ``used`` says
     what keeping is: ``_refers`` (the value, a part or a same-size copy: the default) or ``_uses``
     (anything computed from it)."""
@@ -191,7 +194,7 @@ def _store_kind(stmt: ast.stmt, names: set[str], used: Callable[[ast.AST, set[st
                 return "cat accumulator"
             if isinstance(target, ast.Name) and _is_sum_of(stmt.value, target.id, names, used):
                 return f"{target.id} = {target.id} +"
-    if isinstance(stmt, ast.AugAssign) and used(stmt.value, names):
+    if isinstance(stmt, ast.AugAssign) and used(stmt.value, names) and not isinstance(stmt.value, ast.Compare):
         if isinstance(stmt.op, ast.Add) and isinstance(stmt.target, (ast.Name, ast.Attribute, ast.Subscript)):
             return f"{_dotted(stmt.target)} +="
     return None
@@ -249,7 +252,7 @@ def keeper_line(file: str, line: int) -> SourceLine | None:
     tree = tree_of(file)
     if tree is None:
         return None
-    found = _enclosing_body(tree, line)
+    found = enclosing_body(tree, line)
     if found is None:
         return None
     body, stmt = found
@@ -272,13 +275,13 @@ def keeper_line(file: str, line: int) -> SourceLine | None:
     for used in (_refers, _uses):
         kept = set(names)
         after = False
-        for later in _flatten(scope):
+        for later in flatten(scope):
             if later is stmt:
                 after = True
                 continue
             if not after or later.lineno <= stmt.lineno:
                 continue
-            kind = _store_kind(later, kept, used)
+            kind = store_kind(later, kept, used)
             if kind is not None:
                 return SourceLine(file, later.lineno, kind)
             if isinstance(later, ast.Assign) and used(later.value, kept):  # texts = out.sequences
@@ -303,14 +306,14 @@ def _stores_call(stmt: ast.stmt) -> str | None:
     return None
 
 
-def _flatten(body: list[ast.stmt]) -> list[ast.stmt]:
+def flatten(body: list[ast.stmt]) -> list[ast.stmt]:
     out: list[ast.stmt] = []
     for stmt in body:
         out.append(stmt)
         for name in ("body", "orelse", "finalbody"):
             inner = getattr(stmt, name, None)
             if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
-                out.extend(_flatten(inner))
+                out.extend(flatten(inner))
     return out
 
 
@@ -339,7 +342,7 @@ def rebinding_line(file: str, line: int, depth: int = 4) -> SourceLine | None:
     if tree is None:
         return None
     for _ in range(depth):
-        found = _enclosing_body(tree, line)
+        found = enclosing_body(tree, line)
         if found is None:
             return None
         _, stmt = found
@@ -367,7 +370,7 @@ def holding_line(
     reached: SourceLine | None = None  # the last statement of a script passed on the way up
     for _ in range(depth):
         tree = tree_of(file) if file in scripts else None
-        found = _enclosing_body(tree, line) if tree is not None else None
+        found = enclosing_body(tree, line) if tree is not None else None
         if tree is not None and found is not None:
             if not _returned(tree, found[1]):
                 return keeper_line(file, line) or SourceLine(file, found[1].lineno, "keeps")
@@ -409,7 +412,7 @@ def _function_of(tree: ast.Module, line: int) -> str | None:
 
 
 def statement_at(tree: ast.Module, line: int) -> ast.stmt | None:
-    found = _enclosing_body(tree, line)
+    found = enclosing_body(tree, line)
     return found[1] if found is not None else None
 
 
