@@ -48,35 +48,19 @@ import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from memwarden.models.device_profile import MemoryTier
-from memwarden.plan.placement import Placement
+from memwarden.plan.placement import Placement, PlacementError
 from memwarden.runtime.offload_files import GroupFile, delete_group, read_group, write_group
 from memwarden.runtime.offload_plan import aligned, nan_placeholder, plan_streaming, streamable_params
 from memwarden.runtime.private_files import KEY_BYTES
+from memwarden.runtime.streaming import Streamer
 
-__all__ = ["StreamStats", "WeightStreamer", "stream_weights"]
-
-
-@dataclass
-class StreamStats:
-    """What the streamer did; counters since :func:`stream_weights` (or :meth:`reset`)."""
-
-    loads: int = 0  # groups copied into a slot
-    sync_loads: int = 0  # ... on the compute thread, because nothing had prefetched them
-    prefetch_hits: int = 0  # group found in a slot a prefetch had filled
-    reuses: int = 0  # group still in its slot from its previous use: no copy at all
-    copied_bytes: int = 0
-    wait_s: float = 0.0  # time the compute thread spent waiting for copies
-    extra_slots: int = 0  # slots added because streamed groups nested deeper than the slots
-
-    def reset(self) -> None:
-        self.__init__()  # type: ignore[misc]
+__all__ = ["WeightStreamer", "stream_weights"]
 
 
 @dataclass
@@ -139,8 +123,9 @@ def stream_weights(
     return WeightStreamer(model, placement, offload_dir, prefetch=prefetch)
 
 
-class WeightStreamer:
-    """Streams the groups a :class:`Placement` marks ``streamed`` through ``staging_slots`` slots."""
+class WeightStreamer(Streamer[_Slot, _Group]):
+    """Streams the groups a :class:`Placement` marks ``streamed`` from their files through
+    ``staging_slots`` slots in host memory."""
 
     def __init__(
         self,
@@ -152,19 +137,8 @@ class WeightStreamer:
     ) -> None:
         if any(p.device.type != "cpu" for p in model.parameters()):
             raise NotImplementedError("a model on a GPU streams with runtime.offload_cuda.stream_weights_cuda")
-        if getattr(model, "_memwarden_streamer", None) is not None:  # its weights are placeholders now
-            raise ValueError("this model's weights are already streamed; detach() that streamer first")
-        self.model = model
-        self.placement = placement
-        self.prefetch = prefetch
-        self.stats = StreamStats()
-        named = dict(model.named_modules())
-        unknown = [i.name for i in placement.weights if i.name not in named]
-        if unknown:
-            raise ValueError(f"placement names modules the model does not have: {', '.join(unknown[:5])}")
-        modules = {i.name: named[i.name] for i in placement.weights}
-        streamable = streamable_params(list(modules.items()))
-        names = [i.name for i in placement.weights if i.streamed and i.nbytes > 0 and streamable[i.name]]
+        super().__init__(model, placement, prefetch=prefetch)
+        modules, streamable, names = self._streamed()
 
         self._key = secrets.token_bytes(KEY_BYTES)  # in memory only: the files' digests need it
         self._made_dir = offload_dir is None
@@ -173,7 +147,6 @@ class WeightStreamer:
         else:
             self.offload_dir = Path(offload_dir)
             self.offload_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._groups: list[_Group] = []
         self._requires_grad: dict[int, bool] = {}
         try:
             for name in names:
@@ -189,20 +162,29 @@ class WeightStreamer:
             raise
 
         self.slot_bytes = max((g.slot_bytes for g in self._groups), default=0)
-        self._slots = [_Slot(torch.empty(self.slot_bytes, dtype=torch.uint8)) for _ in range(placement.staging_slots)]
-        self._tick = 0
+        self._slots = [self._new_slot() for _ in range(placement.staging_slots)]
         self._views: dict[tuple[int, int], list[torch.Tensor]] = {}
-        self._active: dict[int, list[int]] = {}  # group -> [slot, nesting depth]
-        self._last_group: int | None = None
-        # Until a group has been seen to run, guess that the next streamed group in registration order follows it.
-        self._next: dict[int, int] = {i: i + 1 for i in range(len(self._groups) - 1)}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memwarden-prefetch")
-        for i, g in enumerate(self._groups):
-            module = modules[g.name]
-            g.hooks.append(module.register_forward_pre_hook(partial(self._pre_hook, i)))
-            g.hooks.append(module.register_forward_hook(partial(self._post_hook, i), always_call=True))
-        self._attached = True
-        model._memwarden_streamer = self  # type: ignore[assignment]
+        self._attach(modules)
+
+    def _new_slot(self) -> _Slot:
+        return _Slot(torch.empty(self.slot_bytes, dtype=torch.uint8))
+
+    def stream_more_within(self, budget_bytes: int, *, kv_cache_bytes: int, activation_bytes: int) -> int:
+        """Plan the model again for ``budget_bytes`` (beside ``kv_cache_bytes`` of KV and
+        ``activation_bytes`` of activations) and :meth:`stream_more` what that plan streams; 0 where no
+        plan fits."""
+        try:
+            placement = plan_streaming(
+                self.model,
+                budget_bytes,
+                kv_cache_bytes=kv_cache_bytes,
+                activation_bytes=activation_bytes,
+                offload_dir=self.offload_dir,
+            )
+        except PlacementError:
+            return 0
+        return self.stream_more(placement)
 
     def stream_more(self, placement: Placement) -> int:
         """Also stream the groups a new ``placement`` (a lower budget) marks streamed that are resident
@@ -246,8 +228,7 @@ class WeightStreamer:
                 t.param.requires_grad_(False)
                 t.param.data = t.placeholder
                 released += t.nbytes
-            group.hooks.append(modules[name].register_forward_pre_hook(partial(self._pre_hook, index)))
-            group.hooks.append(modules[name].register_forward_hook(partial(self._post_hook, index), always_call=True))
+            self._hook(index, modules[name])
         return released
 
     def _resize_slots(self, nbytes: int) -> None:
@@ -273,11 +254,8 @@ class WeightStreamer:
         return _Group(name=name, file=file, tensors=tensors, slot_bytes=slot_offset)
 
     def _pre_hook(self, index: int, module: torch.nn.Module, args: Any) -> None:
-        if index in self._active:  # a group re-entered from inside itself
-            self._active[index][1] += 1
+        if self._reentered(index):
             return
-        if self._last_group is not None and self._last_group != index:
-            self._next[self._last_group] = index
         slot = self._slot_holding(index)
         if slot is not None:
             future = self._slots[slot].pending
@@ -304,39 +282,6 @@ class WeightStreamer:
         self._active[index] = [slot, 1]
         if self.prefetch:
             self._start_prefetch(self._next.get(index))
-
-    def _post_hook(self, index: int, module: torch.nn.Module, args: Any, output: Any) -> None:
-        state = self._active.get(index)
-        if state is None:
-            return
-        state[1] -= 1
-        if state[1] > 0:
-            return
-        del self._active[index]
-        for t in self._groups[index].tensors:
-            t.param.data = t.placeholder
-        self._slots[state[0]].in_use = False
-        self._last_group = index
-
-    def _slot_holding(self, index: int) -> int | None:
-        return next((slot for slot, state in enumerate(self._slots) if state.content == index), None)
-
-    def _least_recently_used_free(self) -> int | None:
-        free = [slot for slot, state in enumerate(self._slots) if not state.in_use]
-        return min(free, key=lambda slot: self._slots[slot].last_used) if free else None
-
-    def _touch(self, slot: int) -> None:
-        self._tick += 1
-        self._slots[slot].last_used = self._tick
-
-    def _free_slot(self) -> int:
-        """The least recently used slot no running group is using; a new one if all are in use."""
-        slot = self._least_recently_used_free()
-        if slot is None:
-            self._slots.append(_Slot(torch.empty(self.slot_bytes, dtype=torch.uint8)))
-            self.stats.extra_slots += 1
-            slot = len(self._slots) - 1
-        return slot
 
     def _start_prefetch(self, index: int | None) -> None:
         if index is None or index in self._active or self._slot_holding(index) is not None:
@@ -375,11 +320,6 @@ class WeightStreamer:
         targets = [(address + t.slot_offset, t.file_offset, t.nbytes) for t in group.tensors]
         read_group(group.file, self._key, targets, repr(group.name or "the model"))
 
-    def _count_load(self, index: int) -> None:
-        # Counted on the compute thread only, so the counters need no lock.
-        self.stats.loads += 1
-        self.stats.copied_bytes += sum(t.nbytes for t in self._groups[index].tensors)
-
     def _slot_views(self, slot: int, index: int) -> list[torch.Tensor]:
         key = (slot, index)
         views = self._views.get(key)
@@ -391,11 +331,6 @@ class WeightStreamer:
             ]
             self._views[key] = views
         return views
-
-    @property
-    def staging_bytes(self) -> int:
-        """Allocated bytes the streamed weights hold: the staging slots."""
-        return self.slot_bytes * len(self._slots)
 
     def detach(self, *, delete_files: bool = True) -> None:
         """Bring every streamed weight back into memory (as it was before streaming), remove the
@@ -446,9 +381,3 @@ class WeightStreamer:
                 os.rmdir(self.offload_dir)
             except OSError:
                 pass
-
-    def __enter__(self) -> WeightStreamer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.detach()

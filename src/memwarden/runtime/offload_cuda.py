@@ -21,15 +21,14 @@ Outputs are bit-identical to the resident model: the same bytes reach the same k
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
 
 from memwarden.plan.placement import Placement
 from memwarden.runtime.cuda_reserve import SEGMENT_ROOM_BYTES
-from memwarden.runtime.offload import StreamStats
-from memwarden.runtime.offload_plan import aligned, nan_placeholder, plan_streaming, streamable_params
+from memwarden.runtime.offload_plan import aligned, nan_placeholder, plan_streaming
+from memwarden.runtime.streaming import Streamer
 
 __all__ = ["CudaWeightStreamer", "repack_resident", "stream_weights_cuda"]
 
@@ -128,28 +127,17 @@ class _DeviceSlot:
     last_used: int = 0
 
 
-class CudaWeightStreamer:
+class CudaWeightStreamer(Streamer[_DeviceSlot, _HostGroup]):
     """Streams the groups a :class:`Placement` marks ``streamed`` from pinned host memory to the GPU."""
 
     def __init__(self, model: torch.nn.Module, placement: Placement, *, prefetch: bool = True) -> None:
         devices = {p.device for p in model.parameters()}
         if len(devices) != 1 or next(iter(devices)).type != "cuda":
             raise ValueError(f"CUDA weight streaming needs every parameter on one CUDA device, not {devices}")
-        if getattr(model, "_memwarden_streamer", None) is not None:
-            raise ValueError("this model's weights are already streamed; detach() that streamer first")
+        super().__init__(model, placement, prefetch=prefetch)
         self.device = next(iter(devices))
-        self.model = model
-        self.placement = placement
-        self.prefetch = prefetch
-        self.stats = StreamStats()
         self.repacked_bytes = 0  # resident tensors placed afresh after the streamed ones left (repack_resident)
-        named = dict(model.named_modules())
-        unknown = [i.name for i in placement.weights if i.name not in named]
-        if unknown:
-            raise ValueError(f"placement names modules the model does not have: {', '.join(unknown[:5])}")
-        modules = {i.name: named[i.name] for i in placement.weights}
-        streamable = streamable_params(list(modules.items()))
-        names = [i.name for i in placement.weights if i.streamed and i.nbytes > 0 and streamable[i.name]]
+        modules, streamable, names = self._streamed()
         torch.cuda.synchronize(self.device)
         self._groups = [self._pack(name, streamable[name]) for name in names]
         self._requires_grad = {id(t.param): t.param.requires_grad for g in self._groups for t in g.tensors}
@@ -166,16 +154,7 @@ class CudaWeightStreamer:
         self.slot_bytes = max((int(g.host.numel()) for g in self._groups), default=0)
         self._slots = [self._new_slot() for _ in range(placement.staging_slots)]
         self._copy_stream = torch.cuda.Stream(self.device)
-        self._tick = 0
-        self._active: dict[int, list[int]] = {}
-        self._last_group: int | None = None
-        self._next: dict[int, int] = {i: i + 1 for i in range(len(self._groups) - 1)}
-        for i, g in enumerate(self._groups):
-            module = modules[g.name]
-            g.hooks.append(module.register_forward_pre_hook(partial(self._pre_hook, i)))
-            g.hooks.append(module.register_forward_hook(partial(self._post_hook, i), always_call=True))
-        self._attached = True
-        model._memwarden_streamer = self  # type: ignore[assignment]
+        self._attach(modules)
 
     def _pack(self, name: str, params: list[tuple[str, torch.nn.Parameter]]) -> _HostGroup:
         sizes = [aligned(p.nbytes) for _, p in params]
@@ -195,11 +174,8 @@ class CudaWeightStreamer:
     # -- hooks (compute thread) -----------------------------------------------------------
 
     def _pre_hook(self, index: int, module: torch.nn.Module, args: Any) -> None:
-        if index in self._active:
-            self._active[index][1] += 1
+        if self._reentered(index):
             return
-        if self._last_group is not None and self._last_group != index:
-            self._next[self._last_group] = index
         compute = torch.cuda.current_stream(self.device)
         slot = self._slot_holding(index)
         if slot is not None:
@@ -232,22 +208,10 @@ class CudaWeightStreamer:
         if self.prefetch:
             self._start_prefetch(self._next.get(index))
 
-    def _post_hook(self, index: int, module: torch.nn.Module, args: Any, output: Any) -> None:
-        state = self._active.get(index)
-        if state is None:
-            return
-        state[1] -= 1
-        if state[1] > 0:
-            return
-        del self._active[index]
-        for t in self._groups[index].tensors:
-            t.param.data = t.placeholder
-        slot = self._slots[state[0]]
-        slot.in_use = False
+    def _released(self, slot: int) -> None:
         released = torch.cuda.Event()
         released.record(torch.cuda.current_stream(self.device))  # kernels reading the slot are queued before
-        slot.released = released
-        self._last_group = index
+        self._slots[slot].released = released
 
     def _start_prefetch(self, index: int | None) -> None:
         if index is None or index in self._active or self._slot_holding(index) is not None:
@@ -269,31 +233,9 @@ class CudaWeightStreamer:
         state.ready = ready
         self._count_load(index)
 
-    # -- slots ----------------------------------------------------------------------------
-
-    def _slot_holding(self, index: int) -> int | None:
-        return next((slot for slot, state in enumerate(self._slots) if state.content == index), None)
-
-    def _free_slot(self) -> int:
-        free = [slot for slot, state in enumerate(self._slots) if not state.in_use]
-        if not free:
-            self._slots.append(self._new_slot())
-            self.stats.extra_slots += 1
-            return len(self._slots) - 1
-        return min(free, key=lambda slot: self._slots[slot].last_used)
-
-    def _touch(self, slot: int) -> None:
-        self._tick += 1
-        self._slots[slot].last_used = self._tick
-
-    def _count_load(self, index: int) -> None:
-        self.stats.loads += 1
-        self.stats.copied_bytes += sum(t.nbytes for t in self._groups[index].tensors)
-
-    @property
-    def staging_bytes(self) -> int:
-        """Device bytes the streamed weights hold: the staging slots."""
-        return self.slot_bytes * len(self._slots)
+    def stream_more_within(self, budget_bytes: int, *, kv_cache_bytes: int, activation_bytes: int) -> int:
+        """0: a GPU streamer plans once (its pinned buffers and device slots are sized for that plan)."""
+        return 0
 
     @property
     def host_bytes(self) -> int:
@@ -319,9 +261,3 @@ class CudaWeightStreamer:
         self._active.clear()
         self._attached = False
         self.model._memwarden_streamer = None  # type: ignore[assignment]
-
-    def __enter__(self) -> CudaWeightStreamer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.detach()

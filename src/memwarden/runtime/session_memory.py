@@ -39,8 +39,7 @@ from memwarden.runtime.session_owned import BudgetError, Owned
 from memwarden.units import format_bytes
 
 if TYPE_CHECKING:
-    from memwarden.runtime.offload import WeightStreamer
-    from memwarden.runtime.offload_cuda import CudaWeightStreamer
+    from memwarden.runtime.streaming import Streamer
 
 _MIN_SAFETY_BYTES = 256 * 1024  # per-thread kernel workspaces seen on CPU (SDPA) are this order
 _LIMIT_STEP_BYTES = 8 * 2**20  # the least the margin grows by when a real limit refuses an allocation
@@ -181,7 +180,7 @@ class SessionMemory:
         self._release()
 
     @property
-    def streamer(self) -> WeightStreamer | CudaWeightStreamer | None:
+    def streamer(self) -> Streamer[Any, Any] | None:
         return self._owned.streamer
 
     @property
@@ -332,37 +331,30 @@ class SessionMemory:
 
     def restream(self, budget: int) -> bool:
         """Stream (more of) the weights now, for the current pool and activation reserve; whether that
-        freed anything. A running CPU streamer adds groups (the streamed ones stay where they are)."""
+        freed anything. A running streamer streams more where it can (the streamed groups stay where
+        they are; a GPU streamer plans once)."""
         from memwarden.plan.placement import PlacementError
-        from memwarden.runtime.offload import WeightStreamer
-        from memwarden.runtime.offload_plan import plan_streaming
 
         before = self.weights_bytes
-        if isinstance(self.streamer, WeightStreamer):
-            try:
-                placement = plan_streaming(
-                    self.model,
-                    max(1, self.admissible(budget)),
-                    kv_cache_bytes=self.pool.nbytes,
-                    activation_bytes=self.activation_reserve_bytes,
-                    offload_dir=self.streamer.offload_dir,
-                )
-            except PlacementError:
-                return False
-            if self.streamer.stream_more(placement):
-                self.weights_bytes = state_bytes(self.model) + self.streamer.staging_bytes
-                self.log.note(
-                    "stream",
-                    f"more weights streamed: {format_bytes(self.weights_bytes)} resident",
-                    budget_bytes=budget,
-                    resident_bytes=self.weights_bytes,
-                )
-        elif self.streamer is None:
+        streamer = self.streamer
+        if streamer is None:
             try:
                 self._stream(budget, self.pool.nbytes, self.activation_reserve_bytes)
             except (BudgetError, PlacementError):
                 self._stream(budget, self.pool.nbytes, 0)  # the most that can be streamed
-        return self.weights_bytes < before  # (the GPU streamer plans once)
+        elif streamer.stream_more_within(
+            max(1, self.admissible(budget)),
+            kv_cache_bytes=self.pool.nbytes,
+            activation_bytes=self.activation_reserve_bytes,
+        ):
+            self.weights_bytes = state_bytes(self.model) + streamer.staging_bytes
+            self.log.note(
+                "stream",
+                f"more weights streamed: {format_bytes(self.weights_bytes)} resident",
+                budget_bytes=budget,
+                resident_bytes=self.weights_bytes,
+            )
+        return self.weights_bytes < before
 
     def _stream(self, budget: int, kv_bytes: int, reserve: int) -> None:
         """Weights that do not fit stay in safetensors files, memory-mapped, and stream through two
