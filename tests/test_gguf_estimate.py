@@ -382,3 +382,45 @@ def test_projector_given_as_model_and_unknown_projector(files: dict[str, Path], 
     odd = write_mmproj(tmp_path / "odd.gguf", "cogvlm", image_size=224, patch_size=14)
     with pytest.raises(InputError, match="not estimated yet"):
         estimate_gguf(str(files["f16"]), mmproj_path=str(odd))
+
+
+@pytest.mark.parametrize("cache", ["f16", "q8_0"])
+def test_fit_finds_the_largest_context_and_the_next_step_does_not_fit(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], cache: str
+) -> None:
+    """``--fit BUDGET`` for a llama.cpp deployment: the answer's -c, fed back to the plain estimate
+    with the same budget, fits; one llama.cpp step (256) up does not; the printed flags are the
+    estimate's."""
+    lm, mm = str(files["q4k"]), str(files["qwen2vl"])
+    base = ["estimate", lm, "--mmproj", mm, "--image", "640x480", "-ctk", cache, "-ctv", cache, "-fa", "on"]
+    full = estimate_gguf(lm, mmproj_path=mm, images=((640, 480),), cache_type_k=cache, cache_type_v=cache)
+    small = estimate_gguf(lm, mmproj_path=mm, images=((640, 480),), cache_type_k=cache, cache_type_v=cache, n_ctx=256)
+    budget = (full.peak_bytes + small.peak_bytes) // 2  # somewhere between the smallest and the whole context
+    assert main([*base, "--fit", str(budget), "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)["fit"]
+    n = fit["value"]
+    assert fit["solve"] == "context" and 256 <= n < full.context.n_ctx and n % 256 == 0
+    assert fit["next_value"] == n + 256 and fit["next_judged_bytes"] > budget >= fit["judged_bytes"]
+    assert main([*base, "-c", str(n), "--budget", str(budget)]) == 0
+    assert main([*base, "-c", str(n + 256), "--budget", str(budget)]) == 1
+    flags = fit["flags"]
+    assert flags[:3] == ["llama-mtmd-cli", "-m", lm] and flags[flags.index("-c") + 1] == str(n)
+    assert flags[flags.index("-ctk") + 1] == cache
+    capsys.readouterr()
+    assert main([*base, "--fit", str(budget)]) == 0
+    text = capsys.readouterr().out
+    assert f"largest context that fits: -c {n}" in text and "run: llama-mtmd-cli" in text
+    # nothing fits: a clear answer and exit 1; the whole context fits: the model's own n_ctx
+    assert main([*base, "--fit", "1MiB"]) == 1
+    assert "does not fit at any context" in capsys.readouterr().out
+    assert main([*base, "--fit", "64GiB", "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)["fit"]
+    assert whole["next_value"] is None and whole["value"] == full.text.n_ctx_train
+
+
+def test_fit_refuses_what_does_not_apply(files: dict[str, Path]) -> None:
+    lm = str(files["f16"])
+    assert main(["estimate", lm, "--fit", "1GiB", "--solve", "image"]) == 2
+    assert main(["estimate", lm, "--fit", "1GiB", "--budget", "1GiB"]) == 2
+    assert main(["estimate", lm, "--runtime", "transformers"]) == 2
+    assert main(["estimate", "qwen2-vl-2b-instruct", "--runtime", "llama.cpp"]) == 2

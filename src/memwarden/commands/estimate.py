@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 from typing import Any
 
 from memwarden.commands._help import renamed
@@ -121,8 +122,14 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--solve",
         default=None,
-        choices=("image", "images", "frames", "prompt-tokens", "new-tokens", "batch"),
-        help="with --fit: the setting to make as large as fits (the others as given)",
+        choices=("image", "images", "frames", "prompt-tokens", "new-tokens", "batch", "context"),
+        help="with --fit: the setting to make as large as fits (the others as given; context: a .gguf MODEL's -c)",
+    )
+    p.add_argument(
+        "--runtime",
+        default=None,
+        choices=("transformers", "llama.cpp"),
+        help="the runtime to estimate for (default: llama.cpp for a .gguf MODEL, else transformers)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _register_gguf(p)
@@ -206,9 +213,13 @@ def _dtype(value: str | None) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     if str(args.model).lower().endswith(".gguf"):
+        if args.runtime == "transformers":
+            raise InputError("a .gguf MODEL runs in llama.cpp: --runtime llama.cpp (or leave --runtime out)")
         return _run_gguf(args)
     if args.mmproj or args.budget:
         raise InputError("--mmproj and --budget apply to a .gguf MODEL (llama.cpp)")
+    if args.runtime == "llama.cpp" or args.solve == "context":
+        raise InputError("--runtime llama.cpp and --solve context take a .gguf MODEL (with --mmproj for its projector)")
     args.batch = args.batch if args.batch is not None else "1"
     from memwarden.commands._common import print_json
     from memwarden.estimation.run import estimate, load_device, parse_image, parse_video, sweep
@@ -319,25 +330,48 @@ def _device_state(path: str | None, card: Any, device: Any, largest_buffer: str 
 def _run_gguf(args: argparse.Namespace) -> int:
     """A llama.cpp deployment, from the GGUF headers (memwarden.estimation.gguf)."""
     from memwarden.commands._common import print_json
-    from memwarden.estimation.gguf.estimate import estimate_gguf
-    from memwarden.estimation.run import load_device, parse_image
+    from memwarden.estimation.run import load_device
     from memwarden.units import parse_bytes
 
-    if args.budget is not None and args.device:
-        raise InputError("give --budget or --device-profile, not both")
+    if sum(x is not None and x != [] for x in (args.budget, args.device or None, args.fit)) > 1:
+        raise InputError("give one of --budget, --device-profile or --fit")
     if len(args.device) > 1:
         raise InputError("a .gguf MODEL takes one --device-profile")
+    if args.solve not in (None, "context"):
+        raise InputError(f"--solve {args.solve}: a .gguf MODEL solves its context (--solve context)")
     budget = None
-    if args.budget is not None:
+    device = load_device(args.device[0]) if args.device else None
+    if args.budget is not None or args.fit is not None:
+        flag, value = ("--budget", args.budget) if args.budget is not None else ("--fit", args.fit)
         try:
-            budget = parse_bytes(args.budget)
+            budget = parse_bytes(value)
         except (TypeError, ValueError) as exc:
-            raise InputError(f"--budget: {exc}") from None
-    result = estimate_gguf(
+            if flag == "--budget":
+                raise InputError(f"--budget: {exc}") from None
+            device = load_device(value)  # --fit DEVICE (an unknown one: its own clear error)
+
+    def at(n_ctx: int) -> Any:
+        return _estimate_gguf(args, n_ctx, budget, device)
+
+    if args.fit is not None:
+        return _fit_gguf(args, at)
+    result = at(_int(args.context, "--context"))
+    if args.json or args.format == "json":
+        print_json(result.to_json())
+    else:
+        print(result.to_text(), end="")
+    return 1 if result.fits is False else 0
+
+
+def _estimate_gguf(args: argparse.Namespace, n_ctx: int, budget: int | None, device: Any) -> Any:
+    from memwarden.estimation.gguf.estimate import estimate_gguf
+    from memwarden.estimation.run import parse_image
+
+    return estimate_gguf(
         args.model,
         mmproj_path=args.mmproj,
         images=tuple(parse_image(v) for v in args.image),
-        n_ctx=_int(args.context, "--context"),
+        n_ctx=n_ctx,
         cache_type_k=args.cache_type_k,
         cache_type_v=args.cache_type_v,
         flash_attn=args.flash_attn,
@@ -349,10 +383,52 @@ def _run_gguf(args: argparse.Namespace) -> int:
         image_max_tokens=_int(args.image_max_tokens, "--image-max-tokens"),
         mmproj_offload=not args.no_mmproj_offload,
         budget_bytes=budget,
-        device=load_device(args.device[0]) if args.device else None,
+        device=device,
     )
+
+
+def _fit_gguf(args: argparse.Namespace, at: Any) -> int:
+    """``--fit`` for a llama.cpp deployment: the largest -c that fits, and the flags that run it."""
+    from memwarden.commands._common import print_json
+    from memwarden.estimation.gguf.fit import fit_context
+    from memwarden.units import format_bytes
+
+    first = at(0)  # the model's own context: the search's top
+    answer = fit_context(at, first.text.n_ctx_train, n_ctx_min=first.image_tokens + 1)  # the images and a token
+    flags = _llama_flags(args, answer.n_ctx) if answer.n_ctx is not None else None
     if args.json or args.format == "json":
-        print_json(result.to_json())
+        print_json({**answer.at.to_json(), "fit": {**answer.to_json(), "flags": flags}})
+    elif answer.n_ctx is None:
+        print(
+            f"does not fit at any context: at -c {answer.next_ctx} the deployment needs "
+            f"{format_bytes(answer.at.judged_bytes)} "
+            f"of {format_bytes(answer.at.budget_bytes or 0)} (the weights and the projector alone do not fit; "
+            f"offload fewer layers, quantize the model or the KV cache, or use a smaller model)"
+        )
     else:
-        print(result.to_text(), end="")
-    return 1 if result.fits is False else 0
+        print(answer.at.to_text(), end="")
+        top = "the model's whole training context" if answer.next_ctx is None else f"-c {answer.next_ctx} does not"
+        nxt = f" ({format_bytes(answer.next.judged_bytes)})" if answer.next is not None else ""
+        print(
+            f"largest context that fits: -c {answer.n_ctx} ({format_bytes(answer.at.judged_bytes)} of "
+            f"{format_bytes(answer.at.budget_bytes or 0)}); {top}{nxt}"
+        )
+        print("run: " + " ".join(shlex.quote(f) for f in flags or []))
+    return 1 if answer.n_ctx is None else 0
+
+
+def _llama_flags(args: argparse.Namespace, n_ctx: int) -> list[str]:
+    """The llama-mtmd-cli command line of the answer (every llama.cpp flag the estimate used)."""
+    out = ["llama-mtmd-cli", "-m", str(args.model)]
+    if args.mmproj:
+        out += ["--mmproj", str(args.mmproj)]
+    out += ["-c", str(n_ctx), "-ctk", args.cache_type_k, "-ctv", args.cache_type_v, "-fa", args.flash_attn]
+    out += ["-ngl", str(args.n_gpu_layers), "-b", str(args.batch or 2048), "-ub", str(args.ubatch)]
+    if str(args.parallel) != "1":
+        out += ["-np", str(args.parallel)]
+    for flag, value in (("--image-min-tokens", args.image_min_tokens), ("--image-max-tokens", args.image_max_tokens)):
+        if str(value) != "-1":
+            out += [flag, str(value)]
+    if args.no_mmproj_offload:
+        out.append("--no-mmproj-offload")
+    return out
