@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from memwarden.units import format_bytes
+from memwarden.units import DTYPE_BYTES, format_bytes
 
 __all__ = [
-    "DTYPE_BYTES",
+    "PARAM_BYTES",
     "PHASES",
     "CARD_KEYS",
     "Device",
@@ -46,15 +46,15 @@ CARD_KEYS = (
     "processor",
 )
 
-# Bytes per element (per parameter for quantized weights, scales included; see memwarden.estimation.suggest).
-DTYPE_BYTES: dict[str, float] = {
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "float8": 1,
-    "int8": 1,
-    "int4": 0.5625,
-    "nf4": 0.5625,
+# Bytes a parameter takes stored as each dtype a request names (``dtype``, ``weights_dtype``,
+# ``kv_dtype``): an element's bytes (the one table, ``memwarden.units.DTYPE_BYTES``), except that
+# 4-bit weights are packed two to a byte with one fp32 absmax per 64 weights (NF4's layout, see
+# memwarden.estimation.suggest), where units counts a byte per 4-bit element as ONNX Runtime stores it.
+PARAM_BYTES: dict[str, float] = {
+    **{name: DTYPE_BYTES[name] for name in ("float32", "float16", "bfloat16", "int8")},
+    "float8": DTYPE_BYTES["float8_e4m3fn"],  # either float8 layout: one byte
+    "int4": 0.5 + DTYPE_BYTES["float32"] / 64,  # 0.5625
+    "nf4": 0.5 + DTYPE_BYTES["float32"] / 64,
 }
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from memwarden.estimation.card import DTYPE_BYTES, MemoryCard, ModelFacts, Request, Suggestion
+from memwarden.estimation.card import PARAM_BYTES, MemoryCard, ModelFacts, Request, Suggestion
 from memwarden.units import format_bytes
 
 __all__ = ["arithmetic_suggestions", "rank_suggestions"]
@@ -65,10 +65,10 @@ def arithmetic_suggestions(
     out: list[Suggestion] = []
     request = card.request or Request()
     elem = facts.dtype_bytes
-    current_w = DTYPE_BYTES.get(request.weights_dtype or "", elem)
+    current_w = PARAM_BYTES.get(request.weights_dtype or "", elem)
     prefill_tokens = sum(card.tokens.values())
     for qdtype in ("int8", "int4"):
-        q = DTYPE_BYTES[qdtype]
+        q = PARAM_BYTES[qdtype]
         if q >= current_w:
             continue
         saved = int(facts.linear_weight_bytes * (1 - q / current_w))
@@ -89,7 +89,7 @@ def arithmetic_suggestions(
                 f"+{format_bytes(dequant)} for one dequantized weight during prefill",
             )
         )
-    kv_elem = DTYPE_BYTES.get(request.kv_dtype or "", elem)
+    kv_elem = PARAM_BYTES.get(request.kv_dtype or "", elem)
     if card.kv_cache_bytes and kv_elem > 1:
         layers = max(facts.decoder_layers, 1)
 

@@ -25,6 +25,7 @@ from memwarden.errors import InputError
 from memwarden.models.compute_units import ComputeUnitSpec
 from memwarden.plan.partition import PartitionProblem
 from memwarden.plan.partition_shapes import load_shaped
+from memwarden.units import DTYPE_BYTES
 
 __all__ = ["OP_CLASS", "load_problem", "op_class", "problem_of"]
 
@@ -153,9 +154,11 @@ _ELEMENTWISE = frozenset(
         "Mish",
     ]
 )
-_FLOAT_BYTES = {1: 4, 10: 2, 16: 2, 11: 8}  # TensorProto FLOAT, FLOAT16, BFLOAT16, DOUBLE
+_FLOAT_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}  # TensorProto FLOAT, FLOAT16, ...
+_FLOAT_BYTES = {code: DTYPE_BYTES[name] for code, name in _FLOAT_TYPES.items()}  # sizes: memwarden.units
 _DTYPE_NAME = {1: "fp32", 10: "fp16", 16: "bf16", 11: "fp64", 3: "int8", 2: "int8"}
-_DEPLOY_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+_DEPLOY_TYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}  # --dtype's names
+_DEPLOY_BYTES = {short: DTYPE_BYTES[name] for short, name in _DEPLOY_TYPES.items()}
 _OP_COMPONENT = re.compile(r"^[A-Z]")
 
 
