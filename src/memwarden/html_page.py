@@ -5,16 +5,26 @@ stylesheet inline, no external resource, and a Content-Security-Policy that allo
 (no script unless a page names its own by hash). Every page generator (the trace report, the
 comparison of two traces, the partition plan, the stress campaign) gives its title, stylesheet and
 body here, so the head of every page, its escaping and its policy are written once.
+
+The house stylesheet (``html_page.css``, beside this module) belongs here too, not to ``report/``:
+the stress campaign's page (``resilience/``) sits below ``report/`` in the layers and shares it.
 """
 
 from __future__ import annotations
 
-from html import escape
+import html
+from importlib import resources
+from typing import Any
 
-__all__ = ["STRICT_CSP", "html_page"]
+__all__ = ["STRICT_CSP", "escape", "html_page", "report_page"]
 
 # nothing but inline styles and data: images; a page with a script adds its hash (report/html.py)
 STRICT_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+
+def escape(value: Any) -> str:
+    """``value`` as text safe inside an element or a quoted attribute (``&``, ``<``, ``>``, both quotes)."""
+    return html.escape(str(value), quote=True)
 
 
 def html_page(title: str, body: str, *, style: str, csp: str = STRICT_CSP) -> str:
@@ -35,3 +45,10 @@ def html_page(title: str, body: str, *, style: str, csp: str = STRICT_CSP) -> st
 </body>
 </html>
 """
+
+
+def report_page(title: str, body: str, *, csp: str = STRICT_CSP) -> str:
+    """:func:`html_page` in the house style of memwarden's reports (the trace report, a stress
+    campaign): the stylesheet shipped beside this module, inline."""
+    style = resources.files("memwarden").joinpath("html_page.css").read_text(encoding="utf-8")
+    return html_page(title, body, style=style, csp=csp)

@@ -1,8 +1,8 @@
 """A self-contained HTML report of a Trace: one file, every asset inline.
 
 ``render_html`` is pure (Trace, or its shared ``Analysis``, in; string out); ``write_html`` is the
-only I/O. The page works air-gapped: the stylesheet and the plotting script ship
-in ``report/assets`` and are inlined, images are data: URIs, and a
+only I/O. The page works air-gapped: the plotting script ships in ``report/assets`` and the
+house stylesheet beside ``html_page.py`` (shared with the stress page), both inlined; images are data: URIs, and a
 Content-Security-Policy forbids every fetch (``default-src 'none'``) and lets
 only our own script run (pinned by its sha256), so a report cannot phone home
 and a string from a trace cannot run as code even if escaping failed.
@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import hashlib
-import html
 import json
 import os
 import re
@@ -32,7 +31,7 @@ import numpy as np
 
 from memwarden.analyze.analysis import Analysis
 from memwarden.analyze.timeline import Summary
-from memwarden.html_page import html_page
+from memwarden.html_page import escape, report_page
 from memwarden.report.html_tables import PALETTE, breakdowns, heaviest_modules, sites
 from memwarden.report.resident import resident_section_html
 from memwarden.trace.model import Modality, Phase, SpanKind, Trace, enum_name
@@ -64,10 +63,6 @@ class Section:
 
 
 # -- formatting -------------------------------------------------------------------
-
-
-def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def _json_for_script(payload: Any) -> str:
@@ -235,21 +230,21 @@ def _header(trace: Trace, summ: Summary, title: str) -> str:
     ]
     if summ.file_backed_bytes_at_peak:
         cards.append(("File-backed at peak", format_bytes(summ.file_backed_bytes_at_peak), "mmap'd, reclaimable"))
-    fact_html = "".join(f"<div><dt>{_esc(k)}</dt><dd>{_esc(v)}</dd></div>" for k, v in facts)
+    fact_html = "".join(f"<div><dt>{escape(k)}</dt><dd>{escape(v)}</dd></div>" for k, v in facts)
     card_html = "".join(
-        f'<div class="mw-card"><div class="mw-card-label">{_esc(k)}</div>'
-        f'<div class="mw-card-value">{_esc(v)}</div><div class="mw-card-note">{_esc(n)}</div></div>'
+        f'<div class="mw-card"><div class="mw-card-label">{escape(k)}</div>'
+        f'<div class="mw-card-value">{escape(v)}</div><div class="mw-card-note">{escape(n)}</div></div>'
         for k, v, n in cards
     )
     rest = [(k, _meta_text(k, v)) for k, v in meta.items() if k not in used]
     details = ""
     if rest:
-        rows = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rest)
+        rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rest)
         details = (
             f'<details class="mw-meta"><summary>All metadata ({len(rest)})</summary><table>{rows}</table></details>'
         )
     return (
-        f'<header class="mw-header"><h1>{_esc(title)}</h1><dl class="mw-facts">{fact_html}</dl>'
+        f'<header class="mw-header"><h1>{escape(title)}</h1><dl class="mw-facts">{fact_html}</dl>'
         f'<div class="mw-cards">{card_html}</div>{details}</header>'
     )
 
@@ -295,7 +290,6 @@ def render_html(
     model = trace.metadata.get("model") or trace.metadata.get("model_name")
     page_title = title or (f"memwarden report: {model}" if model else "memwarden report")
     script = _asset("report.js")
-    style = _asset("report.css")
     script_hash = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
     csp = f"default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'"
 
@@ -311,17 +305,17 @@ def render_html(
     nav = [(sid, sec.title) for sid, sec in zip(lead_ids, lead_sections, strict=True)]
     nav += [("timeline", "Timeline"), ("breakdown", "Breakdown"), ("sites", "Top sites"), ("modules", "Modules")]
     nav += [(sid, sec.title) for sid, sec in zip(extra_ids, sections, strict=True)]
-    nav_html = "".join(f'<a href="#{_esc(sid)}">{_esc(text)}</a>' for sid, text in nav)
+    nav_html = "".join(f'<a href="#{escape(sid)}">{escape(text)}</a>' for sid, text in nav)
 
     def section_html(ids: list[str], secs: Sequence[Section]) -> str:
         return "".join(
-            f'<section id="{_esc(sid)}" class="mw-section"><h2>{_esc(sec.title)}</h2>{sec.html}</section>'
+            f'<section id="{escape(sid)}" class="mw-section"><h2>{escape(sec.title)}</h2>{sec.html}</section>'
             for sid, sec in zip(ids, secs, strict=True)
         )
 
     lead_html = section_html(lead_ids, lead_sections)
     extra_html = section_html(extra_ids, sections)
-    answer_html = f'<p id="answer" class="mw-answer">{_esc(answer)}</p>' if answer else ""
+    answer_html = f'<p id="answer" class="mw-answer">{escape(answer)}</p>' if answer else ""
     n_modules = int(np.count_nonzero(trace.spans["kind"] == SpanKind.MODULE))
     body = f"""{_header(trace, summ, page_title)}
 {answer_html}
@@ -352,7 +346,7 @@ def render_html(
 <script type="application/json" id="mw-data">{_json_for_script(_payload(analysis, markers))}</script>
 <script>{script}</script>
 """
-    return html_page(page_title, body.rstrip("\n"), style=style, csp=csp)
+    return report_page(page_title, body.rstrip("\n"), csp=csp)
 
 
 def write_html(trace: Trace, path: str | os.PathLike[str], **kwargs: Any) -> Path:

@@ -3,13 +3,13 @@ top allocation sites (weights apart, as the terminal shows them) and the heavies
 
 from __future__ import annotations
 
-import html
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from memwarden.analyze.timeline import Summary
+from memwarden.html_page import escape
 from memwarden.trace.model import Modality, Phase, SpanKind, Trace, enum_name
 from memwarden.units import format_bytes, format_us
 
@@ -49,10 +49,6 @@ PALETTE: dict[str, dict[str, str]] = {
 }
 
 
-def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
 def _bar_table(
     rows: Iterable[tuple[str, int]], scale_bytes: int, colors: dict[str, str], label: str, share: str
 ) -> str:
@@ -61,14 +57,14 @@ def _bar_table(
         return '<p class="mw-empty">nothing recorded</p>'
     scale = max(scale_bytes, max(abs(b) for _, b in rows), 1)
     out = [
-        f'<table class="mw-bars"><thead><tr><th>{_esc(label)}</th><th class="num">bytes</th><th class="num">{_esc(share)}</th><th></th></tr></thead><tbody>'
+        f'<table class="mw-bars"><thead><tr><th>{escape(label)}</th><th class="num">bytes</th><th class="num">{escape(share)}</th><th></th></tr></thead><tbody>'
     ]
     for name, nbytes in rows:
         width = max(0.0, 100.0 * nbytes / scale)
         color = colors.get(name, "#888")
         out.append(
-            f'<tr><td><span class="mw-swatch" style="background:{color}"></span>{_esc(name)}</td>'
-            f'<td class="num">{_esc(format_bytes(nbytes))}</td><td class="num">{width:.1f}%</td>'
+            f'<tr><td><span class="mw-swatch" style="background:{color}"></span>{escape(name)}</td>'
+            f'<td class="num">{escape(format_bytes(nbytes))}</td><td class="num">{width:.1f}%</td>'
             f'<td class="mw-bar-cell"><div class="mw-bar" style="width:{width:.2f}%;background:{color}"></div></td></tr>'
         )
     out.append("</tbody></table>")
@@ -109,7 +105,7 @@ def sites(summ: Summary) -> str:
         total = sum(x.nbytes for x in weights)
         out.append(
             f'<details class="mw-weights"><summary>Weights and buffers: {len(weights)} sites, '
-            f"{_esc(format_bytes(total))} at the peak (constant after load; {_esc(format_bytes(summ.weights_bytes))} "
+            f"{escape(format_bytes(total))} at the peak (constant after load; {escape(format_bytes(summ.weights_bytes))} "
             f"in all)</summary>{_site_table(weights, peak)}</details>"
         )
     return "".join(out)
@@ -120,10 +116,10 @@ _WEIGHTS = ("weight", "buffer")
 
 def _site_table(rows: list[Any], peak: int) -> str:
     body = "".join(
-        f'<tr><td class="num">{_esc(format_bytes(s.nbytes))}</td><td class="num">{100 * s.nbytes / peak:.1f}%</td>'
-        f'<td class="mw-path">{_esc(s.module)}</td><td>{_esc(s.op)}</td>'
-        f'<td><span class="mw-swatch" style="background:{PALETTE["category"].get(s.category, "#888")}"></span>{_esc(s.category)}</td>'
-        f'<td><span class="mw-swatch" style="background:{PALETTE["modality"].get(s.modality, "#888")}"></span>{_esc(s.modality)}</td>'
+        f'<tr><td class="num">{escape(format_bytes(s.nbytes))}</td><td class="num">{100 * s.nbytes / peak:.1f}%</td>'
+        f'<td class="mw-path">{escape(s.module)}</td><td>{escape(s.op)}</td>'
+        f'<td><span class="mw-swatch" style="background:{PALETTE["category"].get(s.category, "#888")}"></span>{escape(s.category)}</td>'
+        f'<td><span class="mw-swatch" style="background:{PALETTE["modality"].get(s.modality, "#888")}"></span>{escape(s.modality)}</td>'
         f'<td class="num">{s.count:,}</td></tr>'
         for s in rows
     )
@@ -156,11 +152,11 @@ def heaviest_modules(trace: Trace) -> str:
         shown = ", ".join(prints[:3]) + (f" (+{len(prints) - 3} more)" if len(prints) > 3 else "")
         modality = enum_name(Modality(int(s["modality"][first])))
         out.append(
-            f'<tr><td class="mw-path">{_esc(trace.string(int(uniq[g])) or "(unnamed)")}</td>'
-            f'<td><span class="mw-swatch" style="background:{PALETTE["modality"][modality]}"></span>{_esc(modality)}</td>'
-            f'<td class="num">{int(calls[g]):,}</td><td class="num">{_esc(format_us(total[g]))}</td>'
-            f'<td class="num">{_esc(format_us(longest[g]))}</td>'
-            f'<td class="num">{len(prints):,}</td><td class="mw-fp">{_esc(shown) or "—"}</td></tr>'
+            f'<tr><td class="mw-path">{escape(trace.string(int(uniq[g])) or "(unnamed)")}</td>'
+            f'<td><span class="mw-swatch" style="background:{PALETTE["modality"][modality]}"></span>{escape(modality)}</td>'
+            f'<td class="num">{int(calls[g]):,}</td><td class="num">{escape(format_us(total[g]))}</td>'
+            f'<td class="num">{escape(format_us(longest[g]))}</td>'
+            f'<td class="num">{len(prints):,}</td><td class="mw-fp">{escape(shown) or "—"}</td></tr>'
         )
     return (
         '<table class="mw-table"><thead><tr><th>module</th><th>modality</th><th class="num">calls</th>'

@@ -1,30 +1,23 @@
 """A self-contained HTML comparison of two campaigns (``memwarden stress --html``).
 
-Same house rules as ``report/html.py``: one file, the stylesheet inlined from
-``report/assets``, charts as inline SVG (no script at all), and a Content-Security-Policy of
+Same house rules as ``report/html.py``: one file, the house stylesheet inlined
+(``html_page.report_page``), charts as inline SVG (no script at all), and a Content-Security-Policy of
 ``default-src 'none'`` so the page fetches nothing and runs nothing. Every string that came
 from a config or a worker (names, error text) is HTML-escaped.
 """
 
 from __future__ import annotations
 
-import html
 import os
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from memwarden.html_page import html_page
+from memwarden.html_page import escape, report_page
 from memwarden.units import format_bytes
 
 __all__ = ["render_stress_html", "render_sweep_html", "write_stress_html", "write_sweep_html"]
 
 _COLORS = {"ok": "#59a14f", "oom": "#e15759", "crash": "#b07aa1", "lost": "#bab0ac", "a": "#4e79a7", "b": "#f28e2b"}
-_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
-
-
-def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def _s(value: float | None) -> str:
@@ -82,7 +75,7 @@ def _cdf(result: dict[str, Any], records: dict[str, list[dict[str, Any]]]) -> st
         for i, v in enumerate(values):
             d += f" L{x_of(v):.1f},{y_of(i / n):.1f} L{x_of(v):.1f},{y_of((i + 1) / n):.1f}"
         d += f" L{x_of(top):.1f},{y_of(1):.1f}"
-        name = _esc(result[side]["name"])
+        name = escape(result[side]["name"])
         dots = "".join(
             f'<circle cx="{x_of(v):.1f}" cy="{y_of((i + 1) / n):.1f}" r="2.5" fill="{_COLORS[side]}">'
             f"<title>{side.upper()}: request answered in {_s(v)} ({i + 1} of {n})</title></circle>"
@@ -112,7 +105,7 @@ def _cdf(result: dict[str, Any], records: dict[str, list[dict[str, Any]]]) -> st
     )
     legend = "".join(
         f'<span class="mw-legend-item"><span style="display:inline-block;width:12px;height:3px;background:{_COLORS[k]}"></span>'
-        f"{k.upper()}: {_esc(result[k]['name'])} ({len(lat.get(k, []))} answered)</span>"
+        f"{k.upper()}: {escape(result[k]['name'])} ({len(lat.get(k, []))} answered)</span>"
         for k in ("a", "b")
     )
     return (
@@ -123,7 +116,7 @@ def _cdf(result: dict[str, Any], records: dict[str, list[dict[str, Any]]]) -> st
 
 def _table(result: dict[str, Any]) -> str:
     rows = [
-        ("serving mode", lambda s: _esc(s["mode"])),
+        ("serving mode", lambda s: escape(s["mode"])),
         ("requests", lambda s: s["requests"]),
         ("ok", lambda s: s["ok"]),
         ("oom", lambda s: s["oom"]),
@@ -144,7 +137,7 @@ def _table(result: dict[str, Any]) -> str:
         ("peak RSS max", lambda s: _b(s["peak_rss_max_bytes"])),
         ("by status", _status_bars),
     ]
-    head = f"<tr><th></th><th>A: {_esc(result['a']['name'])}</th><th>B: {_esc(result['b']['name'])}</th></tr>"
+    head = f"<tr><th></th><th>A: {escape(result['a']['name'])}</th><th>B: {escape(result['b']['name'])}</th></tr>"
     body = "".join(
         f'<tr><th>{label}</th><td class="num">{fn(result["a"])}</td><td class="num">{fn(result["b"])}</td></tr>'
         for label, fn in rows
@@ -157,8 +150,8 @@ def _failures(records: dict[str, list[dict[str, Any]]]) -> str:
     if not rows:
         return '<p class="mw-empty">no failed request</p>'
     body = "".join(
-        f'<tr><td>{side.upper()}</td><td class="num">{r["index"]}</td><td>{_esc(r["status"])}</td>'
-        f'<td class="num">{_s(r["latency_s"])}</td><td>{_esc((r.get("error") or "")[:300])}</td></tr>'
+        f'<tr><td>{side.upper()}</td><td class="num">{r["index"]}</td><td>{escape(r["status"])}</td>'
+        f'<td class="num">{_s(r["latency_s"])}</td><td>{escape((r.get("error") or "")[:300])}</td></tr>'
         for side, r in rows
     )
     return (
@@ -184,11 +177,11 @@ def render_stress_html(result: dict[str, Any], records: dict[str, list[dict[str,
         ("p50 latency B − A, 95% CI", "–" if not diff else f"{_signed(diff[0])} … {_signed(diff[1])}"),
         ("answers equal (ok on both sides)", f"{result['outputs_equal']} / {result['outputs_compared']}"),
     ]
-    facts_html = "".join(f"<div><dt>{_esc(k)}</dt><dd>{_esc(v)}</dd></div>" for k, v in facts)
+    facts_html = "".join(f"<div><dt>{escape(k)}</dt><dd>{escape(v)}</dd></div>" for k, v in facts)
     return _page(
         title,
-        f"""<header class="mw-header"><h1>{_esc(title)}</h1><dl class="mw-facts">{facts_html}</dl>
-<p>{_esc(verdict)}.</p></header>
+        f"""<header class="mw-header"><h1>{escape(title)}</h1><dl class="mw-facts">{facts_html}</dl>
+<p>{escape(verdict)}.</p></header>
 <section id="summary" class="mw-section"><h2>Summary</h2>{_table(result)}</section>
 <section id="latency" class="mw-section"><h2>Latency of answered requests (CDF)</h2>{_cdf(result, records)}</section>
 <section id="failures" class="mw-section"><h2>Failed requests</h2>{_failures(records)}</section>
@@ -198,9 +191,8 @@ def render_stress_html(result: dict[str, Any], records: dict[str, list[dict[str,
 
 def _page(title: str, body: str) -> str:
     """A self-contained page: the report stylesheet inline, no script, a strict CSP."""
-    style = resources.files("memwarden.report").joinpath("assets", "report.css").read_text(encoding="utf-8")
     footer = '<footer class="mw-footer">memwarden · self-contained report, works offline</footer>'
-    return html_page(title, f"{body}{footer}", style=style, csp=_CSP)
+    return report_page(title, f"{body}{footer}")
 
 
 def write_stress_html(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
@@ -231,7 +223,7 @@ def _curves(data: dict[str, Any]) -> str:
     for p in points:
         parts.append(
             f'<text x="{x(p["value"]):.1f}" y="{h - bottom + 16}" text-anchor="middle" '
-            f'font-size="11">{_esc(p["label"])}</text>'
+            f'font-size="11">{escape(p["label"])}</text>'
         )
     for side, shift in (("a", -3), ("b", 3)):
         color = _COLORS[side]
@@ -242,12 +234,14 @@ def _curves(data: dict[str, Any]) -> str:
             parts.append(
                 f'<line x1="{cx:.1f}" y1="{y(p[side]["low"]):.1f}" x2="{cx:.1f}" y2="{y(p[side]["high"]):.1f}" '
                 f'stroke="{color}" stroke-width="1"/><circle cx="{cx:.1f}" cy="{y(p[side]["rate"]):.1f}" r="3" '
-                f'fill="{color}"><title>{_esc(data[side + "_name"])} at {_esc(p["label"])}: '
+                f'fill="{color}"><title>{escape(data[side + "_name"])} at {escape(p["label"])}: '
                 f"{p[side]['failed']}/{p[side]['requests']} failed</title></circle>"
             )
     axis = f"{data['kind']}:{data['key']}"
-    parts.append(f'<text x="{(w + left) / 2}" y="{h - 6}" text-anchor="middle" font-size="12">{_esc(axis)}</text>')
-    legend = "".join(f'<span style="color:{_COLORS[s]}">&#9632; {_esc(data[s + "_name"])}</span> ' for s in ("a", "b"))
+    parts.append(f'<text x="{(w + left) / 2}" y="{h - 6}" text-anchor="middle" font-size="12">{escape(axis)}</text>')
+    legend = "".join(
+        f'<span style="color:{_COLORS[s]}">&#9632; {escape(data[s + "_name"])}</span> ' for s in ("a", "b")
+    )
     return (
         f'<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="failure rate curves">'
         f"{''.join(parts)}</svg><p>{legend}</p>"
@@ -258,7 +252,7 @@ def render_sweep_html(data: dict[str, Any]) -> str:
     """The page for ``sweep.run_sweep``'s result: the two failure-rate curves and the table; pure."""
     title = f"memwarden stress sweep: {data['a_name']} vs {data['b_name']} over {data['kind']}:{data['key']}"
     rows = "".join(
-        f"<tr><td>{_esc(p['label'])}</td>"
+        f"<tr><td>{escape(p['label'])}</td>"
         + "".join(
             f'<td class="num">{p[s]["failed"]}/{p[s]["requests"]} ({p[s]["rate"]:.0%}, '
             f'{p[s]["low"]:.0%}–{p[s]["high"]:.0%})</td><td class="num">{p[s]["oom"]}/{p[s]["crash"]}/'
@@ -269,7 +263,7 @@ def render_sweep_html(data: dict[str, Any]) -> str:
         for p in data["points"]
     )
     head = (
-        f"<tr><th>{_esc(data['kind'])}:{_esc(data['key'])}</th><th>A failed (95% CI)</th><th>A oom/crash/lost</th>"
+        f"<tr><th>{escape(data['kind'])}:{escape(data['key'])}</th><th>A failed (95% CI)</th><th>A oom/crash/lost</th>"
         "<th>B failed (95% CI)</th><th>B oom/crash/lost</th><th>Fisher p</th></tr>"
     )
     facts = [
@@ -277,10 +271,10 @@ def render_sweep_html(data: dict[str, Any]) -> str:
         ("seed", data["seed"]),
         ("also injected", ", ".join(data.get("inject") or []) or "none"),
     ]
-    facts_html = "".join(f"<div><dt>{_esc(k)}</dt><dd>{_esc(v)}</dd></div>" for k, v in facts)
+    facts_html = "".join(f"<div><dt>{escape(k)}</dt><dd>{escape(v)}</dd></div>" for k, v in facts)
     return _page(
         title,
-        f"""<header class="mw-header"><h1>{_esc(title)}</h1><dl class="mw-facts">{facts_html}</dl></header>
+        f"""<header class="mw-header"><h1>{escape(title)}</h1><dl class="mw-facts">{facts_html}</dl></header>
 <section id="curve" class="mw-section"><h2>Failure rate (requests not answered), 95% Wilson intervals</h2>
 {_curves(data)}</section>
 <section id="points" class="mw-section"><h2>Points</h2><table class="mw-table"><thead>{head}</thead>
