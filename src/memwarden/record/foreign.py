@@ -96,13 +96,17 @@ class _Restore:
 def state_dict_hook(log: ForeignLog, clock: Callable[[], int]) -> _Restore:
     """``Module.load_state_dict`` records the foreign tensors of the state dict it is given (a
     safetensors ``load_file``'s mapped tensors copied into a model already materialised: a second
-    copy of every weight, resident while it is copied), as kind ``state``. PyTorch has no global
+    copy of every weight, resident while it is copied), as kind ``state``; not with ``assign=True``
+    (no copy: they become the weights). PyTorch has no global
     hook for it, so the method is wrapped while the capture runs."""
     original = torch.nn.Module.load_state_dict
 
     @functools.wraps(original)
     def load_state_dict(module: torch.nn.Module, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
-        values = state_dict.values() if hasattr(state_dict, "values") else ()
+        # assign=True makes the mapped tensors the parameters (their pages are read when used, and
+        # the registration hooks record them as weights then); a copy reads every page now
+        assign = kwargs.get("assign", args[1] if len(args) > 1 else False)
+        values = state_dict.values() if hasattr(state_dict, "values") and not assign else ()
         t = clock()
         for value in values:
             if isinstance(value, torch.Tensor) and is_foreign(value):
