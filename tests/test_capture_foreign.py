@@ -188,3 +188,31 @@ def test_weights_already_foreign_when_a_capture_starts_are_counted_once() -> Non
     assert counts.max() == 1, f"{int((counts > 1).sum())} weight storages recorded twice"
     assert int(ev["nbytes"][weights].sum()) == sum(p.numel() * p.element_size() for p in model.parameters())
     del trace
+
+
+@pytest.mark.parametrize("assign", [False, True])
+def test_a_mapped_state_dict_copied_into_a_model_is_in_the_trace(tmp_path: Path, assign: bool) -> None:
+    """``model.load_state_dict(safetensors.torch.load_file(p))`` into a model already built: every
+    mapped tensor is read into the model's own weights, so the state dict is in the trace (MAP rows,
+    not weights) from the call on; with ``assign=True`` the mapped tensors become the weights and
+    nothing is copied."""
+    from safetensors.torch import load_file, save_file
+
+    model = _tiny_llama()
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if "lm_head" not in k}, str(path))
+    mapped = sum(v.nbytes for v in load_file(str(path)).values())
+    original = torch.nn.Module.__dict__["load_state_dict"]
+    with memwarden.capture() as cap:
+        fresh = _tiny_llama()
+        fresh.load_state_dict(load_file(str(path)), strict=False, assign=assign)
+        fresh(torch.tensor([[1, 2, 3]]))
+    trace = cap.trace
+    assert trace is not None
+    ev = trace.events
+    state = (ev["action"] == Action.MAP) & (ev["category"] != Category.WEIGHT)
+    if assign:
+        assert not state.any()
+    else:
+        assert int(ev["nbytes"][state].sum()) == mapped
+    assert torch.nn.Module.__dict__["load_state_dict"] is original  # put back when the capture stops
