@@ -1,4 +1,7 @@
-"""Reading small system files where absence and refusal are facts, not errors."""
+"""Reading small system files where absence and refusal are facts, not errors.
+
+Private to ``sources/`` (not a fact source itself): the sources import its functions by name.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,10 @@ import os
 import stat
 from pathlib import Path
 
+__all__ = ["read_int", "read_text"]
 
-def text(path: str | Path, limit_bytes: int = 65536) -> str | None:
+
+def read_text(path: str | Path, limit_bytes: int = 65536) -> str | None:
     """The file's first ``limit_bytes`` as text, or None when it is missing, unreadable or not a
     regular file (opened without blocking and checked on the descriptor: a FIFO named by an
     environment variable or planted in a cache directory must not hang the doctor; /proc and /sys
@@ -30,8 +35,8 @@ def text(path: str | Path, limit_bytes: int = 65536) -> str | None:
         os.close(fd)
 
 
-def integer(path: str | Path) -> int | None:
-    raw = text(path, 256)
+def read_int(path: str | Path) -> int | None:
+    raw = read_text(path, 256)
     try:
         return int(raw.strip()) if raw is not None else None
     except ValueError:

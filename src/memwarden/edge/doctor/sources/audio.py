@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from memwarden.edge.doctor.sources import _read
+from memwarden.edge.doctor.sources._read import read_text
 
 _FIELD = re.compile(r"^(\w+):\s*(\S+)", re.M)
 _SERVER_RATE = (
@@ -28,12 +28,12 @@ _SERVER_RATE = (
 def _devices(root: Path) -> list[dict[str, Any]]:
     devices = []
     for params in sorted(root.glob("card*/pcm*/sub*/hw_params")):
-        raw = _read.text(params, 4096)
+        raw = read_text(params, 4096)
         sub, pcm, card = params.parent, params.parent.parent, params.parent.parent.parent
         entry: dict[str, Any] = {
             "id": f"{card.name}/{pcm.name}/{sub.name}",
             "direction": "capture" if pcm.name.endswith("c") else "playback",
-            "name": ((_read.text(card / "id", 128) or "").strip() or None),
+            "name": ((read_text(card / "id", 128) or "").strip() or None),
         }
         if raw is None:
             entry["state"] = "unreadable"
@@ -53,14 +53,14 @@ def _sound_server() -> dict[str, Any] | None:
     names = set()
     try:
         for comm in Path("/proc").glob("[0-9]*/comm"):
-            names.add((_read.text(comm, 64) or "").strip())
+            names.add((read_text(comm, 64) or "").strip())
     except OSError:
         pass
     for server, configs, pattern in _SERVER_RATE:
         if server in names:
             rate = None
             for config in configs:
-                raw = _read.text(Path(config).expanduser())
+                raw = read_text(Path(config).expanduser())
                 if raw and (match := re.search(pattern, raw, re.M)):
                     rate = int(match.group(1))
             return {"name": server, "rate_hz": rate}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memwarden.edge.doctor import untrusted_json
-from memwarden.edge.doctor.sources import _read
+from memwarden.edge.doctor.sources._read import read_text
 from memwarden.errors import InputError
 
 _ENV_DIRS = ("ORT_TENSORRT_CACHE_PATH", "ORT_TENSORRT_ENGINE_CACHE_PATH", "ORT_TENSORRT_TIMING_CACHE_PATH")
@@ -51,7 +51,7 @@ def _describe(path: Path) -> dict[str, Any] | None:
         return None
     built_by: dict[str, str] = {}
     sidecar = path / "built_by.json"
-    raw = _read.text(sidecar, 1 << 20)  # None for a FIFO or device planted under the name
+    raw = read_text(sidecar, 1 << 20)  # None for a FIFO or device planted under the name
     try:
         data = untrusted_json.loads(raw) if raw else {}
         built_by.update({str(k)[:100]: str(v)[:100] for k, v in data.items()} if isinstance(data, dict) else {})

@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from memwarden.edge.doctor.sources import _read
+from memwarden.edge.doctor.sources._read import read_text
 
 _RELEASE = re.compile(r"R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)")
 
 
 def collect() -> dict[str, Any]:
-    raw = _read.text("/etc/nv_tegra_release")
+    raw = read_text("/etc/nv_tegra_release")
     if raw is None:
         return {"status": "not present"}
     match = _RELEASE.search(raw)

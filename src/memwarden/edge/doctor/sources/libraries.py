@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from memwarden.edge.doctor.sources import _read
+from memwarden.edge.doctor.sources._read import read_text
 
 _DIRS = (
     "/usr/lib/x86_64-linux-gnu",
@@ -62,7 +62,7 @@ def collect(packages: dict[str, str] | None = None) -> dict[str, Any]:
         for dist, version in (packages or {}).items():
             if dist == prefix or (dist.startswith(prefix + "-") and not dist.endswith("-bindings")):
                 found[name].add(version)
-    header = _read.text("/usr/include/cudnn_version.h") or _read.text("/usr/local/cuda/include/cudnn_version.h")
+    header = read_text("/usr/include/cudnn_version.h") or read_text("/usr/local/cuda/include/cudnn_version.h")
     if header and len(parts := dict(_HEADER.findall(header))) == 3:
         found["cudnn"].add(f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCHLEVEL']}")
     out: dict[str, Any] = {"status": "present", **{name: _longest(v) for name, v in found.items()}}

@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memwarden.edge.doctor.sources import _read
+from memwarden.edge.doctor.sources._read import read_int, read_text
 
 _UNLIMITED_BYTES = 1 << 60  # cgroup v1 writes "no limit" as a page-aligned near-2**63 number
 
 
 def _meminfo() -> dict[str, int]:
-    raw = _read.text("/proc/meminfo") or ""
+    raw = read_text("/proc/meminfo") or ""
     out: dict[str, int] = {}
     for line in raw.splitlines():
         key, _, rest = line.partition(":")
@@ -26,15 +26,15 @@ def _meminfo() -> dict[str, int]:
 
 
 def _cgroup() -> dict[str, Any]:
-    own = _read.text("/proc/self/cgroup") or ""
+    own = read_text("/proc/self/cgroup") or ""
     for line in own.splitlines():
         if line.startswith("0::"):  # cgroup v2: one unified hierarchy
             path = line[3:].strip().lstrip("/")
-            raw = _read.text(Path("/sys/fs/cgroup") / path / "memory.max") or _read.text("/sys/fs/cgroup/memory.max")
+            raw = read_text(Path("/sys/fs/cgroup") / path / "memory.max") or read_text("/sys/fs/cgroup/memory.max")
             if raw is not None:
                 value = raw.strip()
                 return {"version": 2, "limit_bytes": None if value == "max" else int(value)}
-    limit = _read.integer("/sys/fs/cgroup/memory/memory.limit_in_bytes")
+    limit = read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes")
     if limit is not None:
         return {"version": 1, "limit_bytes": None if limit >= _UNLIMITED_BYTES else limit}
     return {"version": None, "limit_bytes": None}

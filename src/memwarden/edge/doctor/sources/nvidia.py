@@ -9,14 +9,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from memwarden.edge.doctor.sources import _read
+from memwarden.edge.doctor.sources._read import read_text
 
 _PROC = re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9]+\.[0-9.]+)")
 
 
 def collect() -> dict[str, Any]:
     facts: dict[str, Any] = {"status": "not present"}
-    proc = _read.text("/proc/driver/nvidia/version")
+    proc = read_text("/proc/driver/nvidia/version")
     if proc and (match := _PROC.search(proc)):
         facts = {"status": "present", "driver": match.group(1)}
     try:

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from memwarden.edge.doctor.sources import _read
+from memwarden.edge.doctor.sources._read import read_text
 
 _ASSIGN = re.compile(r"^(\w+)\s*=\s*(?:'([^']*)'|\"([^\"]*)\")", re.M)
 
@@ -73,7 +73,7 @@ def static(installed: dict[str, str]) -> dict[str, Any]:
     capi = Path(spec.origin).parent / "capi"
     build: dict[str, str] = {}
     for name in ("build_and_package_info.py", "version_info.py"):
-        raw = _read.text(capi / name) or ""
+        raw = read_text(capi / name) or ""
         build.update({m.group(1): m.group(2) or m.group(3) for m in _ASSIGN.finditer(raw)})
     try:
         libraries = sorted(p.name for p in capi.glob("*onnxruntime_providers_*"))

@@ -6,13 +6,13 @@ import platform
 import sys
 from typing import Any
 
-from memwarden.edge.doctor.sources import _read
+from memwarden.edge.doctor.sources._read import read_text
 
 
 def collect() -> dict[str, Any]:
-    model = _read.text("/proc/device-tree/model")
-    compatible = _read.text("/proc/device-tree/compatible")
-    soc = _read.text("/sys/devices/soc0/machine") or (
+    model = read_text("/proc/device-tree/model")
+    compatible = read_text("/proc/device-tree/compatible")
+    soc = read_text("/sys/devices/soc0/machine") or (
         compatible.split("\x00")[-2] if compatible and "\x00" in compatible else None
     )
     return {

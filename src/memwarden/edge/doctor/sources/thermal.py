@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memwarden.edge.doctor.sources import _read
+from memwarden.edge.doctor.sources._read import read_int, read_text
 
 
 def collect(root: str = "/sys/class/thermal") -> dict[str, Any]:
@@ -18,18 +18,18 @@ def collect(root: str = "/sys/class/thermal") -> dict[str, Any]:
         return {"status": "not present", "zones": []}
     zones = []
     for zone in zones_dirs:
-        milli_c = _read.integer(zone / "temp")
+        milli_c = read_int(zone / "temp")
         trips = []
         for i in range(16):
-            kind = _read.text(zone / f"trip_point_{i}_type", 64)
-            trip_milli_c = _read.integer(zone / f"trip_point_{i}_temp")
+            kind = read_text(zone / f"trip_point_{i}_type", 64)
+            trip_milli_c = read_int(zone / f"trip_point_{i}_temp")
             if kind is None or trip_milli_c is None:
                 break
             trips.append({"type": kind.strip(), "temp_c": trip_milli_c / 1000})
         zones.append(
             {
                 "name": zone.name,
-                "type": (_read.text(zone / "type", 128) or "").strip() or None,
+                "type": (read_text(zone / "type", 128) or "").strip() or None,
                 "temp_c": None if milli_c is None else milli_c / 1000,
                 "trips": trips,
             }

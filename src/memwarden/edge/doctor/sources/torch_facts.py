@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from memwarden.edge.doctor.sources import _read
+from memwarden.edge.doctor.sources._read import read_text
 
 _ASSIGN = re.compile(r"^(__version__|cuda|hip)\s*(?::[^=]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", re.M)
 
@@ -32,7 +32,7 @@ def static() -> dict[str, Any]:
         spec = None
     if spec is None or not spec.origin:
         return {"status": "not present"}
-    raw = _read.text(Path(spec.origin).parent / "version.py") or ""
+    raw = read_text(Path(spec.origin).parent / "version.py") or ""
     values = {m.group(1): (m.group(2) or m.group(3)) for m in _ASSIGN.finditer(raw)}
     return {
         "status": "present",

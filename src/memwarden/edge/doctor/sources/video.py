@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memwarden.edge.doctor.sources import _read
+from memwarden.edge.doctor.sources._read import read_text
 
 
 def collect(root: str = "/sys/class/video4linux") -> dict[str, Any]:
@@ -16,5 +16,5 @@ def collect(root: str = "/sys/class/video4linux") -> dict[str, Any]:
         nodes = []
     if not nodes:
         return {"status": "not present", "devices": []}
-    devices = [{"id": f"/dev/{n.name}", "name": (_read.text(n / "name", 256) or "").strip() or None} for n in nodes]
+    devices = [{"id": f"/dev/{n.name}", "name": (read_text(n / "name", 256) or "").strip() or None} for n in nodes]
     return {"status": "present", "devices": devices}
