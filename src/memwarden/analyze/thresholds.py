@@ -65,6 +65,9 @@ THRESHOLDS: dict[str, dict[str, Threshold]] = {
         "min_bytes": _count(),
         "min_share": Threshold(integer=False, lo=0.0, hi=1e6),
         "min_blocks": _count(lo=1),
+        "min_whole_bytes": _count(),  # data held whole while the model reads pieces (_numpy_whole)
+        "min_numpy_share": _fraction(),
+        "min_pieces": Threshold(integer=False, lo=1.0, hi=1e6),
     },
     # bins cut the run into equal parts; each one is an array the detector builds
     "unbounded-growth": {

@@ -131,12 +131,15 @@ def _numpy_held(trace: Trace, ctx: Context) -> list[Finding]:
 
 def _numpy_whole(trace: Trace, ctx: Context) -> list[Finding]:
     """The peak is data read whole in numpy while the model reads it in pieces: numpy blocks made
-    outside every model call hold most of the trace's peak (``min_numpy_share``, 0.5), and the
+    outside every model call hold most of the trace's peak (``min_numpy_share``, 0.5) and at least
+    ``min_whole_bytes`` (64 MiB), and the
     largest is at least ``min_pieces`` (4) times the largest input a model call was given (a whole
     episode decoded, then cut into 30 s windows; a video decoded, then sampled). The fix reads the
     pieces as they are used (a generator over the decoder's blocks): the replay drops every numpy
     block made outside the calls that is as large as ``min_pieces`` model inputs."""
-    min_bytes = int(ctx.threshold(PATTERN, "min_bytes", 16 << 20))
+    # A recording or a video held whole is the usual pipeline while it is small (two minutes of
+    # 16 kHz audio are 8 MiB of float32): it is the mistake once it is a device's worth of memory.
+    min_bytes = int(ctx.threshold(PATTERN, "min_whole_bytes", 64 << 20))
     min_numpy_share = float(ctx.threshold(PATTERN, "min_numpy_share", 0.5))
     min_pieces = float(ctx.threshold(PATTERN, "min_pieces", 4))
     steps = ctx.analysis.steps
