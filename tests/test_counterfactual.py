@@ -21,7 +21,7 @@ import pytest
 
 import memwarden
 from memwarden.analyze.analysis import Analysis
-from memwarden.analyze.counterfactual import Change, saving
+from memwarden.analyze.counterfactual import Change, saving, union
 from memwarden.analyze.diagnose import diagnose
 from memwarden.analyze.finding import Finding
 from memwarden.trace.model import Action, Category, Trace, TraceBuilder
@@ -61,6 +61,27 @@ def test_drop_free_and_scale_replay_the_run_without_them() -> None:
     # a "sooner" free that is later than the real one changes nothing; nothing ever goes negative
     s = saving(a, Change(free_rows=np.array([rows[2]]), free_at=np.array([trace.num_events])))
     assert s.saving_peak_bytes == 0 and s.saving_allocated_bytes == 0
+
+
+def test_union_applies_both_fixes_once() -> None:
+    """Two fixes together: each block dropped by either, freed at the sooner row, scaled by the
+    smaller factor, and counted once (a block both free sooner is not freed twice)."""
+    trace, rows = _trace([(0, 10, 100), (1, -1, 50), (3, 4, 80)])
+    a = Analysis(trace)
+    one = Change(free_rows=np.array([rows[1]]), free_at=np.array([rows[1] + 1]))
+    other = Change(
+        free_rows=np.array([rows[1]]),
+        free_at=np.array([rows[2]]),
+        scale_rows=np.array([rows[2]]),
+        scale=np.array([0.5]),
+    )
+    both = union(one, other)
+    assert both.free_rows.tolist() == [rows[1]] and both.free_at.tolist() == [rows[1] + 1]
+    # b gone at once, c at half its size: the peak moves to a + b (150, before c is made) of 230
+    s = saving(a, both)
+    assert (s.saving_peak_bytes, s.saving_allocated_bytes) == (80, 40)
+    # the same fix twice is the fix once (b is not freed twice): a + b + c - b = 180
+    assert saving(a, union(one, one)).saving_peak_bytes == saving(a, one).saving_peak_bytes == 50
 
 
 def _captured(path: Path) -> Trace:

@@ -53,25 +53,25 @@ class Change:
 def union(a: Change, b: Change) -> Change:
     """Both fixes applied: a block dropped by either is dropped, freed at the sooner of the two rows,
     scaled by the smaller factor."""
-    rows = np.concatenate([a.free_rows, b.free_rows]).astype(np.int64)
-    at = np.concatenate([a.free_at, b.free_at]).astype(np.int64)
-    order = np.lexsort((at, rows))
-    rows, at = rows[order], at[order]
-    first = np.ones(len(rows), dtype=bool)
-    first[1:] = rows[1:] != rows[:-1]
-    s_rows = np.concatenate([a.scale_rows, b.scale_rows]).astype(np.int64)
-    s = np.concatenate([a.scale, b.scale]).astype(np.float64)
-    order = np.lexsort((s, s_rows))
-    s_rows, s = s_rows[order], s[order]
-    s_first = np.ones(len(s_rows), dtype=bool)
-    s_first[1:] = s_rows[1:] != s_rows[:-1]
+    rows, at = _least_per_row(np.concatenate([a.free_rows, b.free_rows]), np.concatenate([a.free_at, b.free_at]))
+    s_rows, s = _least_per_row(np.concatenate([a.scale_rows, b.scale_rows]), np.concatenate([a.scale, b.scale]))
     return Change(
         drop=np.union1d(a.drop, b.drop).astype(np.int64),
-        free_rows=rows[first],
-        free_at=at[first],
-        scale_rows=s_rows[s_first],
-        scale=s[s_first],
+        free_rows=rows,
+        free_at=at.astype(np.int64),
+        scale_rows=s_rows,
+        scale=s.astype(np.float64),
     )
+
+
+def _least_per_row(rows: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row once, with the least of its values."""
+    rows = rows.astype(np.int64)
+    order = np.lexsort((values, rows))
+    rows, values = rows[order], values[order]
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = rows[1:] != rows[:-1]
+    return rows[first], values[first]
 
 
 @dataclass(frozen=True)
