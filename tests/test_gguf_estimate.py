@@ -394,12 +394,15 @@ def test_fit_finds_the_largest_context_and_the_next_step_does_not_fit(
     lm, mm = str(files["q4k"]), str(files["qwen2vl"])
     base = ["estimate", lm, "--mmproj", mm, "--image", "640x480", "-ctk", cache, "-ctv", cache, "-fa", "on"]
     full = estimate_gguf(lm, mmproj_path=mm, images=((640, 480),), cache_type_k=cache, cache_type_v=cache)
-    small = estimate_gguf(lm, mmproj_path=mm, images=((640, 480),), cache_type_k=cache, cache_type_v=cache, n_ctx=256)
+    bottom = -(-(full.image_tokens + 1) // 256) * 256  # the smallest context that holds the image
+    small = estimate_gguf(
+        lm, mmproj_path=mm, images=((640, 480),), cache_type_k=cache, cache_type_v=cache, n_ctx=bottom
+    )
     budget = (full.peak_bytes + small.peak_bytes) // 2  # somewhere between the smallest and the whole context
     assert main([*base, "--fit", str(budget), "--json"]) == 0
     fit = json.loads(capsys.readouterr().out)["fit"]
     n = fit["value"]
-    assert fit["solve"] == "context" and 256 <= n < full.context.n_ctx and n % 256 == 0
+    assert fit["solve"] == "context" and bottom <= n < full.context.n_ctx and n % 256 == 0
     assert fit["next_value"] == n + 256 and fit["next_judged_bytes"] > budget >= fit["judged_bytes"]
     assert main([*base, "-c", str(n), "--budget", str(budget)]) == 0
     assert main([*base, "-c", str(n + 256), "--budget", str(budget)]) == 1
