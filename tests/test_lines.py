@@ -142,6 +142,8 @@ GROWTH = textwrap.dedent(
             kept.append(block)
         elif mode == "bounded":
             bounded.append(block)
+    for _ in range(3):  # the steady state the kill interrupts, in the trace whenever the kill comes
+        kept.append(torch.ones(1 << 18, dtype=torch.uint8)) if mode == "grow" else torch.ones(1 << 18)
     assert memwarden.flush()
     Path = __import__("pathlib").Path
     Path(marker + ".tmp").write_text(str(os.getpid()))
