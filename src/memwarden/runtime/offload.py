@@ -253,39 +253,22 @@ class WeightStreamer(Streamer[_Slot, _Group]):
             slot_offset += aligned(end - begin)
         return _Group(name=name, file=file, tensors=tensors, slot_bytes=slot_offset)
 
-    def _pre_hook(self, index: int, module: torch.nn.Module, args: Any) -> None:
-        if self._reentered(index):
-            return
-        slot = self._slot_holding(index)
-        if slot is not None:
-            future = self._slots[slot].pending
-            if future is not None:
-                self._wait(slot)
-                self.stats.prefetch_hits += 1
-            else:
-                self.stats.reuses += 1
-        else:
-            slot = self._free_slot()
-            self._wait(slot)
-            self._slots[slot].content = index
-            try:
-                self._copy(index, slot)
-            except BaseException:
-                self._slots[slot].content = None  # holds bytes nothing may use (a refused or partial copy)
-                raise
-            self._count_load(index)
-            self.stats.sync_loads += 1
-        self._slots[slot].in_use = True
-        self._touch(slot)
-        for t, view in zip(self._groups[index].tensors, self._slot_views(slot, index), strict=True):
-            t.param.data = view
-        self._active[index] = [slot, 1]
-        if self.prefetch:
-            self._start_prefetch(self._next.get(index))
+    def _await_prefetch(self, slot: int) -> bool:
+        if self._slots[slot].pending is None:
+            return False
+        self._wait(slot)
+        return True
 
-    def _start_prefetch(self, index: int | None) -> None:
-        if index is None or index in self._active or self._slot_holding(index) is not None:
-            return
+    def _fill_now(self, index: int, slot: int) -> None:
+        self._wait(slot)
+        self._slots[slot].content = index
+        try:
+            self._copy(index, slot)
+        except BaseException:
+            self._slots[slot].content = None  # holds bytes nothing may use (a refused or partial copy)
+            raise
+
+    def _start_prefetch(self, index: int) -> None:
         slot = self._least_recently_used_free()
         if slot is None:
             return  # never grow the slots for a guess
@@ -335,7 +318,7 @@ class WeightStreamer(Streamer[_Slot, _Group]):
     def detach(self, *, delete_files: bool = True) -> None:
         """Bring every streamed weight back into memory (as it was before streaming), remove the
         hooks and the staging slots, close the mappings; delete the files unless told not to."""
-        if not getattr(self, "_attached", False):
+        if not self._attached:
             return
         for slot in range(len(self._slots)):  # no copy may still write into a slot
             self._wait(slot)

@@ -173,49 +173,37 @@ class CudaWeightStreamer(Streamer[_DeviceSlot, _HostGroup]):
 
     # -- hooks (compute thread) -----------------------------------------------------------
 
-    def _pre_hook(self, index: int, module: torch.nn.Module, args: Any) -> None:
-        if self._reentered(index):
-            return
-        compute = torch.cuda.current_stream(self.device)
-        slot = self._slot_holding(index)
-        if slot is not None:
-            state = self._slots[slot]
-            if state.ready is not None:
-                compute.wait_event(state.ready)
-                state.ready = None
-                self.stats.prefetch_hits += 1
-            else:
-                self.stats.reuses += 1
-        else:
-            slot = self._free_slot()
-            state = self._slots[slot]
-            if state.ready is not None:  # a prefetch is still writing a guess into it: let it finish first
-                compute.wait_event(state.ready)
-                state.ready = None
-            state.content = index
-            group = self._groups[index]
-            state.buffer[: group.host.numel()].copy_(group.host, non_blocking=True)  # ordered on compute
-            self._count_load(index)
-            self.stats.sync_loads += 1
+    def _await_prefetch(self, slot: int) -> bool:
+        return self._order_after_copy(self._slots[slot])
+
+    def _fill_now(self, index: int, slot: int) -> None:
         state = self._slots[slot]
-        state.in_use = True
-        self._touch(slot)
-        buffer = state.buffer
-        for t in self._groups[index].tensors:
-            ph = t.placeholder
-            t.param.data = buffer[t.offset : t.offset + t.nbytes].view(ph.dtype).view(ph.shape)
-        self._active[index] = [slot, 1]
-        if self.prefetch:
-            self._start_prefetch(self._next.get(index))
+        self._order_after_copy(state)  # a prefetch still writing a guess into it: let it finish first
+        state.content = index
+        group = self._groups[index]
+        state.buffer[: group.host.numel()].copy_(group.host, non_blocking=True)  # ordered on compute
+
+    def _order_after_copy(self, state: _DeviceSlot) -> bool:
+        """Order the compute stream after the copy still writing into ``state``'s slot; whether there was one."""
+        if state.ready is None:
+            return False
+        torch.cuda.current_stream(self.device).wait_event(state.ready)
+        state.ready = None
+        return True
+
+    def _slot_views(self, slot: int, index: int) -> list[torch.Tensor]:
+        buffer = self._slots[slot].buffer
+        return [
+            buffer[t.offset : t.offset + t.nbytes].view(t.placeholder.dtype).view(t.placeholder.shape)
+            for t in self._groups[index].tensors
+        ]
 
     def _released(self, slot: int) -> None:
         released = torch.cuda.Event()
         released.record(torch.cuda.current_stream(self.device))  # kernels reading the slot are queued before
         self._slots[slot].released = released
 
-    def _start_prefetch(self, index: int | None) -> None:
-        if index is None or index in self._active or self._slot_holding(index) is not None:
-            return
+    def _start_prefetch(self, index: int) -> None:
         free = [s for s, state in enumerate(self._slots) if not state.in_use and state.ready is None]
         if not free:
             return  # never grow the slots for a guess
@@ -245,7 +233,7 @@ class CudaWeightStreamer(Streamer[_DeviceSlot, _HostGroup]):
     def detach(self, *, delete_files: bool = True) -> None:
         """Bring every streamed weight back to the device as it was, remove the hooks, free the slots
         and the pinned buffers. ``delete_files`` is accepted for ``WeightStreamer``'s signature."""
-        if not getattr(self, "_attached", False):
+        if not self._attached:
             return
         torch.cuda.synchronize(self.device)
         for g in self._groups:

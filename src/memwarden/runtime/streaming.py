@@ -76,7 +76,8 @@ class Streamer(ABC, Generic[SlotT, GroupT]):
     """Streams the groups a :class:`Placement` marks ``streamed`` through ``staging_slots`` slots.
 
     A subclass builds its groups and slots between :meth:`__init__` and :meth:`_attach`, and gives
-    the hooks' copies (``_pre_hook``), a new slot (``_new_slot``) and the way back (``detach``)."""
+    the hooks' copies (``_fill_now``, ``_await_prefetch``, ``_start_prefetch``), a slot's views
+    (``_slot_views``), a new slot (``_new_slot``) and the way back (``detach``)."""
 
     def __init__(self, model: torch.nn.Module, placement: Placement, *, prefetch: bool) -> None:
         if getattr(model, "_memwarden_streamer", None) is not None:  # its weights are placeholders now
@@ -124,9 +125,54 @@ class Streamer(ABC, Generic[SlotT, GroupT]):
 
     # -- hooks (compute thread) -----------------------------------------------------------
 
-    @abstractmethod
     def _pre_hook(self, index: int, module: torch.nn.Module, args: Any) -> None:
-        """Make group ``index``'s parameters views of a slot holding its bytes."""
+        """Make group ``index``'s parameters views of a slot holding its bytes: the slot that has
+        them (a prefetch's copy waited for, or still there from the group's last use), else the least
+        recently used free slot, filled now on the compute thread; then prefetch the group expected next."""
+        if self._reentered(index):
+            return
+        slot = self._slot_holding(index)
+        if slot is None:
+            slot = self._free_slot()
+            self._fill_now(index, slot)
+            self._count_load(index)
+            self.stats.sync_loads += 1
+        elif self._await_prefetch(slot):
+            self.stats.prefetch_hits += 1
+        else:
+            self.stats.reuses += 1
+        self._slots[slot].in_use = True
+        self._touch(slot)
+        for t, view in zip(self._groups[index].tensors, self._slot_views(slot, index), strict=True):
+            t.param.data = view
+        self._active[index] = [slot, 1]
+        following = self._next.get(index)
+        if (
+            self.prefetch
+            and following is not None
+            and following not in self._active
+            and self._slot_holding(following) is None
+        ):
+            self._start_prefetch(following)
+
+    @abstractmethod
+    def _await_prefetch(self, slot: int) -> bool:
+        """Wait (on the compute thread or stream) for a prefetch still copying into ``slot``; whether
+        there was one. ``slot`` holds the group that is about to run."""
+
+    @abstractmethod
+    def _fill_now(self, index: int, slot: int) -> None:
+        """Copy group ``index`` into ``slot`` now, for the compute thread (after whatever was still
+        being copied into the slot); ``slot`` holds the group from then on."""
+
+    @abstractmethod
+    def _slot_views(self, slot: int, index: int) -> list[torch.Tensor]:
+        """Group ``index``'s tensors as views of ``slot``'s bytes, in the group's order."""
+
+    @abstractmethod
+    def _start_prefetch(self, index: int) -> None:
+        """Start copying group ``index`` (in no slot, not running) into a free slot, off the compute
+        thread; nothing where no slot is free (a guess never adds a slot)."""
 
     def _reentered(self, index: int) -> bool:
         """Whether group ``index`` is running already (re-entered from inside itself: its weights are
