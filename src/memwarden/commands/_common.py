@@ -34,6 +34,18 @@ def _load_mwtrace(path: str) -> Trace:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
 
 
+def bytes_option(flag: str, text: str) -> int:
+    """A byte-size option (``--budget 6GiB``) as bytes, read here once for every command: an
+    InputError naming ``flag`` for what is no byte quantity (the message shows the value and the
+    accepted forms)."""
+    from memwarden.units import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise InputError(f"{flag}: {exc}") from None
+
+
 def pick_device(trace: Trace, wanted: str | None) -> int:
     """A device index from ``--device`` (index or name), else the trace's primary device: the
     one rule (``Analysis.device``) that summary, diagnose and report use too."""

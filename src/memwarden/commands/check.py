@@ -60,14 +60,14 @@ def parse_growth(text: str) -> float:
 
 def _limits(args: argparse.Namespace) -> list[Any]:
     from memwarden.analyze.check import Limit, parse_limit
-    from memwarden.units import parse_bytes
+    from memwarden.commands._common import bytes_option
 
     limits = []
     try:
         if args.max_peak is not None:
-            limits.append(Limit(max_bytes=parse_bytes(args.max_peak)))
+            limits.append(Limit(max_bytes=bytes_option("--max-peak", args.max_peak)))
         if args.max_allocated is not None:
-            limits.append(Limit(max_bytes=parse_bytes(args.max_allocated), measure="allocated"))
+            limits.append(Limit(max_bytes=bytes_option("--max-allocated", args.max_allocated), measure="allocated"))
         for text in args.max:
             limits.append(parse_limit(text))
     except ValueError as exc:
@@ -79,9 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from memwarden.analyze.analysis import Analysis
     from memwarden.analyze.baseline import compare_traces, growth_breaches
     from memwarden.analyze.check import check_limits
-    from memwarden.commands._common import load_trace, print_json
+    from memwarden.commands._common import bytes_option, load_trace, print_json
     from memwarden.report.check import breach_line, explain_outcome, growth_lines, render_deltas
-    from memwarden.units import parse_bytes
 
     limits = _limits(args)
     if args.max_growth is not None and args.baseline is None:
@@ -89,10 +88,7 @@ def run(args: argparse.Namespace) -> int:
     growth = parse_growth(args.max_growth) if args.max_growth is not None else None
     if args.baseline is not None and growth is None:
         growth = 0.0  # a baseline without a tolerance: any growth past the noise floor fails
-    try:
-        min_delta = parse_bytes(args.min_delta) if args.min_delta is not None else None
-    except ValueError as exc:
-        raise InputError(f"--min-delta: {exc}") from None
+    min_delta = bytes_option("--min-delta", args.min_delta) if args.min_delta is not None else None
     if not limits and args.baseline is None:
         raise InputError("nothing to check: give --max-peak, --max SCOPE=SIZE, --max-allocated or --baseline")
     trace = load_trace(args.file)

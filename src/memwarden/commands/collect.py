@@ -9,8 +9,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from memwarden.commands._common import bytes_option
 from memwarden.errors import InputError
-from memwarden.units import parse_bytes
 
 
 def register(sub: Any) -> None:
@@ -46,10 +46,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir)
     if not out.is_dir():
         raise InputError(f"-o {args.output_dir}: no such directory")
-    try:
-        max_bytes = parse_bytes(args.max_bytes)
-    except ValueError as exc:
-        raise InputError(f"--max-bytes {args.max_bytes}: {exc}") from None
+    max_bytes = bytes_option("--max-bytes", args.max_bytes)
     if max_bytes < 4096 or not 1 <= args.max_connections <= 10_000:
         raise InputError("--max-bytes must be at least 4096 and --max-connections 1..10000")
     collector = Collector(

@@ -49,9 +49,9 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from memwarden.commands._common import bytes_option
     from memwarden.demo import run_demo, verdict
     from memwarden.models.chat import DEMO_DEVICE_BUDGET_BYTES, DEMO_TURNS, DemoConfig
-    from memwarden.units import parse_bytes
 
     out = Path(args.out_dir)
     if not out.is_dir():
@@ -69,10 +69,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.budget is None and built_in:
         kwargs["budget_bytes"] = DEMO_DEVICE_BUDGET_BYTES
     if args.budget:
-        try:
-            kwargs["budget_bytes"] = parse_bytes(args.budget)
-        except ValueError as exc:
-            raise InputError(f"--budget: {exc}") from None
+        kwargs["budget_bytes"] = bytes_option("--budget", args.budget)
     config = DemoConfig(**kwargs)
 
     if args.json:

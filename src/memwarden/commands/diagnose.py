@@ -48,7 +48,7 @@ def _thresholds(path: str, load: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from memwarden.analyze.diagnose import PATTERNS, load_thresholds, report_json
-    from memwarden.commands._common import load_trace, print_json, wrote
+    from memwarden.commands._common import bytes_option, load_trace, print_json, wrote
     from memwarden.report.full import diagnose_report
     from memwarden.trace.io import check_output
 
@@ -59,14 +59,7 @@ def run(args: argparse.Namespace) -> int:
     for pattern in args.pattern or []:
         if pattern not in PATTERNS:
             raise InputError(f"unknown pattern {pattern!r} (known: {', '.join(PATTERNS)})")
-    budget = None
-    if args.budget is not None:
-        from memwarden.units import parse_bytes
-
-        try:
-            budget = parse_bytes(args.budget)
-        except ValueError as exc:
-            raise InputError(f"--budget {args.budget!r}: {exc}") from None
+    budget = None if args.budget is None else bytes_option("--budget", args.budget)
     trace = load_trace(args.file)
     analysis, findings = diagnose_report(
         trace, args.html or None, thresholds=thresholds, patterns=args.pattern, budget_bytes=budget

@@ -304,15 +304,10 @@ def _device_state(path: str | None, card: Any, device: Any, largest_buffer: str 
                 "--largest-buffer needs --device-state FILE (the state whose free blocks it is judged against)"
             )
         return None
+    from memwarden.commands._common import bytes_option
     from memwarden.govern.device_state import judge, load_state
-    from memwarden.units import parse_bytes
 
-    largest = None
-    if largest_buffer is not None:
-        try:
-            largest = parse_bytes(largest_buffer)
-        except ValueError as exc:
-            raise InputError(f"--largest-buffer: {exc}") from None
+    largest = None if largest_buffer is None else bytes_option("--largest-buffer", largest_buffer)
 
     read = load_state(path)
     samples = [s for s in read.samples if s.value("mem_available") or s.value("mem_free") or s.value("device_free")]

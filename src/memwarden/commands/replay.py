@@ -52,20 +52,14 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memwarden.commands._common import load_trace, pick_device, print_json, wrote
+    from memwarden.commands._common import bytes_option, load_trace, pick_device, print_json, wrote
     from memwarden.plan.allocator.config import parse_alloc_conf
     from memwarden.plan.replay import replay
     from memwarden.trace.io import check_output
-    from memwarden.units import parse_bytes
 
     if args.allocator not in ALLOCATORS:
         raise InputError(f"unknown --allocator {args.allocator!r} (choose from {', '.join(ALLOCATORS)})")
-    limit = None
-    if args.limit is not None:
-        try:
-            limit = parse_bytes(args.limit)
-        except ValueError as exc:
-            raise InputError(f"--limit: {exc}") from None
+    limit = None if args.limit is None else bytes_option("--limit", args.limit)
     try:
         config = parse_alloc_conf(args.alloc_conf, limit_bytes=limit)
     except ValueError as exc:

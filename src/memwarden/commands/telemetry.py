@@ -70,6 +70,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from memwarden.commands._common import bytes_option
     from memwarden.errors import InputError
     from memwarden.govern.budget import BudgetController, make_policy
 
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             f"--count {str(args.count)[:20]}{'...' if len(str(args.count)) > 20 else ''}: too large (at most 10^9)"
         )
     policy = make_policy(args.policy, params)
-    cap = _bytes(args.budget)
+    cap = None if args.budget is None else bytes_option("--budget", args.budget)
     if args.device:
         controller = BudgetController.from_device_profile(args.device, policy=policy, cap_bytes=cap)
     else:
@@ -105,21 +106,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _state_verdict(args: argparse.Namespace) -> int:
+    from memwarden.commands._common import bytes_option
     from memwarden.errors import InputError
     from memwarden.govern.device_state import judge, load_state
-    from memwarden.units import parse_bytes
     from memwarden.untrusted import terminal_safe
 
-    try:
-        request = parse_bytes(args.request)
-    except ValueError as exc:
-        raise InputError(f"--request: {exc}") from None
+    request = bytes_option("--request", args.request)
     largest = None
     if args.largest_buffer is not None:
-        try:
-            largest = parse_bytes(args.largest_buffer)
-        except ValueError as exc:
-            raise InputError(f"--largest-buffer: {exc}") from None
+        largest = bytes_option("--largest-buffer", args.largest_buffer)
         if largest > request:
             raise InputError("--largest-buffer is larger than --request (one buffer of the request)")
     read = load_state(args.replay)
@@ -210,18 +205,6 @@ def _state_samples(args: argparse.Namespace) -> int:
         print(f"sample {i}: {args.kind} obtainable {got} ({terminal_safe(row['basis'])})")
     print(f"({read.recognised} lines read, {read.skipped} skipped)")
     return 0
-
-
-def _bytes(text: str | None) -> int | None:
-    if text is None:
-        return None
-    from memwarden.errors import InputError
-    from memwarden.units import parse_bytes
-
-    try:
-        return parse_bytes(text)
-    except ValueError as exc:
-        raise InputError(f"--budget: {exc}") from None
 
 
 def _replay(args: argparse.Namespace, controller: Any) -> int:

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from memwarden.commands._common import bytes_option
 from memwarden.commands._onnx_trace import add_arguments as add_onnx_arguments
 from memwarden.commands._onnx_trace import run as run_onnx
 from memwarden.errors import InputError
 from memwarden.trace.io import check_output
-from memwarden.units import parse_bytes
 
 
 def register(sub: Any) -> None:
@@ -159,10 +159,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "ring_rss", None):
         if ring is None:
             raise InputError("--ring-rss needs --ring SECONDS (the window it writes)")
-        try:
-            options["ring_rss_bytes"] = parse_bytes(args.ring_rss)
-        except ValueError as exc:
-            raise InputError(f"--ring-rss {args.ring_rss}: {exc}") from None
+        options["ring_rss_bytes"] = bytes_option("--ring-rss", args.ring_rss)
     for key in ("user_code", "library_code"):
         if getattr(args, key, None):
             options[key] = [os.path.abspath(p) for p in getattr(args, key)]
