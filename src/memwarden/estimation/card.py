@@ -141,6 +141,24 @@ class Suggestion:
     method: str  # "rerun" (meta estimate run again with the change) or "arithmetic"
     note: str = ""
 
+    @classmethod
+    def priced(
+        cls, kind: str, change: str, setting: dict[str, Any], peak: int, usable: int, method: str, note: str
+    ) -> Suggestion:
+        """The change ``setting`` predicted to peak at ``peak`` bytes (an arithmetic estimate below
+        zero counts as zero), judged against ``usable`` bytes: whether it fits and the headroom follow."""
+        peak = int(max(peak, 0))
+        return cls(
+            change=change,
+            setting=setting,
+            kind=kind,
+            predicted_peak_bytes=peak,
+            fits=peak <= usable,
+            headroom_bytes=usable - peak,
+            method=method,
+            note=note,
+        )
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -24,28 +24,15 @@ def rerun_suggestions(resolved: ResolvedModel, req: Request, card: MemoryCard, d
     if checkpoint is not None and DTYPE_BYTES[req.dtype] > DTYPE_BYTES[checkpoint]:
         peak = card_for(resolved, replace_request(req, dtype=checkpoint))[0].peak_bytes
         out.append(
-            Suggestion(
-                change=f"use the checkpoint's dtype ({checkpoint}; the request ran in {req.dtype})",
-                setting={"dtype": checkpoint},
-                kind="dtype",
-                predicted_peak_bytes=peak,
-                fits=peak <= usable,
-                headroom_bytes=usable - peak,
-                method="rerun",
-                note="meta estimate re-run in the dtype config.json states",
+            Suggestion.priced(
+                "dtype",
+                f"use the checkpoint's dtype ({checkpoint}; the request ran in {req.dtype})",
+                {"dtype": checkpoint},
+                peak,
+                usable,
+                "rerun",
+                "meta estimate re-run in the dtype config.json states",
             )
-        )
-
-    def suggestion(kind: str, change: str, setting: dict[str, Any], peak: int, note: str) -> Suggestion:
-        return Suggestion(
-            change=change,
-            setting=setting,
-            kind=kind,
-            predicted_peak_bytes=peak,
-            fits=peak <= usable,
-            headroom_bytes=usable - peak,
-            method="rerun",
-            note=note,
         )
 
     for qdtype in WEIGHT_DTYPES:
@@ -54,11 +41,13 @@ def rerun_suggestions(resolved: ResolvedModel, req: Request, card: MemoryCard, d
         peak = card_for(resolved, replace_request(req, weights_dtype=qdtype))[0].peak_bytes
         card.suggestions = [s for s in card.suggestions if s.setting != {"weights_dtype": qdtype}]
         out.append(
-            suggestion(
+            Suggestion.priced(
                 "weights_dtype",
                 f"{qdtype} weights (weight-only quantization of every linear layer)",
                 {"weights_dtype": qdtype},
                 peak,
+                usable,
+                "rerun",
                 "meta estimate re-run with emulated quantized linears",
             )
         )
@@ -68,11 +57,13 @@ def rerun_suggestions(resolved: ResolvedModel, req: Request, card: MemoryCard, d
         peak = card_for(resolved, replace_request(req, kv_dtype="int8"))[0].peak_bytes
         card.suggestions = [s for s in card.suggestions if s.kind != "kv_dtype"]
         out.append(
-            suggestion(
+            Suggestion.priced(
                 "kv_dtype",
                 "int8 KV cache (quantized cache, 128-token residual window)",
                 {"kv_dtype": "int8"},
                 peak,
+                usable,
+                "rerun",
                 "meta estimate re-run with an emulated quantized cache",
             )
         )
@@ -80,11 +71,13 @@ def rerun_suggestions(resolved: ResolvedModel, req: Request, card: MemoryCard, d
     if best is not None:
         wh, peak = best
         out.append(
-            suggestion(
+            Suggestion.priced(
                 "max_image",
                 f"images of at most {wh[0]}x{wh[1]} px",
                 {"images": [list(wh)]},
                 peak,
+                usable,
+                "rerun",
                 "largest size of the request's aspect ratio that fits, by re-running the estimate",
             )
         )

@@ -36,22 +36,6 @@ __all__ = ["arithmetic_suggestions", "rank_suggestions"]
 _COST = {"dtype": 0, "kv_dtype": 1, "weights_dtype": 2, "max_image": 3, "prune_visual_tokens": 4, "offload_layers": 5}
 
 
-def _suggestion(
-    kind: str, change: str, setting: dict[str, Any], peak: int, usable: int, method: str, note: str
-) -> Suggestion:
-    peak = int(max(peak, 0))
-    return Suggestion(
-        change=change,
-        setting=setting,
-        kind=kind,
-        predicted_peak_bytes=peak,
-        fits=peak <= usable,
-        headroom_bytes=usable - peak,
-        method=method,
-        note=note,
-    )
-
-
 def _phase_peak(card: MemoryCard, adjust: Any) -> int:
     """Max over phases of ``adjust(phase, breakdown)`` (each phase's peak after a change)."""
     values = [int(adjust(name, info)) for name, info in card.phases.items()]
@@ -78,7 +62,7 @@ def arithmetic_suggestions(
             return info["peak_bytes"] - saved + (dequant if name in ("prefill", "encode") else 0)
 
         out.append(
-            _suggestion(
+            Suggestion.priced(
                 "weights_dtype",
                 f"{qdtype} weights (weight-only quantization of every linear layer)",
                 {"weights_dtype": qdtype},
@@ -98,7 +82,7 @@ def arithmetic_suggestions(
             return info["peak_bytes"] - int(kv * (1 - 1 / kv_elem)) + (kv // layers if kv else 0)
 
         out.append(
-            _suggestion(
+            Suggestion.priced(
                 "kv_dtype",
                 "int8 KV cache",
                 {"kv_dtype": "int8"},
@@ -122,7 +106,7 @@ def arithmetic_suggestions(
                 return int(info["peak_bytes"] - share * seq_bytes)
 
             out.append(
-                _suggestion(
+                Suggestion.priced(
                     "prune_visual_tokens",
                     f"prune {ratio:.0%} of the {vision} visual tokens in the language model",
                     {"prune_visual_tokens": ratio},
@@ -137,7 +121,7 @@ def arithmetic_suggestions(
         n = min(facts.decoder_layers, math.ceil(over / facts.decoder_layer_bytes) + 1)
         saved = (n - 1) * facts.decoder_layer_bytes
         out.append(
-            _suggestion(
+            Suggestion.priced(
                 "offload_layers",
                 # On unified memory "host" is the same memory: the layers must come from disk instead.
                 f"stream {n} of {facts.decoder_layers} decoder layers from disk (memory-mapped safetensors)"
