@@ -13,7 +13,7 @@ import difflib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from memwarden.commands import (
     align_check,
@@ -46,7 +46,7 @@ class Command(Protocol):
     """A subcommand: a module of ``memwarden.commands`` whose ``register`` adds its parser to the
     subparsers and sets ``func`` to a callable ``(args) -> int`` (the exit status)."""
 
-    def register(self, subparsers: Any) -> None: ...
+    def register(self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None: ...
 
 
 # Order is the order of `memwarden --help`.

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import html
 from importlib import resources
-from typing import Any
 
 __all__ = ["STRICT_CSP", "escape", "html_page", "report_page"]
 
@@ -22,7 +21,7 @@ __all__ = ["STRICT_CSP", "escape", "html_page", "report_page"]
 STRICT_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 
-def escape(value: Any) -> str:
+def escape(value: object) -> str:
     """``value`` as text safe inside an element or a quoted attribute (``&``, ``<``, ``>``, both quotes)."""
     return html.escape(str(value), quote=True)
 

@@ -143,7 +143,7 @@ class Suggestion:
 
     @classmethod
     def priced(
-        cls, kind: str, change: str, setting: dict[str, Any], peak: int, usable: int, method: str, note: str
+        cls, kind: str, change: str, setting: dict[str, object], peak: int, usable: int, method: str, note: str
     ) -> Suggestion:
         """The change ``setting`` predicted to peak at ``peak`` bytes (an arithmetic estimate below
         zero counts as zero), judged against ``usable`` bytes: whether it fits and the headroom follow."""

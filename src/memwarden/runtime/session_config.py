@@ -82,7 +82,7 @@ _DROPPED = ("device_profile",)  # never read by the session
 
 
 def from_legacy_keywords(
-    config: SessionConfig, hooks: SessionHooks, legacy: dict[str, Any]
+    config: SessionConfig, hooks: SessionHooks, legacy: dict[str, object]
 ) -> tuple[SessionConfig, SessionHooks]:
     """``config`` and ``hooks`` with the keywords of the old ``GovernedSession`` signature applied, each
     with a DeprecationWarning naming its new spelling; TypeError for a keyword it never took."""

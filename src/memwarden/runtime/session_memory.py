@@ -39,7 +39,8 @@ from memwarden.runtime.session_owned import BudgetError, Owned
 from memwarden.units import format_bytes
 
 if TYPE_CHECKING:
-    from memwarden.runtime.streaming import Streamer
+    from memwarden.runtime.offload import WeightStreamer
+    from memwarden.runtime.offload_cuda import CudaWeightStreamer
 
 _MIN_SAFETY_BYTES = 256 * 1024  # per-thread kernel workspaces seen on CPU (SDPA) are this order
 _LIMIT_STEP_BYTES = 8 * 2**20  # the least the margin grows by when a real limit refuses an allocation
@@ -180,7 +181,7 @@ class SessionMemory:
         self._release()
 
     @property
-    def streamer(self) -> Streamer[Any, Any] | None:
+    def streamer(self) -> WeightStreamer | CudaWeightStreamer | None:  # asked only what a Streamer answers
         return self._owned.streamer
 
     @property
