@@ -13,7 +13,7 @@ The session owns the memory a plain ``model.generate()`` would grow without limi
 
 The session is composed, not mixed in: it holds a :class:`SessionMemory` (budget, held bytes,
 pool sizing, weight streaming) and an :class:`Admission` (the predictor and the ladder), asks
-them questions, and acts on the answers — an admission step returns an ``AdmissionDecision``
+them questions, and acts on the answers — an admission step returns an ``AdmissionAnswer``
 value and the serving loop below carries it out. Each request's state is its own ``Request``.
 
 Generation itself is the model's own ``generate()`` on the session's cache, so decoding is exactly
@@ -38,7 +38,7 @@ from memwarden.runtime.degrade import Ladder
 from memwarden.runtime.encoders import EncoderCache
 from memwarden.runtime.host_memory import allocation_failed, first_line
 from memwarden.runtime.kvcache import KVPool, PagedCache, Sequence, cache_keyword
-from memwarden.runtime.session_admit import Admission, AdmissionDecision, apply_change
+from memwarden.runtime.session_admit import Admission, AdmissionAnswer, apply_change
 from memwarden.runtime.session_chat import Conversation
 from memwarden.runtime.session_config import SessionConfig, from_legacy_keywords
 from memwarden.runtime.session_hooks import SessionHooks
@@ -282,7 +282,7 @@ class GovernedSession:
         """Predicted peak bytes of ``generate(input_ids, ...)`` now (cache state included), without running it."""
         return self.admission.predict(self._plan(input_ids, inputs, rung=0), max_new_tokens)
 
-    def admission_step(self, input_ids: torch.Tensor, max_new_tokens: int = 20, **inputs: Any) -> AdmissionDecision:
+    def admission_step(self, input_ids: torch.Tensor, max_new_tokens: int = 20, **inputs: Any) -> AdmissionAnswer:
         """What admission would answer for ``generate(input_ids, ...)`` now, as a first step; changes nothing."""
         request = Request(input_ids, inputs, max_new_tokens, rung=self.ladder.latency.level)
         with self._lock:
@@ -365,7 +365,7 @@ class GovernedSession:
                 return  # admission decides (shrink, degrade, or refuse with the reason)
             time.sleep(0.01)
 
-    def _admit(self, request: Request) -> AdmissionDecision:
+    def _admit(self, request: Request) -> AdmissionAnswer:
         """Plan, ask admission, act on its answer, until it admits, hands over to the fallback, or says
         to wait (the caller waits without the lock, then asks again). Raises ``AdmissionError`` with
         admission's reason when it refuses; each change admission asks for makes progress (see

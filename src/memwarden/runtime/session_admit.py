@@ -2,7 +2,7 @@
 
 :class:`Admission` holds the peak predictor and asks the session's memory what it holds and what
 the budget is. :meth:`Admission.step` looks at a request's current plan and returns one
-:class:`AdmissionDecision`; it changes nothing. The serving loop acts on the answer (resizes the
+:class:`AdmissionAnswer`; it changes nothing. The serving loop acts on the answer (resizes the
 pool, drops cached encoder outputs, streams weights, moves to a quality rung, hands the request to
 the fallback, waits, or raises ``AdmissionError``) and, unless it admitted or handed over, plans
 the request again and asks again.
@@ -42,8 +42,9 @@ _WAIT_S = 0.01  # between two looks at a budget that may rise
 
 
 @dataclass(frozen=True, kw_only=True)
-class AdmissionDecision:
-    """One admission step's answer for one request.
+class AdmissionAnswer:
+    """One admission step's answer for one request (not the :class:`Decision` the session records
+    and reports: an admit answer carries that as ``record``).
 
     - ``admit``: run it; ``record`` is what the session reports for it;
     - ``change``: change the plan (``change`` says how: resize the pool to ``pool_blocks``, drop
@@ -93,14 +94,14 @@ class Admission:
             return held + max(0, int(full - self.predictor.per_token_bytes * removed))
         return held + self.predictor.request_bytes(plan.new_ids, plan.media_in, plan.reuse_tokens, max_new_tokens)
 
-    def step(self, request: Request, plan: RequestPlan) -> AdmissionDecision:
+    def step(self, request: Request, plan: RequestPlan) -> AdmissionAnswer:
         """The decision for ``request`` served as ``plan``, given what the session holds now."""
         memory, pool, spec = self.memory, self.memory.pool, self.memory.spec
         total_tokens = plan.reuse_tokens + plan.new_ids.shape[1] + request.max_new_tokens
         need_blocks = pool.blocks.blocks_needed(total_tokens)
         budget = memory.budget_bytes
         if need_blocks > pool.num_blocks and memory.config.num_kv_blocks is not None:
-            return AdmissionDecision(
+            return AdmissionAnswer(
                 kind="refuse",
                 refusal="kv_pool_fixed",
                 budget_bytes=budget,
@@ -113,7 +114,7 @@ class Admission:
         if need_blocks > pool.num_blocks:  # a long request on a pool sized for less: grow it if the budget allows
             grown = predicted + (need_blocks - pool.num_blocks) * spec.page_size_bytes
             if grown <= budget:
-                return AdmissionDecision(
+                return AdmissionAnswer(
                     kind="change",
                     change="resize_pool",
                     pool_blocks=need_blocks,
@@ -126,7 +127,7 @@ class Admission:
                 # Resident weights give way to the cache the request needs (stream="auto" kept them resident
                 # while they fitted beside one block): stream them, planned for this request, then grow.
                 reserve = max(memory.activation_reserve_bytes, grown - memory.held_bytes)
-                return AdmissionDecision(
+                return AdmissionAnswer(
                     kind="change",
                     change="stream_weights",
                     reserve_bytes=reserve,
@@ -135,7 +136,7 @@ class Admission:
                     budget_bytes=budget,
                     predicted_peak_bytes=predicted,
                 )
-            return AdmissionDecision(
+            return AdmissionAnswer(
                 kind="refuse",
                 refusal="kv_pool_budget",
                 budget_bytes=budget,
@@ -159,8 +160,8 @@ class Admission:
             pool_blocks: int | None = None,
             reserve_bytes: int | None = None,
             rung: int | None = None,
-        ) -> AdmissionDecision:
-            return AdmissionDecision(
+        ) -> AdmissionAnswer:
+            return AdmissionAnswer(
                 kind="change",
                 change=what,
                 label=label,
@@ -174,7 +175,7 @@ class Admission:
 
         waited_s = time.perf_counter() - request.start_s
         if request.changes and waited_s > self.max_wait_s:
-            return AdmissionDecision(
+            return AdmissionAnswer(
                 kind="refuse",
                 refusal="max_wait",
                 budget_bytes=budget,
@@ -209,14 +210,14 @@ class Admission:
         if self.has_fallback:
             return change("fallback", "fallback model")
         if memory.budget_may_rise and time.perf_counter() - request.start_s < self.max_wait_s:
-            return AdmissionDecision(
+            return AdmissionAnswer(
                 kind="wait",
                 wait_s=_WAIT_S,
                 budget_bytes=budget,
                 predicted_peak_bytes=predicted,
                 reason="the budget may rise: waiting for it",
             )
-        return AdmissionDecision(
+        return AdmissionAnswer(
             kind="refuse",
             refusal="over_budget",
             budget_bytes=budget,
@@ -228,7 +229,7 @@ class Admission:
             ),
         )
 
-    def refuse(self, decision: AdmissionDecision) -> AdmissionError:
+    def refuse(self, decision: AdmissionAnswer) -> AdmissionError:
         """Record a ``refuse`` decision the serving loop carries out, and return the error it raises.
 
         The record is a ``refuse`` entry in the session's log (its label the reason's text, ``reason``
@@ -247,7 +248,7 @@ class Admission:
         dump_on_refusal(decision.reason)
         return AdmissionError(decision.reason)
 
-    def _admit(self, request: Request, predicted: int, budget: int) -> AdmissionDecision:
+    def _admit(self, request: Request, predicted: int, budget: int) -> AdmissionAnswer:
         changes = request.changes
         action = "wait" if "waited for the budget" in changes else ("degrade" if changes else "admit")
         reason = "predicted peak within the budget" + (" after: " + "; ".join(changes) if changes else "")
@@ -259,12 +260,12 @@ class Admission:
             changes=list(changes),
             waited_s=time.perf_counter() - request.start_s,
         )
-        return AdmissionDecision(
+        return AdmissionAnswer(
             kind="admit", reason=reason, budget_bytes=budget, predicted_peak_bytes=predicted, record=record
         )
 
 
-def apply_change(decision: AdmissionDecision, request: Request, memory: SessionMemory) -> None:
+def apply_change(decision: AdmissionAnswer, request: Request, memory: SessionMemory) -> None:
     """Carry out a ``change`` decision other than the fallback (the caller holds the session's lock)."""
     tried_streaming = False
     if decision.change == "resize_pool":
@@ -284,4 +285,4 @@ def apply_change(decision: AdmissionDecision, request: Request, memory: SessionM
     request.streaming_failed = tried_streaming  # admission skips streaming only right after it freed nothing
 
 
-__all__ = ["Admission", "AdmissionDecision", "Refusal", "apply_change"]
+__all__ = ["Admission", "AdmissionAnswer", "Refusal", "apply_change"]
