@@ -385,23 +385,13 @@ def _side_events(builder: TraceBuilder, log: StreamLog, t0: int) -> None:
         category = Category.WEIGHT if mapped else Category.OTHER
         dtype, shape = rec.get("dtype"), tuple(int(d) for d in rec.get("shape", ()))
         ptr, nbytes, tensor = int(rec["ptr"]), int(rec["nbytes"]), -1 - i
-        builder.event(
-            t_us,
-            Action.MAP if mapped else Action.PREEXISTING,
-            tensor,
-            ptr,
-            nbytes,
-            category=category,
-            phase=Phase.LOAD,
-            op=rec.get("file"),
-            dtype=dtype,
-            shape=shape,
-        )
-        if rec.get("freed_ns") is not None:
-            t_free = max(t_us, (int(rec["freed_ns"]) - t0) // 1000)
+        events = [(t_us, Action.MAP if mapped else Action.PREEXISTING)]
+        if rec.get("freed_ns") is not None:  # and its end, never before its start
+            events.append((max(t_us, (int(rec["freed_ns"]) - t0) // 1000), Action.UNMAP if mapped else Action.FREE))
+        for t_event_us, action in events:
             builder.event(
-                t_free,
-                Action.UNMAP if mapped else Action.FREE,
+                t_event_us,
+                action,
                 tensor,
                 ptr,
                 nbytes,
