@@ -1,11 +1,12 @@
 """The budget walked from the command line to the placement (issue 40: one shape for a budget).
 
-``memwarden demo --budget 48MiB`` reads the string once (``parse_bytes`` in the command) and hands
-the API bytes; ``GovernedSession`` turns those into one :class:`Budget` at its door
-(``Budget.parse``, once); the session's memory asks that Budget for the bytes in force and, when the
-weights stream, the planner (``plan.placement.place``) gets exactly the admissible share of them.
-On the way no string is parsed again, no figure is a "no limit" sentinel (``2**62``) and no code on
-the path looks up an attribute of its own object that may not exist yet (``getattr(self, "x", d)``).
+``memwarden demo --budget 48MiB`` reads the string once (``commands._common.bytes_option``, the
+CLI's one reader of a byte-size option) and hands the API bytes; ``GovernedSession`` turns those
+into one :class:`Budget` at its door (``Budget.parse``, once); the session's memory asks that
+Budget for the bytes in force and, when the weights stream, the planner (``plan.placement.place``)
+gets exactly the admissible share of them. On the way no string is parsed again, no figure is a
+"no limit" sentinel (``2**62``) and no code on the path looks up an attribute of its own object
+that may not exist yet (``getattr(self, "x", d)``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def test_the_budget_flows_as_one_value_from_the_cli_to_the_placement(monkeypatch
             parsed_strings.append(text)
         return real_parse_bytes(text)
 
-    # the command imports parse_bytes when it runs; the budget's own modules bound it at import
+    # bytes_option imports parse_bytes when it runs; the budget's own modules bound it at import
     for module in (units, budget_value, session_config):
         monkeypatch.setattr(module, "parse_bytes", counting_parse_bytes)
     budgets_parsed: list[object] = []
