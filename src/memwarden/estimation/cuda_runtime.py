@@ -86,14 +86,7 @@ def _with_workspaces(trace: Trace, device: int, workspaces: list[int]) -> Trace:
     for col in ("module", "op", "dtype", "shape", "line", "stack"):
         rows[col][:] = -1
     events = {name: np.concatenate([e[name][:at], rows[name], e[name][at:]]) for name in EVENT_COLUMNS}
-    return Trace(
-        events=events,
-        spans=trace.spans,
-        strings=trace.strings,
-        shapes=trace.shapes,
-        devices=trace.devices,
-        metadata=trace.metadata,
-    )
+    return trace.with_events(events)
 
 
 def cuda_runtime(trace: Trace, device: Any, peak_bytes: int) -> dict[str, Any]:

@@ -303,14 +303,7 @@ class _Importer:
         events = {k: np.asarray(v, dtype=EVENT_COLUMNS[k]) for k, v in zip(names, columns, strict=True)}
         order = np.argsort(events["time_us"], kind="stable")  # as TraceBuilder.build does
         events = {k: v[order] for k, v in events.items()}
-        return Trace(
-            events=events,
-            spans=skeleton.spans,
-            strings=skeleton.strings,
-            shapes=skeleton.shapes,
-            devices=skeleton.devices,
-            metadata=skeleton.metadata,
-        )
+        return skeleton.with_events(events)
 
     def device_trace(self, index: int, entries: list[Any]) -> tuple[set[int], dict[int, int]]:
         """Convert one device's ring buffer.

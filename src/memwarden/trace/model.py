@@ -23,6 +23,7 @@ docs/trace-format.md.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -170,6 +171,11 @@ class Trace:
 
     def __len__(self) -> int:
         return self.num_events
+
+    def with_events(self, events: dict[str, np.ndarray]) -> Trace:
+        """These strings, shapes, devices, spans and metadata with other event columns (rows added
+        to or merged into this trace's, their string and shape ids this trace's)."""
+        return dataclasses.replace(self, events=events)
 
     # -- lookups -------------------------------------------------------------
     def string(self, index: int) -> str | None:

@@ -340,14 +340,7 @@ def trace_from_stream(log: StreamLog, metadata: dict[str, Any] | None = None) ->
     side = builder.build()
     merged = {k: np.concatenate([side.events[k], events[k].astype(EVENT_COLUMNS[k])]) for k in EVENT_COLUMNS}
     order = np.argsort(merged["time_us"], kind="stable")
-    return Trace(
-        events={k: v[order] for k, v in merged.items()},
-        spans=side.spans,
-        strings=side.strings,
-        shapes=side.shapes,
-        devices=side.devices,
-        metadata=side.metadata,
-    )
+    return side.with_events({k: v[order] for k, v in merged.items()})
 
 
 def _step_record(step: dict[str, Any], start_us: int, end_us: int, log: StreamLog) -> Step:
