@@ -25,6 +25,7 @@ from memwarden.analyze.counterfactual import Change, saving, union
 from memwarden.analyze.diagnose import diagnose
 from memwarden.analyze.finding import Finding
 from memwarden.trace.model import Action, Category, Trace, TraceBuilder
+from memwarden.trace.steps import steps_of
 
 REALWORLD = Path(__file__).resolve().parents[1] / "examples" / "realworld"
 POSTFREEZE = REALWORLD.parent / "postfreeze"
@@ -180,6 +181,11 @@ PAIRS = [
     ("../postfreeze5/request-multiplier_blip_shop_catalogue_beam_candidates", "request-multiplier"),
     # a podcast decoded whole into numpy, then cut into the 30 s windows the model reads
     ("../postfreeze5/untracked-host-memory_wav2vec2_podcast_ffmpeg_decode_whole_episode", "untracked-host-memory"),
+    # (the sixth corpus, read after its measurement) an fp16 checkpoint loaded as float32, then .half():
+    # a cast parameter by parameter frees the small ones first, the large stay duplicated at the peak
+    ("../postfreeze6/load-spike_instructblip_from_pretrained_fp32_then_half", "load-spike"),
+    # a bf16 model cast whole to the pixels' float32 at run time (model.to(pixel_values.dtype))
+    ("../postfreeze6/dequant-temporaries_idefics2_bf16_checkpoint_upcast_on_dtype_mismatch", "dequant-temporaries"),
 ]
 
 
@@ -293,3 +299,18 @@ def test_frames_beyond_the_documented_count_are_named_and_the_recipe_twin_is_cle
     assert mine[0].saving_peak_bytes > 0 and "max_frames" in mine[0].fix
     _, fixed = _peak_and_findings(case.with_name(case.name + "_fixed.py"))
     assert not [f for f in fixed if f.severity in ("high", "medium")]
+
+
+def test_one_image_repeated_per_question_under_the_decoders_own_generate() -> None:
+    """BLIP-2's generate runs its vision tower, then its language model's generate on
+    ``inputs_embeds``: the prefill gets no ids and no pixels, so the items the tower was sent are
+    the prefill's (record/inputs.StepMedia). Eight questions about one photo, the photo expanded
+    to the batch: eight equal digests, a request multiplied by 8; one question per call is clean."""
+    case = REALWORLD.parent / "postfreeze6" / "request-multiplier_blip2_catalogue_attribute_prompts_batch_repeats_image"
+    trace = _captured(case.with_name(case.name + ".py"))
+    prefill = [s for s in steps_of(trace) if s.phase == "prefill"][0]
+    assert prefill.batch == 8 and prefill.media_repeat == 8 and len(set(prefill.media_digests)) == 1
+    mine = [f for f in diagnose(trace) if f.pattern == "request-multiplier"]
+    assert mine and mine[0].evidence["multiplier"] == 8 and mine[0].severity == "high"
+    _, fixed = _peak_and_findings(case.with_name(case.name + "_fixed.py"))
+    assert not [f for f in fixed if f.severity in ("high", "medium")], [(f.pattern, f.severity) for f in fixed]

@@ -245,6 +245,24 @@ def test_alignment_padding_pad_to_power_of_two_with_downstream() -> None:
     assert detect(alignment_padding, trace, min_ratio=2.0) == []
 
 
+def test_a_models_own_attention_mask_is_no_alignment_padding() -> None:
+    """Pixtral's block-diagonal mask over two images' patches: an (1, 1, N, N) tensor filled with
+    the dtype's minimum, then zeros written into each image's block. The fill is the masking, not
+    padding; a (4, 3, 256, 256) canvas filled and pasted with small photos stays padding."""
+    tb = Blocks()
+    _weights(tb)
+    act = {"category": Category.ACTIVATION, "module": "vision_tower", "dtype": "float32"}
+    n = 1024
+    mask = tb.alloc(n * n * 4, op="aten::full", shape=(1, 1, n, n), written_bytes=2 * 512 * 512 * 4, **act)
+    tb.free(mask)
+    assert detect(alignment_padding, tb.build()) == []
+    canvas = tb.alloc(
+        4 * 3 * 256 * 256 * 4, op="aten::full", shape=(4, 3, 256, 256), written_bytes=4 * 3 * 64 * 48 * 4, **act
+    )
+    tb.free(canvas)
+    assert [f.where for f in detect(alignment_padding, tb.build())] == ["vision_tower / aten::full"]
+
+
 def test_alignment_padding_cat_with_zeros_and_zeros_then_copy() -> None:
     tb = Blocks()
     _weights(tb)

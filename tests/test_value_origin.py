@@ -281,6 +281,35 @@ def test_a_tiling_setting_applied_to_each_frame_is_found_and_one_image_is_not(tm
     assert tiling_knob(f, _line(f, "# ONE"), ("max_num",)) is None  # one tile per frame
 
 
+def test_a_tiling_setting_in_the_loop_that_fed_the_joined_pixels(tmp_path: Path) -> None:
+    """``torch.cat(pix)`` in the generate call, the tiles appended to ``pix`` in the loop above it:
+    the setting is the one the loop passed (two names back), not one of the call's own."""
+    f = _write(
+        tmp_path,
+        "dashcam.py",
+        """
+        MAX_NUM = 12
+
+        def ask(model, frames):
+            pix, ids = [], []
+            for k, rgb in enumerate(frames):
+                tiles = load_tiles(rgb, 448, max_num=MAX_NUM)  # TILES
+                pix.append(tiles)
+                ids += [k] * tiles.shape[0]
+            return model.generate(input_ids=ids, pixel_values=torch.cat(pix))  # CALL
+
+        def one(model, frames):
+            pix = []
+            for rgb in frames:
+                pix.append(load_tiles(rgb, 448, max_num=1))
+            return model.generate(pixel_values=torch.cat(pix))  # SINGLE
+        """,
+    )
+    knob = tiling_knob(f, _line(f, "# CALL"), ("max_num",))
+    assert knob is not None and (knob.name, knob.value, knob.line) == ("max_num", 12, _line(f, "# TILES"))
+    assert tiling_knob(f, _line(f, "# SINGLE"), ("max_num",)) is None  # one tile per frame
+
+
 def test_a_value_handed_to_a_method_that_stores_it_is_kept_there(tmp_path: Path) -> None:
     """``stream.on_frame(i, frame)`` whose method appends its parameter to ``self.history``: the
     line that keeps the frame is that append, one call down; a comparison added to a counter

@@ -45,7 +45,7 @@ THRESHOLDS: dict[str, dict[str, Threshold]] = {
         "min_graphs_alive": _count(lo=1),
         "min_modules_without_backward": _count(),
     },
-    "dequant-temporaries": {"min_blocks": _count(lo=1), "min_weight_bytes": _count()},
+    "dequant-temporaries": {"min_blocks": _count(lo=1), "min_weight_bytes": _count(), "min_widened_share": _fraction()},
     "fragmentation": {
         "min_overhead_fraction": _fraction(),
         "min_unused_bytes": _count(),

@@ -19,6 +19,7 @@ from memwarden.analyze.source_lines import (
     bound_names,
     call_lines,
     callable_name,
+    flatten,
     function_node,
     statement_at,
     tree_of,
@@ -223,9 +224,12 @@ def tiling_knob(file: str, line: int, keywords: tuple[str, ...]) -> Knob | None:
     stmt = statement_at(tree, line) if tree is not None else None
     if tree is None or stmt is None:
         return None
-    comps = [n for n in ast.walk(stmt) if isinstance(n, (ast.ListComp, ast.GeneratorExp, ast.SetComp))]
-    in_loop = _in_loop(tree, stmt)
-    scopes: list[ast.AST] = [stmt] if in_loop else list(comps)  # once per item, or not at all
+    scopes: list[ast.AST] = []
+    # the statement, then the ones in its function that fed the names it reads (``pix.append(tiles)``
+    # in the loop above ``torch.cat(pix)``, and ``tiles = load(frame, max_num=12)`` before it)
+    for fed in [stmt, *_feeders(tree, stmt)]:
+        comps = [n for n in ast.walk(fed) if isinstance(n, (ast.ListComp, ast.GeneratorExp, ast.SetComp))]
+        scopes += [fed] if _in_loop(tree, fed) else comps  # once per item, or not at all
     for scope in scopes:
         for node in ast.walk(scope):
             if not isinstance(node, ast.Call):
@@ -236,6 +240,36 @@ def tiling_knob(file: str, line: int, keywords: tuple[str, ...]) -> Knob | None:
                     if value is None or value is True or (not isinstance(value, bool) and value > 1):
                         return Knob(getattr(k.value, "lineno", node.lineno), str(k.arg), value)
     return None
+
+
+def _feeders(tree: ast.Module, stmt: ast.stmt, hops: int = 2) -> list[ast.stmt]:
+    """Statements of ``stmt``'s function, before it, that bind or append to a name it reads, and
+    (``hops`` deep) those that bind the names they read."""
+    fn = function_node(tree, stmt.lineno)
+    if fn is None:
+        return []
+    body = [
+        s for s in flatten(fn.body) if isinstance(s, (ast.Assign, ast.AugAssign, ast.Expr)) and s.lineno < stmt.lineno
+    ]
+    names = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    found: list[ast.stmt] = []
+    for _ in range(hops):
+        fed = [s for s in body if s not in found and names & _bound_or_appended(s)]
+        found += fed
+        names = {n.id for s in fed for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return found
+
+
+def _bound_or_appended(stmt: ast.stmt) -> set[str]:
+    if isinstance(stmt, ast.Assign):
+        return {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+        return {stmt.target.id}
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in ("append", "extend"):
+        owner = call.func.value
+        return {owner.id} if isinstance(owner, ast.Name) else set()
+    return set()
 
 
 def _in_loop(tree: ast.Module, stmt: ast.stmt) -> bool:

@@ -198,6 +198,34 @@ def step_tokens(module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, An
     return info
 
 
+class StepMedia:
+    """Each step's inputs as ``step_tokens`` reads them, with the media a request sent before its
+    language model's step: a VLM whose ``generate`` encodes ``pixel_values`` with its vision tower
+    (an outermost call, not a step) and then runs its decoder's own ``generate`` on
+    ``inputs_embeds`` (BLIP-2, InstructBLIP) sends its prefill no ids and no pixels, so the items
+    the tower was sent are that prefill's, and the embeddings' rows are its batch."""
+
+    def __init__(self) -> None:
+        self._pending: tuple[str, ...] = ()
+
+    def saw(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """An outermost call that is not a step (a vision tower run by a model's generate)."""
+        if any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in (*args, *kwargs.values())):
+            items = media_digests(bound_inputs(module, args, kwargs))
+            if items:
+                self._pending = items
+
+    def step_info(self, module: torch.nn.Module, named: dict[str, Any]) -> dict[str, Any] | None:
+        info = step_tokens(module, named)
+        embeds = named.get("inputs_embeds")
+        if info is None and isinstance(embeds, torch.Tensor) and embeds.dim() == 3 and not embeds.is_meta:
+            info = {"tokens": {}, "batch": int(embeds.shape[0])}
+            if self._pending:
+                info["media_digests"] = self._pending
+        self._pending = ()
+        return info
+
+
 _MEDIA_DIGESTS_KEPT = 1024  # per-item digests a root call keeps
 
 

@@ -202,6 +202,7 @@ def _op_findings(trace: Trace, ctx: Context, min_ratio: float) -> list[Finding]:
     padded = scanned & (kinds != _KIND_NONE) & (data > 0) & (nbytes >= min_ratio * np.maximum(data, 1))
     padded[filler_of_cat[has_filler]] = False  # counted in the cat that consumed it
     rows = _beyond_longest(trace, np.flatnonzero(padded))
+    rows = rows[~_attention_mask(trace, rows, kinds)]
     if len(rows) == 0:
         return []
     pad_bytes = nbytes[rows] - data[rows]
@@ -279,6 +280,21 @@ def _op_findings(trace: Trace, ctx: Context, min_ratio: float) -> list[Finding]:
             )
         )
     return findings
+
+
+def _attention_mask(trace: Trace, rows: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """Rows that are a model's own attention mask: filled inside a module's forward, shaped
+    (N, N) or (B, 1, N, N) (Pixtral's block-diagonal mask over the images' patches, a causal mask).
+    Its fill value is the masking, not padding a collator could leave out: the cost is N, the
+    tokens, which vision-token-dominance judges."""
+    e = trace.events
+    out = np.zeros(len(rows), dtype=bool)
+    for i, r in enumerate(rows.tolist()):
+        shape = trace.shape(int(e["shape"][r])) or ()
+        if kinds[r] != _KIND_FILL or e["module"][r] < 0 or len(shape) < 2 or shape[-1] != shape[-2] or shape[-1] < 2:
+            continue
+        out[i] = len(shape) == 2 or shape[-3] == 1
+    return out
 
 
 def _beyond_longest(trace: Trace, rows: np.ndarray) -> np.ndarray:

@@ -130,8 +130,11 @@ def detect(ctx: Context) -> list[Finding]:
         return []
     # The model materialised twice means most of its weights duplicated at once, not a layer at a
     # time (quantising a float checkpoint layer by layer keeps one float layer alive).
-    dupable = int(np.isin(shape_col[final_rows], shape_col[dup_rows]).sum())
-    if int(dup_at_load_peak.sum()) < max(2, min_share_of_weights * dupable):
+    # Counted in bytes: a cast parameter by parameter frees many small blocks (norms, biases) before
+    # the peak while the large matrices are still duplicated, so most of the duplicates' bytes are
+    # alive together at the load peak, where a layer-at-a-time conversion keeps one layer's.
+    all_dup_bytes = int(ev["nbytes"][dup_rows].sum())
+    if int(dup_at_load_peak.sum()) < 2 or dup_bytes < min_share_of_weights * all_dup_bytes:
         return []
 
     # The run without the duplicates: subtract their own live-bytes curve.
@@ -167,6 +170,8 @@ def detect(ctx: Context) -> list[Finding]:
         for (op, dt), (nb, cnt) in ranked[:_EVIDENCE_GROUPS]
     ]
     final_dtypes = {trace.strings[d] for d in np.unique(ev["dtype"][final_rows]).tolist() if d >= 0}
+    # The dtype a user names is the floating one (integer buffers such as position ids keep theirs).
+    final_dtypes = {d for d in final_dtypes if "float" in d} or final_dtypes
     dup_dtypes = {trace.strings[d] for d in np.unique(ev["dtype"][rows]).tolist() if d >= 0}
     cast = bool(dup_dtypes - final_dtypes)
     kept = fidx[dup_rows] >= end

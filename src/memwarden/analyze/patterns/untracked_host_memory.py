@@ -58,7 +58,9 @@ def _ints(values: Any, n: int) -> np.ndarray:
 
 def detect(ctx: Context) -> list[Finding]:
     trace = ctx.trace
-    return _numpy_held(trace, ctx) or _numpy_whole(trace, ctx) or _resident_growth(trace, ctx)
+    return (
+        _numpy_held(trace, ctx) or _numpy_whole(trace, ctx) or _copied_out(trace, ctx) or _resident_growth(trace, ctx)
+    )
 
 
 def _numpy_held(trace: Trace, ctx: Context) -> list[Finding]:
@@ -202,22 +204,118 @@ def _numpy_whole(trace: Trace, ctx: Context) -> list[Finding]:
     ]
 
 
-def _resident_growth(trace: Trace, ctx: Context) -> list[Finding]:
-    min_bytes = int(ctx.threshold(PATTERN, "min_bytes", 32 << 20))
-    min_share = float(ctx.threshold(PATTERN, "min_share", 0.2))
+def _resident_rest(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The resident samples: (time_us, RSS, the resident bytes the trace does not hold)."""
     resident = trace.metadata.get("resident")
     if not isinstance(resident, dict) or not isinstance(resident.get("samples"), dict):
-        return []
+        return None
     cols = resident["samples"]
     rss = cols.get("rss")
     if not isinstance(rss, list) or len(rss) < 4:
-        return []
+        return None
     n = len(rss)
     rss_a, traced = _ints(rss, n), _ints(cols.get("traced"), n)
-    t_us = _ints(cols.get("time_us"), n)
     # Freed tensors' memory stays resident (glibc keeps freed heap chunks), so what the trace does
     # not hold is measured against the most it has held so far, not what it holds now.
-    rest = np.maximum(rss_a - np.maximum.accumulate(traced), 0)
+    return _ints(cols.get("time_us"), n), rss_a, np.maximum(rss_a - np.maximum.accumulate(traced), 0)
+
+
+def _copied_out(trace: Trace, ctx: Context) -> list[Finding]:
+    """Data that passed through numpy into memory the trace cannot see: one user line's numpy
+    blocks, each made and freed (a page rendered, a frame decoded, then handed to PIL or a C
+    library that copies it), while the resident memory not traced rose by about as much as they
+    held and stayed up to the resident peak: the copies (a list of PIL images) are what the script
+    keeps. Unlike ``_resident_growth`` this needs no baseline after the model's first call, so data
+    read whole before the model ever runs is seen; the numpy blocks tell it from imported code."""
+    min_bytes = int(ctx.threshold(PATTERN, "min_bytes", 32 << 20))
+    min_share = float(ctx.threshold(PATTERN, "min_share", 0.2))
+    samples = _resident_rest(trace)
+    if samples is None or NUMPY_OP not in trace.strings or not trace.num_events:
+        return []
+    t_us, rss, rest = samples
+    e = trace.events
+    free = ctx.analysis.free_index
+    made = np.flatnonzero((e["op"] == trace.strings.index(NUMPY_OP)) & (e["action"] == Action.ALLOC) & (e["line"] >= 0))
+    if not len(made):
+        return []
+    peak_sample = int(np.argmax(rss))
+    trace_peak = max(ctx.summary.peak_bytes, 1)
+    best: tuple[int, int, np.ndarray] | None = None  # (held, rise, the line's rows)
+    # One stretch of one line: its blocks between two model calls (a list made before the model
+    # runs), not a line that makes a little for every request over the whole run.
+    starts = np.array(sorted(s.start_us for s in ctx.analysis.steps), dtype=np.int64)
+    stretch = np.searchsorted(starts, e["time_us"][made], side="right")
+    keys = np.stack([e["line"][made].astype(np.int64), stretch.astype(np.int64)], axis=1)
+    for key in np.unique(keys, axis=0):
+        rows = made[(keys[:, 0] == key[0]) & (keys[:, 1] == key[1])]
+        if int(e["nbytes"][rows].sum()) < min_bytes:
+            continue
+        t0, t1 = int(e["time_us"][rows[0]]), int(e["time_us"][rows[-1]])
+        before = int(np.searchsorted(t_us, t0, side="left")) - 1
+        after = int(np.searchsorted(t_us, t1, side="right"))
+        if before < 0 or after >= len(t_us) or peak_sample < after:
+            continue
+        rise = int(rest[after]) - int(rest[before])
+        held = int(rest[peak_sample]) - int(rest[before])
+        # the line's blocks themselves freed by then: what rose is a copy, not the numpy data
+        still = int(e["nbytes"][rows[free[rows] > rows[-1]]].sum())
+        if (
+            rise < min_bytes
+            or rise < min_share * trace_peak
+            or held < 0.5 * rise
+            or int(e["nbytes"][rows].sum()) < 0.5 * rise
+            or still >= 0.5 * rise
+        ):
+            continue
+        if best is None or held > best[0]:
+            best = (held, rise, rows)
+    if best is None:
+        return []
+    held, rise, rows = best
+    site = parse_line(trace.strings[int(e["line"][rows[0]])])
+    scripts = script_files([s.call_site or "" for s in ctx.analysis.steps]) or [site.file]
+    holder = holding_line(site.file, site.line, site.function, scripts)
+    lines = [LineBytes(holder.file, holder.line, holder.what, held, 0)] if holder is not None else []
+    lines.append(LineBytes(site.file, site.line, site.function, int(e["nbytes"][rows].sum()), len(rows)))
+    fix = (
+        f"{len(rows)} numpy arrays made at {site.file}:{site.line} were copied out of numpy (PIL images, a C "
+        f"library's buffers) and kept: resident memory outside torch rose {format_bytes(rise)} while they were made "
+        f"and still holds {format_bytes(held)} at the resident peak. Produce them one at a time as they are used "
+        f"(a generator; for PDF pages convert_from_path(first_page=i, last_page=i) or paths_only=True; for video, "
+        f"decode the sampled frames only) and del each once it is a tensor"
+    )
+    evidence: dict[str, Any] = {
+        "numpy_blocks": len(rows),
+        "numpy_bytes_allocated": int(e["nbytes"][rows].sum()),
+        "not_traced_rise_bytes": rise,
+        "not_traced_held_at_rss_peak_bytes": held,
+        "rss_peak_bytes": int(rss[peak_sample]),
+        "trace_peak_bytes": ctx.summary.peak_bytes,
+        "made_at": f"{site.file}:{site.line}",
+    }
+    return [
+        Finding(
+            pattern=PATTERN,
+            severity="high",
+            bytes_at_peak=held,
+            wasted_bytes=held,
+            where="outside torch",
+            evidence=evidence,
+            fix=fix,
+            lines=merge_lines(lines),
+            saving_peak_bytes=held,
+        )
+    ]
+
+
+def _resident_growth(trace: Trace, ctx: Context) -> list[Finding]:
+    min_bytes = int(ctx.threshold(PATTERN, "min_bytes", 32 << 20))
+    min_share = float(ctx.threshold(PATTERN, "min_share", 0.2))
+    samples = _resident_rest(trace)
+    if samples is None:
+        return []
+    t_us, rss_a, rest = samples
+    n = len(t_us)
     # Baseline: the most not-traced memory until the model's first call has returned. Before it the
     # script imports its libraries (transformers alone is tens of MiB of code and objects) and the
     # first call imports what it uses lazily; none of that is the user's data.

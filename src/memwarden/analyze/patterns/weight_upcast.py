@@ -15,16 +15,25 @@ dtype made twice by chance would match too; ``min_blocks`` repeats and the weigh
 (``min_weight_bytes``) keep that rare.
 
 Waste: the copies alive at the trace's peak (the fix makes none).
+
+The kept case (``widened``): the whole half-precision model cast to float32 once and kept so
+(``model.to(pixel_values.dtype)`` to reconcile float32 inputs, ``model.float()`` before serving),
+which doubles every weight for the rest of the run; casting the inputs to the model's dtype keeps
+it. The trace shows most of the half-precision weight bytes freed, each right after a weight of
+its shape in a wider float dtype was made. A run with a backward is left out: float32 master
+weights for training are a choice, not a slip.
 """
 
 from __future__ import annotations
+
+import bisect
 
 import numpy as np
 
 from memwarden.analyze.counterfactual import Change
 from memwarden.analyze.finding import Context, Finding, severity_for
 from memwarden.analyze.lines import lines_of_rows
-from memwarden.trace.model import Action, Category
+from memwarden.trace.model import Action, Category, Phase
 from memwarden.units import DTYPE_BYTES, format_bytes
 
 PATTERN = "dequant-temporaries"
@@ -33,6 +42,11 @@ _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def detect(ctx: Context) -> list[Finding]:
+    """The half-precision weights upcast per call, or the model cast wider once and kept so."""
+    return _per_call(ctx) or _widened(ctx)
+
+
+def _per_call(ctx: Context) -> list[Finding]:
     """The half-precision weights whose float32 (or wider) copies each call makes."""
     trace = ctx.trace
     min_blocks = int(ctx.threshold(PATTERN, "min_blocks", 2))
@@ -127,6 +141,105 @@ def detect(ctx: Context) -> list[Finding]:
             evidence=evidence,
             fix=fix,
             change=Change(drop=rows),
+            lines=lines,
+        )
+    ]
+
+
+def _widened(ctx: Context) -> list[Finding]:
+    """Half-precision weights replaced by float32 (or wider) copies of their shape, kept as weights."""
+    trace = ctx.trace
+    min_share = float(ctx.threshold(PATTERN, "min_widened_share", 0.5))
+    n = trace.num_events
+    ev = trace.events
+    on_dev = ev["device"] == ctx.analysis.device
+    if n == 0 or bool(np.any((ev["phase"] == Phase.BACKWARD) & on_dev)):
+        return []
+    width = np.array([DTYPE_BYTES[s] if s in _FLOATS else 0 for s in trace.strings] + [0], dtype=np.int64)[ev["dtype"]]
+    action, category = ev["action"], ev["category"]
+    is_weight = (category == Category.WEIGHT) | (category == Category.BUFFER)
+    has_shape = on_dev & (ev["shape"] >= 0)
+    fidx = ctx.analysis.free_index
+    wide = np.flatnonzero((action == Action.ALLOC) & is_weight & has_shape & (width > 2))
+    # The half-precision weights a cast replaced died before the capture saw them called as weights,
+    # so a block of any kind but an input qualifies, by its shape and its death after its copy.
+    is_start = (action == Action.ALLOC) | (action == Action.PREEXISTING) | (action == Action.MAP)
+    narrow = np.flatnonzero(
+        is_start
+        & has_shape
+        & (width == 2)
+        & (is_weight | (category == Category.OTHER))
+        & np.isin(ev["shape"], ev["shape"][wide])
+    )
+    if not len(narrow) or not len(wide):
+        return []
+    by_shape: dict[int, list[int]] = {}
+    for r in narrow.tolist():
+        by_shape.setdefault(int(ev["shape"][r]), []).append(r)
+    pairs: list[tuple[int, int]] = []  # (narrow row, the wide row that replaced it)
+    taken: set[int] = set()
+    for w in wide.tolist():
+        # the half-precision block of its shape alive when it was made and freed first after it
+        made = by_shape.get(int(ev["shape"][w]), [])
+        alive = [r for r in made[: bisect.bisect_left(made, w)] if w <= fidx[r] and r not in taken]
+        if alive:
+            r = min(alive, key=lambda r: (int(fidx[r]), -r))
+            pairs.append((r, w))
+            taken.add(r)
+    wide_bytes = int(ev["nbytes"][wide].sum())
+    if not pairs or int(ev["nbytes"][[w for _, w in pairs]].sum()) < min_share * wide_bytes:
+        return []
+    replaced = np.array([r for r, _ in pairs], dtype=np.int64)
+    rows = np.array([w for _, w in pairs], dtype=np.int64)
+    scale = ev["nbytes"][replaced] / ev["nbytes"][rows]
+    # The model's calls after the cast compute in the wide dtype too: their float activations,
+    # caches and temporaries of that width shrink with the weights (the inputs cast instead).
+    wide_width = int(width[rows[0]])
+    working = np.isin(category, [Category.ACTIVATION, Category.KV_CACHE, Category.TEMPORARY])
+    after = np.flatnonzero((action == Action.ALLOC) & working & on_dev & (ev["module"] >= 0) & (width == wide_width))
+    after = after[after > rows.min()]
+    scaled = np.concatenate([rows, after])
+    factor = np.concatenate([scale, np.full(len(after), 2 / wide_width)])
+    # each half-precision weight gives way to its (scaled) copy when the copy is made: one weight set
+    change = Change(
+        scale_rows=scaled, scale=factor.astype(np.float64), free_rows=replaced, free_at=rows.astype(np.int64)
+    )
+    live = ctx.analysis.live_bytes
+    peak_row = int(np.argmax(live))
+    peak_bytes = int(live[peak_row])
+    at_peak = (scaled <= peak_row) & (fidx[scaled] > peak_row)
+    wasted = int((ev["nbytes"][scaled][at_peak] * (1 - factor[at_peak])).sum())
+    if wasted <= 0:
+        return []
+    lines = [{"file": x.file, "line": x.line, "nbytes": x.nbytes} for x in lines_of_rows(trace, rows, 2)]
+    narrow_dtype = trace.string(int(ev["dtype"][replaced[0]]))
+    wide_dtype = trace.string(int(ev["dtype"][rows[0]]))
+    evidence = {
+        "weights_widened": len(rows),
+        "weight_bytes_before": int(ev["nbytes"][replaced].sum()),
+        "weight_bytes_after": int(ev["nbytes"][rows].sum()),
+        "from_dtype": narrow_dtype,
+        "to_dtype": wide_dtype,
+        "bytes_at_peak": wasted,
+        "peak_bytes": peak_bytes,
+    }
+    fix = (
+        f"the {narrow_dtype} model is cast to {wide_dtype} and kept so ({len(rows)} weights, "
+        f"{format_bytes(int(ev['nbytes'][replaced].sum()))} -> {format_bytes(int(ev['nbytes'][rows].sum()))}): "
+        f"keep the weights in {narrow_dtype} and cast the inputs to the model's dtype instead "
+        f"(pixel_values.to(model.dtype), inputs.to(model.device, model.dtype)); saves {format_bytes(wasted)} "
+        f"at the peak"
+    )
+    return [
+        Finding(
+            pattern=PATTERN,
+            severity=severity_for(wasted, peak_bytes),
+            bytes_at_peak=wasted,
+            wasted_bytes=wasted,
+            where="model weights",
+            evidence=evidence,
+            fix=fix,
+            change=change,
             lines=lines,
         )
     ]

@@ -35,6 +35,7 @@ from memwarden.record.attribution.log import CaptureLog
 from memwarden.record.foreign import registration_hooks, state_dict_hook
 from memwarden.record.inputs import (
     DigestCache,
+    StepMedia,
     bound_inputs,
     cache_in,
     cache_is_empty,
@@ -42,7 +43,6 @@ from memwarden.record.inputs import (
     fingerprint,
     named_inputs,
     sequence_length,
-    step_tokens,
 )
 from memwarden.record.live.procmaps import FileMappings
 from memwarden.record.live.ring import FlightRecorder
@@ -147,7 +147,7 @@ class Capture:
         self._active = False
         self._maps = FileMappings()
         self._own_hooks: set[int] = set()
-        self._digests = DigestCache()
+        self._digests, self._media = DigestCache(), StepMedia()
         self._entries: list[tuple[int, int, bool, bool]] = []  # (ctx, enter index, saw kwargs, is step)
         self._module_handles: list[Any] = []
         self._fast_register: Any = None  # the native recorder's, where it has one (not the meta recorder)
@@ -232,11 +232,13 @@ class Capture:
             # A step is a decode step when it feeds one token into a non-empty cache.
             prefill = not (seq == 1 and not cache_is_empty(named))
             phase = Phase.PREFILL if prefill else Phase.DECODE
-            self._log.step_start(self._now(), ctx, phase, seq, step_tokens(module, named))
+            self._log.step_start(self._now(), ctx, phase, seq, self._media.step_info(module, named))
             self._log.steps[-1].grad = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
             site = self._callers.of_caller() if self._callers is not None else None
             if site is not None:
                 self._call_sites[self._log.steps[-1].start_ns] = site
+        elif not self._stack:  # a tower run before its decoder's steps (BLIP-2's generate)
+            self._media.saw(module, args, kwargs)
         if not self._stack:  # whatever the program feeds into a model from outside is its input
             now = self._now()
             for name, t in named_inputs(module, args, kwargs):  # pixel_values: vision, even from numpy
@@ -293,7 +295,7 @@ class Capture:
             except Exception:
                 cached = 0
             decode = seq == 1 and cached > 1
-            self._log.fix_step(Phase.DECODE if decode else Phase.PREFILL, seq, step_tokens(module, kwargs))
+            self._log.fix_step(Phase.DECODE if decode else Phase.PREFILL, seq, self._media.step_info(module, kwargs))
 
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._log.optimizer_start(self._now())

@@ -19,17 +19,25 @@ from memwarden.record.live.sites import CallSites
 __all__ = ["starts_step"]
 
 
+_GENERATES: dict[type, bool] = {}  # by class: transformers answers can_generate from the class
+
+
 def _generates(module: torch.nn.Module) -> bool:
     """A part that is a generating model itself: a VLM whose ``generate`` runs the vision tower and
     then its decoder's own ``generate`` (BLIP, InstructBLIP) never calls the root's forward, so the
     decoder's outermost calls are the run's prefill and decode steps."""
+    known = _GENERATES.get(type(module))
+    if known is not None:
+        return known
     can = getattr(module, "can_generate", None)
-    if not callable(getattr(module, "generate", None)) or not callable(can):
-        return False
-    try:
-        return bool(can())
-    except Exception:  # a model's own can_generate that cannot answer: not a generating part
-        return False
+    answer = False
+    if callable(getattr(module, "generate", None)) and callable(can):
+        try:
+            answer = bool(can())
+        except Exception:  # a model's own can_generate that cannot answer: not a generating part
+            answer = False
+    _GENERATES[type(module)] = answer
+    return answer
 
 
 def starts_step(module: torch.nn.Module, path: str, callers: CallSites | None) -> bool:
