@@ -121,6 +121,31 @@ def test_chat_reuses_the_prefix_and_equals_generate_with_the_cache_passed_back(m
 
 
 @pytest.mark.parametrize("name", FAMILIES)
+def test_turn_two_stats_say_the_prefix_was_reused_and_the_image_not_encoded_again(models, name):
+    """``stats()`` itself (not only its list of requests) answers for the latest turn: on turn 2 of a
+    chat about one image, ``reused_tokens`` > 0 and ``media_reencoded`` False, where turn 1 sent the
+    image through the encoder; the reply equals the careful user's."""
+    model = models[name]
+    gk = zoo.generate_kwargs(name)
+    turns = _conversation(model, (112, 112), seed=11)[:2]
+    with torch.inference_mode():
+        session = GovernedSession(model, budget="1GiB")
+        before = session.stats(include_requests=False)
+        r1 = session.chat(turns[0]["input_ids"], max_new_tokens=NEW, **_media(turns[0]), **gk)
+        one = session.stats(include_requests=False)
+        r2 = session.chat(turns[1]["input_ids"], max_new_tokens=NEW, **gk)
+        two = session.stats()
+        refs = _careful_user(model, name, turns)
+    assert torch.equal(r1, refs[0]) and torch.equal(r2, refs[1])
+    assert before["reused_tokens"] == 0 and before["media_reencoded"] is None  # no request yet
+    assert one["media_reencoded"] is True and one["reused_tokens"] == 0
+    assert two["reused_tokens"] > 0 and two["media_reencoded"] is False
+    last = two["requests"][-1]
+    assert (two["reused_tokens"], two["media_reencoded"]) == (last["reused_tokens"], last["media_reencoded"])
+    assert two["reused_tokens_total"] == sum(r["reused_tokens"] for r in two["requests"])
+
+
+@pytest.mark.parametrize("name", FAMILIES)
 def test_repeated_request_reuses_the_image_and_equals_plain_generate(models, name):
     model = models[name]
     gk = zoo.generate_kwargs(name)

@@ -1,8 +1,8 @@
 """Running counts over a GovernedSession's request records and decision log.
 
 ``stats()`` reports how many requests were served, admission's decisions and refusals by reason,
-the log's entries by kind, the latest request's rung and the latest telemetry reading the budget
-followed. Counting them from the lists at every call costs one pass over everything the session
+the log's entries by kind, the latest request's rung, prefix reuse and media encoding, and the
+latest telemetry reading the budget followed. Counting them from the lists at every call costs one pass over everything the session
 ever did, and a metrics scrape asks for them every few seconds of a service that runs for days.
 The records and the log only grow (both are append-only lists), so a :class:`SessionTally` keeps
 the counts and, at each look, advances them over what was appended since the last one: a look
@@ -36,6 +36,11 @@ class SessionTally:
         self._refusals: Counter[str] = Counter()  # refused requests by reason code
         self._event_counts: Counter[str] = Counter()  # log entries by kind
         self._rung = 0  # the latest request's degradation rung
+        # the latest request's prompt tokens served from cached KV blocks, and whether its media went
+        # through the encoder (None: no request yet): a chat's turn 2 reads them from stats() itself
+        self._reused_tokens = 0
+        self._media_reencoded: bool | None = None
+        self._reused_tokens_total = 0  # prompt tokens served from cached KV blocks, every request
         self._telemetry: dict[str, float] = {}  # the latest reading the budget followed
 
     def look(
@@ -48,6 +53,8 @@ class SessionTally:
             for record in records[self._records_seen : num_records]:
                 self._decisions[record.decision.action] += 1
                 self._rung = record.rung
+                self._reused_tokens, self._media_reencoded = record.reused_tokens, record.media_reencoded
+                self._reused_tokens_total += record.reused_tokens
             for event in events[self._events_seen : num_events]:
                 kind = str(event.get("kind"))
                 self._event_counts[kind] += 1
@@ -62,6 +69,9 @@ class SessionTally:
                 "refusals": dict(self._refusals),
                 "event_counts": dict(self._event_counts),
                 "degradation_rung": self._rung,
+                "reused_tokens": self._reused_tokens,
+                "media_reencoded": self._media_reencoded,
+                "reused_tokens_total": self._reused_tokens_total,
                 "telemetry": dict(self._telemetry),
             }
             return counts, num_records, num_events
