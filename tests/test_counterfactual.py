@@ -314,3 +314,12 @@ def test_one_image_repeated_per_question_under_the_decoders_own_generate() -> No
     assert mine and mine[0].evidence["multiplier"] == 8 and mine[0].severity == "high"
     _, fixed = _peak_and_findings(case.with_name(case.name + "_fixed.py"))
     assert not [f for f in fixed if f.severity in ("high", "medium")], [(f.pattern, f.severity) for f in fixed]
+
+
+def test_the_same_prompt_with_another_image_and_no_placeholder_ids_is_no_reprefill() -> None:
+    """Kosmos-2 marks its image positions with a mask, not an id: 24 photos indexed with one
+    grounding prompt send the same ids with other images. Where the images sit is unknown, so no
+    prefix is known to be shared, and no kv-reprefill is raised."""
+    case = REALWORLD.parent / "postfreeze6" / "retained-outputs_kosmos2_grounded_photo_index_keep_forward_outputs"
+    _, fixed = _peak_and_findings(case.with_name(case.name + "_fixed.py"))
+    assert not [f for f in fixed if f.severity in ("high", "medium")], [(f.pattern, f.severity) for f in fixed]

@@ -94,7 +94,12 @@ def _shared_prefix(
     n = min(len(x), len(y))
     diff = np.flatnonzero(x[:n] != y[:n])
     lcp = int(diff[0]) if len(diff) else n
-    if not media or (fps_a and fps_a == fps_b):
+    if not media:
+        # media sent but no placeholder ids to place it (Kosmos-2 marks its image positions with a
+        # mask, not an id): both requests encoded other media, and where in the prefix it sits is
+        # unknown, so nothing is known to be shared
+        return 0 if fps_a and fps_b and fps_a != fps_b else lcp
+    if fps_a and fps_a == fps_b:
         return lcp
     is_media = np.isin(x[:lcp], list(media))
     run_starts = np.flatnonzero(is_media & ~np.concatenate([[False], is_media[:-1]]))
