@@ -69,6 +69,8 @@ _MAX_PATCHES_PER_IMAGE = 1 << 18  # 4x Qwen2-VL's largest (3584^2 / 14^2); beyon
 _MAX_PROCESSOR_SIDE = 1 << 12  # a fixed-size processor's side; real ones are at most 1540 (Mistral 3)
 # (model class, its config, processor settings, (W, H)) -> placeholder tokens of that image
 _COUNTS: OrderedDict[tuple[Any, ...], int] = OrderedDict()
+# the same for a prompt's images counted together: every (W, H) -> each image's tokens
+_JOINT_COUNTS: OrderedDict[tuple[Any, ...], tuple[int, ...]] = OrderedDict()
 _COUNTS_KEPT = 256
 
 
@@ -263,6 +265,10 @@ def placeholder_counts(
     # The count depends on the model's code and config, the processor's settings and the size only:
     # kept by those values, so the points of a --fit search or a sweep that share an image run it once.
     model_key = (f"{type(model).__module__}.{type(model).__qualname__}", model.config.to_json_string())
+    if len(images) > 1:
+        together = _counted_together(model, processor, images, prompt, encode, model_key)
+        if together is not None:
+            return together
     counts = []
     for wh in images:
         key = (*model_key, processor_key(processor), tuple(wh))
@@ -278,6 +284,35 @@ def placeholder_counts(
         _COUNTS.move_to_end(key)
         counts.append(count)
     return counts
+
+
+def _counted_together(
+    model: Any, processor: Any, images: list[tuple[int, int]], prompt: dict[str, Any] | None, encode: Any, key: Any
+) -> list[int] | None:
+    """Each image's tokens where the processor takes a prompt's images together (``batch_num_images``):
+    LLaVA-OneVision tiles a lone image (1485 tokens at 384 px) but gives each of several only its base
+    view (730), as its model does; counted one by one, two made 2970 placeholders for 1460 features."""
+    import torch
+
+    from memwarden.record.meta.capture import placement
+
+    joint = processed(processor, images, 1)
+    key = (*key, processor_key(processor), tuple(images))
+    if "batch_num_images" in joint and key not in _JOINT_COUNTS:
+        media = in_model_dtype(model, {**_to_meta(joint), **_rows(prompt or {}, 1)})
+        with placement(), torch.inference_mode():
+            out = encode(**_accepted(encode, media), return_dict=True)
+        _check_width(model.config, out)
+        parts = getattr(out, "pooler_output", None)
+        if parts is None or isinstance(parts, torch.Tensor) or len(parts) != len(images):
+            return None  # not told apart per image: counted one by one
+        _JOINT_COUNTS[key] = tuple(int(p.numel() // max(p.shape[-1], 1)) for p in parts)
+        while len(_JOINT_COUNTS) > _COUNTS_KEPT:
+            _JOINT_COUNTS.popitem(last=False)
+    if key not in _JOINT_COUNTS:
+        return None
+    _JOINT_COUNTS.move_to_end(key)
+    return list(_JOINT_COUNTS[key])
 
 
 def _check_width(config: Any, output: Any) -> None:
