@@ -35,7 +35,10 @@ def _request(base: dict[str, Any], solve: str, value: int) -> dict[str, Any]:
     """The estimate() arguments of ``base`` with the solved setting at ``value``, as --fit prints it."""
     if solve == "image":
         return {**base, "images": [(value, value)], "max_pixels": value * value}
-    return {**base, {"batch": "batch", "prompt-tokens": "prompt_tokens"}[solve]: value}
+    if solve == "images":
+        return {**base, "images": [base["images"][0]] * value}
+    field = {"batch": "batch", "prompt-tokens": "prompt_tokens", "new-tokens": "new_tokens"}[solve]
+    return {**base, field: value}
 
 
 def _answer_fits_and_next_does_not(model: str, device: str, solve: str, base: dict[str, Any]) -> dict[str, Any]:
@@ -79,6 +82,25 @@ def test_fit_answers_fit_by_estimate_and_the_next_step_does_not(
     model: str, device: str, solve: str, prompt_tokens: int, new_tokens: int
 ) -> None:
     _answer_fits_and_next_does_not(model, device, solve, {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens})
+
+
+# The media a user solves for, on shipped vision models (slow: tens of seconds of meta estimates each):
+# the issue's own case (Qwen2-VL-2B-Instruct's published processor, the largest image on a Jetson
+# Orin Nano), how many images LLaVA-OneVision takes (several images are each their base view), and
+# generated tokens on a CPU-only board.
+MEDIA_CASES = [
+    ("Qwen/Qwen2-VL-2B-Instruct", "jetson-orin-nano-8gb", "image", {"images": [(448, 448)]}),
+    ("llava-onevision-qwen2-0.5b-ov", "jetson-orin-nano-8gb", "images", {"images": [(384, 384)]}),
+    ("qwen2.5-0.5b-instruct", "raspberry-pi-5-8gb", "new-tokens", {"batch": 64}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "device", "solve", "media"), MEDIA_CASES)
+def test_media_and_generation_fits_answer_fit_by_estimate(
+    model: str, device: str, solve: str, media: dict[str, Any]
+) -> None:
+    _answer_fits_and_next_does_not(model, device, solve, {"prompt_tokens": 32, "new_tokens": 1, **media})
 
 
 def test_a_cuda_fit_compares_the_reserved_peak() -> None:
