@@ -106,7 +106,7 @@ def detect(ctx: Context) -> list[Finding]:
         )
         per_iteration[top] = 0
     kept_iterations = np.unique(it[at_peak])
-    if len(kept_iterations) < min_iterations:
+    if len(kept_iterations) < min_iterations or _evicting(trace, free, starts):
         return []
     kept_at_peak = int(nbytes[at_peak].sum())
     by_category: dict[str, int] = {}
@@ -159,6 +159,19 @@ def detect(ctx: Context) -> list[Finding]:
             change=change,
         )
     ]
+
+
+def _evicting(trace: Trace, free: np.ndarray, starts: np.ndarray) -> bool:
+    """The kept results are a bounded cache's: once it filled, most requests free an older one
+    (an ``lru_cache(maxsize=32)``, a deque with a maxlen), so what is kept stays as large as the
+    bound, not growing with the requests. A list cleared now and then frees them in a few requests."""
+    n = trace.num_events
+    freed = free[free < n]
+    if not len(freed):
+        return False
+    when = np.searchsorted(starts, trace.events["time_us"][freed], side="right") - 1
+    during = np.unique(when[when < len(starts) - 1])  # freed while the loop still had requests to run
+    return len(during) >= 4 and len(during) >= 0.5 * (len(starts) - 1 - int(during.min()))
 
 
 def _window(trace: Trace, kept: np.ndarray, keeper: dict[str, Any] | None) -> Window | None:
