@@ -473,10 +473,8 @@ class GovernedSession:
     def stats(self, include_requests: bool = True) -> dict[str, Any]:
         """What the session holds and has done: budget, pool and cache figures, and counts kept as it
         runs (``requests_served``, ``decisions`` and ``refusals`` by reason, ``event_counts`` by kind,
-        the latest request's ``degradation_rung``, ``reused_tokens`` (its prompt tokens served from
-        cached KV) and ``media_reencoded`` (whether its media went through the encoder; None before
-        any request), ``reused_tokens_total`` over every request, the latest ``telemetry`` reading
-        the budget followed).
+        the latest request's ``degradation_rung``, ``reused_tokens`` and ``media_reencoded`` (None
+        before any), ``reused_tokens_total``, the latest ``telemetry`` reading the budget followed).
         With ``include_requests`` (the default) also the log (``events``) and every request's record
         (``requests``), which grow with every request served; a metrics scrape leaves them out."""
         enc = self.encoder_cache
