@@ -150,3 +150,27 @@ def test_cli_fit_json_keeps_the_verdict_and_its_answer_fits_the_cli(capsys: pyte
 def test_fit_and_device_profile_naming_two_devices_is_refused() -> None:
     with pytest.raises(InputError, match="give one device"):
         estimate("smolvlm-256m-instruct", fit="jetson-orin-nano-8gb", solve="batch", device="rtx-4060-8gb")
+
+
+@pytest.mark.parametrize(
+    ("budget", "prompt", "compared"),
+    # under the 489 MiB of weights; over them, under batch 1's peak (662 MiB with 4000 prompt tokens)
+    [("100MiB", "64", "weights_bytes"), ("500MiB", "4000", "peak_bytes")],
+)
+def test_fit_that_finds_nothing_is_a_verdict_exit_1_with_json_kept(
+    capsys: pytest.CaptureFixture[str], budget: str, prompt: str, compared: str
+) -> None:
+    """Nothing fits is "does not fit", as a plain estimate's: exit 1 (2 is for bad input) and, with
+    --json, the verdict on stdout (fits false, no value); the reason also as one line on stderr."""
+    from memwarden.cli import main
+
+    argv = ["estimate", "smolvlm-256m-instruct", "--prompt-tokens", prompt, "--new-tokens", "1", "--fit", budget]
+    assert main([*argv, "--solve", "batch", "--json"]) == 1
+    out = capsys.readouterr()
+    card = json.loads(out.out)
+    assert card["fits"] is False and card["fit"]["value"] is None and card["fit"]["compared"] == compared
+    assert card["fit"]["peak_bytes"] > card["fit"]["budget_bytes"]
+    # (transformers' own warnings may come before it, from its logger)
+    assert out.err.splitlines()[-1].startswith("memwarden estimate: error: not even")
+    assert main([*argv, "--solve", "batch", "--quiet"]) == 1
+    assert "not even" in capsys.readouterr().err

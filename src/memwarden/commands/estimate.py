@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import shlex
+from collections.abc import Iterator
 from typing import Any
 
 from memwarden.commands._help import renamed
@@ -259,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
     if audio is not None and len(audio) > 1:
         raise InputError("several --audio-seconds values need --sweep")
     max_pixels = _int(args.max_pixels, "--max-pixels") if args.max_pixels is not None else None
-    with progress("estimate", enabled=fmt != "json" and not args.quiet) as step:
+    with progress("estimate", enabled=fmt != "json" and not args.quiet) as step, _nothing_fits(fmt):
         card = estimate(
             args.model,
             images=images,
@@ -292,6 +294,22 @@ def run(args: argparse.Namespace) -> int:
         return 1 if state.verdict == "fails" else 0
     # like partition and check: a device that the request does not fit is a failure a script can see
     return 1 if devices and card.fits is False else 0
+
+
+@contextlib.contextmanager
+def _nothing_fits(fmt: str) -> Iterator[None]:
+    """``--fit`` that finds nothing: with ``--json`` the verdict on stdout (``fits`` false, the ``fit``
+    block without a value) before the one-line error; either way exit 1, as a plain estimate that
+    does not fit (the exit code is the error's own)."""
+    from memwarden.commands._common import print_json
+    from memwarden.estimation.fit import NothingFits
+
+    try:
+        yield
+    except NothingFits as exc:
+        if fmt == "json":
+            print_json({"fits": False, "fit": exc.to_json()})
+        raise
 
 
 def _device_state(path: str | None, card: Any, device: Any, largest_buffer: str | None = None) -> Any:

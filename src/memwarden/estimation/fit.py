@@ -33,7 +33,7 @@ from memwarden.estimation.measure import card_for, refusal
 from memwarden.estimation.rerun import image_multiple, replace_request
 from memwarden.estimation.resolve import ResolvedModel
 
-__all__ = ["SOLVES", "solve_fit"]
+__all__ = ["SOLVES", "NothingFits", "solve_fit"]
 
 SOLVES = ("image", "images", "frames", "prompt-tokens", "new-tokens", "batch")
 _TOKEN_STEP = 64  # prompt/new tokens are solved to a multiple of 64
@@ -41,6 +41,28 @@ _DEFAULT_IMAGE = (448, 448)
 _DEFAULT_VIDEO_FRAME = (448, 448)  # a video's frame size when the request gives no video
 _SLOPE_PROBE = 16  # the second image side tried, in steps
 _MAX_STEPS = 1 << 12  # no answer beyond 4096 steps (262144 tokens, 4096 images or sequences)
+
+
+class NothingFits(InputError):
+    """Not even the smallest step of the solved setting fits the budget: a verdict ("does not fit"),
+    so the command exits 1 as a plain estimate that does not fit does, not 2 as for bad input."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, solve: str, budget_bytes: int, peak_bytes: int, compared: str) -> None:
+        super().__init__(message)
+        self.solve, self.budget_bytes, self.peak_bytes, self.compared = solve, budget_bytes, peak_bytes, compared
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``fit`` block of an answer that found nothing: no value, the smallest one's peak."""
+        return {
+            "solve": self.solve,
+            "value": None,
+            "peak_bytes": self.peak_bytes,
+            "budget_bytes": self.budget_bytes,
+            "compared": self.compared,
+            "reason": str(self),
+        }
 
 
 def _grid(resolved: ResolvedModel, base: Request, solve: str) -> tuple[int, int]:
@@ -313,7 +335,13 @@ def solve_fit(
         raise InputError(f"not even {solve} = {step} fits {resolved.name}'s context")
     weights = _weights_bytes(resolved, base)
     if weights > budget_bytes:
-        raise InputError(f"not even the weights ({weights} bytes) fit {budget_bytes} bytes; no {solve} does")
+        raise NothingFits(
+            f"not even the weights ({weights} bytes) fit {budget_bytes} bytes; no {solve} does",
+            solve=solve,
+            budget_bytes=int(budget_bytes),
+            peak_bytes=weights,
+            compared="weights_bytes",
+        )
     cards: dict[int, MemoryCard] = {}
     refused: dict[int, str] = {}  # k -> why the model does not accept that value (past its context)
 
@@ -337,8 +365,12 @@ def solve_fit(
 
     probes = _Probes(peak, budget_bytes, accepts)
     if not probes.fits(1):
-        raise InputError(
-            f"not even {solve} = {step} fits {budget_bytes} bytes ({_compared(cards[1])} {cards[1].device_peak_bytes} bytes)"
+        raise NothingFits(
+            f"not even {solve} = {step} fits {budget_bytes} bytes ({_compared(cards[1])} {cards[1].device_peak_bytes} bytes)",
+            solve=solve,
+            budget_bytes=int(budget_bytes),
+            peak_bytes=cards[1].device_peak_bytes,
+            compared=_compared(cards[1]),
         )
     cap = _context_cap(resolved, solve, step, cards[1], base)
     lo, hi = _search(probes, top, cap, quadratic=solve == "image")
