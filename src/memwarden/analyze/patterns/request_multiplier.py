@@ -95,7 +95,10 @@ def detect(ctx: Context) -> list[Finding]:
         generated = i + 1 < len(steps) and steps[i + 1].phase == "decode"
         duplicated = k < 2 and st.media_repeat >= 2 and generated
         k = max(k, st.media_repeat if duplicated else 1)
-        if k < 2:
+        # beams and returned sequences exist only where tokens are generated: one forward over text
+        # rows repeated per image is the documented input of a detector or a retrieval model (OWLv2's
+        # queries for each image), scored once
+        if k < 2 or not generated:
             continue
         nxt = next((s.start_us for s in steps[i + 1 :] if s.phase != "decode"), None)
         until = n if nxt is None else int(np.searchsorted(times, nxt, side="left"))
