@@ -246,10 +246,13 @@ def _copied_out(trace: Trace, ctx: Context) -> list[Finding]:
     starts = np.array(sorted(s.start_us for s in ctx.analysis.steps), dtype=np.int64)
     stretch = np.searchsorted(starts, e["time_us"][made], side="right")
     keys = np.stack([e["line"][made].astype(np.int64), stretch.astype(np.int64)], axis=1)
-    for key in np.unique(keys, axis=0):
-        rows = made[(keys[:, 0] == key[0]) & (keys[:, 1] == key[1])]
-        if int(e["nbytes"][rows].sum()) < min_bytes:
-            continue
+    _, group = np.unique(keys, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    total = np.bincount(group, weights=e["nbytes"][made].astype(np.float64))
+    order = np.argsort(group, kind="stable")
+    bounds = np.searchsorted(group[order], np.arange(len(total) + 1))
+    for g in np.flatnonzero(total >= min_bytes).tolist():  # each group's rows once, in time order
+        rows = made[order[bounds[g] : bounds[g + 1]]]
         t0, t1 = int(e["time_us"][rows[0]]), int(e["time_us"][rows[-1]])
         before = int(np.searchsorted(t_us, t0, side="left")) - 1
         after = int(np.searchsorted(t_us, t1, side="right"))
